@@ -1,0 +1,319 @@
+"""Typed config schema (registered in Hydra's ConfigStore) and the checks types cannot express.
+
+Data flow: Hydra composes a `SpeedbenchConfig`; `build_plan` validates it and expands it into a
+`Plan`: the models to train and, per variant, the fully merged recipe. Nothing trains before
+`build_plan` has accepted every variant of every model.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+SCALES = ("auto", "small", "full")
+DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+DATASET_KINDS = ("images", "tokens")
+LOSSES = ("cross_entropy", "module")
+TENSOR_CREATION = ("host", "device")
+SYNC = ("item", "numpy", "deferred")
+REFERENCE_MODELS = ("resnet", "vae", "transformer")
+# Keys a variant may not change: they define the experiment, not a recipe.
+NOT_PER_VARIANT = ("model", "models", "variants", "baseline", "claims", "experiment", "out_dir")
+
+
+class ConfigError(ValueError):
+    """A user mistake in the config: printed as one line, exit status 2, no traceback."""
+
+
+@dataclass
+class DataConfig:
+    num_workers: int = 0
+    pin_memory: bool = False
+    non_blocking: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: Optional[int] = None
+    # Real data instead of the synthetic sets: an ImageFolder directory (image models) or a
+    # plain text file (token models).
+    path: Optional[str] = None
+    # Size of the synthetic data set; None sizes it so that no trial crosses an epoch end.
+    samples: Optional[int] = None
+
+
+@dataclass
+class BenchConfig:
+    warmup: int = 3  # optimizer steps run before the timed window
+    steps: int = 10  # optimizer steps in the timed window
+    repeats: int = 3  # trials per (model, variant), interleaved across variants
+    # Cap on one trial's wall time: a quarter for warm-up, the rest for the timed window.
+    # A very slow variant (fp16 on a CPU) then times fewer steps; `steps` in trials.csv says how many.
+    max_trial_s: Optional[float] = 6.0
+    seed: int = 0
+
+
+@dataclass
+class SpeedbenchConfig:
+    device: str = "auto"
+    scale: str = "auto"
+    # A model name from `models`, a list of them, or a model config with `_target_`.
+    model: Any = field(default_factory=lambda: list(REFERENCE_MODELS))
+    models: dict[str, Any] = field(default_factory=dict)
+    precision: str = "fp32"
+    accumulate: int = 1
+    batch_size: Optional[int] = None  # None: the model's default for the scale
+    lr: float = 1e-3
+    tensor_creation: str = "device"  # where per-step tensors (noise, masks) are born
+    sync: str = "deferred"  # how the loss reaches the host: item | numpy | deferred
+    sync_every: int = 10  # deferred: read the accumulated loss every K forward passes
+    empty_cache: bool = False  # torch.cuda.empty_cache() after every step
+    data: DataConfig = field(default_factory=DataConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    # Set by experiment files: variant name -> overrides of the recipe above.
+    variants: dict[str, Any] = field(default_factory=dict)
+    baseline: Optional[str] = None
+    claims: list[Any] = field(default_factory=list)
+    out_dir: str = "results"
+    run_dir: Optional[str] = None  # None: <out_dir>/<experiment>/<timestamp>
+    experiment: Optional[str] = None  # filled from +experiment=NAME
+
+
+def config_dir() -> str:
+    """The Hydra configs: inside the package when installed from a wheel, else the checkout's
+    top-level configs/ (editable install or PYTHONPATH=src)."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "configs", here.parents[1] / "configs"):
+        if (candidate / "config.yaml").is_file():
+            return str(candidate)
+    raise FileNotFoundError(f"speedbench's configs/ were not found next to {here}")
+
+
+def register_schema() -> None:
+    ConfigStore.instance().store(name="speedbench_schema", node=SpeedbenchConfig)
+
+
+@dataclass
+class ModelSpec:
+    """One model to train: how to build it and the data it eats, resolved for one scale."""
+
+    name: str
+    target: dict  # `_target_` plus constructor kwargs, for hydra.utils.instantiate
+    dataset: dict  # kind, image_size/num_classes or seq_len/vocab_size
+    loss: str
+    batch_size: int
+
+
+@dataclass
+class Plan:
+    experiment: str
+    device: str  # resolved: cpu, cuda:0, mps
+    scale: str  # resolved: small or full
+    models: list[ModelSpec]
+    variants: dict[str, DictConfig]  # name -> merged recipe, baseline first
+    baseline: str
+    config: DictConfig = MISSING
+
+
+def resolve_device(name: str) -> str:
+    """`auto` → the accelerator if present, else CPU. Unavailable devices are a config error."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda:0"
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if name == "cpu":
+        return "cpu"
+    m = re.fullmatch(r"cuda(?::(\d+))?", name)
+    if m:
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device: '{name}' asked for, but CUDA is not available here; "
+                              "allowed here: auto, cpu")
+        index = int(m.group(1) or 0)
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"device: '{name}' asked for, but only {torch.cuda.device_count()} "
+                              f"CUDA device(s) are visible (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+        return f"cuda:{index}"
+    if name == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise ConfigError("device: 'mps' asked for, but MPS is not available here; "
+                              "allowed here: auto, cpu")
+        return "mps"
+    raise ConfigError(f"device: '{name}' is not a device; allowed: {', '.join(DEVICES)}")
+
+
+def resolve_scale(scale: str, device: str) -> str:
+    _choice("scale", scale, SCALES)
+    if scale == "auto":
+        # GPU-sized work only on CUDA; CPUs and laptop MPS get the small defaults.
+        return "full" if device.startswith("cuda") else "small"
+    return scale
+
+
+def _choice(key: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}: '{value}' is not allowed; choose one of {', '.join(allowed)}")
+
+
+def _at_least(key: str, value: Any, low: int) -> None:
+    if value is not None and value < low:
+        raise ConfigError(f"{key}: {value} is out of range; it must be an integer >= {low}")
+
+
+def check_recipe(recipe: DictConfig, where: str = "") -> None:
+    """Range and choice checks for one recipe (the types were checked by OmegaConf)."""
+    p = where
+    _choice(p + "precision", recipe.precision, PRECISIONS)
+    _choice(p + "tensor_creation", recipe.tensor_creation, TENSOR_CREATION)
+    _choice(p + "sync", recipe.sync, SYNC)
+    _at_least(p + "sync_every", recipe.sync_every, 1)
+    _at_least(p + "accumulate", recipe.accumulate, 1)
+    _at_least(p + "batch_size", recipe.batch_size, 1)
+    _at_least(p + "data.num_workers", recipe.data.num_workers, 0)
+    _at_least(p + "data.prefetch_factor", recipe.data.prefetch_factor, 1)
+    _at_least(p + "data.samples", recipe.data.samples, 1)
+    _at_least(p + "bench.warmup", recipe.bench.warmup, 0)
+    _at_least(p + "bench.steps", recipe.bench.steps, 1)
+    _at_least(p + "bench.repeats", recipe.bench.repeats, 1)
+    if recipe.bench.max_trial_s is not None and not recipe.bench.max_trial_s > 0:
+        raise ConfigError(f"{p}bench.max_trial_s: {recipe.bench.max_trial_s} is out of range; "
+                          "it must be > 0, or null for no cap")
+    if not recipe.lr > 0:
+        raise ConfigError(f"{p}lr: {recipe.lr} is out of range; it must be > 0")
+    if recipe.data.path is not None and not _exists(recipe.data.path):
+        raise ConfigError(f"{p}data.path: '{recipe.data.path}' does not exist; give an ImageFolder "
+                          "directory (image models) or a text file (token models)")
+
+
+def _exists(path: str) -> bool:
+    from pathlib import Path
+
+    return Path(path).expanduser().exists()
+
+
+def normalise_loader(recipe: DictConfig) -> None:
+    """DataLoader refuses prefetch_factor/persistent_workers without workers: drop them there."""
+    if recipe.data.num_workers == 0:
+        recipe.data.persistent_workers = False
+        recipe.data.prefetch_factor = None
+
+
+def merge_variant(base: DictConfig, name: str, overrides: Any) -> DictConfig:
+    """The base recipe with one variant's overrides (nested or dotted keys) applied, type-checked."""
+    if overrides is None:
+        overrides = {}
+    if not isinstance(overrides, (dict, DictConfig)):
+        raise ConfigError(f"variants.{name}: must be a mapping of recipe keys to values, "
+                          f"got {overrides!r}")
+    recipe = base.copy()
+    items = OmegaConf.to_container(overrides) if isinstance(overrides, DictConfig) else overrides
+    for key, value in items.items():
+        if key.split(".")[0] in NOT_PER_VARIANT:
+            raise ConfigError(f"variants.{name}.{key}: a variant cannot change '{key}'; "
+                              f"it may set recipe keys such as precision, accumulate, data.*")
+        try:
+            OmegaConf.update(recipe, key, value, merge=True, force_add=False)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"variants.{name}.{key}: {_first_line(exc)}") from None
+    return recipe
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0]
+
+
+def resolve_model(name: str, raw: Any, registry: DictConfig, scale: str,
+                  batch_size: Optional[int]) -> ModelSpec:
+    """Turn a model name or a `_target_` config into a ModelSpec for one scale.
+
+    A model config holds `_target_` and constructor kwargs, plus reserved keys: `dataset`
+    (what data it eats), `loss` (`cross_entropy` on logits, or `module` when forward(x, y)
+    returns the loss), `batch_size`, and `small:`/`full:` blocks merged on top per scale.
+    """
+    if isinstance(raw, str):
+        if raw not in registry:
+            raise ConfigError(f"model: '{raw}' is not a known model; choose from "
+                              f"{', '.join(registry.keys())}, a list of them, or a config with _target_")
+        name, node = raw, registry[raw]
+    elif isinstance(raw, (dict, DictConfig)) and "_target_" in raw:
+        node = OmegaConf.create(raw) if isinstance(raw, dict) else raw
+    else:
+        raise ConfigError(f"model: {raw!r} is neither a model name ({', '.join(registry.keys())}) "
+                          "nor a config with _target_")
+    node = OmegaConf.create(OmegaConf.to_container(node, resolve=False))
+    per_scale = {s: node.pop(s, None) for s in ("small", "full")}
+    if per_scale[scale] is not None:
+        node = OmegaConf.merge(node, per_scale[scale])
+    try:
+        spec = OmegaConf.to_container(node, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"model {name}: {_first_line(exc)}") from None
+    dataset = spec.pop("dataset", None) or {}
+    loss = spec.pop("loss", "cross_entropy")
+    default_batch = spec.pop("batch_size", 32)
+    kind = dataset.get("kind")
+    _choice(f"model {name}: dataset.kind", kind, DATASET_KINDS)
+    _choice(f"model {name}: loss", loss, LOSSES)
+    return ModelSpec(name=name, target=spec, dataset=dataset, loss=loss,
+                     batch_size=batch_size or default_batch)
+
+
+def _model_entries(model: Any) -> list:
+    if isinstance(model, (list, ListConfig)):
+        entries = list(model)
+        if not entries:
+            raise ConfigError("model: the list is empty; name at least one of "
+                              + ", ".join(REFERENCE_MODELS))
+        return entries
+    return [model]
+
+
+def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
+    """Validate everything and expand the config into what will run. Raises ConfigError."""
+    device = resolve_device(cfg.device)
+    scale = resolve_scale(cfg.scale, device)
+    base = cfg.copy()
+    check_recipe(base)
+
+    entries = _model_entries(cfg.model)
+    models = []
+    for i, raw in enumerate(entries):
+        name = raw if isinstance(raw, str) else f"custom{i}" if len(entries) > 1 else "custom"
+        models.append(resolve_model(name, raw, cfg.models, scale, cfg.batch_size))
+    names = [m.name for m in models]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"model: {names} names a model twice")
+
+    raw_variants = cfg.variants or {"default": {}}
+    baseline = cfg.baseline or next(iter(raw_variants))
+    if baseline not in raw_variants:
+        raise ConfigError(f"baseline: '{baseline}' is not a variant; choose one of "
+                          f"{', '.join(raw_variants.keys())}")
+    variants = {}
+    for name in [baseline] + [v for v in raw_variants if v != baseline]:
+        recipe = merge_variant(base, name, raw_variants[name])
+        check_recipe(recipe, where=f"variants.{name}." if name != "default" else "")
+        normalise_loader(recipe)
+        variants[name] = recipe
+    for spec in models:
+        if cfg.data.path is not None:
+            _check_path_fits(spec, cfg.data.path)
+    return Plan(experiment=experiment or "default", device=device, scale=scale, models=models,
+                variants=variants, baseline=baseline, config=cfg)
+
+
+def _check_path_fits(spec: ModelSpec, path: str) -> None:
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    want_dir = spec.dataset["kind"] == "images"
+    if want_dir != p.is_dir():
+        need = "an ImageFolder directory" if want_dir else "a text file"
+        raise ConfigError(f"data.path: model {spec.name} eats {spec.dataset['kind']}, so data.path "
+                          f"must be {need}; '{path}' is not")

@@ -1,0 +1,164 @@
+"""Data sets that cost real CPU work per sample, generated locally and deterministically.
+
+- images: a pool of synthetic pictures stored as encoded JPEG bytes (larger than the training
+  size, as photos are); every sample is decoded, randomly cropped, flipped and normalised, so
+  DataLoader workers have something to do. Each class has its own colour and stripe pattern,
+  so the loss falls.
+- tokens: sequences from a fixed sparse Markov chain (each token has a few likely successors),
+  so a language model can learn it.
+- real data: an ImageFolder directory, or a plain text file read as bytes (vocabulary 256).
+"""
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from speedbench.config import ConfigError
+
+MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+
+
+def synthetic_picture(label: int, num_classes: int, size: int, gen: torch.Generator) -> torch.Tensor:
+    """A uint8 CHW picture: class-coloured stripes at a class-specific angle, plus noise."""
+    hue = 2 * math.pi * label / num_classes
+    colour = torch.tensor([math.cos(hue), math.cos(hue + 2.1), math.cos(hue + 4.2)]) * 0.4 + 0.5
+    yy, xx = torch.meshgrid(torch.linspace(0, 1, size), torch.linspace(0, 1, size), indexing="ij")
+    angle = math.pi * label / num_classes
+    freq = 3 + (label % 5) * 2
+    phase = torch.rand(1, generator=gen).item() * 2 * math.pi
+    stripes = torch.sin(2 * math.pi * freq * (xx * math.cos(angle) + yy * math.sin(angle)) + phase)
+    img = colour.view(3, 1, 1) * (0.6 + 0.4 * stripes) + 0.15 * torch.randn(3, size, size, generator=gen)
+    return (img.clamp(0, 1) * 255).to(torch.uint8)
+
+
+class JpegImages(Dataset):
+    """`length` samples drawn from a pool of JPEG-encoded pictures, decoded per sample."""
+
+    def __init__(self, length: int, image_size: int, num_classes: int, stored_size: Optional[int] = None,
+                 pool: int = 256, seed: int = 0, quality: int = 90):
+        from torchvision.io import encode_jpeg
+
+        self.length, self.image_size = length, image_size
+        self.stored_size = stored_size or 2 * image_size
+        gen = torch.Generator().manual_seed(seed)
+        self.labels = torch.randint(0, num_classes, (min(pool, length),), generator=gen)
+        self.jpegs = [encode_jpeg(synthetic_picture(int(c), num_classes, self.stored_size, gen), quality=quality)
+                      for c in self.labels]
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        from torchvision.io import decode_jpeg
+
+        k = index % len(self.jpegs)
+        img = decode_jpeg(self.jpegs[k])  # uint8 CHW
+        return augment(img, self.image_size), self.labels[k]
+
+
+def augment(img: torch.Tensor, size: int) -> torch.Tensor:
+    """Random crop (scale 0.35-1) resized to `size`, random flip, normalise: float CHW."""
+    import torchvision.transforms.v2.functional as TF
+
+    _, h, w = img.shape
+    scale = 0.35 + 0.65 * torch.rand(1).item()
+    ch, cw = max(1, int(h * math.sqrt(scale))), max(1, int(w * math.sqrt(scale)))
+    top = int(torch.randint(0, h - ch + 1, (1,)))
+    left = int(torch.randint(0, w - cw + 1, (1,)))
+    img = TF.resized_crop(img, top, left, ch, cw, [size, size], antialias=True)
+    if torch.rand(1).item() < 0.5:
+        img = img.flip(-1)
+    return (img.float() / 255 - MEAN) / STD
+
+
+class MarkovTokens(Dataset):
+    """Token sequences from a fixed sparse Markov chain; item i is deterministic in (seed, i)."""
+
+    def __init__(self, length: int, seq_len: int, vocab_size: int, branch: int = 4, seed: int = 0):
+        self.length, self.seq_len, self.seed, self.vocab_size = length, seq_len, seed, vocab_size
+        gen = torch.Generator().manual_seed(seed)
+        # Plain lists: the walk is sequential, and list indexing beats tensor indexing here.
+        self.successors = torch.randint(0, vocab_size, (vocab_size, branch), generator=gen).tolist()
+        weights = torch.softmax(torch.randn(vocab_size, branch, generator=gen) * 2, dim=1)
+        self.cum_weights = weights.cumsum(1).tolist()
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        rng = random.Random(self.seed * 1_000_003 + index)
+        tok = rng.randrange(self.vocab_size)
+        seq = [tok]
+        for _ in range(self.seq_len):
+            tok = self.successors[tok][rng.choices(range(len(self.successors[tok])),
+                                                   cum_weights=self.cum_weights[tok])[0]]
+            seq.append(tok)
+        seq = torch.tensor(seq)
+        return seq[:-1], seq[1:]
+
+
+class TextBytes(Dataset):
+    """A text file as bytes, cut into windows of seq_len + 1."""
+
+    def __init__(self, path: str, seq_len: int):
+        raw = Path(path).expanduser().read_bytes()
+        self.tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
+        self.seq_len = seq_len
+        if len(self.tokens) < seq_len + 1:
+            raise ConfigError(f"data.path: '{path}' holds {len(raw)} bytes; a token model with "
+                              f"seq_len {seq_len} needs at least {seq_len + 1}")
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - 1) // self.seq_len
+
+    def __getitem__(self, index: int):
+        s = index * self.seq_len
+        chunk = self.tokens[s: s + self.seq_len + 1]
+        return chunk[:-1], chunk[1:]
+
+
+def image_folder(path: str, image_size: int, num_classes: int) -> Dataset:
+    from torchvision.datasets import ImageFolder
+    from torchvision.io import ImageReadMode, decode_image
+
+    ds = ImageFolder(path, loader=lambda p: decode_image(p, mode=ImageReadMode.RGB),
+                     transform=lambda img: augment(img, image_size))
+    if len(ds.classes) > num_classes:
+        raise ConfigError(f"data.path: '{path}' has {len(ds.classes)} classes but the model is "
+                          f"built for {num_classes}; set the model's num_classes")
+    return ds
+
+
+def build_dataset(dataset: dict, length: int, path: Optional[str] = None, seed: int = 0) -> Dataset:
+    """The data set a model's `dataset` spec asks for (synthetic unless `path` is given)."""
+    kind = dataset["kind"]
+    if kind == "images":
+        if path:
+            return image_folder(path, dataset["image_size"], dataset["num_classes"])
+        return JpegImages(length, dataset["image_size"], dataset["num_classes"],
+                          stored_size=dataset.get("stored_size"), seed=seed)
+    if path:
+        if dataset["vocab_size"] < 256:
+            raise ConfigError(f"data.path: a text file needs vocab_size >= 256, the model has "
+                              f"{dataset['vocab_size']}")
+        return TextBytes(path, dataset["seq_len"])
+    return MarkovTokens(length, dataset["seq_len"], dataset["vocab_size"], seed=seed)
+
+
+def build_loader(ds: Dataset, batch_size: int, loader_cfg, seed: int, sampler=None) -> DataLoader:
+    """A DataLoader with the recipe's `data.*` knobs (already normalised by config)."""
+    kwargs = {}
+    if loader_cfg.num_workers > 0:
+        kwargs["persistent_workers"] = loader_cfg.persistent_workers
+        if loader_cfg.prefetch_factor is not None:
+            kwargs["prefetch_factor"] = loader_cfg.prefetch_factor
+    return DataLoader(ds, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
+                      drop_last=True, num_workers=loader_cfg.num_workers,
+                      pin_memory=loader_cfg.pin_memory,
+                      generator=torch.Generator().manual_seed(seed), **kwargs)

@@ -1,0 +1,67 @@
+"""Decoder-only transformer language model (GPT-style); forward(x, y) returns the LM loss.
+
+The causal mask and the position indices are made every step through `new_tensor`, so the
+tensor_creation knob decides where they are born.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from speedbench.models.per_step import PerStepTensors
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=mask)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class TransformerLM(nn.Module, PerStepTensors):
+    def __init__(self, vocab_size: int = 256, seq_len: int = 64, dim: int = 128, layers: int = 2,
+                 heads: int = 4):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim: {dim} must be divisible by heads ({heads})")
+        self.tok = nn.Embedding(vocab_size, dim)
+        self.pos = nn.Embedding(seq_len, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        self.head.weight = self.tok.weight  # weight tying, as in GPT-2
+        self.apply(_init)
+
+
+def _init(module: nn.Module) -> None:
+    """GPT-2's initialisation: small normal weights, so the first loss is near log(vocab)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        pos = self.new_tensor(torch.arange, t, device=x.device)
+        mask = self.new_tensor(torch.ones, t, t, device=x.device, dtype=torch.bool).tril()
+        h = self.tok(x) + self.pos(pos)
+        for block in self.blocks:
+            h = block(h, mask)
+        logits = self.head(self.ln(h))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def build(vocab_size: int = 256, seq_len: int = 64, dim: int = 128, layers: int = 2,
+          heads: int = 4) -> nn.Module:
+    return TransformerLM(vocab_size, seq_len, dim, layers, heads)

@@ -1,0 +1,50 @@
+"""Figures: each a pure function from a tidy DataFrame to a matplotlib Figure (Agg backend)."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from speedbench import stats  # noqa: E402
+
+VERDICT_COLOURS = {stats.FASTER: "#2a9d8f", stats.SLOWER: "#e76f51", stats.SAME: "#8d99ae",
+                   stats.BASELINE: "#264653"}
+
+
+def throughput(trials: pd.DataFrame) -> plt.Figure:
+    """Samples/s per variant, one panel per model: median of trials, 95% bootstrap CI bars."""
+    ok = trials[trials["status"] == "ok"]
+    models = list(dict.fromkeys(trials["model"]))
+    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.2 * max(1, len(models)), 3.6),
+                             squeeze=False)
+    for ax, model in zip(axes[0], models):
+        variants = list(dict.fromkeys(trials.loc[trials["model"] == model, "variant"]))
+        meds, errs, colours = [], [[], []], []
+        for v in variants:
+            vals = ok.loc[(ok["model"] == model) & (ok["variant"] == v), "samples_per_s"]
+            med, lo, hi = stats.median_ci(vals)
+            meds.append(med)
+            errs[0].append(0 if np.isnan(lo) else med - lo)
+            errs[1].append(0 if np.isnan(hi) else hi - med)
+            base = trials.loc[(trials["model"] == model) & (trials["variant"] == v), "is_baseline"]
+            colours.append("#264653" if base.any() else "#2a9d8f")
+        x = np.arange(len(variants))
+        ax.bar(x, np.nan_to_num(meds), yerr=errs, capsize=4, color=colours)
+        for xi, m in zip(x, meds):
+            if np.isnan(m):
+                ax.text(xi, 0, "n/a", ha="center", va="bottom", fontsize=9, color="#6c757d")
+        ax.set_xticks(x, variants, rotation=20, ha="right")
+        ax.set_title(model)
+        ax.set_ylabel("throughput (samples/s)")
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("Throughput per variant (median, 95% CI)")
+    fig.tight_layout()
+    return fig
+
+
+def save(fig: plt.Figure, path) -> None:
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,147 @@
+"""Clocks that respect device asynchrony, a per-phase host clock, and a memory sampler.
+
+The throughput window is synchronised at its two ends only: synchronising every step would
+erase the very effects of the sync-point and non_blocking knobs.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Callable, Optional
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+class PhaseClock:
+    """Host time spent per phase of a step (data wait, forward, ...).
+
+    With `sync=False` (the default) it only reads the host clock, which is right for the data
+    wait and costs about a microsecond. With `sync=True` it synchronises the device at each
+    phase end so device work is attributed to its phase: profiling only, it changes timing.
+    """
+
+    def __init__(self, device: torch.device, sync: bool = False):
+        self.device, self.sync = device, sync
+        self.totals: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+
+    @contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync:
+                synchronize(self.device)
+            self.totals[phase] += time.perf_counter() - t0
+            self.counts[phase] += 1
+
+    def reset(self) -> None:
+        self.totals.clear()
+        self.counts.clear()
+
+
+class NullClock:
+    """Stand-in when no phase timing is wanted (a bare loop, a benchmark)."""
+
+    @contextmanager
+    def __call__(self, phase: str):
+        yield
+
+
+def timed_steps(step: Callable[[], None], max_steps: int, device: torch.device,
+                budget_s: Optional[float] = None, min_steps: int = 1) -> tuple[float, int]:
+    """Run up to `max_steps` steps between two device synchronisations; (seconds, steps).
+
+    The budget is checked on the host clock between steps, without synchronising: a
+    slow variant (fp16 on a CPU, say) stops early and its throughput is still exact.
+    """
+    synchronize(device)
+    t0 = time.perf_counter()
+    n = 0
+    while n < max_steps:
+        step()
+        n += 1
+        if budget_s is not None and n >= min_steps and time.perf_counter() - t0 > budget_s:
+            break
+    synchronize(device)
+    return time.perf_counter() - t0, n
+
+
+class PeakRss:
+    """Peak resident memory (MB) of this process and of its child processes (DataLoader
+    workers), sampled on a background thread while the block runs."""
+
+    def __init__(self, interval_s: float = 0.05):
+        import psutil
+
+        self.proc = psutil.Process()
+        self.interval = interval_s
+        self.start_mb = self.main_mb = self.total_mb = 0.0
+        self._stop = threading.Event()
+
+    def sample(self) -> None:
+        import psutil
+
+        main = self.proc.memory_info().rss
+        children = 0
+        for child in self.proc.children(recursive=True):
+            try:
+                children += child.memory_info().rss
+            except psutil.Error:
+                pass  # a worker that just exited
+        self.main_mb = max(self.main_mb, main / 2**20)
+        self.total_mb = max(self.total_mb, (main + children) / 2**20)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self):
+        self.sample()
+        self.start_mb = self.main_mb
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        return False
+
+
+def reset_device_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def device_peak_mb(device: torch.device) -> Optional[float]:
+    """Peak memory allocated on the accelerator since the last reset; None on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    if device.type == "mps":
+        return torch.mps.driver_allocated_memory() / 2**20
+    return None
+
+
+def release_host_memory() -> None:
+    """Collect garbage and hand freed heap back to the OS (glibc), so that a trial's resident
+    memory growth measures that trial rather than what earlier trials left cached."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: growth is then a lower bound
