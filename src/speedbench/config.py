@@ -274,8 +274,29 @@ def _model_entries(model: Any) -> list:
     return [model]
 
 
+# Free-form nodes: their keys are names (models, variants) or claim fields, not schema keys.
+FREE_FORM = ("model", "models", "variants", "claims")
+
+
+def check_known_keys(cfg: DictConfig, schema: Optional[DictConfig] = None, prefix: str = "") -> None:
+    """Reject keys the schema does not know, including ones added with `+key=value`."""
+    schema = schema if schema is not None else OmegaConf.structured(SpeedbenchConfig)
+    for key in cfg.keys():
+        full = f"{prefix}{key}"
+        if key not in schema:
+            allowed = ", ".join(str(k) for k in schema.keys())
+            raise ConfigError(f"{full}: unknown key; known keys{' under ' + prefix[:-1] if prefix else ''}: "
+                              f"{allowed}")
+        if full in FREE_FORM:
+            continue
+        node, spec = cfg._get_node(key), schema._get_node(key)
+        if isinstance(node, DictConfig) and isinstance(spec, DictConfig):
+            check_known_keys(node, spec, prefix=f"{full}.")
+
+
 def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     """Validate everything and expand the config into what will run. Raises ConfigError."""
+    check_known_keys(cfg)
     device = resolve_device(cfg.device)
     scale = resolve_scale(cfg.scale, device)
     base = cfg.copy()

@@ -38,6 +38,11 @@ def verdict(lo: float, hi: float) -> str:
     return SAME
 
 
+def _short(status: str) -> str:
+    """`n/a`, `error`, `oom`, `diverged`: the kind of a failure, for the verdict column."""
+    return status.split(":")[0]
+
+
 def _status(statuses: pd.Series) -> str:
     """`ok` when any trial measured; otherwise the most common failure."""
     if (statuses == "ok").any():
@@ -76,13 +81,13 @@ def summarise(trials: pd.DataFrame) -> pd.DataFrame:
             row["loss_delta"] = row["final_loss"] - base_loss
             if row["is_baseline"]:
                 speed = (1.0, math.nan, math.nan) if len(ok) else (math.nan,) * 3
-                row["verdict"] = BASELINE if len(ok) else row["status"]
+                row["verdict"] = BASELINE if len(ok) else _short(row["status"])
             elif len(ok) and len(base_tp):
                 speed = bootstrap_ratio_ci(ok["samples_per_s"].to_numpy(), base_tp)
                 row["verdict"] = verdict(speed[1], speed[2])
             else:
                 speed = (math.nan,) * 3
-                row["verdict"] = row["status"] if not len(ok) else "no baseline"
+                row["verdict"] = _short(row["status"]) if not len(ok) else "no baseline"
             row["speedup"], row["speedup_lo"], row["speedup_hi"] = speed
             rows.append(row)
     return pd.DataFrame(rows)

@@ -12,6 +12,14 @@ import torch.nn.functional as F
 from speedbench.models.per_step import PerStepTensors
 
 
+def _init(module: nn.Module) -> None:
+    """GPT-2's initialisation: small normal weights, so the first loss is near log(vocab)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
 class Block(nn.Module):
     def __init__(self, dim: int, heads: int):
         super().__init__()
@@ -43,13 +51,6 @@ class TransformerLM(nn.Module, PerStepTensors):
         self.head.weight = self.tok.weight  # weight tying, as in GPT-2
         self.apply(_init)
 
-
-def _init(module: nn.Module) -> None:
-    """GPT-2's initialisation: small normal weights, so the first loss is near log(vocab)."""
-    if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, std=0.02)
-    if isinstance(module, nn.Linear) and module.bias is not None:
-        nn.init.zeros_(module.bias)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]

@@ -1,0 +1,61 @@
+"""Shared test helpers: compose configs on the CPU, run the CLI, tiny settings that keep CI fast."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from speedbench.config import config_dir, register_schema
+
+# Tiny models and windows: every test trains for seconds, not minutes.
+TINY = [
+    "scale=small", "device=cpu", "batch_size=4",
+    "bench.warmup=1", "bench.steps=2", "bench.repeats=2", "bench.max_trial_s=20",
+    "models.resnet.small.dataset.image_size=32",
+    "models.vae.small.image_size=32", "models.vae.small.dataset.image_size=32",
+    "models.transformer.small.seq_len=16", "models.transformer.small.dataset.seq_len=16",
+]
+
+
+def compose_cfg(*overrides: str, experiment: str | None = None):
+    """The config Hydra would compose for `python -m speedbench [+experiment=E] overrides`."""
+    register_schema()
+    args = list(overrides) + ([f"+experiment={experiment}"] if experiment else [])
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        return compose(config_name="config", overrides=args)
+
+
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 600,
+            module: str = "speedbench") -> subprocess.CompletedProcess:
+    """`python -m speedbench args...` in a subprocess, like a user at a shell."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def only_run_dir(root: Path) -> Path:
+    """The single run directory a CLI call made under `root` (fails if not exactly one)."""
+    dirs = [p.parent for p in root.rglob("trials.csv")]
+    assert len(dirs) == 1, f"expected one run directory under {root}, found {dirs}"
+    return dirs[0]
+
+
+@pytest.fixture(autouse=True)
+def _few_threads():
+    """Keep each test to the two cores CI has, and restore torch's thread count afterwards."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
