@@ -61,7 +61,9 @@ class SpeedbenchConfig:
     device: str = "auto"
     scale: str = "auto"
     # A model name from `models`, a list of them, or a model config with `_target_`.
-    model: Any = field(default_factory=lambda: list(REFERENCE_MODELS))
+    # null (the default) means the three reference models. (A list default could not be
+    # overridden with a `_target_` mapping on the command line.)
+    model: Any = None
     models: dict[str, Any] = field(default_factory=dict)
     precision: str = "fp32"
     accumulate: int = 1
@@ -265,6 +267,8 @@ def resolve_model(name: str, raw: Any, registry: DictConfig, scale: str,
 
 
 def _model_entries(model: Any) -> list:
+    if model is None:
+        return list(REFERENCE_MODELS)
     if isinstance(model, (list, ListConfig)):
         entries = list(model)
         if not entries:

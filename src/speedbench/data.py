@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import io
 import math
 import random
 from pathlib import Path
@@ -42,24 +43,42 @@ class JpegImages(Dataset):
 
     def __init__(self, length: int, image_size: int, num_classes: int, stored_size: Optional[int] = None,
                  pool: int = 256, seed: int = 0, quality: int = 90):
-        from torchvision.io import encode_jpeg
-
         self.length, self.image_size = length, image_size
         self.stored_size = stored_size or 2 * image_size
         gen = torch.Generator().manual_seed(seed)
         self.labels = torch.randint(0, num_classes, (min(pool, length),), generator=gen)
-        self.jpegs = [encode_jpeg(synthetic_picture(int(c), num_classes, self.stored_size, gen), quality=quality)
+        self.jpegs = [encode_jpeg(synthetic_picture(int(c), num_classes, self.stored_size, gen), quality)
                       for c in self.labels]
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, index: int):
-        from torchvision.io import decode_jpeg
-
         k = index % len(self.jpegs)
         img = decode_jpeg(self.jpegs[k])  # uint8 CHW
         return augment(img, self.image_size), self.labels[k]
+
+
+def encode_jpeg(img: torch.Tensor, quality: int) -> bytes:
+    """uint8 CHW → JPEG bytes (Pillow, as photo pipelines use)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(img.permute(1, 2, 0).contiguous().numpy()).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def decode_jpeg(data: bytes) -> torch.Tensor:
+    """JPEG bytes → uint8 CHW."""
+    from PIL import Image
+
+    return pil_to_tensor(Image.open(io.BytesIO(data)))
+
+
+def pil_to_tensor(img) -> torch.Tensor:
+    import numpy as np
+
+    return torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1).contiguous()
 
 
 def augment(img: torch.Tensor, size: int) -> torch.Tensor:
@@ -125,10 +144,8 @@ class TextBytes(Dataset):
 
 def image_folder(path: str, image_size: int, num_classes: int) -> Dataset:
     from torchvision.datasets import ImageFolder
-    from torchvision.io import ImageReadMode, decode_image
 
-    ds = ImageFolder(path, loader=lambda p: decode_image(p, mode=ImageReadMode.RGB),
-                     transform=lambda img: augment(img, image_size))
+    ds = ImageFolder(path, transform=lambda img: augment(pil_to_tensor(img), image_size))
     if len(ds.classes) > num_classes:
         raise ConfigError(f"data.path: '{path}' has {len(ds.classes)} classes but the model is "
                           f"built for {num_classes}; set the model's num_classes")

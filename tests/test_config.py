@@ -1,0 +1,98 @@
+"""Validation: every bad input fails before training with a message naming the key."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import TINY, compose_cfg
+from speedbench.config import ConfigError, build_plan
+
+
+@pytest.mark.parametrize("override, key, allowed", [
+    ("precision=fp8", "precision", "fp32, fp16, bf16"),
+    ("data.num_workers=-1", "data.num_workers", ">= 0"),
+    ("accumulate=0", "accumulate", ">= 1"),
+    ("device=tpu7", "device", "auto, cpu, cuda, cuda:N, mps"),
+    ("model=nosuchmodel", "model", "resnet, vae, transformer"),
+    ("scale=huge", "scale", "auto, small, full"),
+    ("sync=sometimes", "sync", "item, numpy, deferred"),
+    ("tensor_creation=gpu", "tensor_creation", "host, device"),
+    ("bench.steps=0", "bench.steps", ">= 1"),
+    ("+foo=1", "foo", "device, scale, model"),
+    ("+data.bar=1", "data.bar", "num_workers"),
+    ("baseline=nosuch", "baseline", "fp32, fp16, bf16"),
+])
+def test_bad_value_names_key_and_allowed(override, key, allowed):
+    cfg = compose_cfg(override, experiment="amp")
+    with pytest.raises(ConfigError) as err:
+        build_plan(cfg, "amp")
+    msg = str(err.value)
+    assert msg.startswith(key + ":"), msg
+    assert allowed in msg, msg
+
+
+def test_bad_value_inside_a_variant_is_named_with_its_variant():
+    cfg = compose_cfg("+variants.broken.precision=fp8", experiment="amp")
+    with pytest.raises(ConfigError, match=r"^variants\.broken\.precision: 'fp8'"):
+        build_plan(cfg, "amp")
+
+
+def test_variant_may_not_change_the_model():
+    cfg = compose_cfg("+variants.odd.model=vae", experiment="amp")
+    with pytest.raises(ConfigError, match="variants.odd.model"):
+        build_plan(cfg, "amp")
+
+
+def test_plan_of_amp_has_baseline_first_and_three_models():
+    plan = build_plan(compose_cfg(*TINY, experiment="amp"), "amp")
+    assert list(plan.variants) == ["fp32", "fp16", "bf16"]
+    assert plan.baseline == "fp32"
+    assert [m.name for m in plan.models] == ["resnet", "vae", "transformer"]
+    assert [v.precision for v in plan.variants.values()] == ["fp32", "fp16", "bf16"]
+    assert plan.device == "cpu" and plan.scale == "small"
+
+
+def test_model_selection_by_name_and_list():
+    assert [m.name for m in build_plan(compose_cfg("model=vae"), None).models] == ["vae"]
+    plan = build_plan(compose_cfg("model=[transformer,resnet]"), None)
+    assert [m.name for m in plan.models] == ["transformer", "resnet"]
+
+
+def test_scale_picks_per_scale_block():
+    small = build_plan(compose_cfg("model=resnet", "scale=small"), None).models[0]
+    full = build_plan(compose_cfg("model=resnet", "scale=full"), None).models[0]
+    assert small.target["arch"] == "resnet18" and small.dataset["image_size"] == 64
+    assert full.target["arch"] == "resnet50" and full.dataset["image_size"] == 224
+
+
+def test_auto_scale_is_small_without_an_accelerator():
+    import torch
+
+    plan = build_plan(compose_cfg("model=resnet"), None)
+    assert plan.scale == ("full" if torch.cuda.is_available() else "small")
+
+
+def test_user_model_through_target():
+    cfg = compose_cfg("model={_target_: fault_models.Tiny, num_classes: 10, "
+                      "dataset: {kind: images, image_size: 32, num_classes: 10}}")
+    (spec,) = build_plan(cfg, None).models
+    assert spec.name == "custom" and spec.target == {"_target_": "fault_models.Tiny", "num_classes": 10}
+    assert spec.loss == "cross_entropy"
+
+
+def test_loader_knobs_are_normalised_without_workers():
+    cfg = compose_cfg("data.num_workers=0", "data.persistent_workers=true", "data.prefetch_factor=4")
+    recipe = build_plan(cfg, None).variants["default"]
+    assert recipe.data.persistent_workers is False and recipe.data.prefetch_factor is None
+    kept = build_plan(compose_cfg("data.num_workers=2", "data.persistent_workers=true",
+                                  "data.prefetch_factor=4"), None).variants["default"]
+    assert kept.data.persistent_workers is True and kept.data.prefetch_factor == 4
+
+
+def test_data_path_must_fit_the_model(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello world " * 100)
+    with pytest.raises(ConfigError, match="data.path"):
+        build_plan(compose_cfg("model=resnet", f"data.path={text}"), None)
+    with pytest.raises(ConfigError, match="does not exist"):
+        build_plan(compose_cfg("model=transformer", f"data.path={tmp_path / 'nope.txt'}"), None)
+    assert build_plan(compose_cfg("model=transformer", f"data.path={text}"), None).models

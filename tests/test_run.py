@@ -1,0 +1,76 @@
+"""Running trials in-process: faults stay in their row, n/a is reported, data and loop behave."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import TINY, compose_cfg
+from speedbench.config import build_plan
+from speedbench.run import run
+
+TINY_MODEL = ("model={_target_: fault_models.Tiny, fail: %s, "
+              "dataset: {kind: images, image_size: 32, num_classes: 10}}")
+
+
+@pytest.mark.parametrize("fail, status", [
+    ("error_in_autocast", "error: RuntimeError: this model breaks under autocast"),
+    ("oom_in_autocast", "oom"),
+    ("nan_in_autocast", "diverged"),
+])
+def test_a_failing_variant_is_recorded_and_the_others_still_run(tmp_path, fail, status):
+    cfg = compose_cfg(*TINY, TINY_MODEL % fail, f"out_dir={tmp_path}", experiment="amp")
+    run_dir = run(cfg, "amp", progress=False)
+    trials = pd.read_csv(run_dir / "trials.csv")
+    by_variant = trials.groupby("variant")["status"].agg(set).to_dict()
+    assert by_variant["fp32"] == {"ok"}
+    assert by_variant["fp16"] == {status} and by_variant["bf16"] == {status}
+    summary = pd.read_csv(run_dir / "summary.csv")
+    assert summary.set_index("variant").loc["fp16", "status"] == status
+    assert (run_dir / "report.html").exists()
+
+
+def test_knob_that_cannot_act_is_na_with_reason(tmp_path):
+    cfg = compose_cfg(*TINY, "model=transformer", f"out_dir={tmp_path}",
+                      "+variants.plain={}", "+variants.pinned={data: {pin_memory: true}}")
+    run_dir = run(cfg, "pins", progress=False)
+    summary = pd.read_csv(run_dir / "summary.csv").set_index("variant")
+    if torch.cuda.is_available():
+        pytest.skip("pinning acts on CUDA")
+    assert summary.loc["pinned", "status"] == "n/a: pin_memory needs CUDA (no pinned host-to-device copy without it)"
+    assert math.isnan(summary.loc["pinned", "samples_per_s"])
+    assert summary.loc["plain", "status"] == "ok"
+
+
+def test_incomplete_run_has_no_summary(tmp_path, monkeypatch):
+    """A run that dies half-way leaves trials.csv (what finished) but nothing that looks complete."""
+    import speedbench.run as run_mod
+
+    calls = {"n": 0}
+    real = run_mod.measure_trial
+
+    def dies_on_third(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_mod, "measure_trial", dies_on_third)
+    cfg = compose_cfg(*TINY, "model=transformer", f"out_dir={tmp_path}", experiment="amp")
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, "amp", progress=False)
+    (run_dir,) = [p.parent for p in tmp_path.rglob("trials.csv")]
+    assert len(pd.read_csv(run_dir / "trials.csv")) == 2
+    assert not (run_dir / "summary.csv").exists() and not (run_dir / "report.md").exists()
+
+
+def test_explicit_run_dir_is_not_overwritten(tmp_path):
+    from speedbench.results import new_run_dir
+
+    target = tmp_path / "mine"
+    new_run_dir(str(tmp_path), "x", str(target))
+    (target / "trials.csv").write_text("experiment\n")
+    with pytest.raises(FileExistsError):
+        new_run_dir(str(tmp_path), "x", str(target))
