@@ -14,10 +14,10 @@ the same number of steps:
 3. `pytorch`: a window under torch.profiler (wait, warm-up, active): trace.json (Chrome /
    Perfetto), tensorboard/ (TensorBoard trace files), torch_ops.txt (key_averages by self
    time and by memory) and, on CUDA, a memory snapshot.
-4. every mode, a *reference window*, unprofiled, as warm as the profiled ones (comparing
-   them with the timed window would credit the profilers with the timed window's
-   warm-up effects). A profiled window's step time over the reference's is that
-   profiler's overhead, recorded per trial.
+4. every mode, two unprofiled *reference windows*, one before and one after the others,
+   so that drift (warm-up, other load) hits the reference as it hits the profiled windows;
+   the timed window, first after warm-up, would not do. A profiled window's step time
+   over the references' is that profiler's overhead, recorded per trial.
 The measurements go back in the trial's record (`profile_data`, a diagnosis.TrialProfile);
 after the run, diagnosis.py pools them into phases.csv and turns them into findings.csv.
 """
@@ -50,8 +50,8 @@ CPROFILE_ROWS = 25
 def extra_steps(recipe) -> int:
     """Optimizer steps the profile windows add to one trial (to size the data set)."""
     n = recipe.bench.steps
-    return {"off": 0, "simple": 2 * n, "advanced": 3 * n,
-            "pytorch": 3 * n + TORCH_WAIT + TORCH_WARMUP}[recipe.profile]
+    return {"off": 0, "simple": 3 * n, "advanced": 4 * n,
+            "pytorch": 4 * n + TORCH_WAIT + TORCH_WARMUP}[recipe.profile]
 
 
 # --- clocks for the profile windows ------------------------------------------------------------
@@ -299,17 +299,18 @@ def profile_trial(trainer, recipe, device: torch.device, steps: int,
     if device.type == "cuda":
         tp.device_name = torch.cuda.get_device_name(device)
         tp.capability = torch.cuda.get_device_capability(device)
-    clock = trainer.clock
+    clock = trainer.clock  # the timed window's: host clock only, as in the references
     try:
-        phase_s = _phase_window(trainer, device, steps, budget and budget * 3 / 4, tp)
+        before = timed_steps(trainer.step, steps, device, budget_s=budget and budget / 4)
+        phase_s = _phase_window(trainer, device, before[1], budget and budget * 3 / 4, tp)
         profiled_s = phase_s
         if recipe.profile == "advanced":
             profiled_s = _cprofile_window(trainer, device, tp.steps, out)
         elif recipe.profile == "pytorch":
             profiled_s = _torch_window(trainer, device, tp.steps, out)
-        trainer.clock = PhaseClock(device)  # the timed window's clock: host clock only
-        elapsed, done = timed_steps(trainer.step, tp.steps, device)
-        plain_s = elapsed / done
+        trainer.clock = clock
+        after = timed_steps(trainer.step, tp.steps, device)
+        plain_s = (before[0] + after[0]) / (before[1] + after[1])
         batch = next(trainer.batches)  # what the loader really hands over
     finally:
         trainer.clock = clock

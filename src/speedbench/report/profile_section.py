@@ -14,10 +14,10 @@ from speedbench import results
 
 PHASE_LABELS = {"data": "data wait", "h2d": "host-to-device", "forward": "forward",
                 "backward": "backward", "optimizer": "optimizer step", "other": "other"}
-OVERHEAD = ("Step times in ms, medians over trials: the timed window (throughput), an unprofiled "
-            "reference window run right after the profiled ones (as warm as they are), the phase "
-            "window, and the window under the mode's profiler. "
-            "Overhead = profiler / reference - 1.")
+OVERHEAD = ("Step times in ms, medians over trials: the timed window (throughput); the "
+            "unprofiled reference windows run just before and just after the profiled ones, so "
+            "that drift hits both alike; the phase window; the window under the mode's "
+            "profiler. Overhead = profiler / reference - 1.")
 FILES = ("profile/<model>/<variant>/ holds the profilers' files: cprofile.txt and "
          "cprofile_<phase>.prof (advanced); trace.json (open in ui.perfetto.dev or "
          "chrome://tracing), tensorboard/ and torch_ops.txt (pytorch).")
@@ -46,8 +46,8 @@ def phase_table(phases: pd.DataFrame) -> pd.DataFrame:
 
 
 def overhead_table(trials: pd.DataFrame) -> pd.DataFrame:
-    """Median step times: the timed window, an unprofiled reference window run as warm as the
-    profiled ones (right after them), with phase syncs, and under the mode's profiler."""
+    """Median step times: the timed window, the unprofiled reference windows bracketing the
+    profiled ones, the phase window, and the window under the mode's profiler."""
     if "profile" not in trials:
         return pd.DataFrame()
     on = trials["profile"].notna() & (trials["profile"] != "off") & (trials["status"] == "ok")
