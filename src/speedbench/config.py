@@ -22,6 +22,7 @@ DATASET_KINDS = ("images", "tokens")
 LOSSES = ("cross_entropy", "module")
 TENSOR_CREATION = ("host", "device")
 SYNC = ("item", "numpy", "deferred")
+PROFILES = ("off", "simple", "advanced", "pytorch")
 REFERENCE_MODELS = ("resnet", "vae", "transformer")
 # Keys a variant may not change: they define the experiment, not a recipe.
 NOT_PER_VARIANT = ("model", "models", "variants", "baseline", "claims", "experiment", "out_dir")
@@ -73,6 +74,9 @@ class SpeedbenchConfig:
     sync: str = "deferred"  # how the loss reaches the host: item | numpy | deferred
     sync_every: int = 10  # deferred: read the accumulated loss every K forward passes
     empty_cache: bool = False  # torch.cuda.empty_cache() after every step
+    # off | simple (phase table) | advanced (+ cProfile per phase) | pytorch (+ torch.profiler
+    # trace). Profiling runs in extra windows after the timed one, so throughput stays unprofiled.
+    profile: str = "off"
     data: DataConfig = field(default_factory=DataConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     # Set by experiment files: variant name -> overrides of the recipe above.
@@ -174,6 +178,7 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
     _choice(p + "precision", recipe.precision, PRECISIONS)
     _choice(p + "tensor_creation", recipe.tensor_creation, TENSOR_CREATION)
     _choice(p + "sync", recipe.sync, SYNC)
+    _choice(p + "profile", recipe.profile, PROFILES)
     _at_least(p + "sync_every", recipe.sync_every, 1)
     _at_least(p + "accumulate", recipe.accumulate, 1)
     _at_least(p + "batch_size", recipe.batch_size, 1)

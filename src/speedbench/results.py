@@ -15,6 +15,9 @@ TRIAL_COLUMNS = [
     "samples_per_s", "step_ms", "data_wait_frac", "peak_mem_mb", "final_loss",
     "host_rss_mb", "host_rss_main_mb", "steps", "warmup_steps", "batch_size", "accumulate",
     "precision", "num_workers", "elapsed_s", "host_reads", "omp_num_threads", "torch_threads",
+    # profile != off (profile.py): the mode; step times in an unprofiled reference window, with
+    # phase syncs, and under the mode's profiler; that profiler's overhead over the reference
+    "profile", "reference_step_ms", "phase_step_ms", "profiled_step_ms", "profile_overhead",
 ]
 SUMMARY_COLUMNS = [
     "experiment", "model", "variant", "is_baseline", "status", "samples_per_s", "speedup",

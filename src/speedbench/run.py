@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from speedbench import env, knobs, results, stats
+from speedbench import diagnosis, env, knobs, profile, results, stats
 from speedbench.config import ModelSpec, Plan
 from speedbench.data import build_dataset, build_loader
 from speedbench.timing import PeakRss, PhaseClock, device_peak_mb, release_host_memory, \
@@ -32,13 +32,16 @@ def dataset_length(plan: Plan, spec: ModelSpec) -> int:
         if r.data.samples:
             return r.data.samples
         batch = r.batch_size or spec.batch_size
-        need = max(need, (r.bench.warmup + r.bench.steps + 2) * batch * r.accumulate)
+        steps = r.bench.warmup + r.bench.steps + profile.extra_steps(r) + 2
+        need = max(need, steps * batch * r.accumulate)
     return need
 
 
 def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig, trial: int,
-                  dataset) -> dict:
-    """One trial of one (model, variant): a record for trials.csv, whatever happens."""
+                  dataset, run_dir: Path | None = None) -> dict:
+    """One trial of one (model, variant): a record for trials.csv, whatever happens.
+    With `profile` on, profile windows follow the timed one; trial 0 writes the profiler's
+    files under run_dir/profile/<model>/<variant>/."""
     device = torch.device(plan.device)
     batch = recipe.batch_size or spec.batch_size
     record = {
@@ -71,8 +74,11 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
                 elapsed, steps = timed_steps(trainer.step, recipe.bench.steps, device,
                                              budget_s=budget and budget * 3 / 4)
                 loss = trainer.meter.mean()
+            dev_peak = device_peak_mb(device)
+            if recipe.profile != "off":
+                out = run_dir / "profile" / spec.name / variant if run_dir and trial == 0 else None
+                record.update(profile.profile_trial(trainer, recipe, device, steps, out))
         samples = steps * batch * recipe.accumulate
-        dev_peak = device_peak_mb(device)
         record.update({
             "status": "ok" if math.isfinite(loss) else "diverged",
             "samples_per_s": samples / elapsed, "step_ms": 1000 * elapsed / steps,
@@ -118,7 +124,7 @@ def execute(plan: Plan, run_dir: Path, progress: bool = True) -> results.TrialWr
                 if name in skip:
                     bar.update()
                     continue
-                record = measure_trial(plan, spec, name, recipe, trial, dataset)
+                record = measure_trial(plan, spec, name, recipe, trial, dataset, run_dir)
                 if record["status"].startswith("n/a"):
                     skip[name] = record["status"]
                 writer.append(record)
@@ -140,8 +146,12 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True) -> Path:
     writer = execute(plan, run_dir, progress)
     summary = stats.summarise(writer.frame())
     results.write_summary(summary, run_dir)
+    profiled = diagnosis.write_tables(run_dir, writer.rows)  # phases.csv, findings.csv
     write_report(run_dir, cfg=OmegaConf.to_container(cfg, resolve=True))
     print(console_table(summary))
+    if profiled:
+        from speedbench.report.profile_section import console_text
+        print("\n" + console_text(run_dir))
     print(f"\n{len(writer.rows)} trials in {time.perf_counter() - started:.0f} s; "
           f"report: {run_dir / 'report.md'}")
     return run_dir

@@ -2,6 +2,7 @@
 
 `Trainer.step()` is one optimizer step over `accumulate` micro-batches. The phase clock it is
 given only reads the host clock (see timing.PhaseClock); by default it measures the data wait.
+Phases: data, h2d, forward, backward, optimizer, and other (loss reading, empty_cache).
 """
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ class Trainer:
             with self.model.no_sync() if skip_sync else contextlib.nullcontext():
                 with clock("forward"), knobs.autocast(r.precision, self.device):
                     loss = compute_loss(self.model, self.spec.loss, x, y)
-                self.meter.add(loss)
+                with clock("other"):  # reading the loss (the sync knob)
+                    self.meter.add(loss)
                 with clock("backward"):
                     scaled = loss / k
                     (self.scaler.scale(scaled) if self.scaler else scaled).backward()
@@ -83,7 +85,8 @@ class Trainer:
             else:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        knobs.maybe_empty_cache(r.empty_cache, self.device)
+        with clock("other"):
+            knobs.maybe_empty_cache(r.empty_cache, self.device)
         self.optimizer_steps += 1
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ import yaml
 
 from speedbench import claims as claims_mod
 from speedbench import results, stats
-from speedbench.report import plots
+from speedbench.report import plots, profile_section
 
 
 def _ci(x, lo, hi, unit="x") -> str:
@@ -88,8 +88,12 @@ def write_report(run_dir: Path, cfg: Optional[dict] = None) -> Path:
               "bootstrap CI; a difference is called only when the CI excludes 1.")
     sections = {"summary": summary_table(summary), "claims": claim_rows}
     md = render_markdown(experiment, env, sections, figures, method)
+    page = render_html(experiment, env, sections, figures, method, run_dir)
+    # Profiled runs: phase table, profiler overhead, findings (report/profile_section.py).
+    md += profile_section.markdown(run_dir)
+    page = page.replace("</body>", profile_section.html_section(run_dir) + "</body>")
     (run_dir / "report.md").write_text(md)
-    (run_dir / "report.html").write_text(render_html(experiment, env, sections, figures, method, run_dir))
+    (run_dir / "report.html").write_text(page)
     return run_dir / "report.md"
 
 

@@ -1,0 +1,151 @@
+"""The profiling part of a report and of the console: the phase table, the profilers' overhead
+and the findings, read back from a run's phases.csv, findings.csv and trials.csv (written when
+some variant ran with `profile` on; see speedbench/profile.py)."""
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from speedbench import results
+
+PHASE_LABELS = {"data": "data wait", "h2d": "host-to-device", "forward": "forward",
+                "backward": "backward", "optimizer": "optimizer step", "other": "other"}
+OVERHEAD = ("Step times in ms, medians over trials: the timed window (throughput); the "
+            "unprofiled reference windows run just before and just after the profiled ones, so "
+            "that drift hits both alike; the phase window; the window under the mode's "
+            "profiler. Overhead = profiler / reference - 1.")
+FILES = ("profile/<model>/<variant>/ holds the profilers' files: cprofile.txt and "
+         "cprofile_<phase>.prof (advanced); trace.json (open in ui.perfetto.dev or "
+         "chrome://tracing), tensorboard/ and torch_ops.txt (pytorch).")
+METHOD = ("Phase times come from a separate window of the same number of steps, run after the "
+          "timed one, with the device synchronised at the end of every phase so that device "
+          "work is charged to its own phase. Those syncs happen in profile mode only: the "
+          "throughput figures come from the unprofiled window. Cells: mean ms per optimizer "
+          "step (share of the step); `covered` is the share the phases account for, the rest "
+          "being loop bookkeeping.")
+
+
+def phase_table(phases: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, variant): step time and each phase as `ms (share)`."""
+    rows = []
+    for (model, variant), g in phases.groupby(["model", "variant"], sort=False):
+        g = g.set_index("phase")
+        top = g["share"].idxmax()
+        step_ms = g.at[top, "mean_ms"] / g.at[top, "share"] if g.at[top, "share"] > 0 else math.nan
+        row = {"model": model, "variant": variant, "step ms": f"{step_ms:.1f}"}
+        for phase, label in PHASE_LABELS.items():
+            if phase in g.index:
+                row[label] = f"{g.at[phase, 'mean_ms']:.2f} ({100 * g.at[phase, 'share']:.0f}%)"
+        row["covered"] = f"{100 * g['share'].sum():.1f}%"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def overhead_table(trials: pd.DataFrame) -> pd.DataFrame:
+    """Median step times: the timed window, the unprofiled reference windows bracketing the
+    profiled ones, the phase window, and the window under the mode's profiler."""
+    if "profile" not in trials:
+        return pd.DataFrame()
+    on = trials["profile"].notna() & (trials["profile"] != "off") & (trials["status"] == "ok")
+    prof = trials[on]
+    rows = []
+    for (model, variant), g in prof.groupby(["model", "variant"], sort=False):
+        plain, profiled = g["reference_step_ms"].median(), g["profiled_step_ms"].median()
+        rows.append({"model": model, "variant": variant, "profile": g["profile"].iloc[0],
+                     "trials": len(g), "timed window ms": f"{g['step_ms'].median():.1f}",
+                     "reference ms": f"{plain:.1f}",
+                     "with phase syncs": f"{g['phase_step_ms'].median():.1f}",
+                     "under the profiler": f"{profiled:.1f}",
+                     "overhead": f"{100 * (profiled / plain - 1):+.0f}%"})
+    return pd.DataFrame(rows)
+
+
+def load(run_dir: Path) -> Optional[dict]:
+    run_dir = Path(run_dir)
+    if not (run_dir / "phases.csv").exists():
+        return None
+    phases = pd.read_csv(run_dir / "phases.csv")
+    findings = pd.read_csv(run_dir / "findings.csv", dtype=str, keep_default_na=False) \
+        if (run_dir / "findings.csv").exists() else pd.DataFrame()
+    trials = results.load_trials(run_dir) if (run_dir / "trials.csv").exists() else pd.DataFrame()
+    groups = list(dict.fromkeys(zip(phases["model"], phases["variant"])))
+    return {"phases": phase_table(phases), "overhead": overhead_table(trials),
+            "findings": findings, "groups": groups}
+
+
+def _findings_by_group(data: dict) -> list[tuple[str, list]]:
+    """[(`model / variant`, [finding rows])], every profiled group, clean ones included."""
+    f = data["findings"]
+    out = []
+    for model, variant in data["groups"]:
+        mine = f[(f["model"] == model) & (f["variant"] == variant)] if not f.empty else f
+        rows = list(mine.itertuples())
+        out.append((f"{model} / {variant}", rows))
+    return out
+
+
+def _markdown_table(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |"
+              for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def markdown(run_dir: Path) -> str:
+    data = load(run_dir)
+    if data is None:
+        return ""
+    out = ["", "## Where the time goes (profile)", "", METHOD, "", _markdown_table(data["phases"])]
+    if not data["overhead"].empty:
+        out += ["", "### Profiler overhead", "", OVERHEAD, "", _markdown_table(data["overhead"])]
+    out += ["", "### Findings", ""]
+    for group, rows in _findings_by_group(data):
+        out.append(f"**{group}**: " + ("no finding: none of the checked symptoms was measured"
+                                       if not rows else f"{len(rows)} finding(s)"))
+        out += [f"- **{r.symptom}**: {r.figure}. Tip: {r.tip}. Set: `{r.knob}`" for r in rows]
+        out.append("")
+    out += [FILES, ""]
+    return "\n".join(out)
+
+
+def html_section(run_dir: Path) -> str:
+    data = load(run_dir)
+    if data is None:
+        return ""
+    e = html.escape
+    body = ["<h2>Where the time goes (profile)</h2>", f"<p>{e(METHOD)}</p>",
+            data["phases"].to_html(index=False, escape=True, border=0)]
+    if not data["overhead"].empty:
+        body += ["<h3>Profiler overhead</h3>", f"<p>{e(OVERHEAD)}</p>",
+                 data["overhead"].to_html(index=False, escape=True, border=0)]
+    body.append("<h3>Findings</h3>")
+    for group, rows in _findings_by_group(data):
+        verdict = f"{len(rows)} finding(s)" if rows else "no finding"
+        body.append(f"<p><b>{e(group)}</b>: {verdict}</p>")
+        if rows:
+            body.append("<ul>" + "".join(
+                f"<li><b>{e(r.symptom)}</b>: {e(r.figure)}. Tip: {e(r.tip)}. "
+                f"Set: <code>{e(r.knob)}</code></li>" for r in rows) + "</ul>")
+    body.append(f"<p>{e(FILES)}</p>")
+    return "".join(body)
+
+
+def console_text(run_dir: Path) -> str:
+    data = load(run_dir)
+    if data is None:
+        return ""
+    out = ["Where the time goes (device synchronised at every phase end, profile mode only):",
+           data["phases"].to_string(index=False)]
+    if not data["overhead"].empty:
+        out += ["", "Profiler overhead:", data["overhead"].to_string(index=False)]
+    out += ["", "Findings:"]
+    for group, rows in _findings_by_group(data):
+        out.append(f"  {group}: " + ("no finding" if not rows else ""))
+        out += [f"    - {r.symptom}: {r.figure}\n      tip: {r.tip}\n      set: {r.knob}"
+                for r in rows]
+    return "\n".join(out)
