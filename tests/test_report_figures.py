@@ -3,12 +3,19 @@ from __future__ import annotations
 
 import math
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
 
 from speedbench import stats
 from speedbench.report import plots
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
 
 
 def trials_frame(variants=("fp32", "fp16", "bf16"), models=("resnet", "vae"), repeats=3,

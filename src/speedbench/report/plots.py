@@ -136,7 +136,8 @@ def peak_memory(trials: pd.DataFrame) -> plt.Figure:
 
 def _ratio_ticks(lo: float, hi: float) -> list[float]:
     """1-2-5 ticks between lo and hi, thinned to at most about seven."""
-    steps = (1, 2, 5) if hi / lo < 200 else (1,)  # wide ranges: powers of ten only
+    # narrow ranges get finer steps; wide ones powers of ten only
+    steps = (1, 1.5, 2, 3, 5, 7) if hi / lo < 8 else (1, 2, 5) if hi / lo < 200 else (1,)
     return [c * 10.0 ** k for k in range(-4, 5) for c in steps if lo <= c * 10.0 ** k <= hi]
 
 
@@ -225,6 +226,7 @@ def step_breakdown(phases: pd.DataFrame) -> plt.Figure:
         table = per_model.pivot_table(index="variant", columns="phase", values="mean_ms",
                                       aggfunc="sum").reindex(index=variants).fillna(0)
         bottom = np.zeros(len(variants))
+        ax.set_axisbelow(True)
         for p in order:
             if p in table.columns:
                 vals = table[p].to_numpy(float)
@@ -263,7 +265,7 @@ def sweep(trials: pd.DataFrame, knob: str) -> plt.Figure:
     drawn dashed beside each model's curve.
     """
     ok = _ok(trials).assign(_v=lambda d: pd.to_numeric(d[knob], errors="coerce"))
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = plt.subplots(figsize=(7.6, 3.8))
     for i, model in enumerate(_order(ok["model"])):
         colour = RUN_COLOURS[i % len(RUN_COLOURS)]
         pts = []
@@ -280,7 +282,7 @@ def sweep(trials: pd.DataFrame, knob: str) -> plt.Figure:
     ax.set_ylabel("throughput (samples/s)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, frameon=False)
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set_title(f"Throughput against {knob}: median, 95% CI")
     fig.tight_layout()
     return fig
@@ -326,7 +328,7 @@ def figures_for(trials: pd.DataFrame, summary: pd.DataFrame,
     """The figures one experiment's data supports: name → (caption, Figure). Only drawn
     when their data is present."""
     out = {}
-    if summary["is_baseline"].any() and (~summary["is_baseline"]).any():
+    if summary.loc[~summary["is_baseline"], "speedup"].notna().any():
         out["speedup"] = ("Speed-up over the baseline, with its 95% CI and verdict",
                           speedup(summary))
     if len(_ok(trials)):

@@ -7,6 +7,7 @@ was measured and what the report had to leave out.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -137,6 +138,17 @@ def findings_table(findings: pd.DataFrame) -> pd.DataFrame:
         columns={"figure": "measured", "knob": "knob to try"}).fillna("-")
 
 
+# The names experiment_section gives its figures: plots/<experiment>-<figure>.png
+FIGURE_FILE = re.compile(r".+-(speedup|throughput|memory|phases|sweep-\w+)\.png$")
+
+
+def _remove_stale_figures(out_dir: Path, written: set[str]) -> None:
+    """Figures of an earlier build that this one did not redraw (the run's data changed)."""
+    for png in (out_dir / "plots").glob("*.png"):
+        if FIGURE_FILE.match(png.name) and f"plots/{png.name}" not in written:
+            png.unlink()
+
+
 def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) -> None:
     """Summary table, figures and findings of one experiment of the run."""
     trials = run.trials[run.trials["experiment"] == experiment]
@@ -177,6 +189,7 @@ def build_document(run: Run, out_dir: Path) -> Document:
             doc.table(rows[["model", "variant", "measured", "verdict"]])
     for experiment in experiments:
         experiment_section(doc, run, experiment, out_dir)
+    _remove_stale_figures(out_dir, {p for b in doc.blocks if b[0] == "figures" for _, p in b[1]})
     doc.heading("How this was measured")
     doc.para(method_text(run.cfg))
     if notes:

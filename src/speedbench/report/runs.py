@@ -56,8 +56,8 @@ def _bool(col: pd.Series) -> pd.Series:
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
-    try:
-        return pd.read_csv(path)
+    try:  # only empty cells are missing: pandas would read a verdict "n/a" as NaN
+        return pd.read_csv(path, keep_default_na=False, na_values=[""])
     except pd.errors.EmptyDataError:
         raise ReportError(f"{path} is empty") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
