@@ -1,4 +1,4 @@
-"""The figure functions on small reference DataFrames: a PNG is written, and only for data present."""
+"""The figure functions on small reference DataFrames: PNGs written, only for data present."""
 from __future__ import annotations
 
 import math
@@ -95,7 +95,8 @@ def _texts(fig) -> list[str]:
 
 
 def test_speedup_figure_shows_each_verdict_and_failures_as_text():
-    trials = trials_frame(variants=("fp32", "fast", "broken"), statuses={"broken": "n/a: needs CUDA"})
+    trials = trials_frame(variants=("fp32", "fast", "broken"),
+                          statuses={"broken": "n/a: needs CUDA"})
     fig = plots.speedup(stats.summarise(trials))
     texts = _texts(fig)
     assert any("faster" in t for t in texts)

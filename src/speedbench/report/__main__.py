@@ -32,7 +32,8 @@ def main(argv=None) -> int:
         if len(args.run_dirs) == 1:
             md = write_report(args.run_dirs[0], out_dir=args.out)
         else:
-            out = args.out or Path("results", "compare", dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+            stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+            out = args.out or Path("results", "compare", stamp)
             md = compare_runs(args.run_dirs, out)
     except ReportError as exc:
         print(f"speedbench.report: error: {exc}", file=sys.stderr)

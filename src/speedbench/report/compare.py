@@ -78,6 +78,10 @@ def _keys(run: Run) -> list[tuple]:
     return [tuple(k) for k in run.summary[KEYS].drop_duplicates().to_numpy()]
 
 
+def _listing(keys: list[tuple], most: int = 8) -> str:
+    return ", ".join("/".join(k) for k in keys[:most]) + (" ..." if len(keys) > most else "")
+
+
 def align(runs: list[Run]) -> tuple[list[tuple], list[str]]:
     """Rows of the reference found in at least one other run; notes on the rows left out."""
     ref_keys = _keys(runs[0])
@@ -89,10 +93,10 @@ def align(runs: list[Run]) -> tuple[list[tuple], list[str]]:
         extra = [k for k in _keys(run) if k not in set(ref_keys)]
         if missing:
             notes.append(f"{len(missing)} rows of {runs[0].label} are not in {run.label}: "
-                         + ", ".join("/".join(k) for k in missing[:8]) + (" ..." if len(missing) > 8 else ""))
+                         + _listing(missing))
         if extra:
             notes.append(f"{len(extra)} rows of {run.label} are not in {runs[0].label}: "
-                         + ", ".join("/".join(k) for k in extra[:8]) + (" ..." if len(extra) > 8 else ""))
+                         + _listing(extra))
     if not shared:
         listing = "; ".join(f"{r.label}: {', '.join(sorted(set(k[0] for k in _keys(r))))}"
                             for r in runs)

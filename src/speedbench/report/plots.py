@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import textwrap
 
 import matplotlib
 
@@ -60,6 +61,18 @@ def _panels(n: int, width_each: float, height: float = 3.4):
     return fig, list(axes[0])
 
 
+def _xticks(ax, labels: list[str]) -> None:
+    """Variant names under bars; slanted when there are many or they are long."""
+    slant = len(labels) > 3 or max((len(str(v)) for v in labels), default=0) > 8
+    ax.set_xticks(np.arange(len(labels)), [str(v) for v in labels], rotation=25 if slant else 0,
+                  ha="right" if slant else "center", rotation_mode="anchor" if slant else "default")
+
+
+def _suptitle(fig: plt.Figure, text: str, **kwargs) -> None:
+    """A figure title wrapped to the figure's width (about 14 characters per inch)."""
+    fig.suptitle(textwrap.fill(text, int(fig.get_figwidth() * 14)), fontsize=11, **kwargs)
+
+
 def _median_ci_err(values) -> tuple[float, float, float]:
     """(median, error below, error above) for matplotlib's yerr; zero error without a CI."""
     med, lo, hi = stats.median_ci(values)
@@ -106,12 +119,12 @@ def _bar_panels(trials: pd.DataFrame, column: str, ylabel: str, title: str,
             elif ratio_labels and v not in baseline and base_med > 0:
                 ax.text(xi, m + eh + top * 0.02, f"{m / base_med:.2f}x", ha="center",
                         va="bottom", fontsize=8, color="#333333")
-        ax.set_xticks(x, variants, rotation=25 if n_var > 3 else 0, ha="right" if n_var > 3 else "center")
+        _xticks(ax, variants)
         ax.set_title(model)
         ax.set_ylim(0, top * 1.15 if top > 0 else 1)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel(ylabel)
-    fig.suptitle(title, fontsize=11)
+    _suptitle(fig, title)
     fig.tight_layout()
     return fig
 
@@ -166,7 +179,8 @@ def forest(rows: pd.DataFrame, xlabel: str, title: str, panel: str = "model",
         finite = finite[np.isfinite(finite) & (finite > 0)]
         lo_all = finite.min() if len(finite) else 0.5
         hi_all = finite.max() if len(finite) else 2.0
-        fig, axes = plt.subplots(len(panels), 1, figsize=(8.6, 0.9 + sum(0.34 * c + 0.5 for c in counts)),
+        height = 0.9 + sum(0.34 * c + 0.5 for c in counts)
+        fig, axes = plt.subplots(len(panels), 1, figsize=(8.6, height),
                                  sharex=True, squeeze=False,
                                  gridspec_kw={"height_ratios": [c + 0.6 for c in counts]})
         axes = list(axes[:, 0])
@@ -194,7 +208,7 @@ def forest(rows: pd.DataFrame, xlabel: str, title: str, panel: str = "model",
             ax.axvline(1.0, color="#333333", linewidth=1, linestyle="--")
         _ratio_axis(axes[-1], lo_all, hi_all)
         axes[-1].set_xlabel(xlabel)
-        fig.suptitle(title, fontsize=11, x=0.02, ha="left")
+        _suptitle(fig, title, x=0.02, ha="left")
         fig.tight_layout()
         fig.subplots_adjust(right=0.6)
         return fig
@@ -233,8 +247,7 @@ def step_breakdown(phases: pd.DataFrame) -> plt.Figure:
                 ax.bar(np.arange(len(variants)), vals, bottom=bottom, color=colours[p],
                        label=p if ax is axes[0] else None)
                 bottom += vals
-        ax.set_xticks(np.arange(len(variants)), variants, rotation=25 if n_var > 3 else 0,
-                      ha="right" if n_var > 3 else "center")
+        _xticks(ax, variants)
         ax.set_title(model)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("time per step (ms)")
@@ -311,14 +324,13 @@ def compare_throughput(trials: pd.DataFrame) -> plt.Figure:
             ax.bar(x, np.nan_to_num(med), width * 0.95, yerr=[el, eh], capsize=2,
                    color=RUN_COLOURS[j % len(RUN_COLOURS)], label=run if ax is axes[0] else None,
                    error_kw={"ecolor": "#333333", "elinewidth": 1})
-        ax.set_xticks(np.arange(len(variants)), variants, rotation=25 if n_var > 3 else 0,
-                      ha="right" if n_var > 3 else "center")
+        _xticks(ax, variants)
         ax.set_title(model)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("throughput (samples/s)")
     fig.legend(loc="lower center", ncols=min(len(runs), 3), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 0.0))
-    fig.suptitle("Throughput per run, side by side: median, 95% CI", fontsize=11)
+    _suptitle(fig, "Throughput per run, side by side: median, 95% CI")
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 

@@ -65,10 +65,10 @@ def env_pairs(env: dict) -> list[tuple[str, str]]:
     pairs += [
         ("CPU", f"{env.get('cpu_model')}, {env.get('cpu_count')} cores "
                 f"({env.get('cpu_affinity')} usable), ISA {env.get('torch_config_cpu')}"),
-        ("threads", f"{env.get('torch_threads')} torch, {env.get('torch_interop_threads')} inter-op; "
-                    f"OMP_NUM_THREADS={(env.get('env') or {}).get('OMP_NUM_THREADS', 'unset')}"),
-        ("software", f"torch {v.get('torch')}, Python {env.get('python')}, pandas {v.get('pandas')}, "
-                     f"speedbench {v.get('speedbench')}"),
+        ("threads", f"{env.get('torch_threads')} torch, "
+                    f"{env.get('torch_interop_threads')} inter-op; OMP_NUM_THREADS={(env.get('env') or {}).get('OMP_NUM_THREADS', 'unset')}"),
+        ("software", f"torch {v.get('torch')}, Python {env.get('python')}, "
+                     f"pandas {v.get('pandas')}, speedbench {v.get('speedbench')}"),
         ("platform", str(env.get("platform"))),
         ("git revision", str(env.get("git_revision"))),
     ]

@@ -61,10 +61,12 @@ def _read_csv(path: Path) -> pd.DataFrame:
     except pd.errors.EmptyDataError:
         raise ReportError(f"{path} is empty") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path} is not a readable CSV file ({str(exc).splitlines()[0]})") from None
+        reason = str(exc).splitlines()[0]
+        raise ReportError(f"{path} is not a readable CSV file ({reason})") from None
 
 
-def _optional_table(path: Path, columns: tuple[str, ...], notes: list[str]) -> Optional[pd.DataFrame]:
+def _optional_table(path: Path, columns: tuple[str, ...],
+                    notes: list[str]) -> Optional[pd.DataFrame]:
     """phases.csv / findings.csv when present and well formed; a note otherwise."""
     if not path.exists():
         return None
