@@ -56,6 +56,8 @@ def _order(values) -> list:
 
 
 def _panels(n: int, width_each: float, height: float = 3.4):
+    """One row of n panels; at most 12 inches wide, so that a page shows it unshrunk."""
+    width_each = min(width_each, max(3.2, 12.0 / max(1, n)))
     fig, axes = plt.subplots(1, max(1, n), figsize=(max(4.0, width_each * max(1, n)), height),
                              squeeze=False)
     return fig, list(axes[0])
