@@ -18,7 +18,7 @@ from conftest import TINY, only_run_dir, run_cli
 
 from speedbench import results, stats
 from speedbench.report.__main__ import main as report_main
-from speedbench.report.compare import comparison_rows, env_differences
+from speedbench.report.compare import comparison_rows, config_differences, env_differences
 from speedbench.report.render import write_report
 from speedbench.report.runs import label_runs, load_run
 
@@ -219,6 +219,10 @@ def test_environment_differences_are_listed(tmp_path):
     diffs = env_differences([a, b]).set_index("setting")
     assert set(diffs.index) == {"torch_threads", "versions.torch"}
     assert diffs.loc["versions.torch"].tolist() == ["2.5.0", "2.6.0"]
+    assert config_differences([a, b]).empty
+    b.cfg["bench"]["steps"] = 50
+    b.cfg["run_dir"] = "elsewhere"  # where a run went is not a setting that matters
+    assert config_differences([a, b])["setting"].tolist() == ["bench.steps"]
 
 
 def test_compare_two_runs_with_missing_trials_and_an_unknown_column(capsys, tmp_path):

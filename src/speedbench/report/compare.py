@@ -22,6 +22,8 @@ from speedbench.report.runs import KEYS, ReportError, Run, label_runs, load_run
 
 # env.json entries that differ between any two runs anyway and explain nothing.
 ENV_IGNORED = ("hostname",)
+# config.yaml entries that name where a run went, not what it measured.
+CONFIG_IGNORED = ("run_dir", "out_dir")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
@@ -35,18 +37,28 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def env_differences(runs: list[Run]) -> pd.DataFrame:
-    """One row per env.json entry whose value differs between runs (absent shown as '-')."""
-    flat = [_flatten(r.env) for r in runs]
+def differences(runs: list[Run], what: str = "env", ignored=ENV_IGNORED) -> pd.DataFrame:
+    """One row per entry of env.json (what="env") or config.yaml (what="cfg") whose value
+    differs between runs (absent shown as '-')."""
+    flat = [_flatten(getattr(r, what)) for r in runs]
     keys = list(dict.fromkeys(k for f in flat for k in f))
     rows = []
     for k in keys:
-        if k in ENV_IGNORED:
+        if k.split(".")[0] in ignored:
             continue
         values = [f.get(k, "-") for f in flat]
         if len(set(values)) > 1:
             rows.append({"setting": k, **{r.label: v for r, v in zip(runs, values)}})
     return pd.DataFrame(rows, columns=["setting"] + [r.label for r in runs])
+
+
+def env_differences(runs: list[Run]) -> pd.DataFrame:
+    return differences(runs, "env", ENV_IGNORED)
+
+
+def config_differences(runs: list[Run]) -> pd.DataFrame:
+    """Settings that differ; claims are left out (their wording is not a measurement)."""
+    return differences(runs, "cfg", CONFIG_IGNORED + ("claims",))
 
 
 def _ok_throughput(run: Run, key: tuple) -> np.ndarray:
@@ -211,6 +223,12 @@ def build_document(runs: list[Run], out_dir: Path) -> Document:
     else:
         doc.para("The recorded environments are identical (apart from the host name): "
                  "differences below come from the machine's state or noise.")
+    settings = config_differences(runs)
+    if len(settings):
+        doc.heading("Settings that differ", 3)
+        doc.note("The runs were made with different settings: a ratio below then compares "
+                 "different workloads as well as different machines.")
+        doc.table(settings)
     for run in runs:
         notes += [f"{run.label}: {n}" for n in run.notes]
     for experiment in dict.fromkeys(k[0] for k in keys):
