@@ -26,7 +26,7 @@ def amp_run(tmp_path_factory):
 def test_amp_writes_the_contract_files(amp_run):
     _, run_dir = amp_run
     for name in ("trials.csv", "summary.csv", "report.md", "report.html", "env.json", "config.yaml",
-                 "plots/throughput.png"):
+                 "plots/amp-throughput.png"):
         assert (run_dir / name).is_file(), name
     assert run_dir.parent.name == "amp"
     env = json.loads((run_dir / "env.json").read_text())

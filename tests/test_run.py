@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from conftest import TINY, compose_cfg
-from speedbench.config import build_plan
 from speedbench.run import run
 
 TINY_MODEL = ("model={_target_: fault_models.Tiny, fail: %s, "

@@ -1,24 +1,44 @@
-"""`python -m speedbench.report RUN_DIR [RUN_DIR ...]`: rebuild the report of finished runs."""
+"""`python -m speedbench.report RUN_DIR [RUN_DIR ...] [--out DIR]`: rebuild or compare reports.
+
+One run directory: rebuild its report.md/report.html/plots (in place, or in --out).
+Several: a comparison report (the first run is the reference) in --out, by default
+results/compare/<timestamp>/.
+"""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import sys
 from pathlib import Path
 
-from speedbench.report.render import write_report
+from speedbench.report.runs import ReportError
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m speedbench.report",
-                                     description="Rebuild report.md/report.html of speedbench runs.")
-    parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories (with trials.csv)")
+    parser = argparse.ArgumentParser(
+        prog="python -m speedbench.report",
+        description="Rebuild the report of one speedbench run, or compare several runs "
+                    "(the first is the reference).")
+    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                        help="run directories (each with trials.csv)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where to write the report (one run: default its own directory; "
+                             "several: default results/compare/<timestamp>)")
     args = parser.parse_args(argv)
-    for run_dir in args.run_dirs:
-        if not (run_dir / "trials.csv").exists():
-            print(f"speedbench.report: error: {run_dir} has no trials.csv; is it a run directory?",
-                  file=sys.stderr)
-            return 2
-        print(write_report(run_dir))
+    from speedbench.report.compare import compare_runs
+    from speedbench.report.render import write_report
+
+    try:
+        if len(args.run_dirs) == 1:
+            md = write_report(args.run_dirs[0], out_dir=args.out)
+        else:
+            stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+            out = args.out or Path("results", "compare", stamp)
+            md = compare_runs(args.run_dirs, out)
+    except ReportError as exc:
+        print(f"speedbench.report: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"report: {md.with_suffix('.html')} (and {md.name} beside it)")
     return 0
 
 

@@ -1,9 +1,8 @@
-"""The profiling part of a report and of the console: the phase table, the profilers' overhead
-and the findings, read back from a run's phases.csv, findings.csv and trials.csv (written when
+"""The profiling tables (phases, profiler overhead) for the report, and the console text with
+the findings, read back from a run's phases.csv, findings.csv and trials.csv (written when
 some variant ran with `profile` on; see speedbench/profile.py)."""
 from __future__ import annotations
 
-import html
 import math
 from pathlib import Path
 from typing import Optional
@@ -86,53 +85,6 @@ def _findings_by_group(data: dict) -> list[tuple[str, list]]:
         rows = list(mine.itertuples())
         out.append((f"{model} / {variant}", rows))
     return out
-
-
-def _markdown_table(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |"
-              for row in df.itertuples(index=False)]
-    return "\n".join(lines)
-
-
-def markdown(run_dir: Path) -> str:
-    data = load(run_dir)
-    if data is None:
-        return ""
-    out = ["", "## Where the time goes (profile)", "", METHOD, "", _markdown_table(data["phases"])]
-    if not data["overhead"].empty:
-        out += ["", "### Profiler overhead", "", OVERHEAD, "", _markdown_table(data["overhead"])]
-    out += ["", "### Findings", ""]
-    for group, rows in _findings_by_group(data):
-        out.append(f"**{group}**: " + ("no finding: none of the checked symptoms was measured"
-                                       if not rows else f"{len(rows)} finding(s)"))
-        out += [f"- **{r.symptom}**: {r.figure}. Tip: {r.tip}. Set: `{r.knob}`" for r in rows]
-        out.append("")
-    out += [FILES, ""]
-    return "\n".join(out)
-
-
-def html_section(run_dir: Path) -> str:
-    data = load(run_dir)
-    if data is None:
-        return ""
-    e = html.escape
-    body = ["<h2>Where the time goes (profile)</h2>", f"<p>{e(METHOD)}</p>",
-            data["phases"].to_html(index=False, escape=True, border=0)]
-    if not data["overhead"].empty:
-        body += ["<h3>Profiler overhead</h3>", f"<p>{e(OVERHEAD)}</p>",
-                 data["overhead"].to_html(index=False, escape=True, border=0)]
-    body.append("<h3>Findings</h3>")
-    for group, rows in _findings_by_group(data):
-        verdict = f"{len(rows)} finding(s)" if rows else "no finding"
-        body.append(f"<p><b>{e(group)}</b>: {verdict}</p>")
-        if rows:
-            body.append("<ul>" + "".join(
-                f"<li><b>{e(r.symptom)}</b>: {e(r.figure)}. Tip: {e(r.tip)}. "
-                f"Set: <code>{e(r.knob)}</code></li>" for r in rows) + "</ul>")
-    body.append(f"<p>{e(FILES)}</p>")
-    return "".join(body)
 
 
 def console_text(run_dir: Path) -> str:

@@ -1,19 +1,23 @@
-"""report.md, report.html (self-contained, escaped) and the console table, from a run's files."""
+"""The report of one run: report.md, report.html (self-contained, escaped), plots/, console table.
+
+Layout: environment, the articles' claims, then per experiment (a run may hold several) a
+sentence at a glance, the summary table, its figures and the profiler's findings; last, how it
+was measured and what the report had to leave out.
+"""
 from __future__ import annotations
 
-import base64
-import html
-import json
 import math
+import re
 from pathlib import Path
 from typing import Optional
 
 import pandas as pd
-import yaml
 
 from speedbench import claims as claims_mod
-from speedbench import results, stats
+from speedbench import stats
 from speedbench.report import plots, profile_section
+from speedbench.report.document import Document, slug, write
+from speedbench.report.runs import Run, load_run
 
 
 def _ci(x, lo, hi, unit="x") -> str:
@@ -47,85 +51,169 @@ def console_table(summary: pd.DataFrame) -> str:
     return summary_table(summary).to_string(index=False)
 
 
-def _markdown(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |")
-    return "\n".join(lines)
+def env_pairs(env: dict) -> list[tuple[str, str]]:
+    """The environment facts that explain a result, as (label, value) lines."""
+    if not env:
+        return [("environment", "unknown (no env.json)")]
+    v = env.get("versions") or {}
+    gpus = env.get("cuda_devices") or []
+    pairs = [("device", f"{env.get('device')} ({env.get('device_name')})")]
+    if gpus:
+        pairs.append(("GPUs", "; ".join(f"{g.get('name')} {g.get('memory_gb')} GB" for g in gpus)))
+        pairs.append(("CUDA / cuDNN / driver", f"{env.get('torch_cuda_version')} / "
+                      f"{env.get('cudnn_version')} / {env.get('nvidia_driver')}"))
+    pairs += [
+        ("CPU", f"{env.get('cpu_model')}, {env.get('cpu_count')} cores "
+                f"({env.get('cpu_affinity')} usable), ISA {env.get('torch_config_cpu')}"),
+        ("threads", f"{env.get('torch_threads')} torch, "
+                    f"{env.get('torch_interop_threads')} inter-op; OMP_NUM_THREADS={(env.get('env') or {}).get('OMP_NUM_THREADS', 'unset')}"),
+        ("software", f"torch {v.get('torch')}, Python {env.get('python')}, "
+                     f"pandas {v.get('pandas')}, speedbench {v.get('speedbench')}"),
+        ("platform", str(env.get("platform"))),
+        ("git revision", str(env.get("git_revision"))),
+    ]
+    return pairs
 
 
-def env_lines(env: dict) -> list[tuple[str, str]]:
-    v = env.get("versions", {})
-    return [("device", f"{env.get('device')} ({env.get('device_name')})"),
-            ("CPU", f"{env.get('cpu_model')}, {env.get('cpu_count')} cores, "
-                    f"{env.get('torch_threads')} torch threads"),
-            ("torch", f"{v.get('torch')} (CUDA {env.get('torch_cuda_version')})"),
-            ("OMP_NUM_THREADS", str(env.get("env", {}).get("OMP_NUM_THREADS", "unset"))),
-            ("git", str(env.get("git_revision")))]
+def method_text(cfg: dict) -> str:
+    bench = cfg.get("bench") or {}
+    if not bench:
+        return ("Speed-up = ratio of median throughputs over trials, 95% percentile bootstrap CI; "
+                "a difference is called only when the CI excludes 1. (The run's config.yaml is "
+                "missing, so its measurement window is unknown.)")
+    return (f"Each trial builds a fresh model with seed {bench.get('seed')}, runs "
+            f"{bench.get('warmup')} warm-up steps, then times up to {bench.get('steps')} optimizer "
+            f"steps in one window synchronised with the device only at its ends (capped at "
+            f"{bench.get('max_trial_s')} s per trial). {bench.get('repeats')} trials per variant, "
+            "interleaved across variants. Speed-up = ratio of median throughputs, 95% percentile "
+            "bootstrap CI; a difference is called only when the CI excludes 1. Memory on CPU is "
+            "the growth of the process's resident memory during the trial; on CUDA, the "
+            "allocator's peak.")
 
 
-def write_report(run_dir: Path, cfg: Optional[dict] = None) -> Path:
-    """Rebuild plots, report.md and report.html from the files in run_dir."""
-    run_dir = Path(run_dir)
-    if cfg is None:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
-    trials = results.load_trials(run_dir)
-    summary = pd.read_csv(run_dir / "summary.csv") if (run_dir / "summary.csv").exists() \
-        else stats.summarise(trials)
-    env = json.loads((run_dir / "env.json").read_text()) if (run_dir / "env.json").exists() else {}
-    (run_dir / "plots").mkdir(exist_ok=True)
-    figures = {"throughput": "plots/throughput.png"}
-    plots.save(plots.throughput(trials), run_dir / figures["throughput"])
-    claim_rows = claims_mod.evaluate(list(cfg.get("claims") or []), summary)
-    experiment = ", ".join(dict.fromkeys(summary["experiment"].astype(str)))
-    bench = cfg.get("bench", {})
-    method = (f"Each trial builds a fresh model with seed {bench.get('seed')}, runs "
-              f"{bench.get('warmup')} warm-up steps, then times up to {bench.get('steps')} optimizer "
-              f"steps in one window synchronised with the device only at its ends (capped at "
-              f"{bench.get('max_trial_s')} s per trial). {bench.get('repeats')} trials per variant, "
-              "interleaved across variants. Speed-up = ratio of median throughputs, 95% percentile "
-              "bootstrap CI; a difference is called only when the CI excludes 1.")
-    sections = {"summary": summary_table(summary), "claims": claim_rows}
-    md = render_markdown(experiment, env, sections, figures, method)
-    page = render_html(experiment, env, sections, figures, method, run_dir)
-    # Profiled runs: phase table, profiler overhead, findings (report/profile_section.py).
-    md += profile_section.markdown(run_dir)
-    page = page.replace("</body>", profile_section.html_section(run_dir) + "</body>")
-    (run_dir / "report.md").write_text(md)
-    (run_dir / "report.html").write_text(page)
-    return run_dir / "report.md"
+def at_a_glance(summary: pd.DataFrame) -> str:
+    """One sentence per experiment: how many pairs got faster or slower, and the extremes."""
+    rows = summary[~summary["is_baseline"]]
+    if rows.empty:
+        return "No variant besides the baseline was measured."
+    counts = rows["verdict"].value_counts()
+    parts = [f"{counts.get(v, 0)} {v}" for v in (stats.FASTER, stats.SLOWER, stats.SAME)
+             if counts.get(v, 0)]
+    others = len(rows) - sum(counts.get(v, 0) for v in (stats.FASTER, stats.SLOWER, stats.SAME))
+    if others:
+        parts.append(f"{others} not measured or inconclusive")
+    text = f"Of {len(rows)} (model, variant) pairs: {', '.join(parts)}."
+    ok = rows[rows["speedup"].notna()]
+    if len(ok):
+        best, worst = ok.loc[ok["speedup"].idxmax()], ok.loc[ok["speedup"].idxmin()]
+        text += (f" Best: {best['variant']} on {best['model']}, {best['speedup']:.2f}x "
+                 f"({best['verdict']}).")
+        if worst.name != best.name:
+            text += (f" Worst: {worst['variant']} on {worst['model']}, {worst['speedup']:.2f}x "
+                     f"({worst['verdict']}).")
+    return text
 
 
-def render_markdown(experiment, env, sections, figures, method) -> str:
-    out = [f"# speedbench report: {experiment}", ""]
-    out += [f"- **{k}**: {v}" for k, v in env_lines(env)]
-    out += ["", "## Summary", "", _markdown(sections["summary"]), ""]
-    out += [f"![{name}]({path})" for name, path in figures.items()]
-    if len(sections["claims"]):
-        out += ["", "## The articles' claims, measured", "", _markdown(sections["claims"])]
-    out += ["", "## How this was measured", "", method, ""]
-    return "\n".join(out)
+def claims_table(cfg: dict, summary: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
+    claims = cfg.get("claims") or []
+    if not isinstance(claims, list) or not all(isinstance(c, dict) for c in claims):
+        notes.append("the config's claims: is not a list of mappings: claims left out")
+        return pd.DataFrame()
+    return claims_mod.evaluate(claims, summary)
 
 
-def _img(run_dir: Path, path: str, alt: str) -> str:
-    data = base64.b64encode((run_dir / path).read_bytes()).decode()
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+def claim_tally(verdicts: pd.Series) -> str:
+    """'Holds for 1 of 6 (model, variant) pairs; partly 2; does not hold 3.'"""
+    kinds = verdicts.map(lambda v: next((k for k in (claims_mod.HOLDS, claims_mod.PARTLY,
+                                                     claims_mod.FAILS) if v.startswith(k)),
+                                        "not measured or inconclusive"))
+    counts = kinds.value_counts()
+    rest = [f"{k} {n}" for k, n in counts.items() if k != claims_mod.HOLDS]
+    return (f"Holds for {counts.get(claims_mod.HOLDS, 0)} of {len(verdicts)} (model, variant) "
+            f"pairs" + ("; " + "; ".join(rest) if rest else "") + ".")
 
 
-def render_html(experiment, env, sections, figures, method, run_dir: Path) -> str:
-    e = html.escape
-    env_html = "".join(f"<li><b>{e(k)}</b>: {e(v)}</li>" for k, v in env_lines(env))
-    body = [f"<h1>speedbench report: {e(experiment)}</h1>", f"<ul>{env_html}</ul>",
-            "<h2>Summary</h2>", sections["summary"].to_html(index=False, escape=True, border=0)]
-    body += [_img(run_dir, p, n) for n, p in figures.items()]
-    if len(sections["claims"]):
-        body += ["<h2>The articles' claims, measured</h2>",
-                 sections["claims"].to_html(index=False, escape=True, border=0)]
-    body += ["<h2>How this was measured</h2>", f"<p>{e(method)}</p>"]
-    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;margin:1em 0}td,th{padding:4px 10px;border-bottom:1px solid #ddd;"
-             "text-align:left}img{max-width:100%}")
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>speedbench: {e(experiment)}</title><style>{style}</style></head>"
-            f"<body>{''.join(body)}</body></html>\n")
+def findings_table(findings: pd.DataFrame) -> pd.DataFrame:
+    return findings[["model", "variant", "symptom", "figure", "tip", "knob"]].rename(
+        columns={"figure": "measured", "knob": "knob to try"}).fillna("-")
+
+
+# The names experiment_section gives its figures: plots/<experiment>-<figure>.png
+FIGURE_FILE = re.compile(r".+-(speedup|throughput|memory|phases|sweep-\w+)\.png$")
+
+
+def _remove_stale_figures(out_dir: Path, written: set[str]) -> None:
+    """Figures of an earlier build that this one did not redraw (the run's data changed)."""
+    for png in (out_dir / "plots").glob("*.png"):
+        if FIGURE_FILE.match(png.name) and f"plots/{png.name}" not in written:
+            png.unlink()
+
+
+def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) -> None:
+    """Summary table, figures and findings of one experiment of the run."""
+    trials = run.trials[run.trials["experiment"] == experiment]
+    summary = run.summary[run.summary["experiment"] == experiment]
+    phases = run.phases[run.phases["experiment"] == experiment] if run.phases is not None else None
+    doc.heading(f"Experiment: {experiment}")
+    doc.lead(at_a_glance(summary))
+    doc.table(summary_table(summary))
+    figures = []
+    for name, (caption, fig) in plots.figures_for(trials, summary, phases).items():
+        path = f"plots/{slug(experiment)}-{name}.png"
+        plots.save(fig, out_dir / path)
+        figures.append((caption, path))
+    doc.figures(figures)
+    if phases is not None and len(phases):
+        doc.heading("Where the time goes (profile)", 3)
+        doc.para(profile_section.METHOD)
+        doc.table(profile_section.phase_table(phases))
+        overhead = profile_section.overhead_table(trials)
+        if len(overhead):
+            doc.para(profile_section.OVERHEAD)
+            doc.table(overhead)
+        doc.para(profile_section.FILES)
+    if run.findings is not None:
+        found = run.findings[run.findings["experiment"] == experiment]
+        doc.heading("What the profiler found", 3)
+        if len(found):
+            doc.table(findings_table(found))
+        elif phases is not None and len(phases):
+            doc.para("No finding: none of the checked symptoms was measured.")
+
+
+def build_document(run: Run, out_dir: Path) -> Document:
+    experiments = run.experiments
+    devices = ", ".join(dict.fromkeys(run.trials["device"].astype(str)))
+    doc = Document(title=f"speedbench report: {', '.join(experiments)}",
+                   subtitle=f"{run.path.name} · {devices} · {len(run.trials)} trials")
+    doc.heading("Environment")
+    doc.pairs(env_pairs(run.env))
+    notes = list(run.notes)
+    claims = claims_table(run.cfg, run.summary, notes)
+    if len(claims):
+        doc.heading("The articles' claims, measured")
+        doc.para("Each claim of the speed-tip articles, checked on this machine: 'holds' only "
+                 "when the 95% CI of the measured effect supports it.")
+        for (tip, source, quote), rows in claims.groupby(["tip", "source", "claim"], sort=False):
+            doc.quote(quote, f"{tip}: {source}")
+            doc.para(claim_tally(rows["verdict"]))
+            doc.table(rows[["model", "variant", "measured", "verdict"]])
+    for experiment in experiments:
+        experiment_section(doc, run, experiment, out_dir)
+    _remove_stale_figures(out_dir, {p for b in doc.blocks if b[0] == "figures" for _, p in b[1]})
+    doc.heading("How this was measured")
+    doc.para(method_text(run.cfg))
+    if notes:
+        doc.heading("What this report could not use", 3)
+        doc.bullets(notes)
+    return doc
+
+
+def write_report(run_dir: Path, cfg: Optional[dict] = None, out_dir: Optional[Path] = None) -> Path:
+    """Rebuild plots/, report.md and report.html from the files in run_dir (into out_dir if
+    given). Returns the path of report.md."""
+    run = load_run(run_dir, cfg)
+    out = Path(out_dir) if out_dir else Path(run_dir)
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    write(build_document(run, out), out, plots.DPI)
+    return out / "report.md"

@@ -1,0 +1,263 @@
+"""Comparison of several runs (machines, PyTorch versions, days): one report side by side.
+
+The first run is the reference. Rows are aligned by (experiment, model, variant); for each
+other run the ratio of its median throughput to the reference's, with a bootstrap CI over
+both runs' trials (stats.bootstrap_ratio_ci), and a verdict only when the CI excludes 1.
+What cannot be compared (rows in one run only, missing columns) is listed, not guessed.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from speedbench import stats
+from speedbench.report import plots
+from speedbench.report.document import Document, slug, write
+from speedbench.report.render import _ci, _num
+from speedbench.report.runs import KEYS, ReportError, Run, label_runs, load_run
+
+# env.json entries that differ between any two runs anyway and explain nothing.
+ENV_IGNORED = ("hostname",)
+# config.yaml entries that name where a run went, not what it measured.
+CONFIG_IGNORED = ("run_dir", "out_dir")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v if isinstance(v, str) else json.dumps(v, default=str)
+    return out
+
+
+def differences(runs: list[Run], what: str = "env", ignored=ENV_IGNORED) -> pd.DataFrame:
+    """One row per entry of env.json (what="env") or config.yaml (what="cfg") whose value
+    differs between runs (absent shown as '-')."""
+    flat = [_flatten(getattr(r, what)) for r in runs]
+    keys = list(dict.fromkeys(k for f in flat for k in f))
+    rows = []
+    for k in keys:
+        if k.split(".")[0] in ignored:
+            continue
+        values = [f.get(k, "-") for f in flat]
+        if len(set(values)) > 1:
+            rows.append({"setting": k, **{r.label: v for r, v in zip(runs, values)}})
+    return pd.DataFrame(rows, columns=["setting"] + [r.label for r in runs])
+
+
+def env_differences(runs: list[Run]) -> pd.DataFrame:
+    return differences(runs, "env", ENV_IGNORED)
+
+
+def config_differences(runs: list[Run]) -> pd.DataFrame:
+    """Settings that differ; claims are left out (their wording is not a measurement)."""
+    return differences(runs, "cfg", CONFIG_IGNORED + ("claims",))
+
+
+def _ok_throughput(run: Run, key: tuple) -> np.ndarray:
+    t = run.trials
+    sel = (t["experiment"] == key[0]) & (t["model"] == key[1]) & (t["variant"] == key[2])
+    vals = t.loc[sel & (t["status"] == "ok"), "samples_per_s"].to_numpy(float)
+    return vals[np.isfinite(vals)]
+
+
+def _row_status(run: Run, key: tuple) -> str:
+    s = run.summary
+    sel = s[(s["experiment"] == key[0]) & (s["model"] == key[1]) & (s["variant"] == key[2])]
+    return str(sel["status"].iloc[0]) if len(sel) else "not run"
+
+
+def ratio(ref: Run, other: Run, key: tuple) -> dict:
+    """other / ref throughput for one row: ratio, CI, verdict, or why it cannot be computed."""
+    a, b = _ok_throughput(other, key), _ok_throughput(ref, key)
+    if not len(a) or not len(b):
+        who = other if not len(a) else ref
+        return {"ratio": math.nan, "lo": math.nan, "hi": math.nan,
+                "verdict": f"not compared: {_row_status(who, key)} in {who.label}",
+                "status": f"{_row_status(who, key)} in {who.label}"}
+    r, lo, hi = stats.bootstrap_ratio_ci(a, b)
+    return {"ratio": r, "lo": lo, "hi": hi, "verdict": stats.verdict(lo, hi), "status": "ok"}
+
+
+def _keys(run: Run) -> list[tuple]:
+    return [tuple(k) for k in run.summary[KEYS].drop_duplicates().to_numpy()]
+
+
+def _listing(keys: list[tuple], most: int = 8) -> str:
+    return ", ".join("/".join(k) for k in keys[:most]) + (" ..." if len(keys) > most else "")
+
+
+def align(runs: list[Run]) -> tuple[list[tuple], list[str]]:
+    """Rows of the reference found in at least one other run; notes on the rows left out."""
+    ref_keys = _keys(runs[0])
+    others = [set(_keys(r)) for r in runs[1:]]
+    shared = [k for k in ref_keys if any(k in o for o in others)]
+    notes = []
+    for run, keys in zip(runs[1:], others):
+        missing = [k for k in ref_keys if k not in keys]
+        extra = [k for k in _keys(run) if k not in set(ref_keys)]
+        if missing:
+            notes.append(f"{len(missing)} rows of {runs[0].label} are not in {run.label}: "
+                         + _listing(missing))
+        if extra:
+            notes.append(f"{len(extra)} rows of {run.label} are not in {runs[0].label}: "
+                         + _listing(extra))
+    if not shared:
+        listing = "; ".join(f"{r.label}: {', '.join(sorted(set(k[0] for k in _keys(r))))}"
+                            for r in runs)
+        raise ReportError("nothing to compare: the runs share no (experiment, model, variant) "
+                          f"row (experiments per run: {listing})")
+    return shared, notes
+
+
+def comparison_rows(runs: list[Run], keys: list[tuple]) -> pd.DataFrame:
+    """Tidy: one row per (key, other run) with both medians, the ratio and its verdict."""
+    ref, rows = runs[0], []
+    for key in keys:
+        for other in runs[1:]:
+            rows.append({**dict(zip(KEYS, key)), "run": other.label, **ratio(ref, other, key)})
+    return pd.DataFrame(rows)
+
+
+def _summary_row(run: Run, key: tuple):
+    s = run.summary
+    sel = s[(s["experiment"] == key[0]) & (s["model"] == key[1]) & (s["variant"] == key[2])]
+    return sel.iloc[0] if len(sel) else None
+
+
+def comparison_table(runs: list[Run], keys: list[tuple], rows: pd.DataFrame) -> pd.DataFrame:
+    """The table people read: medians per run, ratio to the reference, speed-ups per run."""
+    ref, out = runs[0], []
+    memory = all("peak_mem_mb" not in r.missing for r in runs)
+    for key in keys:
+        line = {"model": key[1], "variant": key[2]}
+        for run in runs:
+            s = _summary_row(run, key)
+            line[f"samples/s {run.label}"] = _num(s["samples_per_s"]) if s is not None else "-"
+        for run in runs[1:]:
+            r = rows[(rows["model"] == key[1]) & (rows["variant"] == key[2])
+                     & (rows["experiment"] == key[0]) & (rows["run"] == run.label)].iloc[0]
+            line[f"{run.label} / {ref.label} [95% CI]"] = _ci(r["ratio"], r["lo"], r["hi"])
+            line[f"verdict: {run.label} vs {ref.label}"] = r["verdict"]
+        for run in runs:
+            s = _summary_row(run, key)
+            line[f"speed-up {run.label}"] = (
+                "-" if s is None else _ci(s["speedup"], s["speedup_lo"], s["speedup_hi"])
+                if s["status"] == "ok" else s["status"])
+        if memory:
+            for run in runs:
+                s = _summary_row(run, key)
+                line[f"peak MB {run.label}"] = _num(s["peak_mem_mb"]) if s is not None else "-"
+        out.append(line)
+    return pd.DataFrame(out)
+
+
+def _stacked(runs: list[Run], keys: list[tuple], what: str) -> pd.DataFrame:
+    """The trials (or summaries) of all runs restricted to the aligned rows, with a run column."""
+    wanted = pd.DataFrame(keys, columns=KEYS)
+    frames = [getattr(r, what).merge(wanted, on=KEYS).assign(run=r.label) for r in runs]
+    return pd.concat(frames, ignore_index=True)
+
+
+def experiment_figures(runs: list[Run], keys: list[tuple], rows: pd.DataFrame, experiment: str,
+                       out_dir: Path) -> list[tuple[str, str]]:
+    keys = [k for k in keys if k[0] == experiment]
+    ref, figures = runs[0], []
+    many = len(runs) > 2
+    trials = _stacked(runs, keys, "trials")
+    if len(trials[trials["status"] == "ok"]):
+        figures.append(("Throughput per run, side by side", plots.compare_throughput(trials)))
+    ratios = rows[rows["experiment"] == experiment].copy()
+    ratios["label"] = ratios["variant"] + (" · " + ratios["run"] if many else "")
+    figures.append((f"Throughput relative to {ref.label}",
+                    plots.forest(ratios, f"throughput relative to {ref.label} (x, log scale)",
+                                 f"Each run's throughput over {ref.label}'s: median ratio, 95% CI",
+                                 label="label")))
+    summary = _stacked(runs, keys, "summary")
+    speed = summary[~summary["is_baseline"]].rename(
+        columns={"speedup": "ratio", "speedup_lo": "lo", "speedup_hi": "hi"})
+    if len(speed):
+        # grouped model by model, variant by variant, the runs next to each other
+        order = {k: i for i, k in enumerate(keys)}
+        speed = speed.assign(label=speed["variant"] + " · " + speed["run"],
+                             _row=[order[tuple(k)] for k in speed[KEYS].to_numpy()])
+        speed = speed.sort_values("_row", kind="stable")
+        figures.append(("Speed-up over the baseline in each run: does the tip pay off on both?",
+                        plots.forest(speed, "speed-up over baseline (x, log scale)",
+                                     "Speed-up over the baseline, run by run: median ratio, 95% CI",
+                                     label="label")))
+    out = []
+    for i, (caption, fig) in enumerate(figures):
+        path = f"plots/compare-{slug(experiment)}-{i}.png"
+        plots.save(fig, out_dir / path)
+        out.append((caption, path))
+    return out
+
+
+def build_document(runs: list[Run], out_dir: Path) -> Document:
+    keys, notes = align(runs)
+    rows = comparison_rows(runs, keys)
+    doc = Document(title="speedbench comparison: " + " vs ".join(r.label for r in runs),
+                   subtitle=f"reference: {runs[0].label} · {len(keys)} rows compared")
+    doc.heading("Runs")
+    doc.table(pd.DataFrame([{
+        "run": r.label, "directory": str(r.path), "device": (r.env or {}).get("device", "?"),
+        "device name": (r.env or {}).get("device_name", "?"),
+        "torch": ((r.env or {}).get("versions") or {}).get("torch", "?"),
+        "experiments": ", ".join(r.experiments), "trials": len(r.trials),
+        "state": "interrupted: summary recomputed" if any("no summary.csv" in n for n in r.notes)
+        else "complete"} for r in runs]))
+    doc.heading("Environment differences")
+    diffs = env_differences(runs)
+    if len(diffs):
+        doc.para("Entries of env.json that differ between the runs: the first place to look "
+                 "for the reason behind a difference in speed.")
+        doc.table(diffs)
+    else:
+        doc.para("The recorded environments are identical (apart from the host name): "
+                 "differences below come from the machine's state or noise.")
+    settings = config_differences(runs)
+    if len(settings):
+        doc.heading("Settings that differ", 3)
+        doc.note("The runs were made with different settings: a ratio below then compares "
+                 "different workloads as well as different machines.")
+        doc.table(settings)
+    for run in runs:
+        notes += [f"{run.label}: {n}" for n in run.notes]
+    for experiment in dict.fromkeys(k[0] for k in keys):
+        doc.heading(f"Experiment: {experiment}")
+        ex_keys = [k for k in keys if k[0] == experiment]
+        ex_rows = rows[rows["experiment"] == experiment]
+        counts = ex_rows["verdict"].value_counts()
+        doc.lead(f"{len(ex_keys)} (model, variant) rows compared with {runs[0].label}: "
+                 + ", ".join(f"{n} {v}" for v, n in counts.items()) + ".")
+        doc.table(comparison_table(runs, ex_keys, rows))
+        doc.figures(experiment_figures(runs, keys, rows, experiment, out_dir))
+    doc.heading("How runs are compared")
+    doc.para("Rows are aligned by (experiment, model, variant). For each, the ratio of the "
+             "median throughput of a run to that of the reference (the first run given), with "
+             "a 95% percentile bootstrap CI over both runs' trials; 'faster' or 'slower' only "
+             "when the CI excludes 1. A run's speed-up over its own baseline shows whether a tip "
+             "pays off on each machine.")
+    if notes:
+        doc.heading("What could not be compared", 3)
+        doc.bullets(notes)
+    return doc
+
+
+def compare_runs(run_dirs: list, out_dir: Path) -> Path:
+    """Load the runs, write report.md/report.html comparing them into out_dir; returns report.md."""
+    runs = [load_run(p) for p in run_dirs]
+    label_runs(runs)
+    align(runs)  # fails before anything is written when nothing can be compared
+    out_dir = Path(out_dir)
+    (out_dir / "plots").mkdir(parents=True, exist_ok=True)
+    write(build_document(runs, out_dir), out_dir, plots.DPI)
+    return out_dir / "report.md"

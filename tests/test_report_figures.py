@@ -1,0 +1,153 @@
+"""The figure functions on small reference DataFrames: PNGs written, only for data present."""
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+
+from speedbench import stats
+from speedbench.report import plots
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def trials_frame(variants=("fp32", "fp16", "bf16"), models=("resnet", "vae"), repeats=3,
+                 knob=None, values=None, statuses=None) -> pd.DataFrame:
+    """Tidy trials like trials.csv: the first variant is the baseline; `knob` set per variant."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for m, model in enumerate(models):
+        for i, variant in enumerate(variants):
+            for t in range(repeats):
+                status = (statuses or {}).get(variant, "ok")
+                ok = status == "ok"
+                rows.append({
+                    "experiment": "exp", "model": model, "variant": variant,
+                    "is_baseline": i == 0, "trial": t, "status": status, "device": "cpu",
+                    "world_size": 1, "num_workers": 0, "accumulate": 1,
+                    "samples_per_s": (100 + 40 * i + 10 * m) * (1 + 0.02 * rng.standard_normal())
+                    if ok else math.nan,
+                    "step_ms": 10.0 if ok else math.nan, "data_wait_frac": 0.1 if ok else math.nan,
+                    "peak_mem_mb": 50.0 + 5 * i if ok else math.nan,
+                    "final_loss": 1.0 if ok else math.nan, "host_rss_mb": 300.0,
+                })
+                if knob:
+                    rows[-1][knob] = values[i]
+    return pd.DataFrame(rows)
+
+
+def phases_frame() -> pd.DataFrame:
+    rows = []
+    for model in ("resnet", "vae"):
+        for variant, scale in (("fp32", 1.0), ("bf16", 0.7)):
+            for phase, ms in (("data", 2.0), ("forward", 5.0), ("backward", 9.0),
+                              ("optimizer", 1.0), ("other", 0.5)):
+                rows.append({"experiment": "exp", "model": model, "variant": variant,
+                             "phase": phase, "mean_ms": ms * scale, "total_ms": 10 * ms * scale,
+                             "share": 0.2})
+    return pd.DataFrame(rows)
+
+
+def assert_png(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+@pytest.mark.parametrize("name", ["throughput", "peak_memory", "speedup", "step_breakdown",
+                                  "sweep_workers", "sweep_world_size", "compare_throughput",
+                                  "forest"])
+def test_each_figure_is_written_as_a_non_empty_png(name, tmp_path):
+    trials = trials_frame()
+    summary = stats.summarise(trials)
+    make = {
+        "throughput": lambda: plots.throughput(trials),
+        "peak_memory": lambda: plots.peak_memory(trials),
+        "speedup": lambda: plots.speedup(summary),
+        "step_breakdown": lambda: plots.step_breakdown(phases_frame()),
+        "sweep_workers": lambda: plots.sweep(
+            trials_frame(("w0", "w1", "w2", "w4"), knob="num_workers", values=[0, 1, 2, 4]),
+            "num_workers"),
+        "sweep_world_size": lambda: plots.sweep(
+            trials_frame(("ws1", "ws2", "ws4"), knob="world_size", values=[1, 2, 4]), "world_size"),
+        "compare_throughput": lambda: plots.compare_throughput(
+            pd.concat([trials.assign(run="a"), trials.assign(run="b")])),
+        "forest": lambda: plots.forest(
+            pd.DataFrame({"model": ["m", "m"], "variant": ["x", "y"], "ratio": [1.5, math.nan],
+                          "lo": [1.2, math.nan], "hi": [1.9, math.nan],
+                          "verdict": ["faster", "oom"], "status": ["ok", "oom"]}),
+            "ratio (x)", "title"),
+    }[name]
+    fig = make()
+    assert fig.axes, "a figure without axes"
+    plots.save(fig, tmp_path / f"{name}.png")
+    assert_png(tmp_path / f"{name}.png")
+
+
+def _texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def test_speedup_figure_shows_each_verdict_and_failures_as_text():
+    trials = trials_frame(variants=("fp32", "fast", "broken"),
+                          statuses={"broken": "n/a: needs CUDA"})
+    fig = plots.speedup(stats.summarise(trials))
+    texts = _texts(fig)
+    assert any("faster" in t for t in texts)
+    assert any(t.startswith("n/a: needs CUDA") for t in texts)
+    assert fig.axes[-1].get_xscale() == "log"
+
+
+def test_axes_are_labelled_with_units():
+    trials = trials_frame()
+    assert plots.throughput(trials).axes[0].get_ylabel() == "throughput (samples/s)"
+    assert "(MB)" in plots.peak_memory(trials).axes[0].get_ylabel()
+    assert "(ms)" in plots.step_breakdown(phases_frame()).axes[0].get_ylabel()
+
+
+def test_world_size_sweep_draws_the_ideal_scaling_line():
+    trials = trials_frame(("ws1", "ws2", "ws4"), models=("resnet",), knob="world_size",
+                          values=[1, 2, 4])
+    ax = plots.sweep(trials, "world_size").axes[0]
+    ideal = [ln for ln in ax.get_lines() if "ideal" in ln.get_label()]
+    assert len(ideal) == 1
+    x, y = ideal[0].get_data()
+    assert list(x) == [1, 2, 4] and y[2] == pytest.approx(4 * y[0])
+
+
+def test_sweep_only_where_a_knob_takes_many_values_one_per_variant():
+    assert not plots.sweep_knob(trials_frame(), "num_workers")  # one value
+    assert not plots.sweep_knob(trials_frame(("a", "b"), knob="num_workers", values=[0, 2]),
+                                "num_workers")  # two values: bars say it better
+    assert plots.sweep_knob(trials_frame(("a", "b", "c"), knob="accumulate", values=[1, 2, 4]),
+                            "accumulate")
+    # two variants share a value: a curve would mix them
+    assert not plots.sweep_knob(trials_frame(("a", "b", "c", "d"), knob="num_workers",
+                                             values=[0, 2, 2, 4]), "num_workers")
+
+
+def test_figures_for_draws_only_what_the_data_holds():
+    trials = trials_frame()
+    summary = stats.summarise(trials)
+    assert set(plots.figures_for(trials, summary)) == {"speedup", "throughput", "memory"}
+    no_mem = trials.assign(peak_mem_mb=math.nan)
+    assert "memory" not in plots.figures_for(no_mem, stats.summarise(no_mem))
+    sweep = trials_frame(("w0", "w1", "w2", "w4"), knob="num_workers", values=[0, 1, 2, 4])
+    got = plots.figures_for(sweep, stats.summarise(sweep), phases_frame())
+    assert {"phases", "sweep-num_workers"} <= set(got)
+    only_base = trials_frame(variants=("fp32",))
+    assert "speedup" not in plots.figures_for(only_base, stats.summarise(only_base))
+
+
+def test_strings_from_configs_are_drawn_as_plain_text(tmp_path):
+    """A `$` in a variant name would be mathtext and fail at savefig without parse_math off."""
+    trials = trials_frame(variants=("base", "$x_{$", "<script>"))
+    for fig in (plots.throughput(trials), plots.speedup(stats.summarise(trials))):
+        plots.save(fig, tmp_path / "f.png")
+        assert_png(tmp_path / "f.png")
