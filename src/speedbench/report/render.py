@@ -172,13 +172,14 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
             doc.para(profile_section.OVERHEAD)
             doc.table(overhead)
         doc.para(profile_section.FILES)
-    if run.findings is not None:
-        found = run.findings[run.findings["experiment"] == experiment]
+    found = run.findings[run.findings["experiment"] == experiment] \
+        if run.findings is not None else pd.DataFrame()
+    if len(found) or (phases is not None and len(phases)):
         doc.heading("What the profiler found", 3)
         if len(found):
             doc.table(findings_table(found))
-        elif phases is not None and len(phases):
-            doc.para("No finding: none of the checked symptoms was measured.")
+        else:
+            doc.para("Clean recipe: no finding, none of the checked symptoms was measured.")
 
 
 def build_document(run: Run, out_dir: Path) -> Document:
