@@ -15,6 +15,7 @@ TRIAL_COLUMNS = [
     "samples_per_s", "step_ms", "data_wait_frac", "peak_mem_mb", "final_loss",
     "host_rss_mb", "host_rss_main_mb", "steps", "warmup_steps", "batch_size", "accumulate",
     "precision", "num_workers", "elapsed_s", "host_reads", "omp_num_threads", "torch_threads",
+    "parallel", "devices", "rank_step_ms",
 ]
 SUMMARY_COLUMNS = [
     "experiment", "model", "variant", "is_baseline", "status", "samples_per_s", "speedup",

@@ -30,7 +30,7 @@ def _num(x, fmt="{:.1f}") -> str:
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     """The summary as people read it: one formatted row per (model, variant)."""
-    return pd.DataFrame({
+    table = pd.DataFrame({
         "model": summary["model"], "variant": summary["variant"], "status": summary["status"],
         "samples/s": summary["samples_per_s"].map(_num),
         "speed-up [95% CI]": [_ci(r.speedup, r.speedup_lo, r.speedup_hi)
@@ -41,6 +41,12 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
                       for r in summary.itertuples()],
         "loss": summary["final_loss"].map(lambda v: _num(v, "{:.3f}")),
     })
+    if "scaling_efficiency" in summary:  # data-parallel variants (scaling.py)
+        table.insert(4, "devices", summary["devices"])
+        table.insert(5, "scaling eff. [95% CI]", [
+            _ci(r.scaling_efficiency, r.scaling_efficiency_lo, r.scaling_efficiency_hi, unit="")
+            for r in summary.itertuples()])
+    return table
 
 
 def console_table(summary: pd.DataFrame) -> str:
@@ -77,6 +83,9 @@ def write_report(run_dir: Path, cfg: Optional[dict] = None) -> Path:
     (run_dir / "plots").mkdir(exist_ok=True)
     figures = {"throughput": "plots/throughput.png"}
     plots.save(plots.throughput(trials), run_dir / figures["throughput"])
+    if "scaling_efficiency" in summary:
+        figures["scaling"] = "plots/scaling.png"
+        plots.save(plots.scaling(summary), run_dir / figures["scaling"])
     claim_rows = claims_mod.evaluate(list(cfg.get("claims") or []), summary)
     experiment = ", ".join(dict.fromkeys(summary["experiment"].astype(str)))
     bench = cfg.get("bench", {})
