@@ -4,6 +4,7 @@ must end with the same weights."""
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 import torch.nn as nn
@@ -26,14 +27,17 @@ class TinyLM(nn.Module):
 
 
 class FailsOnRank(TinyLM):
-    """Raises in its `after`-th forward pass on rank `rank` (the RANK torchrun sets)."""
+    """Raises in its `after`-th forward pass on rank `rank` (the RANK torchrun sets), or with
+    `hang=True` stops there for an hour, as a deadlocked rank would."""
 
-    def __init__(self, rank: int = 1, after: int = 2, **kwargs):
+    def __init__(self, rank: int = 1, after: int = 2, hang: bool = False, **kwargs):
         super().__init__(**kwargs)
-        self.fail_rank, self.after, self.calls = rank, after, 0
+        self.fail_rank, self.after, self.hang, self.calls = rank, after, hang, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         if os.environ.get("RANK") == str(self.fail_rank) and self.calls >= self.after:
+            if self.hang:
+                time.sleep(3600)
             raise RuntimeError(f"injected failure on rank {self.fail_rank}")
         return super().forward(x)

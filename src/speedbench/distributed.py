@@ -265,7 +265,8 @@ def combine(records: list[dict]) -> dict:
 def failure_status(exc: BaseException) -> str:
     if isinstance(exc, torch.OutOfMemoryError):
         return "oom"
-    text = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = re.sub(r"^\[[^\]]*:\d+\]\s*", "", text)[:160]  # gloo's `[/path/pair.cc:561] ` prefix
     return f"error: {type(exc).__name__}: {text}"
 
 
