@@ -142,9 +142,12 @@ def test_scaling_efficiency_is_speedup_over_devices_and_is_plotted():
         summary.loc["ddp", "speedup_lo"] / 2)
     fig = plots.scaling(summary.reset_index())
     assert len(fig.axes) == 2 and len(fig.axes[1].lines) >= 1
-    # No data-parallel variant: the summary is left alone.
+    # No variant on more devices than the baseline: the summary is left alone.
     plain = trials_df[trials_df["parallel"] == "none"]
     assert "scaling_efficiency" not in scaling.add_efficiency(stats.summarise(plain), plain)
+    under_torchrun = trials_df.assign(devices=2, parallel="ddp")  # no single-device reference
+    assert "scaling_efficiency" not in scaling.add_efficiency(stats.summarise(under_torchrun),
+                                                              under_torchrun)
 
 
 def test_claim_than_compares_with_another_variant():

@@ -13,18 +13,19 @@ import pandas as pd
 
 
 def add_efficiency(summary: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
-    """The summary with `devices` and `scaling_efficiency[_lo, _hi]`, when any variant is
-    data-parallel; unchanged otherwise."""
-    if "parallel" not in trials or not (trials["parallel"].fillna("none") != "none").any():
+    """The summary with `devices` and `scaling_efficiency[_lo, _hi]` when a variant spans more
+    devices than a single-device baseline; unchanged otherwise (e.g. under torchrun)."""
+    if "devices" not in trials or trials["devices"].isna().all():
         return summary
     devices = trials.groupby(["experiment", "model", "variant"], sort=False)["devices"].max()
     out = summary.copy()
     out["devices"] = [int(devices.get((r.experiment, r.model, r.variant), 1))
                       for r in out.itertuples()]
     base_devices = out[out["is_baseline"]].set_index(["experiment", "model"])["devices"]
+    single = [base_devices.get((r.experiment, r.model)) == 1 for r in out.itertuples()]
+    if not any(single) or not (out["devices"] > 1).any():
+        return summary
     for col in ("", "_lo", "_hi"):
-        out[f"scaling_efficiency{col}"] = [
-            r[f"speedup{col}"] / r["devices"]
-            if base_devices.get((r["experiment"], r["model"])) == 1 else math.nan
-            for _, r in out.iterrows()]
+        out[f"scaling_efficiency{col}"] = [r[f"speedup{col}"] / r["devices"] if one else math.nan
+                                           for one, (_, r) in zip(single, out.iterrows())]
     return out
