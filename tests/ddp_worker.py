@@ -32,7 +32,8 @@ def train(env: distributed.DistEnv, parallel: str, batch: int, steps: int, accum
     recipe = OmegaConf.structured(SpeedbenchConfig)
     recipe.accumulate, recipe.lr = accumulate, 0.01
     data = MarkovTokens(256, SEQ, VOCAB)
-    loader = build_loader(data, batch, recipe.data, seed=0, sampler=distributed.sampler(data, env, 0))
+    loader = build_loader(data, batch, recipe.data, seed=0,
+                          sampler=distributed.sampler(data, env, 0))
     model = distributed.wrap(build_model(SPEC, seed=0), parallel, CPU)
     if hook is not None:
         model.register_comm_hook(None, hook)
@@ -45,18 +46,18 @@ def train(env: distributed.DistEnv, parallel: str, batch: int, steps: int, accum
 
 def main(out: Path) -> None:
     env = distributed.from_environ()
-    with distributed.process_group(env, CPU, timeout_s=60):
-        model = train(env, "ddp", batch=4, steps=3)
-        calls = {}
-        for k in (1, 3):
-            count = [0]
+    distributed.init_process_group(env, CPU, timeout_s=60)
+    model = train(env, "ddp", batch=4, steps=3)
+    calls = {}
+    for k in (1, 3):
+        count = [0]
 
-            def counting_hook(state, bucket, count=count):
-                count[0] += 1
-                return allreduce_hook(state, bucket)
+        def counting_hook(state, bucket, count=count):
+            count[0] += 1
+            return allreduce_hook(state, bucket)
 
-            train(env, "ddp", batch=4, steps=2, accumulate=k, hook=counting_hook)
-            calls[k] = count[0]
+        train(env, "ddp", batch=4, steps=2, accumulate=k, hook=counting_hook)
+        calls[k] = count[0]
     if env.rank == 0:
         torch.save(model.state_dict(), out / "ddp.pt")
         (out / "allreduce_calls.json").write_text(json.dumps(calls))

@@ -61,7 +61,8 @@ def test_from_environ_reads_what_torchrun_sets():
 
 def test_combine_reports_global_throughput_over_the_slowest_rank():
     rank = {"status": "ok", "steps": 4, "data_wait_frac": 0.1, "peak_mem_mb": 10.0,
-            "host_rss_mb": 50.0, "host_rss_main_mb": 40.0, "omp_num_threads": "1", "torch_threads": 1}
+            "host_rss_mb": 50.0, "host_rss_main_mb": 40.0, "omp_num_threads": "1",
+            "torch_threads": 1}
     combined = distributed.combine([
         {**rank, "samples": 64, "elapsed_s": 2.0, "step_ms": 500.0, "final_loss": 1.0},
         {**rank, "samples": 64, "elapsed_s": 4.0, "step_ms": 1000.0, "final_loss": 3.0,
@@ -84,7 +85,7 @@ def under_torchrun(monkeypatch):
 
 
 def test_dp_under_torchrun_is_a_config_error(under_torchrun):
-    with pytest.raises(ConfigError, match=r"variants\.dp\.parallel: 'dp' cannot run under torchrun"):
+    with pytest.raises(ConfigError, match=r"variants\.dp\.parallel: 'dp' cannot run under torch"):
         build_plan(compose_cfg(*TINY, experiment="dp_vs_ddp"), "dp_vs_ddp")
     build_plan(compose_cfg(*TINY, experiment="amp"), "amp")  # every other variant runs as DDP
 
@@ -106,7 +107,8 @@ def test_ddp_without_a_launcher_is_a_config_error(monkeypatch):
 
 
 def test_unknown_parallel_mode_names_the_allowed_ones():
-    with pytest.raises(ConfigError, match=r"parallel: 'fsdp' is not allowed; choose one of none, dp, ddp"):
+    with pytest.raises(ConfigError, match=r"parallel: 'fsdp' is not allowed; choose one of none, "
+                                          r"dp, ddp"):
         build_plan(compose_cfg(*TINY, "parallel=fsdp"), None)
 
 
@@ -177,10 +179,11 @@ def test_slurm_launcher_config_composes_when_the_plugin_is_installed():
     assert launcher.tasks_per_node == 1 and launcher.timeout_min > 0
 
 
-# --- real processes ---------------------------------------------------------------------------------
+# --- real processes ------------------------------------------------------------------------
 @pytest.mark.distributed
 def test_torchrun_cli_writes_one_run_dir_with_world_size_2(tmp_path):
-    out = torchrun(*FAST, "bench.repeats=2", "model=transformer", f"out_dir={tmp_path}", cwd=tmp_path)
+    out = torchrun(*FAST, "bench.repeats=2", "model=transformer", f"out_dir={tmp_path}",
+                   cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     run_dir = only_run_dir(tmp_path)  # rank 0 alone wrote, whatever the ranks' clocks said
     df = trials(run_dir)
@@ -225,7 +228,8 @@ def test_two_nodes_over_loopback(tmp_path):
     nodes = []
     for node_rank in range(2):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-               f"--node_rank={node_rank}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+               f"--node_rank={node_rank}", "--rdzv_backend=c10d",
+               f"--rdzv_endpoint=127.0.0.1:{port}",
                f"--rdzv_id=speedbench-test-{port}", "-m", "speedbench", *FAST, "model=transformer",
                f"out_dir={tmp_path}"]
         nodes.append(subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, **ENV},
@@ -281,12 +285,13 @@ def test_dp_vs_ddp_measures_ddp_and_reports_scaling(dp_vs_ddp_run):
     df = trials(run_dir).query("model == 'tiny'").set_index("variant")
     assert df.loc["single", "status"] == "ok" and df.loc["single", "world_size"] == 1
     if torch.cuda.device_count() < 2:
-        assert df.loc["dp", "status"].startswith("n/a: DataParallel needs at least two CUDA devices")
+        assert df.loc["dp", "status"].startswith("n/a: DataParallel needs at least two CUDA")
     ddp = df.loc["ddp"]
     assert ddp["status"] == "ok" and ddp["world_size"] == 2 and ddp["parallel"] == "ddp"
     assert ddp["samples_per_s"] > 0 and math.isfinite(ddp["final_loss"])
     summary = pd.read_csv(run_dir / "summary.csv").query("model == 'tiny'").set_index("variant")
-    assert summary.loc["ddp", "scaling_efficiency"] == pytest.approx(summary.loc["ddp", "speedup"] / 2)
+    ddp_row = summary.loc["ddp"]
+    assert ddp_row["scaling_efficiency"] == pytest.approx(ddp_row["speedup"] / 2)
     assert (run_dir / "plots" / "scaling.png").exists()
     assert "scaling eff." in (run_dir / "report.md").read_text()
 
@@ -310,3 +315,15 @@ def test_dp_and_ddp_run_on_two_gpus(tmp_path):
     assert (df["status"] == "ok").all(), df["status"]
     assert df.loc["dp", "devices"] == 2 and df.loc["ddp", "world_size"] == 2
     assert df.loc["ddp", "device"] == "cuda:0"
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_multirun_under_torchrun_writes_one_run_dir_per_job(tmp_path):
+    out = torchrun("-m", *FAST, TINY_MODEL, "model=tiny", "precision=fp32,bf16",
+                   f"out_dir={tmp_path}", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr  # the process group is reused, not remade
+    run_dirs = sorted(p.parent for p in tmp_path.rglob("trials.csv"))
+    assert len(run_dirs) == 2
+    assert sorted(trials(d)["precision"].iloc[0] for d in run_dirs) == ["bf16", "fp32"]
+    assert len(list((tmp_path / "multirun").iterdir())) == 1  # named by the job's run id

@@ -17,7 +17,7 @@ group's timeout (`dist_timeout_s`) bounds any wait on a peer that is gone.
 """
 from __future__ import annotations
 
-import contextlib
+import atexit
 import json
 import os
 import pickle
@@ -133,8 +133,8 @@ def check_plan(plan, env: Optional[DistEnv]) -> None:
         if reason:
             raise ConfigError(f"device: '{plan.device}' cannot run under torchrun: {reason}")
         if env.local_world_size > have:
-            raise ConfigError(f"torchrun started {env.local_world_size} processes on this node but it "
-                              f"has {have} {noun}; use --nproc_per_node={have} or fewer")
+            raise ConfigError(f"torchrun started {env.local_world_size} processes on this node "
+                              f"but it has {have} {noun}; use --nproc_per_node={have} or fewer")
     for name, recipe in plan.variants.items():
         key = "parallel" if name == "default" else f"variants.{name}.parallel"
         if env is not None and recipe.parallel == "dp":
@@ -152,25 +152,30 @@ def check_plan(plan, env: Optional[DistEnv]) -> None:
             if n > have:
                 raise ConfigError(f"{where}: {n} processes asked for, but this machine has {have} "
                                   f"{noun}; choose 1..{have}")
-            if n < 1:
-                raise ConfigError(f"{key}: 'ddp' on {kind} needs at least one device; none is visible")
 
 
-# --- the process group and the model ---------------------------------------------------------------
-@contextlib.contextmanager
-def process_group(env: Optional[DistEnv], device: torch.device, timeout_s: float):
-    """Join the torchrun job's process group for the block (nothing when not under torchrun)."""
-    if env is None:
-        yield
+# --- the process group and the model -------------------------------------------------------
+_failed = False  # set when a rank's trial failed: its process group is then left alone at exit
+
+
+def init_process_group(env: Optional[DistEnv], device: torch.device, timeout_s: float) -> None:
+    """Join the torchrun job's process group (nothing when not under torchrun), once per process:
+    a Hydra multirun calls run() once per job, and a group made again after being destroyed does
+    not reliably find its peers. It is destroyed when the process exits cleanly."""
+    if env is None or dist.is_initialized():
         return
     kwargs = {}
     if device.type == "cuda":
         torch.cuda.set_device(device)
         kwargs["device_id"] = device  # NCCL binds to this rank's GPU
     dist.init_process_group(backend_for(device), timeout=timedelta(seconds=timeout_s), **kwargs)
-    yield
-    # Only on a clean exit: after a failure the peers may be gone, and the process ends anyway.
-    dist.destroy_process_group()
+    atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
+    # After a failure the peers may be gone, and the process is ending anyway.
+    if dist.is_initialized() and not _failed:
+        dist.destroy_process_group()
 
 
 def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
@@ -182,8 +187,9 @@ def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                        else None)
     if parallel == "dp" and device.type == "cuda":
-        ids = [device.index or 0] + [i for i in range(torch.cuda.device_count()) if i != (device.index or 0)]
-        return nn.DataParallel(model, device_ids=ids)  # replicas on every GPU, outputs on the first
+        first = device.index or 0  # replicas on every GPU; inputs and outputs on this one
+        ids = [first] + [i for i in range(torch.cuda.device_count()) if i != first]
+        return nn.DataParallel(model, device_ids=ids)
     return model
 
 
@@ -197,7 +203,7 @@ def sampler(dataset, env: Optional[DistEnv], seed: int):
                               seed=seed, drop_last=True)
 
 
-# --- stepping together -----------------------------------------------------------------------------
+# --- stepping together ---------------------------------------------------------------------
 def _agree(value: float, device: torch.device, op) -> float:
     t = torch.tensor([float(value)], device=device)
     dist.all_reduce(t, op=op)
@@ -283,6 +289,8 @@ def report_failure(exc: BaseException, env: DistEnv, where: str) -> str:
     """A rank's trial failed: say so on stderr, leave the failure in the job's key-value store,
     and return the status for the row: the first failure of any rank, so that rank 0 records
     the root cause rather than the lost connection it saw. torchrun then stops the job."""
+    global _failed
+    _failed = True
     status = failure_status(exc)
     print(f"speedbench: rank {env.rank} of {env.world_size} failed in {where}: "
           f"{status.removeprefix('error: ')}", file=sys.stderr, flush=True)
@@ -307,10 +315,11 @@ def describe(env: Optional[DistEnv], device: torch.device) -> dict:
     return {"world_size": env.world_size, "local_world_size": env.local_world_size,
             "nnodes": max(1, env.world_size // max(1, env.local_world_size)),
             "backend": backend_for(device), "run_id": env.run_id,
-            "master_addr": os.environ.get("MASTER_ADDR"), "master_port": os.environ.get("MASTER_PORT")}
+            "master_addr": os.environ.get("MASTER_ADDR"),
+            "master_port": os.environ.get("MASTER_PORT")}
 
 
-# --- launching torchrun from inside speedbench -------------------------------------------------------
+# --- launching torchrun from inside speedbench ---------------------------------------------
 def launch_timeout_s(recipe) -> Optional[float]:
     """Wall time allowed to a launched trial: start-up and rendezvous (dist_timeout_s), then a
     warm-up and a window each capped by max_trial_s. None without a cap."""
@@ -361,7 +370,7 @@ def _launch_failure(job: Path, returncode: int, output: str) -> str:
         return with_rank(first["status"], first["rank"])
     lines = [ln.strip() for ln in output.splitlines()
              if re.match(r"^\s*\w+(Error|Exception)\b.*:", ln)]
-    detail = lines[-1][:160] if lines else "no error message (set SPEEDBENCH_DEBUG=1 to see its output)"
+    detail = lines[-1][:160] if lines else "no message (SPEEDBENCH_DEBUG=1 shows its output)"
     return f"error: torchrun exited with status {returncode}: {detail}"
 
 
@@ -383,11 +392,11 @@ def _worker(job: Path) -> None:
     plan, spec, recipe = job_data["plan"], job_data["spec"], job_data["recipe"]
     device = rank_device(plan.device, env)
     try:
-        with process_group(env, device, recipe.dist_timeout_s):
-            dataset = build_dataset(spec.dataset, dataset_length(plan, spec, env.world_size),
-                                    recipe.data.path, seed=recipe.bench.seed)
-            record = measure_trial(plan, spec, job_data["variant"], recipe, job_data["trial"],
-                                   dataset, dist_env=env)
+        init_process_group(env, device, recipe.dist_timeout_s)
+        dataset = build_dataset(spec.dataset, dataset_length(plan, spec, env.world_size),
+                                recipe.data.path, seed=recipe.bench.seed)
+        record = measure_trial(plan, spec, job_data["variant"], recipe, job_data["trial"],
+                               dataset, dist_env=env)
     except BaseException as exc:
         _write_rank_error(job, env, exc)
         report_failure(exc, env, f"model {spec.name}, variant {job_data['variant']}")
@@ -401,7 +410,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        raise SystemExit("usage: torchrun ... -m speedbench.distributed JOB_DIR (speedbench runs this)")
+        raise SystemExit("usage: torchrun ... -m speedbench.distributed JOB_DIR (run by speedbench)")
     record(_worker)(Path(args[0]))
 
 

@@ -74,15 +74,17 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
                 reason = knobs.not_applicable(recipe, device, listens)
                 if reason:
                     return {**record, "status": reason}
-                loader = build_loader(dataset, batch * replicas, recipe.data, seed=recipe.bench.seed,
-                                      sampler=distributed.sampler(dataset, dist_env, recipe.bench.seed))
+                seed = recipe.bench.seed
+                loader = build_loader(dataset, batch * replicas, recipe.data, seed=seed,
+                                      sampler=distributed.sampler(dataset, dist_env, seed))
                 clock = PhaseClock(device)
                 model = distributed.wrap(model.to(device), parallel, device)
                 trainer = Trainer(spec, recipe, device, loader, clock=clock, model=model)
                 budget = recipe.bench.max_trial_s
                 if dist_env is None:
                     _, warm = timed_steps(trainer.step, recipe.bench.warmup, device,
-                                          budget_s=budget and budget / 4) if recipe.bench.warmup else (0, 0)
+                                          budget_s=budget and budget / 4) \
+                        if recipe.bench.warmup else (0, 0)
                     window = recipe.bench.steps
                 else:  # the ranks must agree on every step count, or one waits forever
                     warm_s, warm = distributed.warm_up(trainer.step, recipe.bench.warmup, device,
@@ -189,8 +191,8 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True) -> Path 
         machine["distributed"] = distributed.describe(dist_env, device)
         results.write_json(machine, run_dir / "env.json")
     started = time.perf_counter()
-    with distributed.process_group(dist_env, device, cfg.dist_timeout_s):
-        writer = execute(plan, run_dir, progress, dist_env)
+    distributed.init_process_group(dist_env, device, cfg.dist_timeout_s)
+    writer = execute(plan, run_dir, progress, dist_env)
     if writer is None:
         return None
     summary = scaling.add_efficiency(stats.summarise(writer.frame()), writer.frame())

@@ -62,7 +62,7 @@ def scaling(summary: pd.DataFrame) -> plt.Figure:
             ideal = base["samples_per_s"].iloc[0] * np.array(sorted(set(g["devices"])))
             ax_tp.plot(sorted(set(g["devices"])), ideal, "--", color=line.get_color(), alpha=0.5)
         eff = g.dropna(subset=["scaling_efficiency"])
-        ax_eff.plot(eff["devices"], eff["scaling_efficiency"], "o", color=line.get_color(), label=model)
+        ax_eff.plot(eff["devices"], eff["scaling_efficiency"], "o", color=line.get_color())
         for r in g.itertuples():
             ax_tp.annotate(r.variant, (r.devices, r.samples_per_s), textcoords="offset points",
                            xytext=(4, 4), fontsize=8)
