@@ -1,6 +1,7 @@
 """`python -m speedbench +experiment=NAME [overrides]`: Hydra composes the config, run() does the rest."""
 from __future__ import annotations
 
+import os
 import sys
 
 import hydra
@@ -20,7 +21,8 @@ def main(cfg: DictConfig) -> None:
     try:
         run(cfg, experiment)
     except (ConfigError, FileExistsError) as exc:
-        print(f"speedbench: error: {exc}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: say it once
+            print(f"speedbench: error: {exc}", file=sys.stderr)
         sys.exit(2)
 
 

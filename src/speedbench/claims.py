@@ -2,7 +2,9 @@
 
 An experiment lists its claims in its config (`claims:`). Each claim has a `kind`:
 - faster: holds when the speed-up CI lies above 1; does not hold when it lies below 1 or
-  contains it.
+  contains it. With `than: VARIANT` the speed-up is over that variant instead of the
+  baseline: the ratio of the two speed-ups, with the conservative interval lo/ref_hi..hi/ref_lo
+  (wider than a joint bootstrap would give; a call made on it is a safe one).
 - less_memory (optional `factor`, e.g. 0.5 for "half the memory"): holds when the CI of the
   peak-memory ratio lies at or below the factor; "partly" when it lies below 1 but not below
   the factor; does not hold otherwise.
@@ -33,7 +35,8 @@ def judge(claim: dict, row: pd.Series) -> tuple[str, str]:
         return "-", row["status"]
     kind = claim.get("kind", "faster")
     if kind == "faster":
-        measured = "speed-up " + _fmt_ci(row["speedup"], row["speedup_lo"], row["speedup_hi"])
+        label = f"speed-up over {claim['than']}" if claim.get("than") else "speed-up"
+        measured = f"{label} " + _fmt_ci(row["speedup"], row["speedup_lo"], row["speedup_hi"])
         v = row["verdict"]
         if v == stats.FASTER:
             return measured, HOLDS
@@ -64,9 +67,32 @@ def evaluate(claims: list[dict], summary: pd.DataFrame) -> pd.DataFrame:
         if experiment:
             sel = sel[sel["experiment"] == experiment]
         for _, row in sel.iterrows():
+            if claim.get("than"):
+                row = relative_to(row, summary, claim["than"])
             measured, verdict = judge(claim, row)
             rows.append({"tip": claim.get("tip", ""), "source": claim.get("source", ""),
                          "claim": claim.get("quote", ""), "model": row["model"],
                          "variant": row["variant"], "measured": measured, "verdict": verdict})
     return pd.DataFrame(rows, columns=["tip", "source", "claim", "model", "variant", "measured",
                                        "verdict"])
+
+
+def relative_to(row: pd.Series, summary: pd.DataFrame, than: str) -> pd.Series:
+    """`row` with its speed-up and verdict taken over variant `than` rather than the baseline."""
+    ref = summary[(summary["model"] == row["model"]) & (summary["experiment"] == row["experiment"])
+                  & (summary["variant"] == than)]
+    out = row.copy()
+    if ref.empty:
+        out["status"] = f"no variant '{than}' to compare with"
+        return out
+    ref = ref.iloc[0]
+    if ref["status"] != "ok":
+        out["status"] = f"{ref['status']} ({than})"
+        return out
+    if ref["is_baseline"]:
+        return out
+    out["speedup"] = row["speedup"] / ref["speedup"]
+    out["speedup_lo"] = row["speedup_lo"] / ref["speedup_hi"]
+    out["speedup_hi"] = row["speedup_hi"] / ref["speedup_lo"]
+    out["verdict"] = stats.verdict(out["speedup_lo"], out["speedup_hi"])
+    return out

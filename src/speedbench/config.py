@@ -23,6 +23,7 @@ LOSSES = ("cross_entropy", "module")
 TENSOR_CREATION = ("host", "device")
 SYNC = ("item", "numpy", "deferred")
 PROFILES = ("off", "simple", "advanced", "pytorch")
+PARALLEL = ("none", "dp", "ddp")
 REFERENCE_MODELS = ("resnet", "vae", "transformer")
 # Keys a variant may not change: they define the experiment, not a recipe.
 NOT_PER_VARIANT = ("model", "models", "variants", "baseline", "claims", "experiment", "out_dir")
@@ -77,6 +78,13 @@ class SpeedbenchConfig:
     # off | simple (phase table) | advanced (+ cProfile per phase) | pytorch (+ torch.profiler
     # trace). Profiling runs in extra windows after the timed one, so throughput stays unprofiled.
     profile: str = "off"
+    # Data parallelism (see distributed.py): none (one process, one device); dp
+    # (nn.DataParallel over all visible GPUs, one process); ddp (DistributedDataParallel, one
+    # process per device). Under torchrun every variant runs as ddp over torchrun's ranks;
+    # otherwise speedbench launches torchrun itself for each ddp trial.
+    parallel: str = "none"
+    nproc: Optional[int] = None  # processes speedbench launches for ddp; None: all GPUs, 2 on a CPU
+    dist_timeout_s: float = 300.0  # a rank waiting this long on its peers fails the run, no hang
     data: DataConfig = field(default_factory=DataConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     # Set by experiment files: variant name -> overrides of the recipe above.
@@ -179,6 +187,10 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
     _choice(p + "tensor_creation", recipe.tensor_creation, TENSOR_CREATION)
     _choice(p + "sync", recipe.sync, SYNC)
     _choice(p + "profile", recipe.profile, PROFILES)
+    _choice(p + "parallel", recipe.parallel, PARALLEL)
+    _at_least(p + "nproc", recipe.nproc, 1)
+    if not recipe.dist_timeout_s > 0:
+        raise ConfigError(f"{p}dist_timeout_s: {recipe.dist_timeout_s} is out of range; it must be > 0")
     _at_least(p + "sync_every", recipe.sync_every, 1)
     _at_least(p + "accumulate", recipe.accumulate, 1)
     _at_least(p + "batch_size", recipe.batch_size, 1)
@@ -334,8 +346,12 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     for spec in models:
         if cfg.data.path is not None:
             _check_path_fits(spec, cfg.data.path)
-    return Plan(experiment=experiment or "default", device=device, scale=scale, models=models,
+    plan = Plan(experiment=experiment or "default", device=device, scale=scale, models=models,
                 variants=variants, baseline=baseline, config=cfg)
+    from speedbench import distributed  # checks that depend on how speedbench was started
+
+    distributed.check_plan(plan, distributed.from_environ())
+    return plan
 
 
 def _check_path_fits(spec: ModelSpec, path: str) -> None:

@@ -115,6 +115,9 @@ def not_applicable(recipe, device: torch.device, makes_per_step_tensors: bool) -
     that has nothing to act on here does.
     """
     cuda = device.type == "cuda"
+    gpus = torch.cuda.device_count() if cuda else 0
+    if recipe.parallel == "dp" and gpus < 2:
+        return f"n/a: DataParallel needs at least two CUDA devices (this run has {gpus})"
     if recipe.data.pin_memory and not cuda:
         return "n/a: pin_memory needs CUDA (no pinned host-to-device copy without it)"
     if recipe.data.non_blocking and not cuda:

@@ -18,6 +18,7 @@ TRIAL_COLUMNS = [
     # profile != off (profile.py): the mode; step times in an unprofiled reference window, with
     # phase syncs, and under the mode's profiler; that profiler's overhead over the reference
     "profile", "reference_step_ms", "phase_step_ms", "profiled_step_ms", "profile_overhead",
+    "parallel", "devices", "rank_step_ms",
 ]
 SUMMARY_COLUMNS = [
     "experiment", "model", "variant", "is_baseline", "status", "samples_per_s", "speedup",

@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from speedbench import diagnosis, env, knobs, profile, results, stats
+from speedbench import diagnosis, distributed, env, knobs, profile, results, scaling, stats
 from speedbench.config import ModelSpec, Plan
 from speedbench.data import build_dataset, build_loader
 from speedbench.timing import PeakRss, PhaseClock, device_peak_mb, release_host_memory, \
@@ -25,33 +25,48 @@ from speedbench.timing import PeakRss, PhaseClock, device_peak_mb, release_host_
 from speedbench.train import Trainer, build_model
 
 
-def dataset_length(plan: Plan, spec: ModelSpec) -> int:
-    """Enough samples that no trial crosses an epoch end (unless data.samples says otherwise)."""
+def dataset_length(plan: Plan, spec: ModelSpec, world_size: int = 1) -> int:
+    """Enough samples that no trial crosses an epoch end (unless data.samples says otherwise),
+    on every one of `world_size` ranks."""
     need = 0
     for r in plan.variants.values():
         if r.data.samples:
             return r.data.samples
-        batch = r.batch_size or spec.batch_size
+        batch = (r.batch_size or spec.batch_size) * distributed.replicas(
+            r.parallel, torch.device(plan.device))
         steps = r.bench.warmup + r.bench.steps + profile.extra_steps(r) + 2
-        need = max(need, steps * batch * r.accumulate)
+        need = max(need, steps * batch * r.accumulate * world_size)
     return need
 
 
 def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig, trial: int,
-                  dataset, run_dir: Path | None = None) -> dict:
+                  dataset, dist_env: distributed.DistEnv | None = None,
+                  run_dir: Path | None = None) -> dict:
     """One trial of one (model, variant): a record for trials.csv, whatever happens.
+
+    Under torchrun (`dist_env`) it runs as DDP on every rank and returns the ranks' combined
+    record; a fault on a rank is raised, not recorded, so that torchrun stops the whole job.
     With `profile` on, profile windows follow the timed one; trial 0 writes the profiler's
-    files under run_dir/profile/<model>/<variant>/."""
-    device = torch.device(plan.device)
+    files under run_dir/profile/<model>/<variant>/.
+    """
+    parallel = distributed.effective_parallel(recipe, dist_env)
+    device = distributed.rank_device(plan.device, dist_env)
     batch = recipe.batch_size or spec.batch_size
+    replicas = distributed.replicas(parallel, device)  # GPUs one DataParallel process splits over
+    world = dist_env.world_size if dist_env else 1
     record = {
         "experiment": plan.experiment, "model": spec.name, "variant": variant,
-        "is_baseline": variant == plan.baseline, "trial": trial, "device": plan.device,
-        "world_size": 1, "batch_size": batch, "accumulate": recipe.accumulate,
+        "is_baseline": variant == plan.baseline, "trial": trial, "device": str(device),
+        "world_size": world, "devices": world * replicas, "parallel": parallel,
+        "batch_size": batch, "accumulate": recipe.accumulate,
         "precision": recipe.precision, "num_workers": recipe.data.num_workers,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
         "torch_threads": torch.get_num_threads(),
     }
+    if parallel == "ddp" and dist_env is None:  # speedbench launches torchrun for this trial
+        nproc = distributed.launch_nproc(recipe, plan.device)
+        return {**record, "world_size": nproc, "devices": nproc,
+                **distributed.launch_trial(plan, spec, variant, recipe, trial)}
     trainer = None
     try:
         with knobs.restored_global_state():
@@ -63,22 +78,34 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
                 reason = knobs.not_applicable(recipe, device, listens)
                 if reason:
                     return {**record, "status": reason}
-                loader = build_loader(dataset, batch, recipe.data, seed=recipe.bench.seed)
+                seed = recipe.bench.seed
+                loader = build_loader(dataset, batch * replicas, recipe.data, seed=seed,
+                                      sampler=distributed.sampler(dataset, dist_env, seed))
                 clock = PhaseClock(device)
-                trainer = Trainer(spec, recipe, device, loader, clock=clock, model=model.to(device))
+                model = distributed.wrap(model.to(device), parallel, device)
+                trainer = Trainer(spec, recipe, device, loader, clock=clock, model=model)
                 budget = recipe.bench.max_trial_s
-                _, warm = timed_steps(trainer.step, recipe.bench.warmup, device,
-                                      budget_s=budget and budget / 4) if recipe.bench.warmup else (0, 0)
+                if dist_env is None:
+                    _, warm = timed_steps(trainer.step, recipe.bench.warmup, device,
+                                          budget_s=budget and budget / 4) \
+                        if recipe.bench.warmup else (0, 0)
+                    window = recipe.bench.steps
+                else:  # the ranks must agree on every step count, or one waits forever
+                    warm_s, warm = distributed.warm_up(trainer.step, recipe.bench.warmup, device,
+                                                       budget and budget / 4)
+                    window = distributed.agree_steps(recipe.bench.steps, warm_s, warm,
+                                                     budget and budget * 3 / 4, device)
+                    budget = None
                 clock.reset()
                 trainer.meter.reset()
-                elapsed, steps = timed_steps(trainer.step, recipe.bench.steps, device,
+                elapsed, steps = timed_steps(trainer.step, window, device,
                                              budget_s=budget and budget * 3 / 4)
                 loss = trainer.meter.mean()
             dev_peak = device_peak_mb(device)
             if recipe.profile != "off":
                 out = run_dir / "profile" / spec.name / variant if run_dir and trial == 0 else None
                 record.update(profile.profile_trial(trainer, recipe, device, steps, out))
-        samples = steps * batch * recipe.accumulate
+        samples = steps * batch * replicas * recipe.accumulate
         record.update({
             "status": "ok" if math.isfinite(loss) else "diverged",
             "samples_per_s": samples / elapsed, "step_ms": 1000 * elapsed / steps,
@@ -86,12 +113,18 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
             "peak_mem_mb": dev_peak if dev_peak is not None else rss.main_mb - rss.start_mb,
             "host_rss_mb": rss.total_mb, "host_rss_main_mb": rss.main_mb,
             "final_loss": loss, "steps": steps, "warmup_steps": warm, "elapsed_s": elapsed,
-            "host_reads": trainer.meter.host_reads,
+            "host_reads": trainer.meter.host_reads, "samples": samples,
         })
+        if dist_env is not None:
+            record = distributed.gather_record(record, dist_env)
     except torch.OutOfMemoryError:
+        if dist_env is not None:
+            raise
         record["status"] = "oom"
     except Exception as exc:  # a fault in one variant must not stop the others
-        record["status"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        if dist_env is not None:
+            raise  # under DDP the peers are mid-collective: the job must stop
+        record["status"] = distributed.failure_status(exc)
         if os.environ.get("SPEEDBENCH_DEBUG"):
             traceback.print_exc()
     finally:
@@ -103,17 +136,20 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
     return record
 
 
-def execute(plan: Plan, run_dir: Path, progress: bool = True) -> results.TrialWriter:
-    """Every trial of the plan, rows appended to trials.csv as they end."""
-    writer = results.TrialWriter(run_dir / "trials.csv")
+def execute(plan: Plan, run_dir: Path | None, progress: bool = True,
+            dist_env: distributed.DistEnv | None = None) -> results.TrialWriter | None:
+    """Every trial of the plan, rows appended to trials.csv as they end. Under torchrun every
+    rank runs every trial; rank 0 alone (the one given a run_dir) writes."""
+    writer = results.TrialWriter(run_dir / "trials.csv") if run_dir else None
+    world = dist_env.world_size if dist_env else 1
     repeats = max(r.bench.repeats for r in plan.variants.values())
     total = sum(min(r.bench.repeats, repeats) for r in plan.variants.values()) * len(plan.models)
-    bar = tqdm(total=total, desc=plan.experiment, unit="trial", disable=not progress,
-               file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=total, desc=plan.experiment, unit="trial", file=sys.stderr, dynamic_ncols=True,
+               disable=not (progress and distributed.is_main(dist_env)))
     for spec in plan.models:
         bar.set_postfix_str(f"{spec.name}: making data")
         first = next(iter(plan.variants.values()))
-        dataset = build_dataset(spec.dataset, dataset_length(plan, spec), first.data.path,
+        dataset = build_dataset(spec.dataset, dataset_length(plan, spec, world), first.data.path,
                                 seed=first.bench.seed)
         skip: dict[str, str] = {}  # variants found n/a: no need to try them again
         for trial in range(repeats):
@@ -124,27 +160,50 @@ def execute(plan: Plan, run_dir: Path, progress: bool = True) -> results.TrialWr
                 if name in skip:
                     bar.update()
                     continue
-                record = measure_trial(plan, spec, name, recipe, trial, dataset, run_dir)
+                try:
+                    record = measure_trial(plan, spec, name, recipe, trial, dataset, dist_env,
+                                           run_dir)
+                except Exception as exc:  # under torchrun: a failed rank fails the job
+                    if dist_env is None:
+                        raise
+                    status = distributed.report_failure(
+                        exc, dist_env, f"model {spec.name}, variant {name}, trial {trial}")
+                    if writer:
+                        writer.append({"experiment": plan.experiment, "model": spec.name,
+                                       "variant": name, "is_baseline": name == plan.baseline,
+                                       "trial": trial, "world_size": world, "status": status})
+                    raise
                 if record["status"].startswith("n/a"):
                     skip[name] = record["status"]
-                writer.append(record)
+                if writer:
+                    writer.append(record)
                 bar.update()
     bar.close()
     return writer
 
 
-def run(cfg: DictConfig, experiment: str | None, progress: bool = True) -> Path:
-    """The whole job for one config: validate, measure, summarise, report. Returns the run dir."""
+def run(cfg: DictConfig, experiment: str | None, progress: bool = True) -> Path | None:
+    """The whole job for one config: validate, measure, summarise, report. Returns the run dir
+    (None on the ranks other than 0 under torchrun: they measure, rank 0 writes)."""
     from speedbench.config import build_plan
     from speedbench.report.render import console_table, write_report
 
     plan = build_plan(cfg, experiment)  # raises ConfigError before anything is written
-    run_dir = results.new_run_dir(cfg.out_dir, plan.experiment, cfg.run_dir)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    results.write_json(env.collect(plan.device), run_dir / "env.json")
+    dist_env = distributed.from_environ()
+    device = distributed.rank_device(plan.device, dist_env)
+    run_dir = None
+    if distributed.is_main(dist_env):
+        run_dir = results.new_run_dir(cfg.out_dir, plan.experiment, cfg.run_dir)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        machine = env.collect(plan.device)
+        machine["distributed"] = distributed.describe(dist_env, device)
+        results.write_json(machine, run_dir / "env.json")
     started = time.perf_counter()
-    writer = execute(plan, run_dir, progress)
-    summary = stats.summarise(writer.frame())
+    distributed.init_process_group(dist_env, device, cfg.dist_timeout_s)
+    writer = execute(plan, run_dir, progress, dist_env)
+    if writer is None:
+        return None
+    summary = scaling.add_efficiency(stats.summarise(writer.frame()), writer.frame())
     results.write_summary(summary, run_dir)
     profiled = diagnosis.write_tables(run_dir, writer.rows)  # phases.csv, findings.csv
     write_report(run_dir, cfg=OmegaConf.to_container(cfg, resolve=True))

@@ -351,6 +351,9 @@ def figures_for(trials: pd.DataFrame, summary: pd.DataFrame,
         out["memory"] = ("Peak memory per variant", peak_memory(trials))
     if phases is not None and len(phases):
         out["phases"] = ("Step-time breakdown by phase", step_breakdown(phases))
+    if "scaling_efficiency" in summary and summary["scaling_efficiency"].notna().any():
+        out["scaling"] = ("Throughput and scaling efficiency against the devices used",
+                          scaling(summary))
     for knob in SWEEP_KNOBS:
         if sweep_knob(trials, knob):
             out[f"sweep-{knob}"] = (f"Throughput against {knob}", sweep(trials, knob))
@@ -360,3 +363,33 @@ def figures_for(trials: pd.DataFrame, summary: pd.DataFrame,
 def save(fig: plt.Figure, path) -> None:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
+
+
+def scaling(summary: pd.DataFrame) -> plt.Figure:
+    """Data parallelism against the devices used: throughput next to the ideal (N x the
+    single-device baseline), and scaling efficiency (1.0 = perfect). One line per model."""
+    rows = summary[summary["status"] == "ok"].sort_values("devices")
+    fig, (ax_tp, ax_eff) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for model, g in rows.groupby("model", sort=False):
+        line, = ax_tp.plot(g["devices"], g["samples_per_s"], "o-", label=model)
+        base = g[g["is_baseline"]]
+        if len(base) and int(base["devices"].iloc[0]) == 1:
+            ideal = base["samples_per_s"].iloc[0] * np.array(sorted(set(g["devices"])))
+            ax_tp.plot(sorted(set(g["devices"])), ideal, "--", color=line.get_color(), alpha=0.5)
+        eff = g.dropna(subset=["scaling_efficiency"])
+        ax_eff.plot(eff["devices"], eff["scaling_efficiency"], "o", color=line.get_color())
+        for r in g.itertuples():
+            ax_tp.annotate(r.variant, (r.devices, r.samples_per_s), textcoords="offset points",
+                           xytext=(4, 4), fontsize=8)
+    ax_eff.axhline(1.0, color="#6c757d", linestyle="--", linewidth=1)
+    ax_tp.set(xlabel="devices (GPUs, or processes on a CPU)", ylabel="throughput (samples/s)",
+              title="Throughput (dashed: N x single)")
+    ax_eff.set(xlabel="devices (GPUs, or processes on a CPU)", ylabel="throughput / (N x single)",
+               title="Scaling efficiency")
+    devices = sorted(set(rows["devices"])) or [1]
+    for ax in (ax_tp, ax_eff):
+        ax.set_xticks(devices)
+        ax.grid(alpha=0.3)
+    ax_tp.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

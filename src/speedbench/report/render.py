@@ -34,7 +34,7 @@ def _num(x, fmt="{:.1f}") -> str:
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     """The summary as people read it: one formatted row per (model, variant)."""
-    return pd.DataFrame({
+    table = pd.DataFrame({
         "model": summary["model"], "variant": summary["variant"], "status": summary["status"],
         "samples/s": summary["samples_per_s"].map(_num),
         "speed-up [95% CI]": [_ci(r.speedup, r.speedup_lo, r.speedup_hi)
@@ -45,6 +45,12 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
                       for r in summary.itertuples()],
         "loss": summary["final_loss"].map(lambda v: _num(v, "{:.3f}")),
     })
+    if "scaling_efficiency" in summary:  # data-parallel variants (scaling.py)
+        table.insert(4, "devices", summary["devices"])
+        table.insert(5, "scaling eff. [95% CI]", [
+            _ci(r.scaling_efficiency, r.scaling_efficiency_lo, r.scaling_efficiency_hi, unit="")
+            for r in summary.itertuples()])
+    return table
 
 
 def console_table(summary: pd.DataFrame) -> str:
@@ -139,7 +145,7 @@ def findings_table(findings: pd.DataFrame) -> pd.DataFrame:
 
 
 # The names experiment_section gives its figures: plots/<experiment>-<figure>.png
-FIGURE_FILE = re.compile(r".+-(speedup|throughput|memory|phases|sweep-\w+)\.png$")
+FIGURE_FILE = re.compile(r".+-(speedup|throughput|memory|phases|scaling|sweep-\w+)\.png$")
 
 
 def _remove_stale_figures(out_dir: Path, written: set[str]) -> None:
