@@ -15,11 +15,13 @@ TRIAL_COLUMNS = [
     "samples_per_s", "step_ms", "data_wait_frac", "peak_mem_mb", "final_loss",
     "host_rss_mb", "host_rss_main_mb", "steps", "warmup_steps", "batch_size", "accumulate",
     "precision", "num_workers", "elapsed_s", "host_reads", "omp_num_threads", "torch_threads",
+    "warmup_steady", "flops_per_step", "achieved_tflops", "peak_tflops",
 ]
 SUMMARY_COLUMNS = [
     "experiment", "model", "variant", "is_baseline", "status", "samples_per_s", "speedup",
     "speedup_lo", "speedup_hi", "verdict", "trials", "step_ms", "cv", "data_wait_frac",
     "peak_mem_mb", "mem_ratio", "host_rss_mb", "final_loss", "loss_delta",
+    "spread", "unsteady", "flops_per_step", "achieved_tflops", "peak_tflops", "peak_fraction",
 ]
 
 

@@ -20,8 +20,9 @@ from tqdm.auto import tqdm
 from speedbench import env, knobs, results, stats
 from speedbench.config import ModelSpec, Plan
 from speedbench.data import build_dataset, build_loader
+from speedbench.flops import FlopsBook
 from speedbench.timing import PeakRss, PhaseClock, device_peak_mb, release_host_memory, \
-    reset_device_peak, timed_steps
+    reset_device_peak, timed_steps, warm_up
 from speedbench.train import Trainer, build_model
 
 
@@ -32,7 +33,8 @@ def dataset_length(plan: Plan, spec: ModelSpec) -> int:
         if r.data.samples:
             return r.data.samples
         batch = r.batch_size or spec.batch_size
-        need = max(need, (r.bench.warmup + r.bench.steps + 2) * batch * r.accumulate)
+        warmup = max(r.bench.warmup, r.bench.warmup_max) if r.bench.steady_tol else r.bench.warmup
+        need = max(need, (warmup + r.bench.steps + 2) * batch * r.accumulate)
     return need
 
 
@@ -63,9 +65,9 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
                 loader = build_loader(dataset, batch, recipe.data, seed=recipe.bench.seed)
                 clock = PhaseClock(device)
                 trainer = Trainer(spec, recipe, device, loader, clock=clock, model=model.to(device))
-                budget = recipe.bench.max_trial_s
-                _, warm = timed_steps(trainer.step, recipe.bench.warmup, device,
-                                      budget_s=budget and budget / 4) if recipe.bench.warmup else (0, 0)
+                budget, b = recipe.bench.max_trial_s, recipe.bench
+                warm, steady = warm_up(trainer.step, device, b.warmup, max(b.warmup, b.warmup_max),
+                                       b.steady_tol, budget_s=budget and budget / 4)
                 clock.reset()
                 trainer.meter.reset()
                 elapsed, steps = timed_steps(trainer.step, recipe.bench.steps, device,
@@ -79,7 +81,8 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
             "data_wait_frac": clock.totals["data"] / elapsed,
             "peak_mem_mb": dev_peak if dev_peak is not None else rss.main_mb - rss.start_mb,
             "host_rss_mb": rss.total_mb, "host_rss_main_mb": rss.main_mb,
-            "final_loss": loss, "steps": steps, "warmup_steps": warm, "elapsed_s": elapsed,
+            "final_loss": loss, "steps": steps, "warmup_steps": warm, "warmup_steady": steady,
+            "elapsed_s": elapsed,
             "host_reads": trainer.meter.host_reads,
         })
     except torch.OutOfMemoryError:
@@ -104,25 +107,39 @@ def execute(plan: Plan, run_dir: Path, progress: bool = True) -> results.TrialWr
     total = sum(min(r.bench.repeats, repeats) for r in plan.variants.values()) * len(plan.models)
     bar = tqdm(total=total, desc=plan.experiment, unit="trial", disable=not progress,
                file=sys.stderr, dynamic_ncols=True)
+    book = FlopsBook(torch.device(plan.device))
     for spec in plan.models:
         bar.set_postfix_str(f"{spec.name}: making data")
         first = next(iter(plan.variants.values()))
         dataset = build_dataset(spec.dataset, dataset_length(plan, spec), first.data.path,
                                 seed=first.bench.seed)
         skip: dict[str, str] = {}  # variants found n/a: no need to try them again
-        for trial in range(repeats):
+        rows: list[dict] = []  # this model's records, for the adaptive rule
+        started, trial = time.perf_counter(), 0
+        # `repeats` rounds; then, with bench.target_ci (the baseline's), more while CIs are wide.
+        while trial < repeats or stats.wants_more_rounds(rows, first.bench, trial,
+                                                         time.perf_counter() - started):
+            if trial >= repeats:
+                bar.total += len(plan.variants)
             for name, recipe in plan.variants.items():  # interleaved: A B C A B C ...
-                if trial >= recipe.bench.repeats:
+                if repeats > trial >= recipe.bench.repeats:
                     continue
                 bar.set_postfix_str(f"{spec.name} {name} trial {trial + 1}/{recipe.bench.repeats}")
                 if name in skip:
                     bar.update()
                     continue
                 record = measure_trial(plan, spec, name, recipe, trial, dataset)
+                if record["status"] == "ok":
+                    book.annotate(record, book.step(spec, recipe, dataset, record["batch_size"]))
                 if record["status"].startswith("n/a"):
                     skip[name] = record["status"]
                 writer.append(record)
+                rows.append(record)
                 bar.update()
+            trial += 1
+        if trial > repeats:
+            bar.write(f"{spec.name}: {trial} rounds (bench.target_ci={first.bench.target_ci}); "
+                      + stats.halfwidth_note(rows))
     bar.close()
     return writer
 
@@ -142,6 +159,8 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True) -> Path:
     results.write_summary(summary, run_dir)
     write_report(run_dir, cfg=OmegaConf.to_container(cfg, resolve=True))
     print(console_table(summary))
+    for line in stats.spread_warnings(summary):
+        print(line)
     print(f"\n{len(writer.rows)} trials in {time.perf_counter() - started:.0f} s; "
           f"report: {run_dir / 'report.md'}")
     return run_dir

@@ -77,6 +77,47 @@ def timed_steps(step: Callable[[], None], max_steps: int, device: torch.device,
     return time.perf_counter() - t0, n
 
 
+STEADY_WINDOW = 3  # warm-up step times compared by the steady-state rule
+
+
+def is_steady(step_times: list[float], tol: float, window: int = STEADY_WINDOW) -> bool:
+    """The last `window` step times lie within `tol` of their median: (max - min) / median <= tol."""
+    if len(step_times) < window:
+        return False
+    last = sorted(step_times[-window:])
+    median = last[len(last) // 2]
+    return median > 0 and (last[-1] - last[0]) / median <= tol
+
+
+def warm_up(step: Callable[[], None], device: torch.device, min_steps: int, max_steps: int,
+            tol: Optional[float], budget_s: Optional[float] = None) -> tuple[int, Optional[bool]]:
+    """Warm up until the step time is steady; (steps run, steady: True/False, None if unchecked).
+
+    The rule: run at least `min_steps`; then stop as soon as the last STEADY_WINDOW step times
+    agree within `tol` (is_steady); never more than `max_steps`, and stop once `budget_s` has
+    passed. Each warm-up step is timed between device synchronisations (warm-up is not
+    measured, so these syncs cost nothing that counts). `tol` None or `min_steps` 0: exactly
+    `min_steps` steps, steady state assumed rather than detected.
+    """
+    if min_steps == 0:
+        return 0, None
+    if tol is None:
+        return timed_steps(step, min_steps, device, budget_s)[1], None
+    times: list[float] = []
+    started = time.perf_counter()
+    while len(times) < max_steps:
+        synchronize(device)
+        t0 = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+        if len(times) >= min_steps and is_steady(times, tol):
+            return len(times), True
+        if budget_s is not None and time.perf_counter() - started > budget_s:
+            break
+    return len(times), False
+
+
 class PeakRss:
     """Peak resident memory (MB) of this process and of its child processes (DataLoader
     workers), sampled on a background thread while the block runs."""
