@@ -5,6 +5,7 @@ erase the very effects of the sync-point and non_blocking knobs.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import defaultdict
@@ -120,22 +121,32 @@ def warm_up(step: Callable[[], None], device: torch.device, min_steps: int, max_
 
 class PeakRss:
     """Peak resident memory (MB) of this process and of its child processes (DataLoader
-    workers), sampled on a background thread while the block runs."""
+    workers), sampled on a background thread while the block runs.
 
-    def __init__(self, interval_s: float = 0.05):
+    The thread must stay light (benchmarks/ measures it): finding the children scans every
+    process on the machine, so the list is refreshed only every `rescan_s`; reading the known
+    processes' RSS is cheap and done every `interval_s`.
+    """
+
+    def __init__(self, interval_s: float = 0.05, rescan_s: float = 1.0):
         import psutil
 
         self.proc = psutil.Process()
-        self.interval = interval_s
+        self.interval, self.rescan_s = interval_s, rescan_s
         self.start_mb = self.main_mb = self.total_mb = 0.0
         self._stop = threading.Event()
+        self._children: list = []
+        self._scanned = -math.inf
 
-    def sample(self) -> None:
+    def sample(self, rescan: bool = False) -> None:
         import psutil
 
         main = self.proc.memory_info().rss
+        if rescan or time.monotonic() - self._scanned > self.rescan_s:
+            self._children = self.proc.children(recursive=True)
+            self._scanned = time.monotonic()
         children = 0
-        for child in self.proc.children(recursive=True):
+        for child in self._children:
             try:
                 children += child.memory_info().rss
             except psutil.Error:
@@ -148,7 +159,7 @@ class PeakRss:
             self.sample()
 
     def __enter__(self):
-        self.sample()
+        self.sample(rescan=True)
         self.start_mb = self.main_mb
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -157,7 +168,7 @@ class PeakRss:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.sample()
+        self.sample(rescan=True)
         return False
 
 

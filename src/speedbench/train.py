@@ -74,7 +74,7 @@ class Trainer:
                     loss = compute_loss(self.model, self.spec.loss, x, y)
                 self.meter.add(loss)
                 with clock("backward"):
-                    scaled = loss / k
+                    scaled = loss / k if k > 1 else loss  # no extra op (and its backward) at k=1
                     (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         with clock("optimizer"):
             if self.scaler:
