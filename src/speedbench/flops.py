@@ -43,52 +43,60 @@ def step_flops(spec: ModelSpec, recipe, device: torch.device, dataset, batch: in
             torch.cuda.empty_cache()
 
 
-def _rate(a: torch.Tensor, b: torch.Tensor, reps: int, device: torch.device) -> float:
-    """FLOP/s of `reps` products a @ b timed as one window between two synchronisations."""
+# Both layouts of the product: a CPU library may have a fast kernel for one only (fp16 linear,
+# a @ b.T, runs several times faster than fp16 mm on an AVX-512 CPU); the peak is the faster.
+PRODUCTS = (torch.mm, torch.nn.functional.linear)
+
+
+def _rate(a: torch.Tensor, b: torch.Tensor, reps: int, device: torch.device,
+          product=torch.mm) -> float:
+    """FLOP/s of `reps` products of a and b timed as one window between two synchronisations."""
     synchronize(device)
     t0 = time.perf_counter()
     for _ in range(reps):
-        torch.mm(a, b)
+        product(a, b)
     synchronize(device)
     return 2 * a.shape[0] ** 3 * reps / (time.perf_counter() - t0)
 
 
-def _size(device: torch.device, dtype: torch.dtype, max_n: int, slow_s: float = 0.05) -> int:
-    """The largest power-of-two size up to `max_n` whose product takes under `slow_s` (so a
-    dtype the device runs slowly, fp16 on most CPUs, is measured in a fraction of a second)."""
+def _size(device: torch.device, dtype: torch.dtype, product, max_n: int,
+          slow_s: float = 0.05) -> int:
+    """The largest power-of-two size up to `max_n` at which `product` should take under `slow_s`
+    (twice the size costs eight times as much), so a dtype the device runs slowly, fp16 on most
+    CPUs, is measured in a fraction of a second."""
     n = 256
     while n < max_n:
         a = torch.randn(n, n, device=device, dtype=dtype)
-        synchronize(device)
-        t0 = time.perf_counter()
-        torch.mm(a, a)
-        synchronize(device)
-        if time.perf_counter() - t0 > slow_s:
+        if max(_rate(a, a, 1, device, product) for _ in range(2)) < 8 * 2 * n ** 3 / slow_s:
             break
         n *= 2
     return n
 
 
-def matmul_peak_tflops(device: torch.device, precision: str, duration_s: float = 0.3) -> float:
-    """Best TFLOP/s of an n x n matrix product in `precision`'s dtype (n = 8192 on CUDA, at most
-    2048 elsewhere): warm-up, then the fastest of several timed windows. NaN on failure."""
+def matmul_peak_tflops(device: torch.device, precision: str, duration_s: float = 0.2) -> float:
+    """Best TFLOP/s of an n x n matrix product in `precision`'s dtype, either layout (n = 8192 on
+    CUDA; elsewhere sized per layout, at most 2048): warm-up, then the fastest of several timed
+    windows of back-to-back products. NaN on failure."""
     dtype = DTYPES[precision]
+    best = 0.0
     try:
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            n = 8192 if free > 3 * 8192 ** 2 * 4 * 2 else 4096
-        else:
-            n = _size(device, dtype, max_n=2048)
-        gen = torch.Generator(device=device).manual_seed(0)
-        a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-        b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-        first = _rate(a, b, 1, device)  # warm-up (library heuristics, clocks); sizes the windows
-        reps = max(1, int(duration_s / 5 * first / (2 * n ** 3)))
-        best, started = first, time.perf_counter()
-        for _ in range(20):
-            best = max(best, _rate(a, b, reps, device))
-            if time.perf_counter() - started > duration_s:
-                break
+        for product in PRODUCTS:
+            if device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(device)
+                n = 8192 if free > 3 * 8192 ** 2 * 4 * 2 else 4096
+            else:
+                n = _size(device, dtype, product, max_n=2048)
+            gen = torch.Generator(device=device).manual_seed(0)
+            a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+            b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+            first = _rate(a, b, 1, device, product)  # warm-up (heuristics, clocks); sizes windows
+            reps = max(1, int(duration_s / 10 * first / (2 * n ** 3)))
+            started = time.perf_counter()
+            for _ in range(20):
+                best = max(best, first, _rate(a, b, reps, device, product))
+                if time.perf_counter() - started > duration_s / 2:
+                    break
+            del a, b
         return best / 1e12
     except Exception:
         return math.nan

@@ -40,7 +40,16 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         "mem ratio": [_ci(r.mem_ratio, math.nan, math.nan) if "mem_ratio" in summary else "-"
                       for r in summary.itertuples()],
         "loss": summary["final_loss"].map(lambda v: _num(v, "{:.3f}")),
+        # Achieved FLOP/s (FlopCounterMode FLOPs / median step time) and its share of the peak
+        # measured on the spot (flops.py).
+        "TFLOP/s": _col(summary, "achieved_tflops").map(lambda v: _num(v, "{:.3g}")),
+        "% of peak": _col(summary, "peak_fraction").map(lambda v: _num(100 * v, "{:.1f}")),
     })
+
+
+def _col(summary: pd.DataFrame, name: str) -> pd.Series:
+    """A summary column, or NaNs for runs written before it existed."""
+    return summary[name] if name in summary else pd.Series(math.nan, index=summary.index)
 
 
 def console_table(summary: pd.DataFrame) -> str:
@@ -80,13 +89,25 @@ def write_report(run_dir: Path, cfg: Optional[dict] = None) -> Path:
     claim_rows = claims_mod.evaluate(list(cfg.get("claims") or []), summary)
     experiment = ", ".join(dict.fromkeys(summary["experiment"].astype(str)))
     bench = cfg.get("bench", {})
+    warmup = (f"at least {bench.get('warmup')} warm-up steps, continuing until the last 3 step "
+              f"times agree within {bench.get('steady_tol')} of their median (at most "
+              f"{bench.get('warmup_max')})" if bench.get("steady_tol") and bench.get("warmup")
+              else f"{bench.get('warmup')} warm-up steps")
     method = (f"Each trial builds a fresh model with seed {bench.get('seed')}, runs "
-              f"{bench.get('warmup')} warm-up steps, then times up to {bench.get('steps')} optimizer "
+              f"{warmup}, then times up to {bench.get('steps')} optimizer "
               f"steps in one window synchronised with the device only at its ends (capped at "
               f"{bench.get('max_trial_s')} s per trial). {bench.get('repeats')} trials per variant, "
-              "interleaved across variants. Speed-up = ratio of median throughputs, 95% percentile "
-              "bootstrap CI; a difference is called only when the CI excludes 1.")
-    sections = {"summary": summary_table(summary), "claims": claim_rows}
+              "interleaved across variants"
+              + (f", then more interleaved rounds until every speed-up CI half-width is at most "
+                 f"{bench.get('target_ci')} or {bench.get('time_budget_s')} s have gone on the model"
+                 if bench.get("target_ci") else "")
+              + ". Speed-up = ratio of median throughputs, 95% percentile "
+              "bootstrap CI; a difference is called only when the CI excludes 1. TFLOP/s = "
+              "FLOPs per optimizer step (torch FlopCounterMode: matrix products, convolutions, "
+              "attention; forward and backward) / median step time; % of peak = that over the "
+              "best rate of a large matrix product in the variant's dtype, measured in the run.")
+    sections = {"summary": summary_table(summary), "claims": claim_rows,
+                "warnings": stats.spread_warnings(summary)}
     md = render_markdown(experiment, env, sections, figures, method)
     (run_dir / "report.md").write_text(md)
     (run_dir / "report.html").write_text(render_html(experiment, env, sections, figures, method, run_dir))
@@ -97,6 +118,7 @@ def render_markdown(experiment, env, sections, figures, method) -> str:
     out = [f"# speedbench report: {experiment}", ""]
     out += [f"- **{k}**: {v}" for k, v in env_lines(env)]
     out += ["", "## Summary", "", _markdown(sections["summary"]), ""]
+    out += [f"> {w}\n" for w in sections.get("warnings", [])]
     out += [f"![{name}]({path})" for name, path in figures.items()]
     if len(sections["claims"]):
         out += ["", "## The articles' claims, measured", "", _markdown(sections["claims"])]
@@ -114,6 +136,7 @@ def render_html(experiment, env, sections, figures, method, run_dir: Path) -> st
     env_html = "".join(f"<li><b>{e(k)}</b>: {e(v)}</li>" for k, v in env_lines(env))
     body = [f"<h1>speedbench report: {e(experiment)}</h1>", f"<ul>{env_html}</ul>",
             "<h2>Summary</h2>", sections["summary"].to_html(index=False, escape=True, border=0)]
+    body += [f"<p><b>{e(w)}</b></p>" for w in sections.get("warnings", [])]
     body += [_img(run_dir, p, n) for n, p in figures.items()]
     if len(sections["claims"]):
         body += ["<h2>The articles' claims, measured</h2>",
