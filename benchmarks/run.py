@@ -1,6 +1,6 @@
 """speedbench's own benchmarks: is the instrument light, accurate and repeatable?
 
-    python benchmarks/run.py            # the figures of benchmarks/README.md (~10 min on 2 CPU cores)
+    python benchmarks/run.py            # the figures of benchmarks/README.md (~15 min on 2 CPU cores)
     python benchmarks/run.py --quick    # a smoke run of every figure (under a minute)
 
 Prints one markdown table of figures (not pass/fail):
@@ -161,6 +161,11 @@ def agreement(model: str, overrides: list[str], rounds: int, min_run_time: float
             "autorange_ms": auto, "steps": recipe.bench.steps}
 
 
+def note(message: str) -> None:
+    """Progress on stderr; the table alone goes to stdout."""
+    print(f"[benchmarks] {message}", file=sys.stderr, flush=True)
+
+
 def _cv(values) -> float:
     return statistics.stdev(values) / statistics.mean(values) if len(values) > 1 else math.nan
 
@@ -233,6 +238,7 @@ def main(argv=None) -> int:
     rows, raw = [], {"quick": args.quick, "env": env.collect(args.device)}
 
     for m in models:
+        note(f"harness overhead: {m}, {rounds} pairs")
         o = overhead(m, base, rounds)
         raw.setdefault("overhead", []).append(o)
         rows.append((f"harness overhead, {m} (bs {o['batch']}, {o['steps']} steps)",
@@ -241,6 +247,7 @@ def main(argv=None) -> int:
                      f"speedbench {fmt(o['harness'], '.1f')} vs bare {fmt(o['bare'], '.1f')} samples/s, "
                      f"median of {o['rounds']} interleaved pairs"))
     for m in models:
+        note(f"agreement with torch.utils.benchmark.Timer: {m}, {rounds} rounds")
         a = agreement(m, base, rounds, min_run_time=0.3 if args.quick else 2.0)
         raw.setdefault("agreement", []).append(a)
         rows.append((f"agreement with torch Timer, {m}", f"{a['diff']:+.1%}", "within 5 %",
@@ -254,6 +261,7 @@ def main(argv=None) -> int:
     else:
         with tempfile.TemporaryDirectory(prefix="speedbench-bench-") as tmp:
             suite = [f"device={args.device}"] + (QUICK_SUITE if args.quick else [])
+            note("python -m speedbench +experiment=amp")
             amp = cli_run("amp", suite, Path(tmp))
             rep = repeatability(amp["summary"])
             raw["amp"] = {"wall_s": amp["wall_s"], **rep}
@@ -272,6 +280,7 @@ def main(argv=None) -> int:
             if args.quick:
                 rows.append(("wall time, +experiment=tips", "skipped (--quick)", "", ""))
             elif (ROOT / "configs" / "experiment" / "tips.yaml").exists():
+                note("python -m speedbench +experiment=tips")
                 tips = cli_run("tips", suite, Path(tmp))
                 raw["tips"] = {"wall_s": tips["wall_s"]}
                 rows.append(("wall time, +experiment=tips", f"{tips['wall_s']:.0f} s", "",
