@@ -1,6 +1,6 @@
 """speedbench's own benchmarks: is the instrument light, accurate and repeatable?
 
-    python benchmarks/run.py            # the figures of benchmarks/README.md (~15 min on 2 CPU cores)
+    python benchmarks/run.py            # benchmarks/README.md's figures (~15 min, 2 CPU cores)
     python benchmarks/run.py --quick    # a smoke run of every figure (under a minute)
 
 Prints one markdown table of figures (not pass/fail):
@@ -170,7 +170,7 @@ def _cv(values) -> float:
     return statistics.stdev(values) / statistics.mean(values) if len(values) > 1 else math.nan
 
 
-# --- whole experiments through the CLI -------------------------------------------------------------
+# --- whole experiments through the CLI ------------------------------------------------------
 def cli_run(experiment: str, overrides: list[str], out: Path) -> dict:
     """`python -m speedbench +experiment=E overrides` in a subprocess: wall time and summary."""
     run_dir = out / experiment
@@ -242,9 +242,11 @@ def main(argv=None) -> int:
         o = overhead(m, base, rounds)
         raw.setdefault("overhead", []).append(o)
         rows.append((f"harness overhead, {m} (bs {o['batch']}, {o['steps']} steps)",
-                     f"{fmt(o['ratio'])} [{fmt(o['lo'])}, {fmt(o['hi'])}]; paired {fmt(o['paired'])}",
+                     f"{fmt(o['ratio'])} [{fmt(o['lo'])}, {fmt(o['hi'])}]; "
+                     f"paired {fmt(o['paired'])}",
                      ">= 0.98",
-                     f"speedbench {fmt(o['harness'], '.1f')} vs bare {fmt(o['bare'], '.1f')} samples/s, "
+                     f"speedbench {fmt(o['harness'], '.1f')} vs bare {fmt(o['bare'], '.1f')} "
+                     "samples/s, "
                      f"median of {o['rounds']} interleaved pairs"))
     for m in models:
         note(f"agreement with torch.utils.benchmark.Timer: {m}, {rounds} rounds")

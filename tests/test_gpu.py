@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
+
 from speedbench import flops, knobs, run
 from speedbench.config import build_plan
 from speedbench.data import build_dataset, build_loader

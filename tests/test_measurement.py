@@ -11,16 +11,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import TINY, compose_cfg, only_run_dir, run_cli
 from omegaconf import OmegaConf
 
-from conftest import TINY, compose_cfg, only_run_dir, run_cli
 from speedbench import env, flops, run, stats, timing
 from speedbench.config import ConfigError, ModelSpec, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# --- steady state ----------------------------------------------------------------------------------
+# --- steady state ------------------------------------------------------------------------------
 class FakeClock:
     """time.perf_counter stand-in: each step advances it by the next scripted duration."""
 
@@ -59,7 +59,7 @@ def test_warm_up_stops_at_the_first_steady_window(fake_clock):
 def test_warm_up_respects_minimum_cap_and_budget(fake_clock):
     cpu = torch.device("cpu")
     clock = fake_clock([1])
-    assert timing.warm_up(clock.step, cpu, 6, 10, tol=0.1) == (6, True)  # steady early, minimum rules
+    assert timing.warm_up(clock.step, cpu, 6, 10, tol=0.1) == (6, True)  # steady early; minimum
     clock = fake_clock([1, 2])
     assert timing.warm_up(clock.step, cpu, 1, 7, tol=0.1) == (7, False)  # never steady: the cap
     clock = fake_clock([1, 2])
@@ -69,7 +69,7 @@ def test_warm_up_respects_minimum_cap_and_budget(fake_clock):
     assert timing.warm_up(clock.step, cpu, 0, 10, tol=0.1) == (0, None)
 
 
-# --- spread, warnings, adaptive repetition --------------------------------------------------------
+# --- spread, warnings, adaptive repetition -----------------------------------------------------
 def trials_frame(base: list[float], other: list[float], steady=True) -> pd.DataFrame:
     rows = []
     for variant, values in (("a", base), ("b", other)):
@@ -141,7 +141,7 @@ def test_execute_adds_rounds_only_while_the_ci_is_wide(noisy, tmp_path, monkeypa
     assert all(r["flops_per_step"] > 0 for r in writer.rows)
 
 
-# --- FLOPs and the peak ---------------------------------------------------------------------------
+# --- FLOPs and the peak ------------------------------------------------------------------------
 def test_step_flops_of_a_linear_layer():
     """forward x @ W.T and the weight gradient: 2 products of 2*B*in*out each, per micro-batch."""
     spec = ModelSpec(name="lin", target={"_target_": "torch.nn.Linear", "in_features": 8,
@@ -184,7 +184,7 @@ def test_bench_knobs_are_validated(override, key):
         build_plan(compose_cfg(*TINY, override), None)
 
 
-# --- env.json --------------------------------------------------------------------------------------
+# --- env.json ----------------------------------------------------------------------------------
 def test_env_records_what_explains_a_difference(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.setenv("KMP_BLOCKTIME", "0")
@@ -200,7 +200,7 @@ def test_env_records_what_explains_a_difference(monkeypatch):
     assert data["mp_start_method"]
 
 
-# --- benchmarks/ -----------------------------------------------------------------------------------
+# --- benchmarks/ -------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_benchmarks_quick_prints_every_figure(tmp_path):
     import subprocess
@@ -217,3 +217,15 @@ def test_benchmarks_quick_prints_every_figure(tmp_path):
     figures = json.loads(out.read_text())
     assert figures["overhead"][0]["ratio"] > 0 and figures["agreement"][0]["timer_ms"] > 0
     assert figures["amp"]["wall_s"] > 0
+
+
+def test_report_shows_the_spread_warning(tmp_path):
+    from speedbench import results
+    from speedbench.report.render import write_report
+
+    trials = trials_frame([100, 100, 101], [80, 100, 120])
+    trials.to_csv(tmp_path / "trials.csv", index=False)
+    results.write_summary(stats.summarise(results.load_trials(tmp_path)), tmp_path)
+    report = write_report(tmp_path, cfg={}).read_text()
+    assert "WARNING: trial spread" in report and "m/b 20%" in report
+    assert "% of peak" in report

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+
 import torch
 from torch.utils.data import default_collate
 from torch.utils.flop_counter import FlopCounterMode

@@ -164,10 +164,12 @@ def spread_warnings(summary: pd.DataFrame) -> list[str]:
     if noisy:
         lines.append(f"WARNING: trial spread (IQR/median of samples/s) over {SPREAD_WARN:.0%}: "
                      + ", ".join(noisy) + ". Something else may be using the machine, or the "
-                     "window is too short: add bench.repeats or bench.steps, or set bench.target_ci.")
+                     "window is too short: add bench.repeats or bench.steps, or set "
+                     "bench.target_ci.")
     if unsteady:
         lines.append("WARNING: trials timed before warm-up found a steady step time: "
-                     + ", ".join(unsteady) + " (bench.warmup_max or the trial's time cap came first).")
+                     + ", ".join(unsteady)
+                     + " (bench.warmup_max or the trial's time cap came first).")
     return lines
 
 

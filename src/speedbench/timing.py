@@ -82,7 +82,7 @@ STEADY_WINDOW = 3  # warm-up step times compared by the steady-state rule
 
 
 def is_steady(step_times: list[float], tol: float, window: int = STEADY_WINDOW) -> bool:
-    """The last `window` step times lie within `tol` of their median: (max - min) / median <= tol."""
+    """The last `window` step times agree within `tol`: (max - min) / median <= tol."""
     if len(step_times) < window:
         return False
     last = sorted(step_times[-window:])
