@@ -4,7 +4,7 @@
 #   2. run the gpu-marked tests,
 #   3. run the tips suite (or, without configs/experiment/tips.yaml, amp and every other
 #      experiment) at scale=full, with bench settings chosen to fit the time left,
-# and write everything under results/reference/<gpu-name>/ (committed: see results/README.md).
+# and write everything under results/reference/<gpu-name>/ (not git-ignored: commit it).
 #
 #   scripts/gpu_check.sh                   # from anywhere; GPU_CHECK_BUDGET_S=480 by default
 set -uo pipefail
