@@ -49,9 +49,19 @@ class DataConfig:
 
 @dataclass
 class BenchConfig:
-    warmup: int = 3  # optimizer steps run before the timed window
+    warmup: int = 3  # optimizer steps run before the timed window, at least (0: no warm-up)
+    # Warm-up continues past `warmup` until the step time is steady: the last 3 step times lie
+    # within `steady_tol` of their median (see timing.warm_up); at most max(warmup, warmup_max).
+    # steady_tol null: exactly `warmup` steps, steady state assumed.
+    warmup_max: int = 10
+    steady_tol: Optional[float] = 0.1
     steps: int = 10  # optimizer steps in the timed window
     repeats: int = 3  # trials per (model, variant), interleaved across variants
+    # Adaptive repetition: after `repeats` rounds, add interleaved rounds of every variant until
+    # each speed-up CI's half-width is at most `target_ci` (e.g. 0.02 = +-2 %) or `time_budget_s`
+    # of wall time has gone on that model. null: exactly `repeats` trials.
+    target_ci: Optional[float] = None
+    time_budget_s: float = 600.0
     # Cap on one trial's wall time: a quarter for warm-up, the rest for the timed window.
     # A very slow variant (fp16 on a CPU) then times fewer steps; `steps` in trials.csv says how many.
     max_trial_s: Optional[float] = 6.0
@@ -200,6 +210,12 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
     _at_least(p + "bench.warmup", recipe.bench.warmup, 0)
     _at_least(p + "bench.steps", recipe.bench.steps, 1)
     _at_least(p + "bench.repeats", recipe.bench.repeats, 1)
+    _at_least(p + "bench.warmup_max", recipe.bench.warmup_max, 0)
+    for key in ("steady_tol", "target_ci", "time_budget_s"):
+        value = recipe.bench[key]
+        if value is not None and not value > 0:
+            raise ConfigError(f"{p}bench.{key}: {value} is out of range; it must be > 0"
+                              + ("" if key == "time_budget_s" else ", or null to turn it off"))
     if recipe.bench.max_trial_s is not None and not recipe.bench.max_trial_s > 0:
         raise ConfigError(f"{p}bench.max_trial_s: {recipe.bench.max_trial_s} is out of range; "
                           "it must be > 0, or null for no cap")

@@ -364,7 +364,12 @@ def launch_trial(plan, spec, variant: str, recipe, trial: int) -> dict:
 
 def _launch_failure(job: Path, returncode: int, output: str) -> str:
     """The first rank's failure as a row status: `error: rank R: Type: message`."""
-    errors = [json.loads(p.read_text()) for p in job.glob("rank*.error.json")]
+    errors = []
+    for path in job.glob("rank*.error.json"):
+        try:
+            errors.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            pass  # a rank killed while writing: the others' records still tell
     if errors:
         first = min(errors, key=lambda e: e["time"])
         return with_rank(first["status"], first["rank"])
@@ -375,9 +380,12 @@ def _launch_failure(job: Path, returncode: int, output: str) -> str:
 
 
 def _write_rank_error(job: Path, env: DistEnv, exc: BaseException) -> None:
-    (job / f"rank{env.rank}.error.json").write_text(json.dumps(
-        {"rank": env.rank, "time": time.time(), "status": failure_status(exc),
-         "traceback": traceback.format_exc()}))
+    # Written then renamed: torchrun may kill this rank at any moment once a peer has failed,
+    # and the launcher must never read half a file.
+    tmp = job / f".rank{env.rank}.error.json.tmp"
+    tmp.write_text(json.dumps({"rank": env.rank, "time": time.time(),
+                               "status": failure_status(exc), "traceback": traceback.format_exc()}))
+    tmp.replace(job / f"rank{env.rank}.error.json")
 
 
 def _worker(job: Path) -> None:

@@ -11,10 +11,25 @@ from pathlib import Path
 
 import torch
 
-# Environment variables that change performance.
-PERF_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUBLAS_WORKSPACE_CONFIG",
-             "PYTORCH_CUDA_ALLOC_CONF", "NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-             "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OPENBLAS_CORETYPE", "ONEDNN_MAX_CPU_ISA")
+# Environment variables that change performance: these names, and any name with these prefixes.
+PERF_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+             "CUBLAS_WORKSPACE_CONFIG", "PYTORCH_CUDA_ALLOC_CONF", "NCCL_DEBUG",
+             "TORCH_NCCL_ASYNC_ERROR_HANDLING", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+             "OPENBLAS_CORETYPE", "ONEDNN_MAX_CPU_ISA", "LD_PRELOAD", "NVIDIA_TF32_OVERRIDE",
+             "CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING", "RANK",
+             "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "MALLOC_ARENA_MAX")
+PERF_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "ONEDNN_", "DNNL_", "NCCL_",
+                 "CUDA_", "CUBLAS", "CUDNN_", "PYTORCH_", "TORCH_", "TORCHINDUCTOR_", "SLURM_CPUS",
+                 "SLURM_GPUS", "SLURM_NTASKS")
+# Never record a value whose name suggests a secret.
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+
+
+def perf_env() -> dict[str, str]:
+    """The performance-relevant environment variables that are set, sorted by name."""
+    return {k: v for k, v in sorted(os.environ.items())
+            if (k in PERF_VARS or k.startswith(PERF_PREFIXES))
+            and not any(w in k.upper() for w in SECRET_WORDS)}
 
 
 def cpu_model() -> str:
@@ -27,13 +42,23 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def git_revision() -> str | None:
+def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
                              cwd=Path(__file__).parent)
-        return out.stdout.strip() or None
+        return out.stdout.strip() if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def git_revision() -> str | None:
+    return _git("rev-parse", "HEAD") or None
+
+
+def git_dirty() -> bool | None:
+    """Whether the checkout has uncommitted changes to tracked files (None outside git)."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return None if status is None else bool(status)
 
 
 def _version(dist: str) -> str | None:
@@ -54,17 +79,79 @@ def cuda_devices() -> list[dict]:
     return out
 
 
-def driver_version() -> str | None:
+def nvidia_smi() -> list[dict]:
+    """Per-GPU driver, clocks, power limit and modes from nvidia-smi; [] when it is absent."""
+    fields = ("index", "name", "driver_version", "pstate", "clocks.sm", "clocks.max.sm",
+              "clocks.mem", "power.limit", "temperature.gpu", "utilization.gpu", "memory.used",
+              "memory.total", "persistence_mode", "compute_mode", "mig.mode.current")
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}",
+                              "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10)
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError, IndexError):
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:
+        return []
+    return [dict(zip(fields, (v.strip() for v in line.split(","))))
+            for line in out.stdout.strip().splitlines()]
+
+
+def cuda_driver_version() -> str | None:
+    """The CUDA version the driver supports (nvidia-smi's header), as opposed to torch's build."""
+    try:
+        out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
         return None
+    for token in out.stdout.split("CUDA Version:")[1:2]:
+        return token.split()[0].strip("|")
+    return None
+
+
+def driver_version() -> str | None:
+    gpus = nvidia_smi()
+    return gpus[0]["driver_version"] if gpus else None
+
+
+def start_method() -> str:
+    """The multiprocessing start method DataLoader workers use (without fixing it, which would
+    make a later set_start_method fail): the one set, else the platform's default."""
+    return multiprocessing.get_start_method(allow_none=True) or \
+        f"{multiprocessing.get_all_start_methods()[0]} (default)"
+
+
+def load_average() -> list[float] | None:
+    """1, 5 and 15 minute load: a busy machine explains a slow or noisy run."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def memory_gb() -> float | None:
+    try:
+        import psutil
+
+        return round(psutil.virtual_memory().total / 2**30, 1)
+    except Exception:
+        return None
+
+
+def numerics() -> dict:
+    """Global switches that change kernels and speed: TF32, cuDNN autotune, determinism."""
+    return {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "mkldnn_available": torch.backends.mkldnn.is_available(),
+        "openmp_available": torch.backends.openmp.is_available(),
+    }
 
 
 def collect(device: str) -> dict:
     gpus = cuda_devices()
+    smi = nvidia_smi() if gpus else []
     return {
         "device": device,
         "device_name": gpus[0]["name"] if device.startswith("cuda") and gpus else cpu_model(),
@@ -73,19 +160,28 @@ def collect(device: str) -> dict:
         "cuda_available": torch.cuda.is_available(),
         "torch_cuda_version": torch.version.cuda,
         "cudnn_version": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
-        "nvidia_driver": driver_version() if gpus else None,
+        "nvidia_driver": smi[0]["driver_version"] if smi else None,
+        "cuda_driver_version": cuda_driver_version() if smi else None,
+        "nvidia_smi": smi,
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_gb": memory_gb(),
+        "load_average": load_average(),
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
-        "mp_start_method": multiprocessing.get_start_method(allow_none=True) or "default",
-        "env": {k: os.environ.get(k) for k in PERF_VARS if k in os.environ},
+        "mp_start_method": start_method(),
+        "numerics": numerics(),
+        "env": perf_env(),
         "python": sys.version.split()[0],
+        "python_executable": sys.executable,
         "platform": platform.platform(),
         "hostname": platform.node(),
         "versions": {d: _version(d) for d in ("torch", "torchvision", "hydra-core", "omegaconf",
-                                                  "pandas", "numpy", "matplotlib", "speedbench")},
+                                                  "pandas", "numpy", "matplotlib", "psutil",
+                                                  "triton", "speedbench")},
+        "torch_git_version": torch.version.git_version,
         "torch_config_cpu": torch.backends.cpu.get_cpu_capability(),
         "git_revision": git_revision(),
+        "git_dirty": git_dirty(),
     }

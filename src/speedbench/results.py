@@ -19,11 +19,13 @@ TRIAL_COLUMNS = [
     # phase syncs, and under the mode's profiler; that profiler's overhead over the reference
     "profile", "reference_step_ms", "phase_step_ms", "profiled_step_ms", "profile_overhead",
     "parallel", "devices", "rank_step_ms",
+    "warmup_steady", "flops_per_step", "achieved_tflops", "peak_tflops",
 ]
 SUMMARY_COLUMNS = [
     "experiment", "model", "variant", "is_baseline", "status", "samples_per_s", "speedup",
     "speedup_lo", "speedup_hi", "verdict", "trials", "step_ms", "cv", "data_wait_frac",
     "peak_mem_mb", "mem_ratio", "host_rss_mb", "final_loss", "loss_delta",
+    "spread", "unsteady", "flops_per_step", "achieved_tflops", "peak_tflops", "peak_fraction",
 ]
 
 

@@ -20,8 +20,9 @@ from tqdm.auto import tqdm
 from speedbench import diagnosis, distributed, env, knobs, profile, results, scaling, stats
 from speedbench.config import ModelSpec, Plan
 from speedbench.data import build_dataset, build_loader
+from speedbench.flops import FlopsBook
 from speedbench.timing import PeakRss, PhaseClock, device_peak_mb, release_host_memory, \
-    reset_device_peak, timed_steps
+    reset_device_peak, timed_steps, warm_up
 from speedbench.train import Trainer, build_model
 
 
@@ -34,7 +35,8 @@ def dataset_length(plan: Plan, spec: ModelSpec, world_size: int = 1) -> int:
             return r.data.samples
         batch = (r.batch_size or spec.batch_size) * distributed.replicas(
             r.parallel, torch.device(plan.device))
-        steps = r.bench.warmup + r.bench.steps + profile.extra_steps(r) + 2
+        warmup = max(r.bench.warmup, r.bench.warmup_max) if r.bench.steady_tol else r.bench.warmup
+        steps = warmup + r.bench.steps + profile.extra_steps(r) + 2
         need = max(need, steps * batch * r.accumulate * world_size)
     return need
 
@@ -84,18 +86,17 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
                 clock = PhaseClock(device)
                 model = distributed.wrap(model.to(device), parallel, device)
                 trainer = Trainer(spec, recipe, device, loader, clock=clock, model=model)
-                budget = recipe.bench.max_trial_s
+                budget, b = recipe.bench.max_trial_s, recipe.bench
                 if dist_env is None:
-                    _, warm = timed_steps(trainer.step, recipe.bench.warmup, device,
-                                          budget_s=budget and budget / 4) \
-                        if recipe.bench.warmup else (0, 0)
-                    window = recipe.bench.steps
+                    warm, steady = warm_up(trainer.step, device, b.warmup, max(b.warmup, b.warmup_max),
+                                           b.steady_tol, budget_s=budget and budget / 4)
+                    window = b.steps
                 else:  # the ranks must agree on every step count, or one waits forever
-                    warm_s, warm = distributed.warm_up(trainer.step, recipe.bench.warmup, device,
+                    warm_s, warm = distributed.warm_up(trainer.step, b.warmup, device,
                                                        budget and budget / 4)
-                    window = distributed.agree_steps(recipe.bench.steps, warm_s, warm,
+                    window = distributed.agree_steps(b.steps, warm_s, warm,
                                                      budget and budget * 3 / 4, device)
-                    budget = None
+                    budget, steady = None, None
                 clock.reset()
                 trainer.meter.reset()
                 elapsed, steps = timed_steps(trainer.step, window, device,
@@ -112,8 +113,8 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
             "data_wait_frac": clock.totals["data"] / elapsed,
             "peak_mem_mb": dev_peak if dev_peak is not None else rss.main_mb - rss.start_mb,
             "host_rss_mb": rss.total_mb, "host_rss_main_mb": rss.main_mb,
-            "final_loss": loss, "steps": steps, "warmup_steps": warm, "elapsed_s": elapsed,
-            "host_reads": trainer.meter.host_reads, "samples": samples,
+            "final_loss": loss, "steps": steps, "warmup_steps": warm, "warmup_steady": steady,
+            "elapsed_s": elapsed, "host_reads": trainer.meter.host_reads, "samples": samples,
         })
         if dist_env is not None:
             record = distributed.gather_record(record, dist_env)
@@ -146,15 +147,23 @@ def execute(plan: Plan, run_dir: Path | None, progress: bool = True,
     total = sum(min(r.bench.repeats, repeats) for r in plan.variants.values()) * len(plan.models)
     bar = tqdm(total=total, desc=plan.experiment, unit="trial", file=sys.stderr, dynamic_ncols=True,
                disable=not (progress and distributed.is_main(dist_env)))
+    book = FlopsBook(torch.device(plan.device))
     for spec in plan.models:
         bar.set_postfix_str(f"{spec.name}: making data")
         first = next(iter(plan.variants.values()))
         dataset = build_dataset(spec.dataset, dataset_length(plan, spec, world), first.data.path,
                                 seed=first.bench.seed)
         skip: dict[str, str] = {}  # variants found n/a: no need to try them again
-        for trial in range(repeats):
+        rows: list[dict] = []  # this model's records, for the adaptive rule
+        started, trial = time.perf_counter(), 0
+        # `repeats` rounds; then, with bench.target_ci (the baseline's), more while CIs are wide.
+        # Not under torchrun: every rank would have to take the same decision.
+        while trial < repeats or (dist_env is None and stats.wants_more_rounds(
+                rows, first.bench, trial, time.perf_counter() - started)):
+            if trial >= repeats:
+                bar.total += len(plan.variants)
             for name, recipe in plan.variants.items():  # interleaved: A B C A B C ...
-                if trial >= recipe.bench.repeats:
+                if repeats > trial >= recipe.bench.repeats:
                     continue
                 bar.set_postfix_str(f"{spec.name} {name} trial {trial + 1}/{recipe.bench.repeats}")
                 if name in skip:
@@ -173,11 +182,18 @@ def execute(plan: Plan, run_dir: Path | None, progress: bool = True,
                                        "variant": name, "is_baseline": name == plan.baseline,
                                        "trial": trial, "world_size": world, "status": status})
                     raise
+                if record["status"] == "ok" and writer:
+                    book.annotate(record, book.step(spec, recipe, dataset, record["batch_size"]))
                 if record["status"].startswith("n/a"):
                     skip[name] = record["status"]
                 if writer:
                     writer.append(record)
+                rows.append(record)
                 bar.update()
+            trial += 1
+        if trial > repeats:
+            bar.write(f"{spec.name}: {trial} rounds (bench.target_ci={first.bench.target_ci}); "
+                      + stats.halfwidth_note(rows))
     bar.close()
     return writer
 
@@ -208,6 +224,8 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True) -> Path 
     profiled = diagnosis.write_tables(run_dir, writer.rows)  # phases.csv, findings.csv
     write_report(run_dir, cfg=OmegaConf.to_container(cfg, resolve=True))
     print(console_table(summary))
+    for line in stats.spread_warnings(summary):
+        print(line)
     if profiled:
         from speedbench.report.profile_section import console_text
         print("\n" + console_text(run_dir))

@@ -5,6 +5,7 @@ erase the very effects of the sync-point and non_blocking knobs.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import defaultdict
@@ -77,24 +78,75 @@ def timed_steps(step: Callable[[], None], max_steps: int, device: torch.device,
     return time.perf_counter() - t0, n
 
 
+STEADY_WINDOW = 3  # warm-up step times compared by the steady-state rule
+
+
+def is_steady(step_times: list[float], tol: float, window: int = STEADY_WINDOW) -> bool:
+    """The last `window` step times agree within `tol`: (max - min) / median <= tol."""
+    if len(step_times) < window:
+        return False
+    last = sorted(step_times[-window:])
+    median = last[len(last) // 2]
+    return median > 0 and (last[-1] - last[0]) / median <= tol
+
+
+def warm_up(step: Callable[[], None], device: torch.device, min_steps: int, max_steps: int,
+            tol: Optional[float], budget_s: Optional[float] = None) -> tuple[int, Optional[bool]]:
+    """Warm up until the step time is steady; (steps run, steady: True/False, None if unchecked).
+
+    The rule: run at least `min_steps`; then stop as soon as the last STEADY_WINDOW step times
+    agree within `tol` (is_steady); never more than `max_steps`, and stop once `budget_s` has
+    passed. Each warm-up step is timed between device synchronisations (warm-up is not
+    measured, so these syncs cost nothing that counts). `tol` None or `min_steps` 0: exactly
+    `min_steps` steps, steady state assumed rather than detected.
+    """
+    if min_steps == 0:
+        return 0, None
+    if tol is None:
+        return timed_steps(step, min_steps, device, budget_s)[1], None
+    times: list[float] = []
+    started = time.perf_counter()
+    while len(times) < max_steps:
+        synchronize(device)
+        t0 = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+        if len(times) >= min_steps and is_steady(times, tol):
+            return len(times), True
+        if budget_s is not None and time.perf_counter() - started > budget_s:
+            break
+    return len(times), False
+
+
 class PeakRss:
     """Peak resident memory (MB) of this process and of its child processes (DataLoader
-    workers), sampled on a background thread while the block runs."""
+    workers), sampled on a background thread while the block runs.
 
-    def __init__(self, interval_s: float = 0.05):
+    The thread must stay light (benchmarks/ measures it): finding the children scans every
+    process on the machine, so the list is refreshed only every `rescan_s`; reading the known
+    processes' RSS is cheap and done every `interval_s`.
+    """
+
+    def __init__(self, interval_s: float = 0.05, rescan_s: float = 1.0):
         import psutil
 
         self.proc = psutil.Process()
-        self.interval = interval_s
+        self.interval, self.rescan_s = interval_s, rescan_s
         self.start_mb = self.main_mb = self.total_mb = 0.0
         self._stop = threading.Event()
+        self._children: list = []
+        self._scanned = -math.inf
 
-    def sample(self) -> None:
+    def sample(self, rescan: bool = False) -> None:
         import psutil
 
         main = self.proc.memory_info().rss
+        if rescan or time.monotonic() - self._scanned > self.rescan_s:
+            self._children = self.proc.children(recursive=True)
+            self._scanned = time.monotonic()
         children = 0
-        for child in self.proc.children(recursive=True):
+        for child in self._children:
             try:
                 children += child.memory_info().rss
             except psutil.Error:
@@ -107,7 +159,7 @@ class PeakRss:
             self.sample()
 
     def __enter__(self):
-        self.sample()
+        self.sample(rescan=True)
         self.start_mb = self.main_mb
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -116,7 +168,7 @@ class PeakRss:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.sample()
+        self.sample(rescan=True)
         return False
 
 

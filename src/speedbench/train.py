@@ -76,7 +76,7 @@ class Trainer:
                 with clock("other"):  # reading the loss (the sync knob)
                     self.meter.add(loss)
                 with clock("backward"):
-                    scaled = loss / k
+                    scaled = loss / k if k > 1 else loss  # no extra op (and its backward) at k=1
                     (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         with clock("optimizer"):
             if self.scaler:

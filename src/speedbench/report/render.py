@@ -44,6 +44,10 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         "mem ratio": [_ci(r.mem_ratio, math.nan, math.nan) if "mem_ratio" in summary else "-"
                       for r in summary.itertuples()],
         "loss": summary["final_loss"].map(lambda v: _num(v, "{:.3f}")),
+        # Achieved FLOP/s (FlopCounterMode FLOPs / median step time) and its share of the peak
+        # measured on the spot (flops.py).
+        "TFLOP/s": _col(summary, "achieved_tflops").map(lambda v: _num(v, "{:.3g}")),
+        "% of peak": _col(summary, "peak_fraction").map(lambda v: _num(100 * v, "{:.1f}")),
     })
     if "scaling_efficiency" in summary:  # data-parallel variants (scaling.py)
         table.insert(4, "devices", summary["devices"])
@@ -51,6 +55,11 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
             _ci(r.scaling_efficiency, r.scaling_efficiency_lo, r.scaling_efficiency_hi, unit="")
             for r in summary.itertuples()])
     return table
+
+
+def _col(summary: pd.DataFrame, name: str) -> pd.Series:
+    """A summary column, or NaNs for runs written before it existed."""
+    return summary[name] if name in summary else pd.Series(math.nan, index=summary.index)
 
 
 def console_table(summary: pd.DataFrame) -> str:
@@ -87,14 +96,23 @@ def method_text(cfg: dict) -> str:
         return ("Speed-up = ratio of median throughputs over trials, 95% percentile bootstrap CI; "
                 "a difference is called only when the CI excludes 1. (The run's config.yaml is "
                 "missing, so its measurement window is unknown.)")
-    return (f"Each trial builds a fresh model with seed {bench.get('seed')}, runs "
-            f"{bench.get('warmup')} warm-up steps, then times up to {bench.get('steps')} optimizer "
-            f"steps in one window synchronised with the device only at its ends (capped at "
-            f"{bench.get('max_trial_s')} s per trial). {bench.get('repeats')} trials per variant, "
-            "interleaved across variants. Speed-up = ratio of median throughputs, 95% percentile "
-            "bootstrap CI; a difference is called only when the CI excludes 1. Memory on CPU is "
-            "the growth of the process's resident memory during the trial; on CUDA, the "
-            "allocator's peak.")
+    warmup = (f"at least {bench.get('warmup')} warm-up steps, continuing until the last 3 step "
+              f"times agree within {bench.get('steady_tol')} of their median (at most "
+              f"{bench.get('warmup_max')})" if bench.get("steady_tol") and bench.get("warmup")
+              else f"{bench.get('warmup')} warm-up steps")
+    adaptive = (f", then more interleaved rounds until every speed-up CI half-width is at most "
+                f"{bench.get('target_ci')} or {bench.get('time_budget_s')} s have gone on the model"
+                if bench.get("target_ci") else "")
+    return (f"Each trial builds a fresh model with seed {bench.get('seed')}, runs {warmup}, then "
+            f"times up to {bench.get('steps')} optimizer steps in one window synchronised with "
+            f"the device only at its ends (capped at {bench.get('max_trial_s')} s per trial). "
+            f"{bench.get('repeats')} trials per variant, interleaved across variants{adaptive}. "
+            "Speed-up = ratio of median throughputs, 95% percentile bootstrap CI; a difference is "
+            "called only when the CI excludes 1. Memory on CPU is the growth of the process's "
+            "resident memory during the trial; on CUDA, the allocator's peak. TFLOP/s = FLOPs per "
+            "optimizer step (torch FlopCounterMode: matrix products, convolutions, attention; "
+            "forward and backward) / median step time; % of peak = that over the best rate of a "
+            "large matrix product in the variant's dtype, measured in the run.")
 
 
 def at_a_glance(summary: pd.DataFrame) -> str:
@@ -163,6 +181,8 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
     doc.heading(f"Experiment: {experiment}")
     doc.lead(at_a_glance(summary))
     doc.table(summary_table(summary))
+    for warning in stats.spread_warnings(summary):
+        doc.note(warning)
     figures = []
     for name, (caption, fig) in plots.figures_for(trials, summary, phases).items():
         path = f"plots/{slug(experiment)}-{name}.png"

@@ -1,0 +1,115 @@
+"""The CUDA code paths: fp16 autocast + GradScaler, pinned memory + non_blocking copies, device
+peak memory, host vs device tensor creation, FLOPs and the matmul peak, the CLI on a GPU.
+
+Marked `gpu`: skipped without CUDA (tests/conftest.py). scripts/gpu_check.sh runs them.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from conftest import TINY, compose_cfg, only_run_dir, run_cli
+
+from speedbench import flops, knobs, run
+from speedbench.config import build_plan
+from speedbench.data import build_dataset, build_loader
+from speedbench.timing import device_peak_mb, reset_device_peak
+from speedbench.train import Trainer
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[1]
+TINY_CUDA = [o for o in TINY if not o.startswith("device=")] + ["device=cuda"]
+
+
+def setup(*overrides: str, model: str = "transformer"):
+    """(plan, spec, recipe, dataset) for one model and the default variant on cuda:0."""
+    plan = build_plan(compose_cfg(*TINY_CUDA, f"model={model}", *overrides), None)
+    spec, recipe = plan.models[0], plan.variants[plan.baseline]
+    dataset = build_dataset(spec.dataset, run.dataset_length(plan, spec), seed=0)
+    return plan, spec, recipe, dataset
+
+
+def test_fp16_autocast_and_grad_scaler_on_cuda():
+    plan, spec, recipe, dataset = setup("precision=fp16")
+    device = torch.device(plan.device)
+    loader = build_loader(dataset, recipe.batch_size, recipe.data, seed=0)
+    trainer = Trainer(spec, recipe, device, loader)
+    try:
+        assert isinstance(trainer.scaler, torch.amp.GradScaler) and trainer.scaler.is_enabled()
+        seen = []
+        trainer.model.blocks[0].qkv.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+        for _ in range(3):
+            trainer.step()
+        torch.cuda.synchronize()
+        assert seen and set(seen) == {torch.float16}  # the matmuls ran in half precision
+        assert all(p.dtype == torch.float32 for p in trainer.model.parameters())  # fp32 weights
+        assert math.isfinite(trainer.scaler.get_scale()) and trainer.scaler.get_scale() > 0
+        assert math.isfinite(trainer.meter.mean())
+    finally:
+        trainer.close()
+
+
+def test_pinned_memory_and_non_blocking_copies():
+    plan, spec, recipe, dataset = setup("data.pin_memory=true", "data.non_blocking=true")
+    device = torch.device(plan.device)
+    x, y = next(iter(build_loader(dataset, recipe.batch_size, recipe.data, seed=0)))
+    assert x.is_pinned() and y.is_pinned()
+    xd, yd = knobs.to_device((x, y), device, non_blocking=True)
+    torch.cuda.synchronize()
+    assert xd.is_cuda and torch.equal(xd.cpu(), x) and torch.equal(yd.cpu(), y)
+    assert knobs.not_applicable(recipe, device, True) is None
+    record = run.measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
+    assert record["status"] == "ok", record["status"]
+
+
+def test_device_peak_memory_is_measured():
+    device = torch.device("cuda:0")
+    reset_device_peak(device)
+    block = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)  # 64 MB
+    assert device_peak_mb(device) >= 64
+    del block
+    plan, spec, recipe, dataset = setup()
+    record = run.measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
+    assert record["status"] == "ok", record["status"]
+    assert record["peak_mem_mb"] > 0 and math.isfinite(record["peak_mem_mb"])
+
+
+@pytest.mark.parametrize("where", ["host", "device"])
+def test_tensor_creation_host_vs_device(where):
+    plan, spec, recipe, dataset = setup(f"tensor_creation={where}", model="vae")
+    device = torch.device(plan.device)
+    loader = build_loader(dataset, recipe.batch_size, recipe.data, seed=0)
+    trainer = Trainer(spec, recipe, device, loader)
+    try:
+        trainer.step()
+        torch.cuda.synchronize()
+        assert (trainer.model.host_creations > 0) == (where == "host")
+    finally:
+        trainer.close()
+    assert knobs.not_applicable(recipe, device, True) is None  # it can act on a GPU
+    record = run.measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
+    assert record["status"] == "ok", record["status"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_matmul_peak_on_cuda(precision):
+    peak = flops.matmul_peak_tflops(torch.device("cuda:0"), precision, duration_s=0.05)
+    assert math.isfinite(peak) and peak > 0
+
+
+def test_cli_amp_on_cuda(tmp_path):
+    proc = run_cli("+experiment=amp", *TINY_CUDA, f"out_dir={tmp_path}", cwd=ROOT,
+                   env={"PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    trials = pd.read_csv(run_dir / "trials.csv")
+    assert set(trials["status"]) == {"ok"}, trials["status"].tolist()
+    assert (trials["peak_mem_mb"] > 0).all()
+    summary = pd.read_csv(run_dir / "summary.csv")
+    assert (summary["peak_fraction"] > 0).all() and (summary["flops_per_step"] > 0).all()
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["cuda_device_count"] >= 1 and env["nvidia_driver"]

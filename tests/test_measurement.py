@@ -1,0 +1,231 @@
+"""Measurement validity: steady-state warm-up, spread warnings, adaptive repetition, FLOPs and
+peak, env.json. Deterministic where the rule is the point (a fake clock, fabricated trials)."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import TINY, compose_cfg, only_run_dir, run_cli
+from omegaconf import OmegaConf
+
+from speedbench import env, flops, run, stats, timing
+from speedbench.config import ConfigError, ModelSpec, build_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- steady state ------------------------------------------------------------------------------
+class FakeClock:
+    """time.perf_counter stand-in: each step advances it by the next scripted duration."""
+
+    def __init__(self, durations):
+        self.now, self.durations, self.steps = 0.0, list(durations), 0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def step(self) -> None:
+        self.now += self.durations[self.steps % len(self.durations)]
+        self.steps += 1
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    def make(durations):
+        clock = FakeClock(durations)
+        monkeypatch.setattr(timing, "time", clock)
+        return clock
+    return make
+
+
+def test_is_steady_rule():
+    assert timing.is_steady([5.0, 1.0, 1.02, 0.99], tol=0.1)
+    assert not timing.is_steady([1.0, 1.0, 1.5], tol=0.1)
+    assert not timing.is_steady([1.0, 1.0], tol=0.1)  # fewer than STEADY_WINDOW times
+
+
+def test_warm_up_stops_at_the_first_steady_window(fake_clock):
+    clock = fake_clock([5, 3, 1, 1, 1, 1, 1, 1])
+    assert timing.warm_up(clock.step, torch.device("cpu"), 2, 10, tol=0.1) == (5, True)
+    assert clock.steps == 5
+
+
+def test_warm_up_respects_minimum_cap_and_budget(fake_clock):
+    cpu = torch.device("cpu")
+    clock = fake_clock([1])
+    assert timing.warm_up(clock.step, cpu, 6, 10, tol=0.1) == (6, True)  # steady early; minimum
+    clock = fake_clock([1, 2])
+    assert timing.warm_up(clock.step, cpu, 1, 7, tol=0.1) == (7, False)  # never steady: the cap
+    clock = fake_clock([1, 2])
+    assert timing.warm_up(clock.step, cpu, 1, 50, tol=0.1, budget_s=4.5) == (4, False)  # budget
+    clock = fake_clock([1, 2])
+    assert timing.warm_up(clock.step, cpu, 3, 10, tol=None) == (3, None)  # fixed, not checked
+    assert timing.warm_up(clock.step, cpu, 0, 10, tol=0.1) == (0, None)
+
+
+# --- spread, warnings, adaptive repetition -----------------------------------------------------
+def trials_frame(base: list[float], other: list[float], steady=True) -> pd.DataFrame:
+    rows = []
+    for variant, values in (("a", base), ("b", other)):
+        for i, v in enumerate(values):
+            rows.append({"experiment": "e", "model": "m", "variant": variant,
+                         "is_baseline": variant == "a", "trial": i, "status": "ok",
+                         "samples_per_s": v, "step_ms": 1000 / v, "data_wait_frac": 0.0,
+                         "peak_mem_mb": 1.0, "host_rss_mb": 1.0, "final_loss": 1.0,
+                         "warmup_steady": steady, "flops_per_step": 2e9, "peak_tflops": 1.0})
+    return pd.DataFrame(rows)
+
+
+def test_spread_is_iqr_over_median_and_warns_over_a_tenth():
+    assert stats.spread(pd.Series([80.0, 100.0, 120.0])) == pytest.approx(0.2)
+    summary = stats.summarise(trials_frame([100, 100, 101], [80, 100, 120], steady=False))
+    assert summary.set_index("variant")["spread"]["a"] < 0.1
+    warnings = stats.spread_warnings(summary)
+    assert len(warnings) == 2
+    assert "m/b 20%" in warnings[0] and "m/a" not in warnings[0]
+    assert "m/a 3 of 3" in warnings[1] and "steady" in warnings[1]
+    assert stats.spread_warnings(stats.summarise(trials_frame([100] * 3, [120] * 3))) == []
+
+
+def test_flops_columns_in_summary():
+    summary = stats.summarise(trials_frame([100, 100], [200, 200])).set_index("variant")
+    # 2e9 FLOPs per step at 10 ms per step = 0.2 TFLOP/s; peak 1 TFLOP/s.
+    assert summary.loc["a", "achieved_tflops"] == pytest.approx(0.2)
+    assert summary.loc["b", "peak_fraction"] == pytest.approx(0.4)
+
+
+def test_wants_more_rounds_until_narrow_or_out_of_budget():
+    bench = OmegaConf.create({"target_ci": 0.05, "time_budget_s": 100.0})
+    wide = trials_frame([100, 150, 100], [120, 180, 90]).to_dict("records")
+    narrow = trials_frame([100, 100, 100], [120, 120, 120]).to_dict("records")
+    assert stats.wants_more_rounds(wide, bench, rounds=3, elapsed_s=30)
+    assert not stats.wants_more_rounds(wide, bench, rounds=3, elapsed_s=90)  # 4th round won't fit
+    assert not stats.wants_more_rounds(narrow, bench, rounds=3, elapsed_s=30)
+    off = OmegaConf.create({"target_ci": None, "time_budget_s": 100.0})
+    assert not stats.wants_more_rounds(wide, off, rounds=3, elapsed_s=1)
+
+
+def fake_trials(values: dict[str, list[float]]):
+    """A measure_trial stand-in: fabricated records, the n-th trial of a variant gets the n-th
+    value (cycled), so execute()'s loop runs without training."""
+    def measure(plan, spec, variant, recipe, trial, dataset):
+        seq = values[variant]
+        return {"experiment": plan.experiment, "model": spec.name, "variant": variant,
+                "is_baseline": variant == plan.baseline, "trial": trial, "status": "ok",
+                "samples_per_s": seq[trial % len(seq)], "step_ms": 10.0, "batch_size": 4,
+                "precision": recipe.precision}
+    return measure
+
+
+@pytest.mark.parametrize("noisy", [False, True])
+def test_execute_adds_rounds_only_while_the_ci_is_wide(noisy, tmp_path, monkeypatch):
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.target_ci=0.05", "bench.time_budget_s=3",
+                      experiment="amp")
+    plan = build_plan(cfg, "amp")
+    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision: 1.0)
+    steady = [100.0]
+    monkeypatch.setattr(run, "measure_trial", fake_trials(
+        {"fp32": steady, "fp16": [50.0, 150.0] if noisy else steady, "bf16": steady}))
+    writer = run.execute(plan, tmp_path, progress=False)
+    rounds = 1 + max(r["trial"] for r in writer.rows)
+    if noisy:
+        assert rounds > 2  # repeats=2, then more until the 3 s budget is spent
+    else:
+        assert rounds == 2
+    assert all(r["flops_per_step"] > 0 for r in writer.rows)
+
+
+# --- FLOPs and the peak ------------------------------------------------------------------------
+def test_step_flops_of_a_linear_layer():
+    """forward x @ W.T and the weight gradient: 2 products of 2*B*in*out each, per micro-batch."""
+    spec = ModelSpec(name="lin", target={"_target_": "torch.nn.Linear", "in_features": 8,
+                                         "out_features": 3},
+                     dataset={}, loss="cross_entropy", batch_size=5)
+    data = [(torch.randn(8), i % 3) for i in range(10)]
+    recipe = OmegaConf.create({"bench": {"seed": 0}, "tensor_creation": "device", "accumulate": 2})
+    assert flops.step_flops(spec, recipe, torch.device("cpu"), data, 5) == 2 * 4 * 5 * 8 * 3
+
+
+def test_matmul_peak_is_a_positive_rate():
+    peak = flops.matmul_peak_tflops(torch.device("cpu"), "fp32", duration_s=0.05)
+    assert math.isfinite(peak) and peak > 0
+
+
+def test_cli_writes_flops_steady_state_and_peak_columns(tmp_path):
+    proc = run_cli("+experiment=amp", *TINY, "model=transformer", "bench.steady_tol=0.5",
+                   "bench.warmup_max=4", f"out_dir={tmp_path}", cwd=ROOT,
+                   env={"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    run_dir = only_run_dir(tmp_path)
+    trials = pd.read_csv(run_dir / "trials.csv")
+    ok = trials[trials["status"] == "ok"]
+    assert len(ok) == 6
+    assert ok["warmup_steps"].between(1, 4).all()
+    assert ok["warmup_steady"].notna().all()
+    assert (ok["flops_per_step"] > 0).all() and ok["flops_per_step"].nunique() == 1
+    summary = pd.read_csv(run_dir / "summary.csv")
+    for col in ("spread", "flops_per_step", "achieved_tflops", "peak_tflops", "peak_fraction"):
+        assert np.isfinite(summary[col]).all() and (summary[col] >= 0).all(), col
+    assert "% of peak" in (run_dir / "report.md").read_text()
+
+
+@pytest.mark.parametrize("override, key", [("bench.steady_tol=0", "bench.steady_tol"),
+                                            ("bench.target_ci=-0.1", "bench.target_ci"),
+                                            ("bench.time_budget_s=0", "bench.time_budget_s"),
+                                            ("bench.warmup_max=-1", "bench.warmup_max")])
+def test_bench_knobs_are_validated(override, key):
+    with pytest.raises(ConfigError, match=key):
+        build_plan(compose_cfg(*TINY, override), None)
+
+
+# --- env.json ----------------------------------------------------------------------------------
+def test_env_records_what_explains_a_difference(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setenv("KMP_BLOCKTIME", "0")
+    monkeypatch.setenv("TORCH_SOME_API_TOKEN", "hidden")
+    data = json.loads(json.dumps(env.collect("cpu"), default=str))
+    for key in ("device_name", "cuda_device_count", "torch_cuda_version", "nvidia_driver",
+                "cpu_model", "cpu_count", "torch_threads", "torch_interop_threads",
+                "mp_start_method", "numerics", "load_average", "git_revision", "versions"):
+        assert key in data, key
+    assert data["env"]["OMP_NUM_THREADS"] == "3" and data["env"]["KMP_BLOCKTIME"] == "0"
+    assert "TORCH_SOME_API_TOKEN" not in data["env"]
+    assert data["versions"]["torch"] == torch.__version__.split("+")[0]
+    assert data["mp_start_method"]
+
+
+# --- benchmarks/ -------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_benchmarks_quick_prints_every_figure(tmp_path):
+    import subprocess
+
+    out = tmp_path / "figures.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick",
+                           "--threads", "1", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for figure in ("harness overhead", "agreement with torch Timer", "CV of trial throughput",
+                   "speed-up CI half-width", "wall time, +experiment=amp",
+                   "wall time, +experiment=tips"):
+        assert figure in proc.stdout, figure
+    figures = json.loads(out.read_text())
+    assert figures["overhead"][0]["ratio"] > 0 and figures["agreement"][0]["timer_ms"] > 0
+    assert figures["amp"]["wall_s"] > 0
+
+
+def test_report_shows_the_spread_warning(tmp_path):
+    from speedbench import results
+    from speedbench.report.render import write_report
+
+    trials = trials_frame([100, 100, 101], [80, 100, 120])
+    trials.to_csv(tmp_path / "trials.csv", index=False)
+    results.write_summary(stats.summarise(results.load_trials(tmp_path)), tmp_path)
+    report = write_report(tmp_path, cfg={}).read_text()
+    assert "WARNING: trial spread" in report and "m/b 20%" in report
+    assert "% of peak" in report
