@@ -18,7 +18,7 @@ def main(cfg: DictConfig) -> None:
 
     experiment = HydraConfig.get().runtime.choices.get("experiment")
     try:
-        run(cfg, experiment)
+        run(cfg, experiment, overrides=list(HydraConfig.get().overrides.task))
     except (ConfigError, FileExistsError) as exc:
         print(f"speedbench: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from speedbench import env, knobs, results, stats
-from speedbench.config import ModelSpec, Plan
+from speedbench.config import ModelSpec, Plan, micro_batch
 from speedbench.data import build_dataset, build_loader
 from speedbench.timing import PeakRss, PhaseClock, device_peak_mb, release_host_memory, \
     reset_device_peak, timed_steps
@@ -31,7 +31,7 @@ def dataset_length(plan: Plan, spec: ModelSpec) -> int:
     for r in plan.variants.values():
         if r.data.samples:
             return r.data.samples
-        batch = r.batch_size or spec.batch_size
+        batch = micro_batch(r, spec)
         need = max(need, (r.bench.warmup + r.bench.steps + 2) * batch * r.accumulate)
     return need
 
@@ -40,7 +40,7 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
                   dataset) -> dict:
     """One trial of one (model, variant): a record for trials.csv, whatever happens."""
     device = torch.device(plan.device)
-    batch = recipe.batch_size or spec.batch_size
+    batch = micro_batch(recipe, spec)
     record = {
         "experiment": plan.experiment, "model": spec.name, "variant": variant,
         "is_baseline": variant == plan.baseline, "trial": trial, "device": plan.device,
@@ -97,9 +97,11 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
     return record
 
 
-def execute(plan: Plan, run_dir: Path, progress: bool = True) -> results.TrialWriter:
-    """Every trial of the plan, rows appended to trials.csv as they end."""
-    writer = results.TrialWriter(run_dir / "trials.csv")
+def execute(plan: Plan, run_dir: Path, progress: bool = True,
+            writer: results.TrialWriter | None = None) -> results.TrialWriter:
+    """Every trial of the plan, rows appended to trials.csv as they end (to `writer`'s, when a
+    suite gathers several plans in one file)."""
+    writer = writer or results.TrialWriter(run_dir / "trials.csv")
     repeats = max(r.bench.repeats for r in plan.variants.values())
     total = sum(min(r.bench.repeats, repeats) for r in plan.variants.values()) * len(plan.models)
     bar = tqdm(total=total, desc=plan.experiment, unit="trial", disable=not progress,
@@ -115,7 +117,17 @@ def execute(plan: Plan, run_dir: Path, progress: bool = True) -> results.TrialWr
                 if trial >= recipe.bench.repeats:
                     continue
                 bar.set_postfix_str(f"{spec.name} {name} trial {trial + 1}/{recipe.bench.repeats}")
-                if name in skip:
+                if name in skip or _nothing_to_compare(plan, name, trial, skip):
+                    bar.update()
+                    continue
+                if name != plan.baseline and plan.baseline in skip:
+                    # No baseline here (pinning, empty_cache without CUDA): nothing to compare
+                    # this variant with, so it is not measured either.
+                    skip[name] = (f"n/a: no baseline to compare with ({plan.baseline}: "
+                                  f"{skip[plan.baseline].removeprefix('n/a: ')})")
+                    writer.append({"experiment": plan.experiment, "model": spec.name,
+                                   "variant": name, "is_baseline": False, "trial": trial,
+                                   "device": plan.device, "world_size": 1, "status": skip[name]})
                     bar.update()
                     continue
                 record = measure_trial(plan, spec, name, recipe, trial, dataset)
@@ -127,20 +139,46 @@ def execute(plan: Plan, run_dir: Path, progress: bool = True) -> results.TrialWr
     return writer
 
 
-def run(cfg: DictConfig, experiment: str | None, progress: bool = True) -> Path:
-    """The whole job for one config: validate, measure, summarise, report. Returns the run dir."""
+def _nothing_to_compare(plan: Plan, name: str, trial: int, skip: dict) -> bool:
+    """After the first round, the baseline's repeats are spared when every other variant is n/a."""
+    others = [v for v in plan.variants if v != plan.baseline]
+    return trial > 0 and name == plan.baseline and bool(others) and all(v in skip for v in others)
+
+
+def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
+        overrides: list[str] | None = None) -> Path:
+    """The whole job for one config: validate, measure, summarise, report. Returns the run dir.
+
+    A suite (`tips`) measures each member experiment into the same trials.csv; `overrides` are
+    the command line's, handed on to every member.
+    """
+    from speedbench import suite
     from speedbench.config import build_plan
     from speedbench.report.render import console_table, write_report
 
-    plan = build_plan(cfg, experiment)  # raises ConfigError before anything is written
-    run_dir = results.new_run_dir(cfg.out_dir, plan.experiment, cfg.run_dir)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    results.write_json(env.collect(plan.device), run_dir / "env.json")
+    # Every plan is built, and so validated, before anything is written.
+    if suite.is_suite(cfg):
+        plans = suite.member_plans(cfg, experiment or "suite", overrides or [])
+    else:
+        plans = [build_plan(cfg, experiment)]
+    name = experiment or plans[0].experiment
+    run_dir = results.new_run_dir(cfg.out_dir, name, cfg.run_dir)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    if suite.is_suite(cfg):
+        resolved["claims"] = suite.combined_claims(plans)
+        (run_dir / "members").mkdir()
+        for plan in plans:  # each member's own resolved config, to repeat it alone
+            (run_dir / "members" / f"{plan.experiment}.yaml").write_text(
+                OmegaConf.to_yaml(plan.config, resolve=True))
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+    results.write_json(env.collect(plans[0].device), run_dir / "env.json")
     started = time.perf_counter()
-    writer = execute(plan, run_dir, progress)
+    writer = results.TrialWriter(run_dir / "trials.csv")
+    for plan in plans:
+        execute(plan, run_dir, progress, writer)
     summary = stats.summarise(writer.frame())
     results.write_summary(summary, run_dir)
-    write_report(run_dir, cfg=OmegaConf.to_container(cfg, resolve=True))
+    write_report(run_dir, cfg=resolved)
     print(console_table(summary))
     print(f"\n{len(writer.rows)} trials in {time.perf_counter() - started:.0f} s; "
           f"report: {run_dir / 'report.md'}")

@@ -14,6 +14,7 @@ import yaml
 from speedbench import claims as claims_mod
 from speedbench import results, stats
 from speedbench.report import plots
+from speedbench.report import workers as workers_view
 
 
 def _ci(x, lo, hi, unit="x") -> str:
@@ -29,8 +30,9 @@ def _num(x, fmt="{:.1f}") -> str:
 
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """The summary as people read it: one formatted row per (model, variant)."""
-    return pd.DataFrame({
+    """The summary as people read it: one formatted row per (model, variant); the experiment
+    comes first when the run holds several (a suite such as `tips`)."""
+    table = pd.DataFrame({
         "model": summary["model"], "variant": summary["variant"], "status": summary["status"],
         "samples/s": summary["samples_per_s"].map(_num),
         "speed-up [95% CI]": [_ci(r.speedup, r.speedup_lo, r.speedup_hi)
@@ -41,6 +43,9 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
                       for r in summary.itertuples()],
         "loss": summary["final_loss"].map(lambda v: _num(v, "{:.3f}")),
     })
+    if summary["experiment"].nunique() > 1:
+        table.insert(0, "experiment", summary["experiment"])
+    return table
 
 
 def console_table(summary: pd.DataFrame) -> str:
@@ -75,9 +80,20 @@ def write_report(run_dir: Path, cfg: Optional[dict] = None) -> Path:
         else stats.summarise(trials)
     env = json.loads((run_dir / "env.json").read_text()) if (run_dir / "env.json").exists() else {}
     (run_dir / "plots").mkdir(exist_ok=True)
-    figures = {"throughput": "plots/throughput.png"}
-    plots.save(plots.throughput(trials), run_dir / figures["throughput"])
-    claim_rows = claims_mod.evaluate(list(cfg.get("claims") or []), summary)
+    experiments = list(dict.fromkeys(trials["experiment"].astype(str)))
+    if len(experiments) > 1:  # a suite: one throughput figure per experiment
+        figures = {f"throughput: {e}": f"plots/throughput_{e}.png" for e in experiments}
+        for e in experiments:
+            plots.save(plots.throughput(trials[trials["experiment"] == e]),
+                       run_dir / f"plots/throughput_{e}.png")
+    else:
+        figures = {"throughput": "plots/throughput.png"}
+        plots.save(plots.throughput(trials), run_dir / figures["throughput"])
+    sweep = workers_view.sweep(trials)
+    if len(sweep):
+        figures["workers"] = "plots/workers.png"
+        plots.save(workers_view.figure(sweep), run_dir / figures["workers"])
+    claim_rows = claims_mod.evaluate(list(cfg.get("claims") or []), summary, trials)
     experiment = ", ".join(dict.fromkeys(summary["experiment"].astype(str)))
     bench = cfg.get("bench", {})
     method = (f"Each trial builds a fresh model with seed {bench.get('seed')}, runs "
@@ -86,18 +102,33 @@ def write_report(run_dir: Path, cfg: Optional[dict] = None) -> Path:
               f"{bench.get('max_trial_s')} s per trial). {bench.get('repeats')} trials per variant, "
               "interleaved across variants. Speed-up = ratio of median throughputs, 95% percentile "
               "bootstrap CI; a difference is called only when the CI excludes 1.")
-    sections = {"summary": summary_table(summary), "claims": claim_rows}
+    if (cfg.get("suite") or {}).get("experiments"):
+        method += " Each experiment ran with its own settings: " + "; ".join(
+            f"{e}: warm-up {b.get('warmup')}, steps {b.get('steps')}, repeats {b.get('repeats')}, "
+            f"cap {b.get('max_trial_s')} s" for e, b in _member_benches(run_dir).items()) + "."
+    sections = {"summary": summary_table(summary), "claims": claim_rows,
+                "workers": workers_view.table(sweep) if len(sweep) else pd.DataFrame(),
+                "best": workers_view.best_settings(sweep) if len(sweep) else ""}
     md = render_markdown(experiment, env, sections, figures, method)
     (run_dir / "report.md").write_text(md)
     (run_dir / "report.html").write_text(render_html(experiment, env, sections, figures, method, run_dir))
     return run_dir / "report.md"
 
 
+def _member_benches(run_dir: Path) -> dict:
+    """bench settings of each member of a suite run (members/*.yaml)."""
+    return {p.stem: (yaml.safe_load(p.read_text()) or {}).get("bench", {})
+            for p in sorted((run_dir / "members").glob("*.yaml"))}
+
+
 def render_markdown(experiment, env, sections, figures, method) -> str:
     out = [f"# speedbench report: {experiment}", ""]
     out += [f"- **{k}**: {v}" for k, v in env_lines(env)]
     out += ["", "## Summary", "", _markdown(sections["summary"]), ""]
-    out += [f"![{name}]({path})" for name, path in figures.items()]
+    out += [f"![{name}]({path})" for name, path in figures.items() if name != "workers"]
+    if len(sections.get("workers", ())):
+        out += ["", "## DataLoader workers", "", sections["best"], "",
+                _markdown(sections["workers"]), "", f"![workers]({figures['workers']})"]
     if len(sections["claims"]):
         out += ["", "## The articles' claims, measured", "", _markdown(sections["claims"])]
     out += ["", "## How this was measured", "", method, ""]
@@ -114,7 +145,11 @@ def render_html(experiment, env, sections, figures, method, run_dir: Path) -> st
     env_html = "".join(f"<li><b>{e(k)}</b>: {e(v)}</li>" for k, v in env_lines(env))
     body = [f"<h1>speedbench report: {e(experiment)}</h1>", f"<ul>{env_html}</ul>",
             "<h2>Summary</h2>", sections["summary"].to_html(index=False, escape=True, border=0)]
-    body += [_img(run_dir, p, n) for n, p in figures.items()]
+    body += [_img(run_dir, p, n) for n, p in figures.items() if n != "workers"]
+    if len(sections.get("workers", ())):
+        body += ["<h2>DataLoader workers</h2>", f"<p>{e(sections['best'])}</p>",
+                 sections["workers"].to_html(index=False, escape=True, border=0),
+                 _img(run_dir, figures["workers"], "workers")]
     if len(sections["claims"]):
         body += ["<h2>The articles' claims, measured</h2>",
                  sections["claims"].to_html(index=False, escape=True, border=0)]
