@@ -21,6 +21,14 @@ from speedbench.train import Trainer
 TIPS = ["workers", "pinning", "tensor_creation", "sync", "empty_cache", "accumulation"]
 # accumulation splits the batch into up to 8 micro-batches: the batch must divide by 8.
 TINY8 = [o if o != "batch_size=4" else "batch_size=8" for o in TINY]
+# One thread per process: on two cores shared with other jobs, two spinning OpenMP threads per
+# process make tiny steps hundreds of times slower. These tests check behaviour, not speed.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)  # conftest's fixture restores the count afterwards
 
 
 # --- sync points -------------------------------------------------------------------------------
@@ -240,9 +248,10 @@ def test_suite_exclude_and_mistakes():
 
 
 # --- through the CLI ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_tips_runs_every_experiment_into_one_report(tmp_path):
     proc = run_cli("+experiment=tips", "model=transformer", *TINY8, f"out_dir={tmp_path}",
-                   cwd=tmp_path)
+                   cwd=tmp_path, env=ONE_THREAD)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run_dir = only_run_dir(tmp_path)
     trials = pd.read_csv(run_dir / "trials.csv")
@@ -275,14 +284,16 @@ def test_tips_runs_every_experiment_into_one_report(tmp_path):
 
     # The report rebuilds from the run's files alone, with the same claims.
     (run_dir / "report.md").unlink()
-    again = run_cli(str(run_dir), cwd=tmp_path, module="speedbench.report")
+    again = run_cli(str(run_dir), cwd=tmp_path, module="speedbench.report", env=ONE_THREAD)
     assert again.returncode == 0, again.stderr[-2000:]
     assert (run_dir / "report.md").read_text() == report
 
 
+@pytest.mark.slow
 def test_workers_experiment_on_images_starts_worker_processes(tmp_path):
     proc = run_cli("+experiment=workers", "model=vae", *TINY, "bench.repeats=1",
-                   "models.vae.small.dataset.stored_size=64", f"out_dir={tmp_path}", cwd=tmp_path)
+                   "models.vae.small.dataset.stored_size=64", f"out_dir={tmp_path}", cwd=tmp_path,
+                   env=ONE_THREAD)
     assert proc.returncode == 0, proc.stderr[-2000:]
     trials = pd.read_csv(only_run_dir(tmp_path) / "trials.csv")
     assert (trials["status"] == "ok").all()
