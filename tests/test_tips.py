@@ -304,3 +304,27 @@ def test_workers_experiment_on_images_starts_worker_processes(tmp_path):
             assert r.host_rss_mb > r.host_rss_main_mb
         else:
             assert r.host_rss_mb == r.host_rss_main_mb
+
+
+# --- on a GPU: the knobs that are n/a on the CPU act ------------------------------------------------
+@pytest.mark.gpu
+def test_host_creation_on_cuda_creates_on_the_host_then_moves():
+    vae = ConvVAE(image_size=16, width=4, latent=4).cuda()
+    knobs.set_tensor_creation(vae, "host")
+    vae(torch.randn(2, 3, 16, 16, device="cuda"))
+    assert vae.host_creations == 1
+    knobs.set_tensor_creation(vae, "device")
+    vae(torch.randn(2, 3, 16, 16, device="cuda"))
+    assert vae.host_creations == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", ["pinning", "tensor_creation", "empty_cache", "sync"])
+def test_cuda_only_tips_measure_on_cuda(tmp_path, experiment):
+    tiny_cuda = [o for o in TINY if o != "device=cpu"] + ["device=cuda"]
+    proc = run_cli(f"+experiment={experiment}", "model=[vae,transformer]", *tiny_cuda,
+                   f"out_dir={tmp_path}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trials = pd.read_csv(only_run_dir(tmp_path) / "trials.csv")
+    assert (trials["status"] == "ok").all(), trials[["model", "variant", "status"]]

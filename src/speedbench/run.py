@@ -101,7 +101,8 @@ def execute(plan: Plan, run_dir: Path, progress: bool = True,
             writer: results.TrialWriter | None = None) -> results.TrialWriter:
     """Every trial of the plan, rows appended to trials.csv as they end (to `writer`'s, when a
     suite gathers several plans in one file)."""
-    writer = writer or results.TrialWriter(run_dir / "trials.csv")
+    if writer is None:
+        writer = results.TrialWriter(run_dir / "trials.csv")
     repeats = max(r.bench.repeats for r in plan.variants.values())
     total = sum(min(r.bench.repeats, repeats) for r in plan.variants.values()) * len(plan.models)
     bar = tqdm(total=total, desc=plan.experiment, unit="trial", disable=not progress,
