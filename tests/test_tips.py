@@ -280,6 +280,7 @@ def test_tips_runs_every_experiment_into_one_report(tmp_path):
     for exp in TIPS:
         assert f"| {exp} | transformer |" in claims_md
     assert "| n/a: pin_memory needs CUDA" in claims_md
+    assert "| nan |" not in report  # an n/a verdict read back from summary.csv stays "n/a"
     assert (run_dir / "members" / "workers.yaml").exists()
 
     # The report rebuilds from the run's files alone, with the same claims.

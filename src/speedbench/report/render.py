@@ -76,8 +76,9 @@ def write_report(run_dir: Path, cfg: Optional[dict] = None) -> Path:
     if cfg is None:
         cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
     trials = results.load_trials(run_dir)
-    summary = pd.read_csv(run_dir / "summary.csv") if (run_dir / "summary.csv").exists() \
-        else stats.summarise(trials)
+    # Only empty cells are missing: pandas would otherwise read the verdict "n/a" as NaN.
+    summary = pd.read_csv(run_dir / "summary.csv", keep_default_na=False, na_values=[""]) \
+        if (run_dir / "summary.csv").exists() else stats.summarise(trials)
     env = json.loads((run_dir / "env.json").read_text()) if (run_dir / "env.json").exists() else {}
     (run_dir / "plots").mkdir(exist_ok=True)
     experiments = list(dict.fromkeys(trials["experiment"].astype(str)))
