@@ -31,7 +31,7 @@ def _one_thread():
     torch.set_num_threads(1)  # conftest's fixture restores the count afterwards
 
 
-# --- sync points -------------------------------------------------------------------------------
+# --- sync points ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["item", "numpy"])
 def test_item_and_numpy_read_the_host_every_forward_pass(mode):
     meter = knobs.LossMeter(mode, every=10, device=torch.device("cpu"))
@@ -54,7 +54,7 @@ def test_deferred_reads_the_host_once_every_k_forward_passes(every, adds):
     assert meter.host_reads == math.ceil(adds / every)
 
 
-# --- tensor creation -----------------------------------------------------------------------------
+# --- tensor creation ------------------------------------------------------------------------------
 class Recorder:
     """A tensor factory that notes the device it was asked for (None: the host's default)."""
 
@@ -103,7 +103,7 @@ def test_host_creation_is_na_where_host_and_device_are_one():
     assert knobs.not_applicable(recipe, torch.device("meta"), True) is None
 
 
-# --- DataLoader workers --------------------------------------------------------------------------
+# --- DataLoader workers ---------------------------------------------------------------------------
 class WhoLoads(Dataset):
     """Each sample says which process and worker made it."""
 
@@ -210,11 +210,12 @@ def test_split_needs_a_batch_that_divides():
     cfg = compose_cfg(*TINY, "batch_size=6", experiment="accumulation")
     with pytest.raises(ConfigError, match="accumulate: 4 does not divide the batch"):
         build_plan(cfg, "accumulation")
-    with pytest.raises(ConfigError, match="accumulate_mode: 'sum' is not allowed; choose one of add, split"):
+    with pytest.raises(ConfigError, match="accumulate_mode: 'sum' is not allowed; choose one of "
+                                          "add, split"):
         build_plan(compose_cfg(*TINY, "accumulate_mode=sum"), None)
 
 
-# --- the tips suite ---------------------------------------------------------------------------------
+# --- the tips suite -------------------------------------------------------------------------------
 def test_tips_composes_every_other_experiment_with_the_command_line_winning():
     cfg = compose_cfg(*TINY8, experiment="tips")
     names = suite.members(cfg, "tips")
@@ -247,7 +248,7 @@ def test_suite_exclude_and_mistakes():
         == ["bench.steps=2"]
 
 
-# --- through the CLI ---------------------------------------------------------------------------------
+# --- through the CLI ------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_tips_runs_every_experiment_into_one_report(tmp_path):
     proc = run_cli("+experiment=tips", "model=transformer", *TINY8, f"out_dir={tmp_path}",
@@ -270,7 +271,8 @@ def test_tips_runs_every_experiment_into_one_report(tmp_path):
         want = r.steps if r.variant in ("item", "numpy") else math.ceil(r.steps / 10)
         assert r.host_reads == want, r
     acc = trials[(trials["experiment"] == "accumulation") & (trials["status"] == "ok")]
-    assert sorted(set(zip(acc["accumulate"], acc["batch_size"]))) == [(1, 8), (2, 4), (4, 2), (8, 1)]
+    pairs = sorted(set(zip(acc["accumulate"], acc["batch_size"])))
+    assert pairs == [(1, 8), (2, 4), (4, 2), (8, 1)]  # (k, micro-batch): 8 samples per step
 
     summary = pd.read_csv(run_dir / "summary.csv")
     assert set(TIPS) <= set(summary["experiment"])
@@ -307,7 +309,7 @@ def test_workers_experiment_on_images_starts_worker_processes(tmp_path):
             assert r.host_rss_mb == r.host_rss_main_mb
 
 
-# --- on a GPU: the knobs that are n/a on the CPU act ------------------------------------------------
+# --- on a GPU: the knobs that are n/a on the CPU act ----------------------------------------------
 @pytest.mark.gpu
 def test_host_creation_on_cuda_creates_on_the_host_then_moves():
     vae = ConvVAE(image_size=16, width=4, latent=4).cuda()

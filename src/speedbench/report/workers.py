@@ -42,8 +42,9 @@ def table(s: pd.DataFrame) -> pd.DataFrame:
 def best_settings(s: pd.DataFrame) -> str:
     """One sentence naming the fastest worker count per model."""
     best = s[s["best"]]
-    parts = [f"{r.model}: {int(r.num_workers)} workers ({r.variant}, {r.samples_per_s:.1f} samples/s, "
-             f"data wait {r.data_wait_frac:.0%})" for r in best.itertuples()]
+    parts = [f"{r.model}: {int(r.num_workers)} workers ({r.variant}, "
+             f"{r.samples_per_s:.1f} samples/s, data wait {r.data_wait_frac:.0%})"
+             for r in best.itertuples()]
     return "Best setting (highest median throughput): " + "; ".join(parts) + "."
 
 
