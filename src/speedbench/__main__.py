@@ -19,7 +19,7 @@ def main(cfg: DictConfig) -> None:
 
     experiment = HydraConfig.get().runtime.choices.get("experiment")
     try:
-        run(cfg, experiment)
+        run(cfg, experiment, overrides=list(HydraConfig.get().overrides.task))
     except (ConfigError, FileExistsError) as exc:
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: say it once
             print(f"speedbench: error: {exc}", file=sys.stderr)

@@ -24,9 +24,11 @@ TENSOR_CREATION = ("host", "device")
 SYNC = ("item", "numpy", "deferred")
 PROFILES = ("off", "simple", "advanced", "pytorch")
 PARALLEL = ("none", "dp", "ddp")
+ACCUMULATE_MODES = ("add", "split")
 REFERENCE_MODELS = ("resnet", "vae", "transformer")
 # Keys a variant may not change: they define the experiment, not a recipe.
-NOT_PER_VARIANT = ("model", "models", "variants", "baseline", "claims", "experiment", "out_dir")
+NOT_PER_VARIANT = ("model", "models", "variants", "baseline", "claims", "experiment", "out_dir",
+                   "suite")
 
 
 class ConfigError(ValueError):
@@ -69,6 +71,15 @@ class BenchConfig:
 
 
 @dataclass
+class SuiteConfig:
+    # Experiments run one after another into one run directory and one report (the `tips`
+    # experiment). Empty: this experiment is not a suite. "*" stands for every file in
+    # configs/experiment/ that is not itself a suite.
+    experiments: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)  # names left out of "*"
+
+
+@dataclass
 class SpeedbenchConfig:
     device: str = "auto"
     scale: str = "auto"
@@ -79,6 +90,9 @@ class SpeedbenchConfig:
     models: dict[str, Any] = field(default_factory=dict)
     precision: str = "fp32"
     accumulate: int = 1
+    # add: each of the `accumulate` micro-batches holds batch_size samples (the effective batch
+    # grows); split: the batch is the effective batch, cut into `accumulate` micro-batches.
+    accumulate_mode: str = "add"
     batch_size: Optional[int] = None  # None: the model's default for the scale
     lr: float = 1e-3
     tensor_creation: str = "device"  # where per-step tensors (noise, masks) are born
@@ -101,6 +115,7 @@ class SpeedbenchConfig:
     variants: dict[str, Any] = field(default_factory=dict)
     baseline: Optional[str] = None
     claims: list[Any] = field(default_factory=list)
+    suite: SuiteConfig = field(default_factory=SuiteConfig)
     out_dir: str = "results"
     run_dir: Optional[str] = None  # None: <out_dir>/<experiment>/<timestamp>
     experiment: Optional[str] = None  # filled from +experiment=NAME
@@ -119,7 +134,10 @@ def config_dir() -> str:
 
 
 def register_schema() -> None:
+    from speedbench.sweeps import register_resolvers
+
     ConfigStore.instance().store(name="speedbench_schema", node=SpeedbenchConfig)
+    register_resolvers()  # machine-dependent variants, e.g. ${speedbench.worker_variants:...}
 
 
 @dataclass
@@ -203,6 +221,7 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
         raise ConfigError(f"{p}dist_timeout_s: {recipe.dist_timeout_s} is out of range; it must be > 0")
     _at_least(p + "sync_every", recipe.sync_every, 1)
     _at_least(p + "accumulate", recipe.accumulate, 1)
+    _choice(p + "accumulate_mode", recipe.accumulate_mode, ACCUMULATE_MODES)
     _at_least(p + "batch_size", recipe.batch_size, 1)
     _at_least(p + "data.num_workers", recipe.data.num_workers, 0)
     _at_least(p + "data.prefetch_factor", recipe.data.prefetch_factor, 1)
@@ -362,12 +381,29 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     for spec in models:
         if cfg.data.path is not None:
             _check_path_fits(spec, cfg.data.path)
+        for name, recipe in variants.items():
+            _check_split(spec, name, recipe)
     plan = Plan(experiment=experiment or "default", device=device, scale=scale, models=models,
                 variants=variants, baseline=baseline, config=cfg)
     from speedbench import distributed  # checks that depend on how speedbench was started
 
     distributed.check_plan(plan, distributed.from_environ())
     return plan
+
+
+def micro_batch(recipe, spec: ModelSpec) -> int:
+    """Samples per micro-batch: the batch itself, or its share under accumulate_mode=split."""
+    batch = recipe.batch_size or spec.batch_size
+    return batch // recipe.accumulate if recipe.accumulate_mode == "split" else batch
+
+
+def _check_split(spec: ModelSpec, name: str, recipe: DictConfig) -> None:
+    batch = recipe.batch_size or spec.batch_size
+    if recipe.accumulate_mode == "split" and batch % recipe.accumulate:
+        where = f"variants.{name}." if name != "default" else ""
+        raise ConfigError(f"{where}accumulate: {recipe.accumulate} does not divide the batch "
+                          f"of model {spec.name} ({batch}); with accumulate_mode=split the batch "
+                          "is cut into `accumulate` equal micro-batches")
 
 
 def _check_path_fits(spec: ModelSpec, path: str) -> None:

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from speedbench import diagnosis, distributed, env, knobs, profile, results, scaling, stats
-from speedbench.config import ModelSpec, Plan
+from speedbench.config import ModelSpec, Plan, micro_batch
 from speedbench.data import build_dataset, build_loader
 from speedbench.flops import FlopsBook
 from speedbench.timing import PeakRss, PhaseClock, device_peak_mb, release_host_memory, \
@@ -33,7 +33,7 @@ def dataset_length(plan: Plan, spec: ModelSpec, world_size: int = 1) -> int:
     for r in plan.variants.values():
         if r.data.samples:
             return r.data.samples
-        batch = (r.batch_size or spec.batch_size) * distributed.replicas(
+        batch = micro_batch(r, spec) * distributed.replicas(
             r.parallel, torch.device(plan.device))
         warmup = max(r.bench.warmup, r.bench.warmup_max) if r.bench.steady_tol else r.bench.warmup
         steps = warmup + r.bench.steps + profile.extra_steps(r) + 2
@@ -53,7 +53,7 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
     """
     parallel = distributed.effective_parallel(recipe, dist_env)
     device = distributed.rank_device(plan.device, dist_env)
-    batch = recipe.batch_size or spec.batch_size
+    batch = micro_batch(recipe, spec)
     replicas = distributed.replicas(parallel, device)  # GPUs one DataParallel process splits over
     world = dist_env.world_size if dist_env else 1
     record = {
@@ -138,10 +138,13 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
 
 
 def execute(plan: Plan, run_dir: Path | None, progress: bool = True,
-            dist_env: distributed.DistEnv | None = None) -> results.TrialWriter | None:
-    """Every trial of the plan, rows appended to trials.csv as they end. Under torchrun every
-    rank runs every trial; rank 0 alone (the one given a run_dir) writes."""
-    writer = results.TrialWriter(run_dir / "trials.csv") if run_dir else None
+            dist_env: distributed.DistEnv | None = None,
+            writer: results.TrialWriter | None = None) -> results.TrialWriter | None:
+    """Every trial of the plan, rows appended to trials.csv as they end (to `writer`'s, when a
+    suite gathers several plans in one file). Under torchrun every rank runs every trial; rank 0
+    alone (the one given a run_dir) writes."""
+    if writer is None and run_dir:
+        writer = results.TrialWriter(run_dir / "trials.csv")
     world = dist_env.world_size if dist_env else 1
     repeats = max(r.bench.repeats for r in plan.variants.values())
     total = sum(min(r.bench.repeats, repeats) for r in plan.variants.values()) * len(plan.models)
@@ -166,7 +169,19 @@ def execute(plan: Plan, run_dir: Path | None, progress: bool = True,
                 if repeats > trial >= recipe.bench.repeats:
                     continue
                 bar.set_postfix_str(f"{spec.name} {name} trial {trial + 1}/{recipe.bench.repeats}")
-                if name in skip:
+                if name in skip or _nothing_to_compare(plan, name, trial, skip):
+                    bar.update()
+                    continue
+                if name != plan.baseline and plan.baseline in skip:
+                    # No baseline here (pinning, empty_cache without CUDA): nothing to compare
+                    # this variant with, so it is not measured either.
+                    skip[name] = (f"n/a: no baseline to compare with ({plan.baseline}: "
+                                  f"{skip[plan.baseline].removeprefix('n/a: ')})")
+                    if writer:
+                        writer.append({"experiment": plan.experiment, "model": spec.name,
+                                       "variant": name, "is_baseline": False, "trial": trial,
+                                       "device": plan.device, "world_size": world,
+                                       "status": skip[name]})
                     bar.update()
                     continue
                 try:
@@ -198,31 +213,58 @@ def execute(plan: Plan, run_dir: Path | None, progress: bool = True,
     return writer
 
 
-def run(cfg: DictConfig, experiment: str | None, progress: bool = True) -> Path | None:
+def _nothing_to_compare(plan: Plan, name: str, trial: int, skip: dict) -> bool:
+    """After the first round, the baseline's repeats are spared when every other variant is n/a."""
+    others = [v for v in plan.variants if v != plan.baseline]
+    return trial > 0 and name == plan.baseline and bool(others) and all(v in skip for v in others)
+
+
+def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
+        overrides: list[str] | None = None) -> Path | None:
     """The whole job for one config: validate, measure, summarise, report. Returns the run dir
-    (None on the ranks other than 0 under torchrun: they measure, rank 0 writes)."""
+    (None on the ranks other than 0 under torchrun: they measure, rank 0 writes).
+
+    A suite (`tips`) measures each member experiment into the same trials.csv; `overrides` are
+    the command line's, handed on to every member.
+    """
+    from speedbench import suite
     from speedbench.config import build_plan
     from speedbench.report.render import console_table, write_report
 
-    plan = build_plan(cfg, experiment)  # raises ConfigError before anything is written
+    # Every plan is built, and so validated, before anything is written.
+    if suite.is_suite(cfg):
+        plans = suite.member_plans(cfg, experiment or "suite", overrides or [])
+    else:
+        plans = [build_plan(cfg, experiment)]
     dist_env = distributed.from_environ()
-    device = distributed.rank_device(plan.device, dist_env)
+    device = distributed.rank_device(plans[0].device, dist_env)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    if suite.is_suite(cfg):
+        resolved["claims"] = suite.combined_claims(plans)
     run_dir = None
     if distributed.is_main(dist_env):
-        run_dir = results.new_run_dir(cfg.out_dir, plan.experiment, cfg.run_dir)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        machine = env.collect(plan.device)
+        run_dir = results.new_run_dir(cfg.out_dir, experiment or plans[0].experiment, cfg.run_dir)
+        if suite.is_suite(cfg):
+            (run_dir / "members").mkdir()
+            for plan in plans:  # each member's own resolved config, to repeat it alone
+                (run_dir / "members" / f"{plan.experiment}.yaml").write_text(
+                    OmegaConf.to_yaml(plan.config, resolve=True))
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+        machine = env.collect(plans[0].device)
         machine["distributed"] = distributed.describe(dist_env, device)
         results.write_json(machine, run_dir / "env.json")
     started = time.perf_counter()
     distributed.init_process_group(dist_env, device, cfg.dist_timeout_s)
-    writer = execute(plan, run_dir, progress, dist_env)
+    writer = results.TrialWriter(run_dir / "trials.csv") if run_dir else None
+    for plan in plans:
+        execute(plan, run_dir, progress, dist_env, writer)
     if writer is None:
         return None
-    summary = scaling.add_efficiency(stats.summarise(writer.frame()), writer.frame())
+    frame = writer.frame()
+    summary = scaling.add_efficiency(stats.summarise(frame), frame)
     results.write_summary(summary, run_dir)
     profiled = diagnosis.write_tables(run_dir, writer.rows)  # phases.csv, findings.csv
-    write_report(run_dir, cfg=OmegaConf.to_container(cfg, resolve=True))
+    write_report(run_dir, cfg=resolved)
     print(console_table(summary))
     for line in stats.spread_warnings(summary):
         print(line)

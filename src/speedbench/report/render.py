@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Optional
 
 import pandas as pd
+import yaml
 
 from speedbench import claims as claims_mod
 from speedbench import stats
 from speedbench.report import plots, profile_section
+from speedbench.report import workers as workers_view
 from speedbench.report.document import Document, slug, write
 from speedbench.report.runs import Run, load_run
 
@@ -33,7 +35,8 @@ def _num(x, fmt="{:.1f}") -> str:
 
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """The summary as people read it: one formatted row per (model, variant)."""
+    """The summary as people read it: one formatted row per (model, variant); the experiment
+    comes first when the run holds several (a suite such as `tips`)."""
     table = pd.DataFrame({
         "model": summary["model"], "variant": summary["variant"], "status": summary["status"],
         "samples/s": summary["samples_per_s"].map(_num),
@@ -54,6 +57,8 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         table.insert(5, "scaling eff. [95% CI]", [
             _ci(r.scaling_efficiency, r.scaling_efficiency_lo, r.scaling_efficiency_hi, unit="")
             for r in summary.itertuples()])
+    if summary["experiment"].nunique() > 1:
+        table.insert(0, "experiment", summary["experiment"])
     return table
 
 
@@ -138,12 +143,19 @@ def at_a_glance(summary: pd.DataFrame) -> str:
     return text
 
 
-def claims_table(cfg: dict, summary: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
+def claims_table(cfg: dict, summary: pd.DataFrame, trials: pd.DataFrame,
+                 notes: list[str]) -> pd.DataFrame:
     claims = cfg.get("claims") or []
     if not isinstance(claims, list) or not all(isinstance(c, dict) for c in claims):
         notes.append("the config's claims: is not a list of mappings: claims left out")
         return pd.DataFrame()
-    return claims_mod.evaluate(claims, summary)
+    return claims_mod.evaluate(claims, summary, trials)
+
+
+def _member_benches(run_dir: Path) -> dict:
+    """bench settings of each member of a suite run (members/*.yaml)."""
+    return {p.stem: (yaml.safe_load(p.read_text()) or {}).get("bench", {})
+            for p in sorted((run_dir / "members").glob("*.yaml"))}
 
 
 def claim_tally(verdicts: pd.Series) -> str:
@@ -163,7 +175,7 @@ def findings_table(findings: pd.DataFrame) -> pd.DataFrame:
 
 
 # The names experiment_section gives its figures: plots/<experiment>-<figure>.png
-FIGURE_FILE = re.compile(r".+-(speedup|throughput|memory|phases|scaling|sweep-\w+)\.png$")
+FIGURE_FILE = re.compile(r".+-(speedup|throughput|memory|phases|scaling|workers|sweep-\w+)\.png$")
 
 
 def _remove_stale_figures(out_dir: Path, written: set[str]) -> None:
@@ -189,6 +201,14 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
         plots.save(fig, out_dir / path)
         figures.append((caption, path))
     doc.figures(figures)
+    sweep = workers_view.sweep(trials)
+    if len(sweep):
+        doc.heading("DataLoader workers", 3)
+        doc.para(workers_view.best_settings(sweep))
+        doc.table(workers_view.table(sweep))
+        path = f"plots/{slug(experiment)}-workers.png"
+        plots.save(workers_view.figure(sweep), out_dir / path)
+        doc.figures([("Throughput, data wait and host memory against DataLoader workers", path)])
     if phases is not None and len(phases):
         doc.heading("Where the time goes (profile)", 3)
         doc.para(profile_section.METHOD)
@@ -216,7 +236,7 @@ def build_document(run: Run, out_dir: Path) -> Document:
     doc.heading("Environment")
     doc.pairs(env_pairs(run.env))
     notes = list(run.notes)
-    claims = claims_table(run.cfg, run.summary, notes)
+    claims = claims_table(run.cfg, run.summary, run.trials, notes)
     if len(claims):
         doc.heading("The articles' claims, measured")
         doc.para("Each claim of the speed-tip articles, checked on this machine: 'holds' only "
@@ -224,12 +244,18 @@ def build_document(run: Run, out_dir: Path) -> Document:
         for (tip, source, quote), rows in claims.groupby(["tip", "source", "claim"], sort=False):
             doc.quote(quote, f"{tip}: {source}")
             doc.para(claim_tally(rows["verdict"]))
-            doc.table(rows[["model", "variant", "measured", "verdict"]])
+            doc.table(rows[["experiment", "model", "variant", "measured", "memory", "loss Δ",
+                            "verdict"]])
     for experiment in experiments:
         experiment_section(doc, run, experiment, out_dir)
     _remove_stale_figures(out_dir, {p for b in doc.blocks if b[0] == "figures" for _, p in b[1]})
     doc.heading("How this was measured")
     doc.para(method_text(run.cfg))
+    members = _member_benches(run.path)
+    if members:  # a suite: each member experiment ran with its own settings
+        doc.para("Each experiment ran with its own settings: " + "; ".join(
+            f"{e}: warm-up {b.get('warmup')}, steps {b.get('steps')}, repeats {b.get('repeats')}, "
+            f"cap {b.get('max_trial_s')} s" for e, b in members.items()) + ".")
     if notes:
         doc.heading("What this report could not use", 3)
         doc.bullets(notes)
