@@ -152,16 +152,16 @@ def test_scaling_efficiency_is_speedup_over_devices_and_is_plotted():
                                                               under_torchrun)
 
 
-def test_claim_than_compares_with_another_variant():
+def test_claim_versus_compares_with_another_variant():
     trials_df = _fake_trials()
     summary = stats.summarise(trials_df)
-    claim = {"kind": "faster", "than": "dp", "variants": ["ddp"]}
-    row = claims.evaluate([claim], summary).iloc[0]
-    assert row["measured"].startswith("speed-up over dp 1.50x")
+    claim = {"kind": "faster", "versus": "dp", "variants": ["ddp"]}
+    row = claims.evaluate([claim], summary, trials_df).iloc[0]
+    assert row["measured"].startswith("speed-up 1.50x") and row["measured"].endswith("vs dp")
     assert row["verdict"] == claims.HOLDS
     summary.loc[summary["variant"] == "dp", "status"] = "n/a: DataParallel needs two GPUs"
-    row = claims.evaluate([claim], summary).iloc[0]
-    assert row["verdict"] == "n/a: DataParallel needs two GPUs (dp)"
+    row = claims.evaluate([claim], summary, trials_df).iloc[0]
+    assert row["verdict"].startswith("n/a") and "DataParallel needs two GPUs" in row["verdict"]
 
 
 def test_slurm_launcher_config_composes_when_the_plugin_is_installed():
