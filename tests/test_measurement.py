@@ -114,7 +114,7 @@ def test_wants_more_rounds_until_narrow_or_out_of_budget():
 def fake_trials(values: dict[str, list[float]]):
     """A measure_trial stand-in: fabricated records, the n-th trial of a variant gets the n-th
     value (cycled), so execute()'s loop runs without training."""
-    def measure(plan, spec, variant, recipe, trial, dataset):
+    def measure(plan, spec, variant, recipe, trial, dataset, *context):
         seq = values[variant]
         return {"experiment": plan.experiment, "model": spec.name, "variant": variant,
                 "is_baseline": variant == plan.baseline, "trial": trial, "status": "ok",

@@ -175,6 +175,9 @@ def init_process_group(env: Optional[DistEnv], device: torch.device, timeout_s: 
 def _destroy_process_group() -> None:
     # After a failure the peers may be gone, and the process is ending anyway.
     if dist.is_initialized() and not _failed:
+        # No rank may tear its connections down while a peer still talks to it: gloo's
+        # background threads abort the process when a peer's socket closes under them.
+        dist.barrier()
         dist.destroy_process_group()
 
 

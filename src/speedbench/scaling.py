@@ -17,7 +17,8 @@ def add_efficiency(summary: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     devices than a single-device baseline; unchanged otherwise (e.g. under torchrun)."""
     if "devices" not in trials or trials["devices"].isna().all():
         return summary
-    devices = trials.groupby(["experiment", "model", "variant"], sort=False)["devices"].max()
+    # rows with no measurement (n/a) have no device count: they ran on none, count one
+    devices = trials.groupby(["experiment", "model", "variant"], sort=False)["devices"].max().fillna(1)
     out = summary.copy()
     out["devices"] = [int(devices.get((r.experiment, r.model, r.variant), 1))
                       for r in out.itertuples()]

@@ -215,6 +215,7 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
         doc.table(profile_section.phase_table(phases))
         overhead = profile_section.overhead_table(trials)
         if len(overhead):
+            doc.heading("Profiler overhead", 3)
             doc.para(profile_section.OVERHEAD)
             doc.table(overhead)
         doc.para(profile_section.FILES)

@@ -15,6 +15,8 @@ PANELS = [("samples_per_s", "throughput (samples/s)"),
 
 def sweep(trials: pd.DataFrame) -> pd.DataFrame:
     """Medians per (experiment, model, worker count), for experiments that vary num_workers."""
+    if "num_workers" not in trials:  # a run from a version that did not record it
+        return pd.DataFrame()
     ok = trials[trials["status"] == "ok"]
     varied = [e for e, g in ok.groupby("experiment") if g["num_workers"].nunique() > 1]
     ok = ok[ok["experiment"].isin(varied)]
