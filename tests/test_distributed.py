@@ -292,7 +292,7 @@ def test_dp_vs_ddp_measures_ddp_and_reports_scaling(dp_vs_ddp_run):
     summary = pd.read_csv(run_dir / "summary.csv").query("model == 'tiny'").set_index("variant")
     ddp_row = summary.loc["ddp"]
     assert ddp_row["scaling_efficiency"] == pytest.approx(ddp_row["speedup"] / 2)
-    assert (run_dir / "plots" / "scaling.png").exists()
+    assert (run_dir / "plots" / "dp_vs_ddp-scaling.png").exists()
     assert "scaling eff." in (run_dir / "report.md").read_text()
 
 
