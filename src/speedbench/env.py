@@ -107,11 +107,6 @@ def cuda_driver_version() -> str | None:
     return None
 
 
-def driver_version() -> str | None:
-    gpus = nvidia_smi()
-    return gpus[0]["driver_version"] if gpus else None
-
-
 def start_method() -> str:
     """The multiprocessing start method DataLoader workers use (without fixing it, which would
     make a later set_start_method fail): the one set, else the platform's default."""
