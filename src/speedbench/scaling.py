@@ -23,7 +23,10 @@ def add_efficiency(summary: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     out["devices"] = [int(devices.get((r.experiment, r.model, r.variant), 1))
                       for r in out.itertuples()]
     base_devices = out[out["is_baseline"]].set_index(["experiment", "model"])["devices"]
-    single = [base_devices.get((r.experiment, r.model)) == 1 for r in out.itertuples()]
+    # Only experiments that spread some variant over several devices (a suite holds others).
+    parallel = set(out.loc[out["devices"] > 1, "experiment"])
+    single = [base_devices.get((r.experiment, r.model)) == 1 and r.experiment in parallel
+              for r in out.itertuples()]
     if not any(single) or not (out["devices"] > 1).any():
         return summary
     for col in ("", "_lo", "_hi"):
