@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from speedbench.config import ConfigError
-from speedbench.timing import synchronize
+from speedbench.timing import timed_steps
 
 CPU_DEFAULT_NPROC = 2  # DDP on a CPU: enough processes to exercise the machinery
 
@@ -217,17 +217,8 @@ def warm_up(step: Callable[[], None], max_steps: int, device: torch.device,
             budget_s: Optional[float]) -> tuple[float, int]:
     """Untimed warm-up steps, stopping on every rank as soon as one rank is over the budget
     (one small all-reduce per step: harmless here, as nothing is being timed)."""
-    synchronize(device)
-    t0 = time.perf_counter()
-    n = 0
-    while n < max_steps:
-        step()
-        n += 1
-        over = budget_s is not None and time.perf_counter() - t0 > budget_s
-        if _agree(over, device, dist.ReduceOp.MAX):
-            break
-    synchronize(device)
-    return time.perf_counter() - t0, n
+    return timed_steps(step, max_steps, device, budget_s,
+                       agree=lambda over: bool(_agree(over, device, dist.ReduceOp.MAX)))
 
 
 def agree_steps(wanted: int, warm_s: float, warm_steps: int, budget_s: Optional[float],

@@ -60,11 +60,13 @@ class NullClock:
 
 
 def timed_steps(step: Callable[[], None], max_steps: int, device: torch.device,
-                budget_s: Optional[float] = None, min_steps: int = 1) -> tuple[float, int]:
+                budget_s: Optional[float] = None, min_steps: int = 1,
+                agree: Optional[Callable[[bool], bool]] = None) -> tuple[float, int]:
     """Run up to `max_steps` steps between two device synchronisations; (seconds, steps).
 
     The budget is checked on the host clock between steps, without synchronising: a
     slow variant (fp16 on a CPU, say) stops early and its throughput is still exact.
+    `agree` turns this process's "over budget" into the decision of all ranks (DDP).
     """
     synchronize(device)
     t0 = time.perf_counter()
@@ -72,7 +74,10 @@ def timed_steps(step: Callable[[], None], max_steps: int, device: torch.device,
     while n < max_steps:
         step()
         n += 1
-        if budget_s is not None and n >= min_steps and time.perf_counter() - t0 > budget_s:
+        over = budget_s is not None and n >= min_steps and time.perf_counter() - t0 > budget_s
+        if agree is not None:
+            over = agree(over)
+        if over:
             break
     synchronize(device)
     return time.perf_counter() - t0, n
