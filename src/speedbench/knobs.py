@@ -35,6 +35,11 @@ def to_device(batch, device: torch.device, non_blocking: bool):
 
 
 # --- per-step tensors ----------------------------------------------------------------------------
+def makes_per_step_tensors(model: nn.Module) -> bool:
+    """Whether any module of `model` makes per-step tensors the tensor_creation knob places."""
+    return any(isinstance(m, PerStepTensors) for m in model.modules())
+
+
 def set_tensor_creation(model: nn.Module, where: str) -> int:
     """Tell every module that makes per-step tensors where to make them; returns how many listen."""
     listeners = [m for m in model.modules() if isinstance(m, PerStepTensors)]

@@ -76,8 +76,8 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
             reset_device_peak(device)
             with PeakRss() as rss:
                 model = build_model(spec, recipe.bench.seed)
-                listens = knobs.set_tensor_creation(model, recipe.tensor_creation) > 0
-                reason = knobs.not_applicable(recipe, device, listens)
+                # the Trainer applies the knob; here we only ask whether it can act
+                reason = knobs.not_applicable(recipe, device, knobs.makes_per_step_tensors(model))
                 if reason:
                     return {**record, "status": reason}
                 seed = recipe.bench.seed

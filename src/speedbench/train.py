@@ -51,7 +51,7 @@ class Trainer:
         self.spec, self.recipe, self.device = spec, recipe, device
         self.clock = clock or NullClock()
         self.model = model if model is not None else build_model(spec, recipe.bench.seed).to(device)
-        self.listeners = knobs.set_tensor_creation(self.model, recipe.tensor_creation)
+        knobs.set_tensor_creation(self.model, recipe.tensor_creation)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=recipe.lr)
         self.scaler = knobs.grad_scaler(recipe.precision, device)
         self.meter = knobs.LossMeter(recipe.sync, recipe.sync_every, device)
