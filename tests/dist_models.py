@@ -28,14 +28,19 @@ class TinyLM(nn.Module):
 
 class FailsOnRank(TinyLM):
     """Raises in its `after`-th forward pass on rank `rank` (the RANK torchrun sets), or with
-    `hang=True` stops there for an hour, as a deadlocked rank would."""
+    `hang=True` stops there for an hour, as a deadlocked rank would. `others_busy_s` keeps the
+    other ranks in that forward pass a while, so that torchrun's SIGTERM reaches them mid-step."""
 
-    def __init__(self, rank: int = 1, after: int = 2, hang: bool = False, **kwargs):
+    def __init__(self, rank: int = 1, after: int = 2, hang: bool = False,
+                 others_busy_s: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         self.fail_rank, self.after, self.hang, self.calls = rank, after, hang, 0
+        self.others_busy_s = others_busy_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
+        if self.calls == self.after and os.environ.get("RANK") != str(self.fail_rank):
+            time.sleep(self.others_busy_s)
         if os.environ.get("RANK") == str(self.fail_rank) and self.calls >= self.after:
             if self.hang:
                 time.sleep(3600)

@@ -249,7 +249,10 @@ def test_two_nodes_over_loopback(tmp_path):
 
 @pytest.mark.distributed
 def test_a_failed_rank_fails_the_torchrun_job_with_a_record(tmp_path):
-    out = torchrun(*FAST, FAILING_MODEL, "model=failing", f"out_dir={tmp_path}", cwd=tmp_path)
+    # Rank 0 is mid-step (busy 2 s) when rank 1 fails and torchrun sends it SIGTERM: it must
+    # still reach the failed collective and write the row.
+    busy = FAILING_MODEL.replace("FailsOnRank,", "FailsOnRank,others_busy_s:2.0,")
+    out = torchrun(*FAST, busy, "model=failing", f"out_dir={tmp_path}", cwd=tmp_path)
     assert out.returncode != 0
     log = out.stdout + out.stderr
     assert "speedbench: rank 1 of 2 failed" in log and "injected failure on rank 1" in log

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -170,6 +171,30 @@ def init_process_group(env: Optional[DistEnv], device: torch.device, timeout_s: 
         kwargs["device_id"] = device  # NCCL binds to this rank's GPU
     dist.init_process_group(backend_for(device), timeout=timedelta(seconds=timeout_s), **kwargs)
     atexit.register(_destroy_process_group)
+
+
+TERM_GRACE_S = 20  # under torchrun's 30 s between its SIGTERM and its SIGKILL
+
+
+def outlive_peer_failure(env: Optional[DistEnv]) -> None:
+    """Let the writing rank record a peer's failure before torchrun stops it.
+
+    When a rank fails, torchrun sends SIGTERM to the others at once (about 0.1 s later), often
+    before rank 0 has reached the collective where it would see that failure and write its row.
+    So rank 0 takes SIGTERM as notice, not as the end: it carries on into that collective, which
+    fails fast once the peer is gone, writes the row and exits; a timer ends it after
+    TERM_GRACE_S in any case, and a second SIGTERM ends it at once.
+    """
+    if env is None or not is_main(env) or threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_term(signum, frame):
+        signal.signal(signum, signal.SIG_DFL)
+        timer = threading.Timer(TERM_GRACE_S, os._exit, args=(128 + signum,))
+        timer.daemon = True
+        timer.start()
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def _destroy_process_group() -> None:

@@ -255,6 +255,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
         results.write_json(machine, run_dir / "env.json")
     started = time.perf_counter()
     distributed.init_process_group(dist_env, device, cfg.dist_timeout_s)
+    distributed.outlive_peer_failure(dist_env)
     writer = results.TrialWriter(run_dir / "trials.csv") if run_dir else None
     for plan in plans:
         execute(plan, run_dir, progress, dist_env, writer)
