@@ -113,3 +113,24 @@ def test_cli_amp_on_cuda(tmp_path):
     assert (summary["peak_fraction"] > 0).all() and (summary["flops_per_step"] > 0).all()
     env = json.loads((run_dir / "env.json").read_text())
     assert env["cuda_device_count"] >= 1 and env["nvidia_driver"]
+
+
+def test_largest_batch_search_finds_the_out_of_memory_edge():
+    from speedbench import capacity
+
+    plan, spec, recipe, dataset = setup(model="resnet")
+    device = torch.device(plan.device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    # A 512 MiB allowance (as a fraction of this GPU) puts the edge within the search's reach:
+    # ResNet-18 at 32 px with AdamW needs about 0.2 GB plus 0.5 MB a sample.
+    torch.cuda.set_per_process_memory_fraction(min(1.0, 512 * 2**20 / total), device)
+    try:
+        row = capacity.probe("accumulation", spec, "k1", recipe, device, dataset)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+    assert row["status"] == "ok", row
+    assert row["largest_batch"] >= 1 and row["first_oom"] > row["largest_batch"]
+    assert row["peak_mem_mb"] <= 512 and row["device_mem_mb"] == total / 2**20
+    assert row["stopped"] in ("resolved", "time")
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_allocated(device) < 64 * 2**20  # the tries left nothing behind

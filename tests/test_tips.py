@@ -273,6 +273,12 @@ def test_tips_runs_every_experiment_into_one_report(tmp_path):
     acc = trials[(trials["experiment"] == "accumulation") & (trials["status"] == "ok")]
     pairs = sorted(set(zip(acc["accumulate"], acc["batch_size"])))
     assert pairs == [(1, 8), (2, 4), (4, 2), (8, 1)]  # (k, micro-batch): 8 samples per step
+    # The largest batch that fits: searched on CUDA only, an n/a row with its reason elsewhere.
+    capacity = pd.read_csv(run_dir / "capacity.csv")
+    assert list(capacity[["experiment", "model", "variant"]].itertuples(index=False, name=None)) \
+        == [("accumulation", "transformer", "k1")]
+    assert capacity["status"].iloc[0].startswith("n/a: the largest batch that fits is searched "
+                                                 "on CUDA only")
 
     summary = pd.read_csv(run_dir / "summary.csv")
     assert set(TIPS) <= set(summary["experiment"])
@@ -283,6 +289,7 @@ def test_tips_runs_every_experiment_into_one_report(tmp_path):
         assert f"| {exp} | transformer |" in claims_md
     assert "| n/a: pin_memory needs CUDA" in claims_md
     assert "| nan |" not in report  # an n/a verdict read back from summary.csv stays "n/a"
+    assert "### Largest batch that fits\n\nNot found on this run: the largest batch" in report
     assert (run_dir / "members" / "workers.yaml").exists()
 
     # The report rebuilds from the run's files alone, with the same claims.

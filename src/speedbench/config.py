@@ -68,6 +68,10 @@ class BenchConfig:
     # A very slow variant (fp16 on a CPU) then times fewer steps; `steps` in trials.csv says how many.
     max_trial_s: Optional[float] = 6.0
     seed: int = 0
+    # After a model's trials, search the largest micro-batch that fits in device memory at the
+    # baseline's precision (CUDA only; capacity.csv), for at most largest_batch_s seconds.
+    find_largest_batch: bool = False
+    largest_batch_s: float = 60.0
 
 
 @dataclass
@@ -230,11 +234,12 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
     _at_least(p + "bench.steps", recipe.bench.steps, 1)
     _at_least(p + "bench.repeats", recipe.bench.repeats, 1)
     _at_least(p + "bench.warmup_max", recipe.bench.warmup_max, 0)
-    for key in ("steady_tol", "target_ci", "time_budget_s"):
+    for key in ("steady_tol", "target_ci", "time_budget_s", "largest_batch_s"):
         value = recipe.bench[key]
         if value is not None and not value > 0:
             raise ConfigError(f"{p}bench.{key}: {value} is out of range; it must be > 0"
-                              + ("" if key == "time_budget_s" else ", or null to turn it off"))
+                              + ("" if key in ("time_budget_s", "largest_batch_s")
+                                 else ", or null to turn it off"))
     if recipe.bench.max_trial_s is not None and not recipe.bench.max_trial_s > 0:
         raise ConfigError(f"{p}bench.max_trial_s: {recipe.bench.max_trial_s} is out of range; "
                           "it must be > 0, or null for no cap")

@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from speedbench import diagnosis, distributed, env, knobs, profile, results, scaling, stats
+from speedbench import capacity, diagnosis, distributed, env, knobs, profile, results, scaling, stats
 from speedbench.config import ModelSpec, Plan, micro_batch
 from speedbench.data import build_dataset, build_loader
 from speedbench.flops import FlopsBook
@@ -209,8 +209,22 @@ def execute(plan: Plan, run_dir: Path | None, progress: bool = True,
         if trial > repeats:
             bar.write(f"{spec.name}: {trial} rounds (bench.target_ci={first.bench.target_ci}); "
                       + stats.halfwidth_note(rows))
+        baseline = plan.variants[plan.baseline]
+        if baseline.bench.find_largest_batch and run_dir:
+            bar.set_postfix_str(f"{spec.name}: largest batch that fits")
+            capacity.append(run_dir / "capacity.csv", _largest_batch(plan, spec, dataset, dist_env))
     bar.close()
     return writer
+
+
+def _largest_batch(plan: Plan, spec: ModelSpec, dataset, dist_env) -> dict:
+    recipe = plan.variants[plan.baseline]
+    if dist_env is not None:  # every rank would search its own device, and time it differently
+        return {"experiment": plan.experiment, "model": spec.name, "variant": plan.baseline,
+                "precision": recipe.precision,
+                "status": "n/a: the largest batch that fits is searched without torchrun"}
+    return capacity.probe(plan.experiment, spec, plan.baseline, recipe, torch.device(plan.device),
+                          dataset)
 
 
 def _nothing_to_compare(plan: Plan, name: str, trial: int, skip: dict) -> bool:

@@ -16,7 +16,7 @@ import yaml
 
 from speedbench import claims as claims_mod
 from speedbench import stats
-from speedbench.report import plots, profile_section
+from speedbench.report import capacity_section, plots, profile_section
 from speedbench.report import workers as workers_view
 from speedbench.report.document import Document, slug, write
 from speedbench.report.runs import Run, load_run
@@ -209,6 +209,13 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
         path = f"plots/{slug(experiment)}-workers.png"
         plots.save(workers_view.figure(sweep), out_dir / path)
         doc.figures([("Throughput, data wait and host memory against DataLoader workers", path)])
+    capacity = run.capacity[run.capacity["experiment"] == experiment] \
+        if run.capacity is not None else pd.DataFrame()
+    if len(capacity):
+        doc.heading("Largest batch that fits", 3)
+        doc.para(capacity_section.text(capacity))
+        if capacity_section.searched(capacity):
+            doc.table(capacity_section.table(capacity))
     if phases is not None and len(phases):
         doc.heading("Where the time goes (profile)", 3)
         doc.para(profile_section.METHOD)

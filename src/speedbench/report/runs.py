@@ -26,6 +26,8 @@ SUMMARY_CONTRACT = ("experiment", "model", "variant", "is_baseline", "status", "
                     "speedup", "speedup_lo", "speedup_hi", "verdict")
 PHASES_COLUMNS = ("experiment", "model", "variant", "phase", "mean_ms", "total_ms", "share")
 FINDINGS_COLUMNS = ("experiment", "model", "variant", "symptom", "figure", "tip", "knob")
+CAPACITY_COLUMNS = ("experiment", "model", "variant", "precision", "status", "largest_batch",
+                    "first_oom")
 KEYS = ["experiment", "model", "variant"]
 
 
@@ -42,6 +44,7 @@ class Run:
     cfg: dict
     phases: Optional[pd.DataFrame] = None
     findings: Optional[pd.DataFrame] = None
+    capacity: Optional[pd.DataFrame] = None  # capacity.csv: the largest batch that fits
     notes: list[str] = field(default_factory=list)  # what is missing, recomputed, left out
     missing: list[str] = field(default_factory=list)  # contract columns absent from trials.csv
     label: str = ""
@@ -163,6 +166,7 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
                cfg=cfg if isinstance(cfg, dict) else {},
                phases=_optional_table(path / "phases.csv", PHASES_COLUMNS, notes),
                findings=_optional_table(path / "findings.csv", FINDINGS_COLUMNS, notes),
+               capacity=_optional_table(path / "capacity.csv", CAPACITY_COLUMNS, notes),
                notes=notes, missing=missing, label=path.name)
 
 

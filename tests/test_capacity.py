@@ -1,0 +1,58 @@
+"""The search for the largest micro-batch that fits (speedbench.capacity), on a stated limit.
+
+The device side (real out-of-memory errors) is in tests/test_gpu.py; here `fits` is a plain
+predicate, so that the search's arithmetic can be checked exactly.
+"""
+from __future__ import annotations
+
+import pytest
+from conftest import TINY, compose_cfg
+
+from speedbench import capacity
+from speedbench.config import ConfigError, build_plan
+
+
+def test_doubles_then_halves_the_gap_to_within_a_sixteenth():
+    tried = []
+
+    def fits(n):
+        tried.append(n)
+        return n <= 300
+
+    found = capacity.search(fits, start=8, limit=10_000, budget_s=60)
+    assert tried[:7] == [8, 16, 32, 64, 128, 256, 512]  # doubling until the first failure
+    assert found.largest <= 300 < found.first_oom
+    assert found.first_oom - found.largest <= found.largest // 16
+    assert found.stopped == "resolved" and found.tries == len(tried)
+
+
+def test_a_start_that_does_not_fit_searches_below_it():
+    found = capacity.search(lambda n: n <= 3, start=8, limit=100, budget_s=60)
+    assert (found.largest, found.first_oom, found.stopped) == (3, 4, "resolved")
+
+
+def test_nothing_fits():
+    found = capacity.search(lambda n: False, start=8, limit=100, budget_s=60)
+    assert (found.largest, found.first_oom) == (0, 1)
+
+
+def test_stops_at_the_limit_while_still_fitting():
+    found = capacity.search(lambda n: True, start=8, limit=100, budget_s=60)
+    assert (found.largest, found.first_oom, found.stopped) == (64, None, "limit")
+
+
+def test_stops_when_the_time_is_up_with_what_it_found():
+    now = [0.0]
+
+    def fits(n):
+        now[0] += 10  # each try takes 10 s
+        return True
+
+    found = capacity.search(fits, start=8, limit=10_000, budget_s=25, clock=lambda: now[0])
+    assert (found.largest, found.tries, found.stopped) == (32, 3, "time")
+
+
+def test_largest_batch_s_must_be_positive():
+    cfg = compose_cfg(*TINY, "bench.largest_batch_s=0")
+    with pytest.raises(ConfigError, match=r"bench.largest_batch_s: 0(\.0)? is out of range; it must be > 0"):
+        build_plan(cfg, None)
