@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT / "src"))
 TRIAL_OVERHEAD_S = 1.5  # per trial: build and move a full-scale model, start the loader
 MODEL_OVERHEAD_S = 3.0  # per model and experiment: make the data set (a full-size JPEG pool)
 MIN_TRIAL_S, MAX_TRIAL_S = 2.0, 6.0  # three repeats from this share on; 6 s is the default cap
-SAFE = "bench.repeats=2 bench.max_trial_s=2"
+LARGEST_BATCH_S = 10  # per model, where an experiment searches the largest batch that fits
+SAFE = f"bench.repeats=2 bench.max_trial_s=2 bench.largest_batch_s={LARGEST_BATCH_S}"
 
 
 def members(name: str) -> list[str]:
@@ -40,8 +41,9 @@ def members(name: str) -> list[str]:
             and not (yaml.safe_load((exp_dir / f"{n}.yaml").read_text()) or {}).get("suite")]
 
 
-def count(experiment: str, overrides: list[str]) -> tuple[int, int]:
-    """(trials, models) of one experiment with these overrides, as build_plan expands it."""
+def count(experiment: str, overrides: list[str]) -> tuple[int, int, float]:
+    """(trials, models, seconds searching the largest batch) of one experiment with these
+    overrides, as build_plan expands it."""
     from hydra import compose, initialize_config_dir
 
     from speedbench.config import build_plan, config_dir, register_schema
@@ -52,23 +54,28 @@ def count(experiment: str, overrides: list[str]) -> tuple[int, int]:
     plan = build_plan(cfg, experiment)
     repeats = max(r.bench.repeats for r in plan.variants.values())
     per_model = sum(min(r.bench.repeats, repeats) for r in plan.variants.values())
-    return per_model * len(plan.models), len(plan.models)
+    bench = plan.variants[plan.baseline].bench
+    search_s = bench.largest_batch_s * len(plan.models) if bench.find_largest_batch else 0.0
+    return per_model * len(plan.models), len(plan.models), search_s
 
 
 def settings(budget_s: float, experiment: str, overrides: list[str]) -> str:
     for repeats in (3, 2):
-        trials = models = 0
+        trials = models = search_s = 0
         for name in members(experiment):
-            t, m = count(name, [*overrides, f"bench.repeats={repeats}"])
-            trials, models = trials + t, models + m
-        per_trial = (budget_s - models * MODEL_OVERHEAD_S) / max(trials, 1) - TRIAL_OVERHEAD_S
+            t, m, s = count(name, [*overrides, f"bench.repeats={repeats}",
+                                   f"bench.largest_batch_s={LARGEST_BATCH_S}"])
+            trials, models, search_s = trials + t, models + m, search_s + s
+        per_trial = ((budget_s - models * MODEL_OVERHEAD_S - search_s) / max(trials, 1)
+                     - TRIAL_OVERHEAD_S)
         if per_trial >= MIN_TRIAL_S:
             break
     if per_trial < 1:
         print(f"gpu_check_plan: {trials} trials will hardly fit in {budget_s:.0f} s",
               file=sys.stderr)
     max_trial_s = min(MAX_TRIAL_S, max(1.0, per_trial))
-    return f"bench.repeats={repeats} bench.max_trial_s={max_trial_s:.1f}"
+    return (f"bench.repeats={repeats} bench.max_trial_s={max_trial_s:.1f} "
+            f"bench.largest_batch_s={LARGEST_BATCH_S}")
 
 
 def main(argv: list[str]) -> int:
