@@ -81,3 +81,13 @@ def test_rows_that_cannot_be_judged_carry_the_reason():
     few = _evaluate({"kind": "lower", "metric": "data_wait_frac"},
                     {"w0": TRIALS["w0"][:1], "w1": TRIALS["w1"][:1]})
     assert few.loc["w1", "verdict"] == f"inconclusive ({stats.TOO_FEW})"
+
+
+def test_a_memory_claim_gives_its_speed_cost_instead_of_repeating_the_memory_ratio():
+    rows = _evaluate({"kind": "less_memory"}, values={"w2": TRIALS["w2"], "w0": TRIALS["w0"]})
+    row = rows.loc["w0"]  # half the memory of w2, at 0.68 of its speed (medians 10.5 vs 15.4)
+    assert row["verdict"] == claims.HOLDS
+    assert row["measured"].startswith("memory 0.50x [") and "; speed-up 0.68x [" in row["measured"]
+    assert row["memory"] == "-"
+    speed = _evaluate({"kind": "faster"}).loc["w1"]  # other claims keep the memory column
+    assert speed["memory"].startswith("1.50x")

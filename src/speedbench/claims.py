@@ -116,6 +116,8 @@ def judge(claim: dict, row: pd.Series, reference: Optional[pd.Series] = None,
             ratio = (_nan(row.get("mem_ratio")), _nan(row.get("mem_ratio_lo")),
                      _nan(row.get("mem_ratio_hi")))
         measured = "memory " + _fmt_ci(*ratio) + against
+        if not versus and not math.isnan(_nan(row.get("speedup"))):  # what the saving costs
+            measured += "; speed-up " + _fmt_ci(row["speedup"], row["speedup_lo"], row["speedup_hi"])
         hi = ratio[2]
         if math.isnan(hi):
             return measured, "inconclusive (too few trials or no memory figure)"
@@ -183,8 +185,10 @@ def evaluate(claims: list[dict], summary: pd.DataFrame,
                     "tip": claim.get("tip", ""), "source": claim.get("source", ""),
                     "claim": claim.get("quote", ""), "experiment": exp, "model": model,
                     "variant": row["variant"], "measured": measured,
-                    "memory": _fmt_ci(_nan(row.get("mem_ratio")), _nan(row.get("mem_ratio_lo")),
-                                      _nan(row.get("mem_ratio_hi"))),
+                    # A memory claim's `measured` is the memory ratio already.
+                    "memory": "-" if claim.get("kind") == "less_memory" else _fmt_ci(
+                        _nan(row.get("mem_ratio")), _nan(row.get("mem_ratio_lo")),
+                        _nan(row.get("mem_ratio_hi"))),
                     "loss Δ": "-" if math.isnan(_nan(row.get("loss_delta")))
                     else f"{row['loss_delta']:+.3f}",
                     "verdict": verdict})
