@@ -28,3 +28,6 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     main()
+    from speedbench import distributed
+
+    distributed.exit_cleanly()  # under torchrun: leave without torch's teardown at finalization
