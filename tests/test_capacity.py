@@ -56,3 +56,24 @@ def test_largest_batch_s_must_be_positive():
     cfg = compose_cfg(*TINY, "bench.largest_batch_s=0")
     with pytest.raises(ConfigError, match=r"bench.largest_batch_s: 0(\.0)? is out of range; it must be > 0"):
         build_plan(cfg, None)
+
+
+def test_the_report_says_when_the_search_stopped_short():
+    import pandas as pd
+
+    from speedbench.report import capacity_section
+
+    rows = pd.DataFrame([
+        {"model": "resnet", "precision": "bf16", "status": "ok", "largest_batch": 2048,
+         "first_oom": float("nan"), "peak_mem_mb": 90000.4, "device_mem_mb": 143771.0,
+         "tries": 7, "stopped": "limit"},
+        {"model": "vae", "precision": "bf16", "status": "ok", "largest_batch": 300,
+         "first_oom": 320, "peak_mem_mb": 140000.0, "device_mem_mb": 143771.0, "tries": 9,
+         "stopped": "resolved"}])
+    assert "resnet >= 2048, vae 300." in capacity_section.text(rows)
+    table = capacity_section.table(rows).set_index("model")
+    assert table.loc["resnet", "first out of memory"] == "-"
+    assert table.loc["resnet", "status"].startswith("ok (still fitting at the search's limit (256")
+    assert (table.loc["vae", "largest micro-batch"], table.loc["vae", "status"]) == ("300", "ok")
+    assert capacity_section.searched(rows)
+    assert not capacity_section.searched(rows.assign(status="n/a: CUDA only"))

@@ -5,7 +5,9 @@ import math
 
 import pandas as pd
 
-STOPPED = {"limit": "still fitting at the search's limit (256 x the model's batch)",
+from speedbench.capacity import LIMIT_FACTOR
+
+STOPPED = {"limit": f"still fitting at the search's limit ({LIMIT_FACTOR} x the model's batch)",
            "time": "the search ran out of bench.largest_batch_s"}
 
 
