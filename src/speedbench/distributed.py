@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from speedbench.config import ConfigError
+from speedbench.errors import ConfigError
 from speedbench.timing import timed_steps
 
 CPU_DEFAULT_NPROC = 2  # DDP on a CPU: enough processes to exercise the machinery
