@@ -15,6 +15,14 @@ def listeners(model) -> list:
     return [m for m in model.modules() if isinstance(m, PerStepTensors)] if model is not None else []
 
 
+def set_tensor_creation(model, where: str) -> int:
+    """Tell every module that makes per-step tensors where to make them; returns how many listen."""
+    found = listeners(model)
+    for m in found:
+        m.tensor_creation = where
+    return len(found)
+
+
 class TensorCreation(Technique):
     name = "tensor_creation"
     order = 40
@@ -39,8 +47,7 @@ tensor per step.
         return None
 
     def prepare_model(self, model, recipe, ctx: Context):
-        for m in listeners(model):
-            m.tensor_creation = recipe.tensor_creation
+        set_tensor_creation(model, recipe.tensor_creation)
         return model
 
     def columns(self, recipe, ctx: Context) -> dict:
