@@ -60,6 +60,7 @@ class TransformerLM(nn.Module, PerStepTensors):
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim: {dim} must be divisible by heads ({heads})")
+        self.head_dim = dim // heads  # the attention technique probes kernels with it
         self.tok = nn.Embedding(vocab_size, dim)
         self.pos = nn.Embedding(seq_len, dim)
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
