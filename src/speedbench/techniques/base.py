@@ -160,12 +160,15 @@ GLOBAL_FLAGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
     "torch_threads": (torch.get_num_threads, torch.set_num_threads),
     "cudnn.benchmark": (lambda: torch.backends.cudnn.benchmark,
                         lambda v: setattr(torch.backends.cudnn, "benchmark", v)),
-    "cudnn.allow_tf32": (lambda: torch.backends.cudnn.allow_tf32,
-                         lambda v: setattr(torch.backends.cudnn, "allow_tf32", v)),
-    "matmul.allow_tf32": (lambda: torch.backends.cuda.matmul.allow_tf32,
-                          lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", v)),
+    # The float32 matmul precision and matmul.allow_tf32 are two views of one setting: the
+    # precision is read and restored first (the other order can leave torch's legacy and new
+    # precision APIs disagreeing, and reading them then raises).
     "float32_matmul_precision": (torch.get_float32_matmul_precision,
                                  torch.set_float32_matmul_precision),
+    "matmul.allow_tf32": (lambda: torch.backends.cuda.matmul.allow_tf32,
+                          lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", v)),
+    "cudnn.allow_tf32": (lambda: torch.backends.cudnn.allow_tf32,
+                         lambda v: setattr(torch.backends.cudnn, "allow_tf32", v)),
 }
 
 
@@ -184,9 +187,8 @@ def restored_global_state() -> Iterator[None]:
     try:
         yield
     finally:
-        for name, value in saved.items():
-            if GLOBAL_FLAGS[name][0]() != value:
-                GLOBAL_FLAGS[name][1](value)
+        for name, value in saved.items():  # in registration order, without reading first
+            GLOBAL_FLAGS[name][1](value)
 
 
 # --- the interface --------------------------------------------------------------------------------------
