@@ -79,12 +79,17 @@ read and write far less memory. On GPUs flash and cudnn need fp16/bf16.
             return ("n/a: attention kernels act on scaled_dot_product_attention in the "
                     "transformer; this model has no attention speedbench can steer")
         dtype = PROBE_DTYPES.get(recipe.precision, torch.float32)  # autocast's, if any
-        reason = kernel_missing(recipe.attention, ctx.device, dtype, modules[0].head_dim)
-        if reason:
-            return (f"n/a: torch {torch.__version__.split('+')[0]} has no {recipe.attention} "
-                    f"attention kernel for {ctx.device.type} {str(dtype).replace('torch.', '')} "
-                    f"inputs ({reason})")
-        return None
+        head_dim = modules[0].head_dim
+        reason = kernel_missing(recipe.attention, ctx.device, dtype, head_dim)
+        if not reason:
+            return None
+        if "No viable backend" in reason:  # torch's generic words: say which ones do run here
+            have = [b for b in BACKENDS if b != recipe.attention
+                    and kernel_missing(b, ctx.device, dtype, head_dim) is None]
+            reason = f"kernels here: {', '.join(have) or 'none'}"
+        return (f"n/a: torch {torch.__version__.split('+')[0]} has no {recipe.attention} "
+                f"attention kernel for {ctx.device.type} {str(dtype).replace('torch.', '')} "
+                f"inputs ({reason})")
 
     def global_state(self, recipe, ctx: Context):
         if recipe.attention == "auto":

@@ -30,6 +30,7 @@ import torch
 from speedbench.techniques.base import Context, Field, Technique, global_flag
 
 MODES = ("off", "default", "max-autotune", "reduce-overhead")
+BACKEND = "inductor"  # torch.compile's backend (tests use aot_eager: same capture, no codegen)
 EAGER_STEPS = 2  # eager reference steps before the compiling one (fewer if warm-up is shorter)
 COLUMNS = ("compile", "compile_s", "compile_eager_step_ms", "compile_step_ms",
            "compile_breakeven_steps", "recompiles", "graph_breaks", "compile_cache")
@@ -154,7 +155,7 @@ when it pays back), recompilations on new shapes, memory for the compiler."""
         if record.eager:
             torch.compiler.set_stance("force_eager")  # the eager reference steps first
         mode = None if recipe.compile == "default" else recipe.compile
-        return torch.compile(model, mode=mode)
+        return torch.compile(model, backend=BACKEND, mode=mode)
 
     def after_step(self, recipe, ctx: Context) -> None:
         record = ctx.extra.get("compile")
