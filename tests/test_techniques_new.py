@@ -300,3 +300,60 @@ def test_experiment_runs_on_cpu_and_says_why_when_na(experiment, tmp_path):
     assert (trials["status"] == "ok").any()
     ok = trials[trials["status"] == "ok"]
     assert ok["final_loss"].map(math.isfinite).all() and (ok["samples_per_s"] > 0).all()
+
+
+# --- on a GPU (scripts/gpu_check.sh runs these; skipped without CUDA) -------------------------------
+def cuda_trial(*overrides: str, model: str = "transformer") -> dict:
+    args = [o for o in SMALL_LM if not o.startswith(("device=", "model="))]
+    plan = build_plan(compose_cfg(*args, "device=cuda", f"model={model}",
+                                  "models.resnet.small.dataset.image_size=32", *overrides), None)
+    spec = plan.models[0]
+    dataset = build_dataset(spec.dataset, dataset_length(plan, spec), seed=0)
+    return measure_trial(plan, spec, plan.baseline, plan.variants[plan.baseline], 0, dataset)
+
+
+@pytest.mark.gpu
+def test_gpu_cudnn_benchmark_and_tf32_flags_are_set_for_the_trial_and_restored():
+    cuda = Context(torch.device("cuda:0"))
+    before = global_snapshot()
+    with global_state(recipe("cudnn_benchmark=true", "matmul_precision=high"), cuda):
+        assert torch.backends.cudnn.benchmark and torch.backends.cudnn.allow_tf32
+        assert torch.backends.cuda.matmul.allow_tf32
+    with global_state(recipe("matmul_precision=highest"), cuda):
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    assert global_snapshot() == before
+    record = cuda_trial("cudnn_benchmark=true", "bench.warmup=2", "bench.steps=2", model="resnet")
+    assert record["status"] == "ok", record["status"]
+    assert record["first_step_s"] > 0  # the autotuning's step, in the warm-up
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("setting", ["optimizer_impl=fused", "optimizer_impl=foreach",
+                                     "memory_format=channels_last", "checkpointing=blocks"])
+def test_gpu_technique_trains(setting):
+    model = "resnet" if setting.startswith(("memory_format", "checkpointing")) else "transformer"
+    record = cuda_trial(setting, "bench.warmup=1", "bench.steps=2", model=model)
+    assert record["status"] == "ok", record["status"]
+    assert math.isfinite(record["final_loss"]) and record["peak_mem_mb"] > 0
+
+
+@pytest.mark.gpu
+def test_gpu_attention_kernels_agree_with_math():
+    cuda = torch.device("cuda:0")
+    x, y = (t.to(cuda) for t in batch_for("transformer"))
+    losses = {}
+    for backend in BACKENDS:
+        r = recipe(f"attention={backend}", "precision=bf16")
+        model = tiny_models()["transformer"].to(cuda)
+        reason = by_name("attention").not_applicable(r, Context(cuda, model=model))
+        if reason:
+            assert reason.startswith("n/a: torch ")
+            continue
+        model = by_name("attention").prepare_model(model, r, Context(cuda))
+        with global_state(r, Context(cuda)), torch.autocast("cuda", dtype=torch.bfloat16):
+            losses[backend] = model(x, y).item()
+    assert "math" in losses
+    if torch.cuda.get_device_capability() >= (8, 0):
+        assert "flash" in losses  # FlashAttention runs bf16 on Ampere and later
+    for backend, loss in losses.items():
+        assert loss == pytest.approx(losses["math"], rel=2e-2), backend
