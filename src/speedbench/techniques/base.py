@@ -9,12 +9,16 @@ Every hook has a no-op default, so a technique implements only what it needs.
 Who calls what, in this order (the registry is sorted by `order`, lowest first):
 
   config.build_plan   fields -> the Hydra schema; validate(); check(); normalise(); check_plan()
-  trial (one trial)   processes()        > 1: the trial is launched under torchrun instead
-                      not_applicable() of every technique: the first reason makes the row n/a
-                      global_state()     entered for the whole trial, restored on exit
+  run (orchestration) not_applicable()   asked once per model before the rounds; the first
+                                         reason makes the variant's row `n/a: <reason>`
+                      processes()        a number: the trial runs under torchrun (launch.py)
+  trial (one trial)   global_state()     entered for the whole trial, restored on exit
+                      not_applicable()   asked again, of the trial's own fresh model
                       micro_batching()   micro-batch size and micro-batches per optimizer step
+                      replicas()         devices one process drives (the loader's batch)
                       loader_options()   DataLoader kwargs
-                      prepare_model()    the model once on its device (wrapping, placement)
+                      prepare_model()    the model, once, on its device; `parallel` (order 90)
+                                         wraps it last, so a later technique sees the wrapper
   Trainer (per step)  copy_options()     kwargs of tensor.to(device, ...) for every batch
                       step_context()     entered around each forward pass
                       grad_scaler(), loss_meter(), optimizer_options(): once, at construction
