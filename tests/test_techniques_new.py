@@ -31,6 +31,11 @@ SMALL_LM = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)  # two OpenMP threads crawl on a busy 2-core machine; conftest restores
+
+
 def tiny_models() -> dict:
     torch.manual_seed(0)
     return {"resnet": resnet.build("resnet18", 10), "vae": vae.build(32, 8, 8),
