@@ -229,7 +229,7 @@ def test_optimizer_implementations_take_the_same_step():
 
     steps = {}
     for impl in ("default", "for-loop", "foreach", "fused"):
-        r = recipe(f"optimizer_impl={impl}")
+        r = recipe(f"optimizer.impl={impl}")
         if by_name("optimizer").not_applicable(r, Context(CPU)):
             assert impl == "fused" and fused_unsupported(CPU)
             continue
@@ -248,7 +248,7 @@ def test_optimizer_implementations_take_the_same_step():
 
 
 def test_optimizer_phase_time_is_recorded():
-    record = trial("optimizer_impl=foreach", "bench.warmup=1", "bench.steps=2")
+    record = trial("optimizer.impl=foreach", "bench.warmup=1", "bench.steps=2")
     assert record["status"] == "ok" and record["optimizer_impl"] == "foreach"
     assert record["optimizer_ms"] > 0
 
@@ -333,7 +333,7 @@ def test_gpu_cudnn_benchmark_and_tf32_flags_are_set_for_the_trial_and_restored()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("setting", ["optimizer_impl=fused", "optimizer_impl=foreach",
+@pytest.mark.parametrize("setting", ["optimizer.impl=fused", "optimizer.impl=foreach",
                                      "memory_format=channels_last", "checkpointing=blocks"])
 def test_gpu_technique_trains(setting):
     model = "resnet" if setting.startswith(("memory_format", "checkpointing")) else "transformer"

@@ -38,20 +38,20 @@ kernel for the whole update). `default` is PyTorch's choice (foreach on CUDA, fo
 kernel launches; the GPU gains most.
 **Costs**: foreach holds intermediates for all tensors at once (more peak memory); fused needs
 a device torch has the kernel for."""
-    fields = (Field("optimizer_impl", Literal[tuple(IMPL_OPTIONS)], "default",
+    fields = (Field("optimizer.impl", Literal[tuple(IMPL_OPTIONS)], "default",
                     "default | for-loop | foreach | fused (AdamW's implementation)"),)
-    example = {"optimizer_impl": "fused"}
+    example = {"optimizer.impl": "fused"}
     column_names = ("optimizer_impl", "optimizer_ms")
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
-        if recipe.optimizer_impl == "fused":
+        if recipe.optimizer.impl == "fused":
             reason = fused_unsupported(ctx.device)
             if reason:
                 return f"n/a: torch has no fused AdamW for {ctx.device.type} ({reason})"
         return None
 
     def optimizer_options(self, opts: dict, recipe, ctx: Context) -> dict:
-        return {**opts, **IMPL_OPTIONS[recipe.optimizer_impl]}
+        return {**opts, **IMPL_OPTIONS[recipe.optimizer.impl]}
 
     def columns(self, recipe, ctx: Context) -> dict:
         """optimizer_ms: host time per optimizer phase (step + zero_grad) in the timed window;
@@ -61,4 +61,4 @@ a device torch has the kernel for."""
         clock = getattr(trainer, "clock", None)
         if clock is not None and getattr(clock, "counts", {}).get("optimizer"):
             ms = 1000 * clock.totals["optimizer"] / clock.counts["optimizer"]
-        return {"optimizer_impl": recipe.optimizer_impl, "optimizer_ms": ms}
+        return {"optimizer_impl": recipe.optimizer.impl, "optimizer_ms": ms}
