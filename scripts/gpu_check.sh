@@ -6,7 +6,7 @@
 #   3. run the experiments at scale=full, with bench settings chosen to fit the time left, in
 #      three passes, most important first (a pass cut short by its time still has its trials):
 #      a. the techniques people tune today (channels_last, TF32, cudnn.benchmark, optimizer
-#         implementations, checkpointing, attention kernels) as one suite,
+#         implementations, checkpointing, attention kernels, FSDP2) as one suite,
 #      b. torch.compile: eager, default and reduce-overhead (CUDA graphs); max-autotune's
 #         autotuning would take minutes of the budget alone, so it is left out here,
 #      c. the rest of the tips suite (the articles' tips);
@@ -49,7 +49,7 @@ tests_rc=${PIPESTATUS[0]}
 say "gpu tests exit status $tests_rc" | tee -a "$log"
 
 # One pass: "experiment [extra overrides]"; its share of the time left is in `shares` (percent).
-new_techniques=attention,checkpointing,cudnn_benchmark,matmul_precision,memory_format,optimizer
+new_techniques=attention,checkpointing,cudnn_benchmark,matmul_precision,memory_format,optimizer,fsdp
 if [[ -f configs/experiment/tips.yaml && -f configs/experiment/compile.yaml ]]; then
   passes=("tips suite.experiments=[$new_techniques]"
           "compile ~variants.max_autotune"

@@ -362,3 +362,24 @@ def test_gpu_attention_kernels_agree_with_math():
         assert "flash" in losses  # FlashAttention runs bf16 on Ampere and later
     for backend, loss in losses.items():
         assert loss == pytest.approx(losses["math"], rel=2e-2), backend
+
+
+# --- FSDP2 ------------------------------------------------------------------------------------------
+def test_fsdp_shards_each_block_and_the_root():
+    from speedbench.techniques.parallel import _blocks
+
+    model = tiny_models()
+    assert [type(b) for b in _blocks(model["transformer"])] == [transformer.Block] * 2
+    assert {type(b) for b in _blocks(model["resnet"])} == {tvm.resnet.BasicBlock}
+    assert len(list(_blocks(model["resnet"]))) == 8
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp_trains_like_ddp_under_torchrun_on_cpu(tmp_path):
+    out = run_cli("+experiment=fsdp", *TINY, "bench.repeats=1", f"out_dir={tmp_path}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    trials = results.load_trials(only_run_dir(tmp_path)).set_index("variant")
+    assert (trials["status"] == "ok").all(), trials["status"].to_dict()
+    assert (trials["world_size"] == 2).all()
+    assert trials.loc["fsdp", "final_loss"] == pytest.approx(trials.loc["ddp", "final_loss"], rel=1e-4)
