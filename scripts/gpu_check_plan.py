@@ -25,7 +25,7 @@ TRIAL_OVERHEAD_S = 1.5  # per trial: build and move a full-scale model, start th
 MODEL_OVERHEAD_S = 3.0  # per model and experiment: make the data set (a full-size JPEG pool)
 MIN_TRIAL_S, MAX_TRIAL_S = 2.0, 6.0  # three repeats from this share on; 6 s is the default cap
 LARGEST_BATCH_S = 10  # per model, where an experiment searches the largest batch that fits
-COMPILE_S = 30.0  # per compiled trial: torch.compile of a full-scale model (cache warm after the first)
+COMPILE_S = 30.0  # per compiled trial: torch.compile of a full-scale model (warm cache later)
 SAFE = f"bench.repeats=2 bench.max_trial_s=2 bench.largest_batch_s={LARGEST_BATCH_S}"
 
 

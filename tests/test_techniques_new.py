@@ -67,7 +67,7 @@ def trial(*overrides: str) -> dict:
     return measure_trial(plan, spec, plan.baseline, plan.variants[plan.baseline], 0, dataset)
 
 
-# --- the models: defaults unchanged -----------------------------------------------------------------
+# --- the models: defaults unchanged ---------------------------------------------------------------
 def test_resnet_has_torchvisions_parameters_and_same_seed_values():
     torch.manual_seed(0)
     ours = resnet.build("resnet18", 10).state_dict()
@@ -85,7 +85,7 @@ def test_transformer_is_causal_mode_gives_the_masks_result():
     assert torch.allclose(model(x, y), with_mask, atol=1e-6)
 
 
-# --- checkpointing -----------------------------------------------------------------------------------
+# --- checkpointing --------------------------------------------------------------------------------
 # Layers inside the blocks: a block's own forward hook may not fire on recomputation (it stops
 # as soon as the saved tensors backward needs are back), its first layers' hooks do.
 LAYER_TYPES = {"resnet": nn.Conv2d, "vae": nn.Conv2d, "transformer": nn.Linear}
@@ -149,7 +149,7 @@ def test_channels_last_is_na_for_the_transformer():
     assert reason.startswith("n/a: ") and "convolution" in reason
 
 
-# --- attention kernels ------------------------------------------------------------------------------
+# --- attention kernels ----------------------------------------------------------------------------
 def sdpa_ops(model, x, y) -> set:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         model(x, y).backward()
@@ -172,7 +172,8 @@ def test_attention_backend_acts_on_cpu_and_restores_the_flags():
             losses[backend] = model(x, y).item()
             ops[backend] = sdpa_ops(model, x, y)
         assert global_snapshot() == before
-    assert any("flash" in op for op in ops["flash"]) and not any("flash" in op for op in ops["math"])
+    assert any("flash" in op for op in ops["flash"])
+    assert not any("flash" in op for op in ops["math"])
     assert losses["flash"] == pytest.approx(losses["math"], rel=1e-5)
 
 
@@ -199,7 +200,7 @@ def test_attention_is_na_for_models_without_attention():
     assert reason.startswith("n/a: ") and "transformer" in reason
 
 
-# --- matmul precision, cudnn.benchmark -------------------------------------------------------------
+# --- matmul precision, cudnn.benchmark ------------------------------------------------------------
 @pytest.mark.parametrize("precision", ["highest", "high", "medium"])
 def test_matmul_precision_is_set_for_the_trial_and_restored(precision):
     before = global_snapshot()
@@ -223,7 +224,7 @@ def test_cudnn_benchmark_is_na_on_cpu_only_when_asked_for():
     assert tech.not_applicable(recipe("cudnn_benchmark=false"), Context(CPU)) is None
 
 
-# --- optimizer implementations -----------------------------------------------------------------------
+# --- optimizer implementations --------------------------------------------------------------------
 def test_optimizer_implementations_take_the_same_step():
     from speedbench.techniques.optimizer import fused_unsupported
 
@@ -253,7 +254,7 @@ def test_optimizer_phase_time_is_recorded():
     assert record["optimizer_ms"] > 0
 
 
-# --- torch.compile ----------------------------------------------------------------------------------
+# --- torch.compile --------------------------------------------------------------------------------
 def test_compile_is_na_for_cuda_graphs_on_cpu():
     reason = by_name("compile").not_applicable(recipe("compile=reduce-overhead"), Context(CPU))
     assert reason.startswith("n/a: ") and "CUDA" in reason
@@ -292,7 +293,7 @@ def test_inductor_compiled_model_gives_the_eager_loss():
     assert compiled["compile_s"] > 0 and compiled["compile_cache"] in ("hit", "miss", "partial")
 
 
-# --- the experiments run on a CPU, end to end ---------------------------------------------------------
+# --- the experiments run on a CPU, end to end -----------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["memory_format", "matmul_precision", "cudnn_benchmark",
                                         "optimizer", "checkpointing", "attention"])
@@ -307,7 +308,7 @@ def test_experiment_runs_on_cpu_and_says_why_when_na(experiment, tmp_path):
     assert ok["final_loss"].map(math.isfinite).all() and (ok["samples_per_s"] > 0).all()
 
 
-# --- on a GPU (scripts/gpu_check.sh runs these; skipped without CUDA) -------------------------------
+# --- on a GPU (scripts/gpu_check.sh runs these; skipped without CUDA) -----------------------------
 def cuda_trial(*overrides: str, model: str = "transformer") -> dict:
     args = [o for o in SMALL_LM if not o.startswith(("device=", "model="))]
     plan = build_plan(compose_cfg(*args, "device=cuda", f"model={model}",
@@ -364,7 +365,7 @@ def test_gpu_attention_kernels_agree_with_math():
         assert loss == pytest.approx(losses["math"], rel=2e-2), backend
 
 
-# --- FSDP2 ------------------------------------------------------------------------------------------
+# --- FSDP2 ----------------------------------------------------------------------------------------
 def test_fsdp_shards_each_block_and_the_root():
     from speedbench.techniques.parallel import _blocks
 
@@ -382,4 +383,5 @@ def test_fsdp_trains_like_ddp_under_torchrun_on_cpu(tmp_path):
     trials = results.load_trials(only_run_dir(tmp_path)).set_index("variant")
     assert (trials["status"] == "ok").all(), trials["status"].to_dict()
     assert (trials["world_size"] == 2).all()
-    assert trials.loc["fsdp", "final_loss"] == pytest.approx(trials.loc["ddp", "final_loss"], rel=1e-4)
+    assert trials.loc["fsdp", "final_loss"] == pytest.approx(trials.loc["ddp", "final_loss"],
+                                                              rel=1e-4)

@@ -1,4 +1,4 @@
-"""Attention kernel: which scaled_dot_product_attention backend runs (torch.nn.attention.sdpa_kernel).
+"""Attention kernel: which scaled_dot_product_attention backend runs (sdpa_kernel).
 
 `auto` (the default) leaves the choice to PyTorch and the model as it is. Any explicit backend
 makes the model use SDPA's own `is_causal=True` rather than its per-step boolean mask (fused
