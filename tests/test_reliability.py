@@ -105,7 +105,7 @@ BAD_INPUTS = [
     ("bench_scalar", ["bench=5"], "hydra", "bench"),
     ("bench_unknown", ["bench.nosuch=1"], "hydra", "nosuch"),
     ("no_experiment", ["+experiment=nosuch"], "hydra", "experiment/nosuch"),
-    ("model_malformed", ["model={_target_: x"], "hydra", "model"),
+    ("model_malformed", ["model={_target_: x"], "hydra", "{_target_: x"),
     ("variants_value", ["variants={a: 1}"], "hydra", "variants"),
 ]
 if not torch.cuda.is_available():
@@ -162,8 +162,14 @@ def cli_results(request, tmp_path_factory):
         return dict(zip([r[0] for r in rows], pool.map(lambda r: _cli_row(r, root), rows)))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("row", BAD_INPUTS, ids=lambda r: r[0])
+# Through the command line each row costs a torch import (about 4 s of CPU: 39 rows took 143 s
+# of CPU, over a minute on two cores): a few rows always, the whole table with the slow tests.
+CLI_ALWAYS = ("batch_size", "data_text_for_images", "run_dir_taken", "not_an_int")
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, marks=() if r[0] in CLI_ALWAYS else
+                                              pytest.mark.slow) for r in BAD_INPUTS],
+                         ids=lambda r: r[0])
 def test_bad_input_through_the_cli(row, cli_results):
     result = cli_results[row[0]]
     proc = result["proc"]
@@ -366,3 +372,33 @@ def test_a_full_disk_leaves_the_old_report_whole_and_no_temp_files(tmp_path):
     assert "File too large" in err or "No space left" in err, err
     assert {k: v for k, v in snapshot(run).items() if k.startswith("report.")} == before
     assert not [p for p in run.rglob("*.tmp")], "a temp file was left behind"
+
+
+# --- atomic writes -------------------------------------------------------------------------
+
+def test_atomic_write_replaces_a_link_not_its_target(tmp_path):
+    from speedbench import atomic
+
+    (tmp_path / "elsewhere.txt").write_text("not ours")
+    os.symlink(tmp_path / "elsewhere.txt", tmp_path / "report.md")
+    atomic.write_text(tmp_path / "report.md", "ours")
+    assert (tmp_path / "elsewhere.txt").read_text() == "not ours"
+    assert not (tmp_path / "report.md").is_symlink()
+    assert (tmp_path / "report.md").read_text() == "ours"
+    assert oct((tmp_path / "report.md").stat().st_mode & 0o777) != oct(0o600)  # not mkstemp's
+    (tmp_path / "away").mkdir()
+    os.symlink(tmp_path / "away", tmp_path / "plots")
+    atomic.real_dir(tmp_path / "plots")
+    assert (tmp_path / "plots").is_dir() and not (tmp_path / "plots").is_symlink()
+    assert (tmp_path / "away").is_dir()
+
+
+def test_atomic_write_of_several_files_is_all_or_nothing(tmp_path):
+    from speedbench import atomic
+
+    (tmp_path / "report.md").write_text("old md")
+    with pytest.raises(OSError):  # the second file cannot be written: the first is not replaced
+        atomic.write_files({tmp_path / "report.md": b"new md",
+                            tmp_path / "missing" / "report.html": b"new html"})
+    assert (tmp_path / "report.md").read_text() == "old md"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]
