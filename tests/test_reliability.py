@@ -17,8 +17,10 @@ import json
 import os
 import re
 import resource
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -55,6 +57,20 @@ def _a_folder(d: Path) -> str:
     (d / "folder").mkdir()
     (d / "folder" / "a.txt").write_text("x" * 100)
     return str(d / "folder")
+
+
+def _bytes(d: Path, n: int) -> str:
+    (d / f"{n}.txt").write_bytes(b"abcdefghij" * (n // 10) + b"x" * (n % 10))
+    return str(d / f"{n}.txt")
+
+
+def _image_folder(d: Path, images: int) -> str:
+    from PIL import Image
+
+    (d / "images" / "cat").mkdir(parents=True)
+    for i in range(images):
+        Image.new("RGB", (40, 40), (i, 0, 0)).save(d / "images" / "cat" / f"{i}.png")
+    return str(d / "images")
 
 
 def _existing_run(d: Path) -> str:
@@ -101,6 +117,21 @@ BAD_INPUTS = [
     ("data_text_for_images", ["model=resnet", lambda d: f"data.path={_text_file(d)}"], "config",
      "data.path"),
     ("run_dir_taken", [lambda d: f"run_dir={_existing_run(d)}"], "config", "run_dir"),
+    ("run_dir_not_empty", [lambda d: f"run_dir={_a_folder(d)}"], "config", "run_dir"),
+    ("out_dir_through_a_file", [lambda d: f"out_dir={_text_file(d)}/results"], "config",
+     "out_dir"),
+    ("out_dir_unwritable", ["out_dir=/proc/speedbench-results"], "config", "out_dir"),
+    ("samples_below_a_batch", ["data.samples=1"], "config", "data.samples"),
+    ("text_of_10_bytes", [lambda d: f"data.path={_bytes(d, 10)}"], "config", "data.path"),
+    ("text_below_a_batch", [lambda d: f"data.path={_bytes(d, 46)}"], "config", "data.path"),
+    ("image_folder_empty", ["model=resnet", lambda d: f"data.path={_image_folder(d, 0)}"],
+     "config", "data.path"),
+    ("image_folder_below_a_batch", ["model=resnet", lambda d: f"data.path={_image_folder(d, 1)}"],
+     "config", "data.path"),
+    ("steps_huge", ["bench.steps=1000000000"], "config", "bench.steps"),
+    ("batch_huge", ["batch_size=100000000"], "config", "batch_size"),
+    ("samples_huge", ["data.samples=1000000000"], "config", "data.samples"),
+    ("samples_per_trial_huge", ["bench.steps=900000", "batch_size=64"], "config", "bench.steps"),
     ("not_an_int", ["batch_size=abc"], "hydra", "batch_size"),
     ("fraction", ["batch_size=1.5"], "hydra", "batch_size"),
     ("bench_scalar", ["bench=5"], "hydra", "bench"),
@@ -118,23 +149,35 @@ def _overrides(row, folder: Path) -> list[str]:
 
 
 def _validate(overrides: list[str]) -> None:
-    """What run() checks before it writes anything: compose, then build every plan."""
-    from speedbench import suite
+    """What run() checks before it writes anything, in its order: compose, build every plan,
+    check the data, make the run directory."""
+    from speedbench import results, suite
+    from speedbench.trial import check_data
 
     experiment = next((o.split("=", 1)[1] for o in overrides if o.startswith("+experiment=")),
                       None)
     cfg = compose_cfg(*overrides)
     if suite.is_suite(cfg):
-        suite.member_plans(cfg, experiment or "suite", overrides)
+        plans = suite.member_plans(cfg, experiment or "suite", overrides)
     else:
-        build_plan(cfg, experiment)
+        plans = [build_plan(cfg, experiment)]
+    for plan in plans:
+        for spec in plan.models:
+            check_data(plan, spec)
+    results.new_run_dir(cfg.out_dir, "x", cfg.run_dir)
 
 
-@pytest.mark.parametrize("row", [r for r in BAD_INPUTS if r[2] == "config" and r[0] not in
-                                 ("run_dir_taken",)], ids=lambda r: r[0])
+def _with_out_dir(row, folder: Path) -> list[str]:
+    """The row's overrides, with out_dir in `folder` unless the row sets out_dir itself."""
+    own = _overrides(row, folder)
+    return own if any(o.startswith("out_dir=") for o in own) else \
+        [*own, f"out_dir={folder / 'results'}"]
+
+
+@pytest.mark.parametrize("row", [r for r in BAD_INPUTS if r[2] == "config"], ids=lambda r: r[0])
 def test_bad_input_is_refused_by_validation_naming_the_key(row, tmp_path):
-    with pytest.raises(ConfigError) as err:
-        _validate([*T, *_overrides(row, tmp_path)])
+    with pytest.raises((ConfigError, FileExistsError)) as err:
+        _validate([*T, *_with_out_dir(row, tmp_path)])
     message = str(err.value)
     assert "\n" not in message and row[3] in message, message
 
@@ -146,7 +189,7 @@ def test_the_bad_input_table_is_large_enough():
 def _cli_row(row, root: Path) -> dict:
     folder = root / row[0]
     folder.mkdir()
-    args = [*T, *_overrides(row, folder), f"out_dir={folder / 'results'}"]
+    args = [*T, *_with_out_dir(row, folder)]
     before = snapshot(folder)
     proc = run_cli(*args, cwd=folder, timeout=300, env={"OMP_NUM_THREADS": "1"})
     return {"proc": proc, "before": before, "after": snapshot(folder), "folder": folder}
@@ -165,7 +208,8 @@ def cli_results(request, tmp_path_factory):
 
 # Through the command line each row costs a torch import (about 4 s of CPU: 39 rows took 143 s
 # of CPU, over a minute on two cores): a few rows always, the whole table with the slow tests.
-CLI_ALWAYS = ("batch_size", "data_text_for_images", "run_dir_taken", "not_an_int")
+CLI_ALWAYS = ("batch_size", "data_text_for_images", "run_dir_not_empty", "not_an_int",
+              "samples_below_a_batch")
 
 
 @pytest.mark.parametrize("row", [pytest.param(r, marks=() if r[0] in CLI_ALWAYS else
@@ -403,3 +447,180 @@ def test_atomic_write_of_several_files_is_all_or_nothing(tmp_path):
                             tmp_path / "missing" / "report.html": b"new html"})
     assert (tmp_path / "report.md").read_text() == "old md"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]
+
+
+# --- run-side faults: failures keep their cause, CPU out-of-memory, nothing succeeded ----------
+
+class CpuOom(torch.nn.Module):
+    """A model whose forward fails as the CPU allocator does when memory runs out."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.out = torch.nn.Linear(3, num_classes)
+
+    def forward(self, x):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: "
+                           "can't allocate memory: you tried to allocate 34359738368 bytes.")
+
+
+IMAGES = "dataset: {kind: images, image_size: 32, num_classes: 10}"
+
+
+def test_failure_status_keeps_the_cause_and_calls_cpu_memory_oom():
+    from speedbench.distributed import failure_status
+
+    try:
+        try:
+            raise TypeError("Tiny.__init__() got an unexpected keyword argument 'x'")
+        except TypeError as cause:
+            raise RuntimeError("Error in call to target 'm.Tiny':\nTypeError(...)") from cause
+    except RuntimeError as exc:
+        status = failure_status(exc)
+    assert status == ("error: RuntimeError: Error in call to target 'm.Tiny'; caused by "
+                      "TypeError: Tiny.__init__() got an unexpected keyword argument 'x'")
+    assert failure_status(RuntimeError("DefaultCPUAllocator: can't allocate memory")) == "oom"
+    assert failure_status(MemoryError()) == "oom"
+
+
+def test_cpu_out_of_memory_is_recorded_as_oom(tmp_path):
+    from speedbench.run import run
+
+    cfg = compose_cfg(*TINY, "bench.repeats=1", f"out_dir={tmp_path}",
+                      f"model={{_target_: test_reliability.CpuOom, {IMAGES}}}")
+    with pytest.raises(SystemExit) as end:  # nothing succeeded: a non-zero exit status
+        run(cfg, None, progress=False)
+    assert end.value.code == 1
+    trials = pd.read_csv(next(tmp_path.rglob("trials.csv")))
+    assert list(trials["status"]) == ["oom"]
+
+
+def test_a_model_that_cannot_be_built_keeps_its_cause_and_the_exit_status_fails(tmp_path):
+    proc = run_cli(*TINY, "bench.repeats=1", f"out_dir={tmp_path}",
+                   f"model={{_target_: fault_models.Tiny, nosuch: 1, {IMAGES}}}", cwd=tmp_path,
+                   env={"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                                       os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("speedbench: no trial succeeded")
+    status = pd.read_csv(next(tmp_path.rglob("trials.csv")))["status"].iloc[0]
+    assert status.startswith("error: InstantiationException: Error in call to target "
+                             "'fault_models.Tiny'; caused by TypeError:"), status
+    assert "nosuch" in status
+
+
+# --- a full disk on the run side ----------------------------------------------------------
+
+WRITER = ("import sys\nfrom pathlib import Path\nfrom speedbench.results import TrialWriter\n"
+          "w = TrialWriter(Path(sys.argv[1]))\n"
+          "for i in range(int(sys.argv[2])):\n"
+          "    w.append({'experiment': 'e' * 200, 'model': 'm', 'variant': str(i)})\n")
+
+
+@pytest.mark.parametrize("limit, rows_fit", [(100, False), (1500, True)])
+def test_trials_csv_is_never_0_bytes_nor_a_half_row_on_a_full_disk(tmp_path, limit, rows_fit):
+    path = tmp_path / "trials.csv"
+    proc = subprocess.run([sys.executable, "-c", WRITER, str(path), "50"], capture_output=True,
+                          text=True, timeout=120, preexec_fn=_capped(limit))
+    assert proc.returncode == 1 and "OutputError: out_dir: cannot write" in proc.stderr
+    if not rows_fit:  # the header itself did not fit: no file rather than an empty one
+        assert list(tmp_path.iterdir()) == []
+        return
+    header, *rows = path.read_text().splitlines()
+    assert 1 <= len(rows) < 50 and path.read_text().endswith("\n")
+    assert all(r.startswith("e" * 200) and r.count(",") == header.count(",") for r in rows)
+    assert [p.name for p in tmp_path.iterdir()] == ["trials.csv"]
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_run_leaves_an_incomplete_run_and_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "speedbench", *T, f"out_dir={tmp_path}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          preexec_fn=_capped(40_000),  # the report's HTML is larger
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in proc.stderr
+    assert last.startswith("speedbench: error: out_dir: cannot write") and "incomplete" in last
+    run_dir = next(tmp_path.rglob("trials.csv")).parent
+    assert len(pd.read_csv(run_dir / "trials.csv")) == 1  # the finished trial is kept
+    for name in ("summary.csv", "report.md", "report.html"):  # it does not look complete
+        assert not (run_dir / name).exists(), name
+    assert not list(run_dir.rglob("*.tmp")) and not list(run_dir.rglob(".*"))
+
+
+# --- DDP trials launched by speedbench: no orphan, no temp folder, the hung rank named -----
+
+TESTS = Path(__file__).resolve().parent
+DDP_ENV = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+HANGING = ("+models.hanging={_target_:dist_models.FailsOnRank,hang:true,loss:cross_entropy,"
+           "batch_size:4,dataset:{kind:tokens,seq_len:8,vocab_size:32}}")
+DDP_RUN = ["+experiment=dp_vs_ddp", *TINY, "bench.repeats=1", HANGING, "model=hanging"]
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of the live processes that mention `text` (a job's temp folder)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if proc.name.isdigit() and text in cmd:
+            found.append(f"{proc.name}: {cmd[:120]}")
+    return found
+
+
+def _leftovers(tmp: Path) -> list[str]:
+    return [p.name for p in tmp.iterdir() if p.name.startswith(("speedbench-ddp-", "torchelastic_"))]
+
+
+def _wait_until(predicate, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return predicate()
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+                         ids=lambda s: s.name)
+def test_signal_to_the_parent_mid_ddp_trial_leaves_no_process_and_no_temp_folder(tmp_path, sig):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "speedbench", *DDP_RUN, "dist_timeout_s=300",
+         f"out_dir={tmp_path / 'results'}"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env={**os.environ, **DDP_ENV, "TMPDIR": str(tmp)})
+    try:
+        ranks = lambda: [c for c in _processes_mentioning(str(tmp)) if "--torchrun" not in c]
+        assert _wait_until(lambda: len(ranks()) >= 2, 240), "the DDP ranks never started"
+        time.sleep(3)  # into the trial: rank 1 hangs in its forward pass, rank 0 waits for it
+        parent.send_signal(sig)
+        parent.wait(timeout=60)
+        assert _wait_until(lambda: not _processes_mentioning(str(tmp)), 30), \
+            _processes_mentioning(str(tmp))
+        assert _wait_until(lambda: not _leftovers(tmp), 5), _leftovers(tmp)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for line in _processes_mentioning(str(tmp)):  # only what this test started
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_hung_rank_of_a_launched_ddp_trial_is_named_in_its_status(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = run_cli(*DDP_RUN, "dist_timeout_s=5", f"out_dir={tmp_path / 'results'}",
+                   cwd=tmp_path, env={**DDP_ENV, "TMPDIR": str(tmp)}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]  # single ran: a failed trial is a row
+    trials = pd.read_csv(next(tmp_path.rglob("trials.csv"))).set_index("variant")
+    status = trials.loc["ddp", "status"]
+    assert status.startswith("error: rank 1 hung: no answer within dist_timeout_s (rank 0: "), \
+        status
+    assert not _processes_mentioning(str(tmp)) and not _leftovers(tmp)
