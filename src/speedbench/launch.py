@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -100,6 +101,13 @@ def torchrun_main(job: Path, args: list[str]) -> None:
     ranks; the job folder is removed here when speedbench is gone (else speedbench does it)."""
     parent = int(os.environ.get(PARENT_PID, "0"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # until torchrun's
+
+    def remove_job_when_orphaned():  # first thing, whatever torchrun's shutdown does next
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        shutil.rmtree(job, ignore_errors=True)
+
+    threading.Thread(target=remove_job_when_orphaned, daemon=True).start()
     try:
         die_with_parent(signal.SIGTERM, PARENT_PID)
         os.environ[LAUNCHER_PID] = str(os.getpid())
