@@ -260,8 +260,15 @@ def env_pairs(env: dict) -> list[tuple[str, str]]:
         ("software", f"torch {v.get('torch')}, Python {env.get('python')}, "
                      f"pandas {v.get('pandas')}, speedbench {v.get('speedbench')}"),
         ("platform", str(env.get("platform"))),
-        ("git revision", str(env.get("git_revision"))),
+        ("git revision", str(env.get("git_revision"))
+         + {True: " (uncommitted changes)", False: " (clean)"}.get(env.get("git_dirty"), "")),
     ]
+    if env.get("cpu_flags") is not None:
+        pairs.insert(2, ("CPU flags", " ".join(env["cpu_flags"]) or "none of those that matter"))
+    if env.get("load_average"):
+        end = env.get("load_average_end")
+        pairs.insert(-3, ("load average (1 min)", f"{env['load_average'][0]} at the start"
+                          + (f", {end[0]} at the end" if end else "")))
     return pairs
 
 
