@@ -109,15 +109,13 @@ def _col(summary: pd.DataFrame, name: str) -> pd.Series:
 # The console: at most 100 columns (fewer on a narrower terminal), short verdict words with a
 # legend, columns dropped from the least useful when they do not fit.
 CONSOLE_WIDTH = 100
-VERDICT_SHORT = {stats.SAME: "n.s.", "equivalent": "equiv.", "inconclusive": "unclear",
-                 stats.TOO_FEW: "few trials", stats.BASELINE: "base"}
+VERDICT_SHORT = {"no significant difference": "n.s.", "too few trials": "few trials"}
 VERDICT_LEGEND = {"faster": "faster/slower: the 95% CI excludes 1",
                   "slower": "faster/slower: the 95% CI excludes 1",
                   "n.s.": "n.s.: no significant difference",
-                  "equiv.": "equiv.: equivalent, within the noise threshold",
-                  "unclear": "unclear: inconclusive, more trials needed",
-                  "few trials": "few trials: too few trials for a CI",
-                  "base": "base: the baseline"}
+                  "equivalent": "equivalent: within the noise threshold",
+                  "inconclusive": "inconclusive: neither, more trials needed",
+                  "few trials": "few trials: too few trials for a CI"}
 # The columns a narrow terminal loses first.
 DROP_ORDER = ("% peak", "GFLOP/s", "loss", "mem x", "devices", "scaling", "mem MB", "samples/s")
 
@@ -152,7 +150,7 @@ def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             verdicts.append(VERDICT_SHORT.get(r.verdict, _clip(r.verdict, 12)))
     table = pd.DataFrame({
         "model": summary["model"].map(_clip), "variant": summary["variant"].map(_clip),
-        "samples/s": summary["samples_per_s"].map(lambda v: _num(v, "{:.4g}")),
+        "samples/s": summary["samples_per_s"].map(_num),
         "speed-up [95% CI]": [_short_ci(r.speedup, r.speedup_lo, r.speedup_hi)
                               for r in summary.itertuples()],
         "verdict": verdicts,
