@@ -56,7 +56,7 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         # digits, so that 0.724 and 92.1 read alike.
         "GFLOP/s": _col(summary, "achieved_tflops").map(_gflops),
         "peak GFLOP/s": _col(summary, "peak_tflops").map(_gflops),
-        "% of peak": _col(summary, "peak_fraction").map(lambda v: _num(100 * v, "{:.2g}")),
+        "% of peak": _col(summary, "peak_fraction").map(lambda v: _sig(100 * v, 2)),
     })
     if "scaling_efficiency" in summary:  # data-parallel variants (scaling.py)
         table.insert(4, "devices", summary["devices"])
@@ -68,8 +68,16 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def _sig(x, digits: int = 3) -> str:
+    """`digits` significant digits without scientific notation for the sizes reports show
+    (0.000724, 92.1, 1,500)."""
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:,.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"
+
+
 def _gflops(tflops) -> str:
-    return _num(1000 * tflops, "{:.3g}") if tflops is not None else "-"
+    return _sig(1000 * tflops) if tflops is not None else "-"
 
 
 def peak_note(summary: pd.DataFrame, trials: pd.DataFrame) -> str:
@@ -91,9 +99,9 @@ def peak_note(summary: pd.DataFrame, trials: pd.DataFrame) -> str:
     for prec, peak in peaks.items():
         share = rows.loc[rows["precision"] == prec, "peak_fraction"].dropna() * 100
         times = f" ({peak / ref:.2g}x fp32's)" if ref and prec != "fp32" else ""
-        reach = (f", of which the models reach {share.min():.2g}-{share.max():.2g}%"
-                 if len(share) > 1 else f", of which {share.iloc[0]:.2g}% is reached"
-                 if len(share) else "")
+        low, high = (_sig(share.min(), 2), _sig(share.max(), 2)) if len(share) else ("", "")
+        reach = ("" if not len(share) else f", of which the models reach {low}%" if low == high
+                 else f", of which the models reach {low}-{high}%")
         parts.append(f"{prec} {_gflops(peak)} GFLOP/s{times}{reach}")
     return ("The hardware limit, measured here as the best rate of a large matrix product in "
             "each precision: " + "; ".join(parts) + ". A low share means time goes to "
@@ -157,8 +165,8 @@ def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         "mem MB": summary["peak_mem_mb"].map(lambda v: _num(v, "{:.0f}")),
         "mem x": _col(summary, "mem_ratio").map(lambda v: _num(v, "{:.2f}")),
         "loss": summary["final_loss"].map(lambda v: _num(v, "{:.3g}")),
-        "GFLOP/s": _col(summary, "achieved_tflops").map(lambda v: _num(1000 * v, "{:.3g}")),
-        "% peak": _col(summary, "peak_fraction").map(lambda v: _num(100 * v, "{:.2g}")),
+        "GFLOP/s": _col(summary, "achieved_tflops").map(_gflops),
+        "% peak": _col(summary, "peak_fraction").map(lambda v: _sig(100 * v, 2)),
     })
     if "scaling_efficiency" in summary:
         table.insert(5, "devices", summary["devices"].map(lambda v: _num(v, "{:.0f}")))
@@ -172,7 +180,7 @@ def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 def console_table(summary: pd.DataFrame, width: Optional[int] = None) -> str:
     """The summary for a terminal `width` columns wide (default: this one's, at most 100):
     the table, the legend of its verdict words, the reasons of rows without a number."""
-    width = width or console_width()
+    width = min(width or console_width(), CONSOLE_WIDTH)
     table, notes = console_frame(summary)
     text = table.to_string(index=False)
     for column in DROP_ORDER:
