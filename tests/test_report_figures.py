@@ -242,3 +242,16 @@ def test_load_average_at_the_end_is_added_to_env_json(tmp_path):
     env.record_end(path)
     data = json.loads(path.read_text())
     assert data["device"] == "cpu" and len(data["load_average_end"]) == 3
+
+
+def test_noise_warnings_are_short_and_end_with_a_command_to_paste(tmp_path):
+    from speedbench.report.render import console_warnings, report_line
+
+    summary = stats.summarise(trials_frame()).assign(spread=0.3, unsteady=0)
+    lines = console_warnings(summary, "amp", ["model=resnet", "bench.repeats=3"], width=80)
+    assert lines and all(len(line) <= 80 for line in lines)
+    command = lines[-1].split("measure again: ", 1)[1]
+    assert command == f"speedbench +experiment=amp model=resnet bench.repeats={2 * 3}"
+    assert console_warnings(summary.assign(spread=0.01), "amp", []) == []
+    line = report_line(tmp_path, 12, 3.4)
+    assert line.endswith(str(tmp_path.resolve() / "report.html")) and line.startswith("12 trials")

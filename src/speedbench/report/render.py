@@ -240,11 +240,16 @@ def _listing(items: list[str], most: int = 4) -> str:
     return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
 
 
-def closing_lines(summary: pd.DataFrame, report: Path, experiment: Optional[str] = None,
+def console_lines(summary: pd.DataFrame, experiment: Optional[str] = None,
                   overrides: Optional[list[str]] = None) -> list[str]:
-    """What a run prints at its end: the table, the warnings, the absolute path of the report."""
-    return ([console_table(summary)] + console_warnings(summary, experiment, overrides)
-            + [f"report: {Path(report).resolve()}"])
+    """What a run prints at its end, before the path of its report: the table and the
+    warnings, each line within the terminal's width (at most 100 columns)."""
+    return [console_table(summary)] + console_warnings(summary, experiment, overrides)
+
+
+def report_line(run_dir: Path, trials: int, seconds: float) -> str:
+    """The run's last line: what it did, and the absolute path of report.html to open."""
+    return f"{trials} trials in {seconds:.0f} s; report: {(Path(run_dir) / 'report.html').resolve()}"
 
 
 def env_pairs(env: dict) -> list[tuple[str, str]]:
