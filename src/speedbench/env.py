@@ -69,11 +69,12 @@ def record_end(env_path: Path) -> None:
     says whether something else used the machine meanwhile."""
     import json
 
-    from speedbench import results
-
-    data = json.loads(Path(env_path).read_text())
+    path = Path(env_path)
+    data = json.loads(path.read_text())
     data["load_average_end"] = load_average()
-    results.write_json(data, Path(env_path))
+    tmp = path.with_name(f".{path.name}.tmp")  # whole or not at all: temp file, then rename
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
 
 
 def _git(*args: str) -> str | None:
