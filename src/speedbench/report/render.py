@@ -118,8 +118,8 @@ def _col(summary: pd.DataFrame, name: str) -> pd.Series:
 # legend, columns dropped from the least useful when they do not fit.
 CONSOLE_WIDTH = 100
 VERDICT_SHORT = {"no significant difference": "n.s.", "too few trials": "few trials"}
-VERDICT_LEGEND = {"faster": "faster/slower: the 95% CI excludes 1",
-                  "slower": "faster/slower: the 95% CI excludes 1",
+VERDICT_LEGEND = {"faster": "faster/slower: the CI excludes 1",
+                  "slower": "faster/slower: the CI excludes 1",
                   "n.s.": "n.s.: no significant difference",
                   "equivalent": "equivalent: within the noise threshold",
                   "inconclusive": "inconclusive: neither, more trials needed",
@@ -159,7 +159,7 @@ def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     table = pd.DataFrame({
         "model": summary["model"].map(_clip), "variant": summary["variant"].map(_clip),
         "samples/s": summary["samples_per_s"].map(_num),
-        "speed-up [95% CI]": [_short_ci(r.speedup, r.speedup_lo, r.speedup_hi)
+        "speed-up [CI]": [_short_ci(r.speedup, r.speedup_lo, r.speedup_hi)
                               for r in summary.itertuples()],
         "verdict": verdicts,
         "mem MB": summary["peak_mem_mb"].map(lambda v: _num(v, "{:.0f}")),
@@ -452,8 +452,8 @@ def recommendation_section(doc: Document, run: Run) -> None:
     lines = recommendation_lines(run.summary)
     if lines:
         doc.heading("Recommendation")
-        doc.para("Speed-ups are over the baseline, with their 95% CI; only a variant whose CI "
-                 "lies above 1 is recommended.")
+        doc.para("Speed-ups are over the baseline, with their CI; only a variant measured "
+                 "faster (its CI above 1) is recommended.")
         doc.bullets(lines)
 
 
