@@ -302,7 +302,7 @@ def method_text(cfg: dict) -> str:
             f"{bench.get('repeats')} trials per variant, interleaved across variants{adaptive}. "
             "Speed-up = ratio of median throughputs, 95% percentile bootstrap CI; a difference is "
             "called only when the CI excludes 1. Memory on CPU is the growth of the process's "
-            "resident memory during the trial; on CUDA, the allocator's peak. GFLOP/s = FLOPs per "
+            "resident memory during the trial; on CUDA, the allocator's peak. TFLOP/s = FLOPs per "
             "optimizer step (torch FlopCounterMode: matrix products, convolutions, attention; "
             "forward and backward) / median step time; % of peak = that over the best rate of a "
             "large matrix product in the variant's dtype, measured in the run.")
