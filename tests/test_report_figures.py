@@ -251,8 +251,16 @@ def test_noise_warnings_are_short_and_end_with_a_command_to_paste(tmp_path):
     summary = stats.summarise(trials_frame()).assign(spread=0.3, unsteady=0)
     lines = console_warnings(summary, "amp", ["model=resnet", "bench.repeats=3"], width=80)
     assert lines and all(len(line) <= 80 for line in lines)
-    command = lines[-1].split("measure again: ", 1)[1]
-    assert command == f"speedbench +experiment=amp model=resnet bench.repeats={2 * 3}"
+    command = lines[lines.index("  measure again:") + 1:]
+    assert command == [f"    speedbench +experiment=amp model=resnet bench.repeats={2 * 3}"]
+    long = console_warnings(summary, "amp", [f"models.resnet.small.knob{i}=1" for i in range(9)],
+                            width=80)
+    command = long[long.index("  measure again:") + 1:]
+    assert len(command) > 1 and all(len(line) <= 80 for line in long)
+    assert all(line.endswith(" \\") for line in command[:-1])
+    pasted = " ".join(line.strip().rstrip("\\").strip() for line in command)
+    assert pasted.split() == ["speedbench", "+experiment=amp",
+                              *[f"models.resnet.small.knob{i}=1" for i in range(9)], "bench.repeats=6"]
     assert console_warnings(summary.assign(spread=0.01), "amp", []) == []
     line = report_line(tmp_path, 12, 3.4)
     assert line.endswith(str(tmp_path.resolve() / "report.html")) and line.startswith("12 trials")

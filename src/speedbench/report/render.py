@@ -212,8 +212,9 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
                 if float(getattr(r, "unsteady", 0) or 0) > 0]
     if not noisy and not unsteady:
         return []
-    kept = [o for o in overrides or [] if not o.startswith(("bench.repeats=", "bench.target_ci=",
-                                                            "bench.warmup_max="))]
+    # run_dir= would name the directory this run already filled
+    kept = [o for o in overrides or [] if not o.lstrip("+").startswith((
+        "bench.repeats=", "bench.target_ci=", "bench.warmup_max=", "run_dir="))]
     repeats = summary["trials"].max() if "trials" in summary else 3
     repeats = int(repeats) * 2 if pd.notna(repeats) and repeats > 0 else 6
     lines = []
@@ -232,8 +233,21 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
     out = []
     for line in lines:
         out += textwrap.wrap(line, width, subsequent_indent="  ")
-    out.append("  measure again: " + " ".join(shlex.quote(c) for c in command))
+    out.append("  measure again:")
+    out += _shell_lines([shlex.quote(c) for c in command], width, indent="    ")
     return out
+
+
+def _shell_lines(words: list[str], width: int, indent: str) -> list[str]:
+    """A command split into lines within `width`, continued with backslashes, so that it
+    still pastes as one command."""
+    lines, line = [], indent
+    for word in words:
+        if line.strip() and len(line) + 1 + len(word) + 2 > width:
+            lines.append(line + " \\")
+            line = indent + "  "
+        line += ("" if not line.strip() else " ") + word
+    return lines + [line]
 
 
 def _listing(items: list[str], most: int = 4) -> str:
