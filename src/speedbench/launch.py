@@ -107,7 +107,8 @@ def torchrun_main(job: Path, args: list[str]) -> None:
             time.sleep(0.2)
         shutil.rmtree(job, ignore_errors=True)
 
-    threading.Thread(target=remove_job_when_orphaned, daemon=True).start()
+    if parent:  # (launch_trial always sets it)
+        threading.Thread(target=remove_job_when_orphaned, daemon=True).start()
     try:
         die_with_parent(signal.SIGTERM, PARENT_PID)
         os.environ[LAUNCHER_PID] = str(os.getpid())
@@ -115,7 +116,7 @@ def torchrun_main(job: Path, args: list[str]) -> None:
 
         torchrun(args)
     finally:
-        if os.getppid() != parent:
+        if parent and os.getppid() != parent:
             shutil.rmtree(job, ignore_errors=True)
 
 
