@@ -49,7 +49,7 @@ tests_rc=${PIPESTATUS[0]}
 say "gpu tests exit status $tests_rc" | tee -a "$log"
 
 # One pass: "experiment [extra overrides]"; its share of the time left is in `shares` (percent).
-new_techniques=attention,checkpointing,cudnn_benchmark,matmul_precision,memory_format,optimizer,fsdp
+new_techniques=attention,channels_last,checkpointing,cudnn_benchmark,matmul_precision,optimizer,fsdp
 if [[ -f configs/experiment/tips.yaml && -f configs/experiment/compile.yaml ]]; then
   passes=("tips suite.experiments=[$new_techniques]"
           "compile ~variants.max_autotune"

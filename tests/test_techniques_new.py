@@ -295,7 +295,7 @@ def test_inductor_compiled_model_gives_the_eager_loss():
 
 # --- the experiments run on a CPU, end to end -----------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("experiment", ["memory_format", "matmul_precision", "cudnn_benchmark",
+@pytest.mark.parametrize("experiment", ["channels_last", "matmul_precision", "cudnn_benchmark",
                                         "optimizer", "checkpointing", "attention"])
 def test_experiment_runs_on_cpu_and_says_why_when_na(experiment, tmp_path):
     out = run_cli(f"+experiment={experiment}", *TINY, "bench.repeats=1", f"out_dir={tmp_path}",
