@@ -127,7 +127,7 @@ def test_threshold_read_from_trials():
     t = _rounds(base, {"v": base * 1.08})
     assert stats.summarise(t).set_index("variant").loc["v", "verdict"] == stats.FASTER
     t["noise_threshold"] = 0.10
-    assert stats.summarise(t).set_index("variant").loc["v", "verdict"] == stats.INCONCLUSIVE
+    assert stats.summarise(t).set_index("variant").loc["v", "verdict"] == stats.EQUIVALENT
 
 
 class _Bench:
