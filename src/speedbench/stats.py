@@ -373,6 +373,40 @@ def wants_more_rounds(rows: list[dict], bench, rounds: int, elapsed_s: float,
     return elapsed_s * (rounds + 1) / rounds <= bench.time_budget_s
 
 
+METHOD = ("Speed-up = geometric mean of the per-round ratios of a variant's throughput to the "
+          "baseline's in the same round, with a Student t interval over rounds, "
+          "Bonferroni-adjusted for every comparison of the run. faster / slower: the interval "
+          "excludes 1 and the estimate exceeds the noise threshold; equivalent: the interval "
+          "lies within +-threshold; inconclusive: anything else.")
+
+
+def family_text(summary: pd.DataFrame) -> str:
+    """The report's sentence on error control and on the loss column."""
+    parts = []
+    if summary is not None and "comparisons" in summary and len(summary):
+        m = int(pd.to_numeric(summary["comparisons"], errors="coerce").fillna(0).max())
+        fam = float(pd.to_numeric(summary["family_level"], errors="coerce").dropna().iloc[0]) \
+            if summary["family_level"].notna().any() else FAMILY_LEVEL
+        thr = pd.to_numeric(summary.get("noise_threshold"), errors="coerce").dropna()
+        parts.append(
+            f"{m} comparisons in this run; each CI is at level {comparison_level(m, fam):.2%} "
+            f"(Bonferroni), so the chance of any false faster/slower call in the whole run is at "
+            f"most {fam:.0%}. Noise threshold: "
+            f"{(thr.iloc[0] if len(thr) else DEFAULT_THRESHOLD):.0%}. An inconclusive row "
+            "gives the smallest effect the run could have detected (min_detectable in "
+            "summary.csv).")
+    parts.append(LOSS_MEANING)
+    return " ".join(parts)
+
+
+# What the loss column means (the quality probe, trial.py: same seed, same optimizer steps and
+# samples seen for every variant, independent of the timing's warm-up).
+LOSS_MEANING = ("Loss = the training loss of a fixed-length quality probe per variant: the same "
+                "seed, number of optimizer steps and samples seen for every variant, whatever "
+                "the timed warm-up did, so identical recipes give identical losses; loss Δ is "
+                "the difference from the baseline's.")
+
+
 def halfwidth_note(rows: list[dict]) -> str:
     widths = speedup_halfwidths(pd.DataFrame(rows))
     return ", ".join(f"{v} +-{w:.1%}" for v, w in widths.items()) or "no speed-up to narrow"
