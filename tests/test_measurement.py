@@ -229,3 +229,28 @@ def test_report_shows_the_spread_warning(tmp_path):
     report = write_report(tmp_path, cfg={}).read_text()
     assert "WARNING: trial spread" in report and "m/b 20%" in report
     assert "% of peak" in report
+
+
+# --- verdicts branch: attention FLOPs, the stable peak, warm-up floor, tensor memory ----------
+def test_cpu_attention_flops_are_counted():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q, k, v = (torch.randn(2, 3, 8, 4, requires_grad=True) for _ in range(3))
+    with FlopCounterMode(display=False, custom_mapping=flops.CPU_ATTENTION) as counter:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        forward = counter.get_total_flops()
+        out.sum().backward()
+    assert forward == 4 * 2 * 3 * 8 * 8 * 4  # QK^T and PV: 2 * (2 b h s s d)
+    assert counter.get_total_flops() > 2 * forward  # the backward is counted too
+
+
+def test_peak_is_cached_once_per_run_and_labelled(monkeypatch):
+    calls = []
+    monkeypatch.setattr(flops, "matmul_peak_tflops",
+                        lambda device, precision, **kw: calls.append(precision) or 1.0)
+    book = flops.FlopsBook(torch.device("cpu"))
+    book.measure_peaks(["fp32", "bf16", "fp32"])
+    rec = book.annotate({"status": "ok", "step_ms": 10.0, "precision": "fp32", "model": "m",
+                         "batch_size": 4, "accumulate": 1}, 2e9)
+    assert calls == ["fp32", "bf16"] and rec["peak_kind"] == "fp32"
+    assert not flops.uses_tf32(torch.nn.Conv2d(1, 1, 1), torch.device("cpu"))
