@@ -254,3 +254,66 @@ def test_peak_is_cached_once_per_run_and_labelled(monkeypatch):
                          "batch_size": 4, "accumulate": 1}, 2e9)
     assert calls == ["fp32", "bf16"] and rec["peak_kind"] == "fp32"
     assert not flops.uses_tf32(torch.nn.Conv2d(1, 1, 1), torch.device("cpu"))
+
+
+def test_warmup_floor_is_not_cut_by_the_budget():
+    import time
+
+    calls = []
+    n, steady = timing.warm_up(lambda: calls.append(time.sleep(0.02)), torch.device("cpu"),
+                               min_steps=4, max_steps=10, tol=1e-9, budget_s=0.001)
+    assert n == 4 and len(calls) == 4 and steady is False
+    n, _ = timing.warm_up(lambda: time.sleep(0.02), torch.device("cpu"), 3, 3, None,
+                          budget_s=0.001)
+    assert n == 3
+
+
+def _tiny_training(precision=None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(32, 64)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        if precision:
+            with torch.autocast("cpu", dtype=precision):
+                out = model(x)
+        else:
+            out = model(x)
+        out.float().square().mean().backward()
+        opt.step()
+    return model, opt, step
+
+
+def test_step_memory_splits_state_from_activations():
+    model, opt, step = _tiny_training()
+    params = sum(p.numel() * 4 for p in model.parameters()) / 2**20
+    step()  # the optimizer state exists from here on
+    first = timing.step_memory(step, model, opt, torch.device("cpu"))
+    again = timing.step_memory(step, model, opt, torch.device("cpu"))
+    # params + grads + AdamW's two moments (+ its step counters)
+    assert first["state_mem_mb"] == pytest.approx(4 * params, rel=0.01)
+    assert 0 < first["activation_mem_mb"] < first["peak_mem_mb"]
+    assert first["peak_mem_mb"] == pytest.approx(first["state_mem_mb"]
+                                                 + first["activation_mem_mb"])
+    assert again == first  # no first-measurement inflation: the same step, the same bytes
+
+
+def test_tensor_memory_counts_new_storage_only_while_alive():
+    keep = torch.zeros(1000)
+    with timing.TensorMemory([keep]) as tracker:
+        a = torch.ones(2000)  # 8000 bytes, alive at the end
+        b = torch.ones(4000)  # 16000 bytes, freed before the end
+        del b
+        a.add_(1)  # in place: nothing new
+    assert tracker.peak == 4000 + 8000 + 16000 and tracker.live == 4000 + 8000
+    del a
+
+
+def test_worker_memory_is_proportional_not_summed_rss():
+    import psutil
+
+    me = psutil.Process()
+    pss = timing.proportional_mb([me])
+    assert pss is not None and 0 < pss <= me.memory_info().rss / 2**20 * 1.01
