@@ -142,3 +142,23 @@ def test_wants_more_rounds_until_narrow_or_out_of_time():
     assert stats.wants_more_rounds(wide, _Bench, 5, elapsed_s=10)
     assert not stats.wants_more_rounds(wide, _Bench, 5, elapsed_s=90)  # a 6th would not fit
     assert not stats.wants_more_rounds(narrow, _Bench, 5, elapsed_s=10)
+
+
+def test_report_lead_line_crowns_only_a_significant_result():
+    from speedbench.report.render import at_a_glance
+
+    base = np.array([100, 101, 99, 100, 102.0])
+    noisy = base * np.array([1.6, 0.9, 1.5, 0.8, 1.4])  # 1.2x on average, far too spread
+    s = stats.summarise(_rounds(base, {"noisy": noisy}))
+    assert s.set_index("variant").loc["noisy", "verdict"] == stats.INCONCLUSIVE
+    text = at_a_glance(s)
+    assert "Best:" not in text and "No variant is significantly faster" in text
+    s = stats.summarise(_rounds(base, {"noisy": noisy, "fast": base * 1.3}))
+    assert "Best: fast on m, 1.30x (faster)." in at_a_glance(s)
+
+
+def test_family_text_states_comparisons_level_and_loss_meaning():
+    base = np.array([100, 101, 99, 100, 102.0])
+    text = stats.family_text(stats.summarise(_rounds(base, {f"v{i}": base for i in range(6)})))
+    assert "6 comparisons" in text and "at most 5%" in text and "99.17%" in text
+    assert "quality probe" in text
