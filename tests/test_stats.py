@@ -162,3 +162,14 @@ def test_family_text_states_comparisons_level_and_loss_meaning():
     text = stats.family_text(stats.summarise(_rounds(base, {f"v{i}": base for i in range(6)})))
     assert "6 comparisons" in text and "at most 5%" in text and "99.17%" in text
     assert "quality probe" in text
+
+
+def test_a_variant_stopped_as_too_slow_keeps_its_step_time():
+    base = np.array([100, 101, 99, 100, 102.0])
+    t = _rounds(base, {})
+    slow = {"experiment": "e", "model": "m", "variant": "fp16", "is_baseline": False, "round": 0,
+            "trial": 0, "status": "too slow: 38 s/step, 100x slower than the baseline's first "
+            "step, stopped after 1 step", "samples_per_s": 0.8, "step_ms": 38000.0}
+    s = stats.summarise(pd.concat([t, pd.DataFrame([slow])])).set_index("variant")
+    assert s.loc["fp16", "verdict"] == stats.TOO_SLOW and s.loc["fp16", "step_ms"] == 38000
+    assert s.loc["fp16", "comparisons"] == 0

@@ -29,6 +29,9 @@ FASTER, SLOWER, EQUIVALENT, INCONCLUSIVE = "faster", "slower", "equivalent", "in
 SAME = "no significant difference"
 TOO_FEW = "too few trials"
 BASELINE = "baseline"
+# Status of a variant stopped early: its first step alone exceeded the trial budget, or it ran
+# far slower than the baseline's first step (`too slow: 38 s/step, 100x slower, ...`).
+TOO_SLOW = "too slow"
 FAMILY_LEVEL = 0.05  # family-wise error rate of a run's faster/slower calls
 DEFAULT_THRESHOLD = 0.05  # bench.noise_threshold's default; keep in step with config.py
 
@@ -209,6 +212,8 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL) -> pd.DataFram
         base_loss = base_rows["final_loss"].median() if len(base_rows) else math.nan
         for variant, g in per_model.groupby("variant", sort=False):
             ok = g[g["status"] == "ok"]
+            # A variant stopped as hopeless keeps the step time it measured before it stopped.
+            slow = g[g["status"].astype(str).str.startswith(TOO_SLOW)]
             threshold = _threshold(g)
             row = {
                 "experiment": experiment, "model": model, "variant": variant,
@@ -227,6 +232,9 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL) -> pd.DataFram
             for col in ("state_mem_mb", "activation_mem_mb"):  # the memory split, when recorded
                 if col in ok:
                     row[col] = pd.to_numeric(ok[col], errors="coerce").median()
+            if not len(ok) and len(slow):
+                row["samples_per_s"] = pd.to_numeric(slow.get("samples_per_s"), errors="coerce").median()
+                row["step_ms"] = pd.to_numeric(slow.get("step_ms"), errors="coerce").median()
             row.update(_mem_ratio(ok, base_rows, key, level))
             row["loss_delta"] = row["final_loss"] - base_loss
             row["rounds"] = 0
