@@ -68,6 +68,10 @@ class BenchConfig:
     # Smallest speed-up that counts (0.05 = 5 %): faster/slower needs the estimate beyond it,
     # `equivalent` needs the whole CI within +-noise_threshold.
     noise_threshold: float = 0.05
+    # Quality at equal work: the loss compared across variants comes from a probe that trains a
+    # fresh model from `seed` for this many optimizer steps of the baseline (the same samples
+    # seen for every variant), untimed, once per (model, variant). 0: no probe.
+    quality_steps: int = 12
     time_budget_s: float = 600.0
     # Cap on one trial's wall time: a quarter for warm-up, the rest for the timed window.
     # A very slow variant (fp16 on a CPU) then times fewer steps; `steps` in trials.csv says how many.
@@ -239,6 +243,7 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
     _at_least(p + "bench.steps", recipe.bench.steps, 1)
     _at_least(p + "bench.repeats", recipe.bench.repeats, 1)
     _at_least(p + "bench.warmup_max", recipe.bench.warmup_max, 0)
+    _at_least(p + "bench.quality_steps", recipe.bench.quality_steps, 0)
     if not 0 < recipe.bench.noise_threshold < 1:
         raise ConfigError(f"{p}bench.noise_threshold: {recipe.bench.noise_threshold} is out of "
                           "range; it must be > 0 and < 1 (0.05 = 5 %)")
