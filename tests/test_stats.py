@@ -173,3 +173,17 @@ def test_a_variant_stopped_as_too_slow_keeps_its_step_time():
     s = stats.summarise(pd.concat([t, pd.DataFrame([slow])])).set_index("variant")
     assert s.loc["fp16", "verdict"] == stats.TOO_SLOW and s.loc["fp16", "step_ms"] == 38000
     assert s.loc["fp16", "comparisons"] == 0
+
+
+def test_new_bench_keys_are_range_checked():
+    import pytest
+
+    from conftest import TINY, compose_cfg
+    from speedbench.config import ConfigError, build_plan
+
+    for key, value, allowed in (("noise_threshold", 2.0, "> 0 and < 1"),
+                                ("target_ci", 1.5, "> 0 and < 1"),
+                                ("quality_steps", -1, "integer >= 0")):
+        with pytest.raises(ConfigError, match=rf"bench\.{key}: {value} is out of range; it must "
+                                              rf"be (an )?{allowed}"):
+            build_plan(compose_cfg(*TINY, f"bench.{key}={value}", experiment="amp"), "amp")
