@@ -317,3 +317,65 @@ def test_worker_memory_is_proportional_not_summed_rss():
     me = psutil.Process()
     pss = timing.proportional_mb([me])
     assert pss is not None and 0 < pss <= me.memory_info().rss / 2**20 * 1.01
+
+
+# --- verdicts branch: quality at equal work, hopeless variants, the memory split in trials ----
+def _probe(plan, name, steps=None, **kw):
+    from speedbench import quality
+    from speedbench.data import build_dataset
+    from speedbench.trial import context
+
+    spec = plan.models[0]
+    recipe, baseline = plan.variants[name], plan.variants[plan.baseline]
+    ctx = context(plan)
+    dataset = build_dataset(spec.dataset, 256, None, seed=0)
+    steps = quality.probe_steps(spec, recipe, baseline, ctx) if steps is None else steps
+    return quality.quality_probe(spec, recipe, ctx, dataset, steps, **kw)
+
+
+def test_quality_probe_gives_identical_losses_for_identical_recipes():
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=3",
+                      "+variants={a:{},b:{}}", "baseline=a")
+    plan = build_plan(cfg, None)
+    a, b = _probe(plan, "a"), _probe(plan, "b")
+    assert math.isfinite(a["final_loss"]) and a["final_loss"] == b["final_loss"]
+    assert a["quality_steps"] == 3 and a["quality_samples"] == 3 * 4
+
+
+def test_quality_probe_compares_accumulation_at_equal_samples():
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=4",
+                      "+variants={k1:{accumulate:1},k2:{accumulate:2}}", "baseline=k1")
+    plan = build_plan(cfg, None)  # accumulate_mode=add: k2 takes twice the samples per step
+    k1, k2 = _probe(plan, "k1"), _probe(plan, "k2")
+    assert (k1["quality_steps"], k2["quality_steps"]) == (4, 2)
+    assert k1["quality_samples"] == k2["quality_samples"] == 16
+
+
+def test_first_step_limit_spares_a_loaded_machine():
+    from speedbench import quality
+
+    assert quality.first_step_limit(0.1, 6.0) == pytest.approx(2.0)  # 20x the baseline
+    assert quality.first_step_limit(1.0, 6.0) == 6.0  # the trial budget comes first
+    assert quality.first_step_limit(8.0, 3.0) == 16.0  # never under twice the baseline
+    assert quality.too_slow(38.0, 0.38) == ("too slow: 38 s/step, 100x slower than the "
+                                            "baseline's first step, stopped after 1 step")
+
+
+def test_a_hopeless_variant_is_stopped_once_and_keeps_its_step_time(tmp_path, monkeypatch):
+    from speedbench import quality
+
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=2",
+                      "+variants={base:{},slow:{}}", "baseline=base")
+    plan = build_plan(cfg, None)
+    monkeypatch.setattr(quality, "first_step_limit", lambda base_first, budget: 0.0)
+    writer = run.execute(plan, tmp_path, progress=False)
+    slow = [r for r in writer.rows if r["variant"] == "slow"]
+    assert len(slow) == 1 and slow[0]["status"].startswith("too slow: ")
+    assert slow[0]["step_ms"] > 0 and "stopped after 1 step" in slow[0]["status"]
+    base = [r for r in writer.rows if r["variant"] == "base"]
+    assert len(base) == 1  # nothing left to compare: the baseline's repeats are spared
+    assert base[0]["state_mem_mb"] > 0 and base[0]["activation_mem_mb"] > 0
+    assert base[0]["peak_mem_mb"] == pytest.approx(base[0]["state_mem_mb"]
+                                                   + base[0]["activation_mem_mb"])
+    summary = stats.summarise(writer.frame()).set_index("variant")
+    assert summary.loc["slow", "verdict"] == "too slow" and summary.loc["slow", "step_ms"] > 0

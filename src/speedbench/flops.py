@@ -25,7 +25,8 @@ import torch
 from torch.utils.data import default_collate
 from torch.utils.flop_counter import FlopCounterMode
 
-from speedbench import techniques as knobs  # knobs.py became speedbench/techniques/
+from speedbench import techniques
+from speedbench.techniques.tensor_creation import set_tensor_creation
 from speedbench.config import ModelSpec
 from speedbench.timing import synchronize
 from speedbench.train import build_model, compute_loss
@@ -73,9 +74,9 @@ def uses_tf32(model: torch.nn.Module, device: torch.device) -> bool:
 def step_flops(spec: ModelSpec, recipe, device: torch.device, dataset, batch: int) -> float:
     """FLOPs of one optimizer step of `recipe` on `spec`; NaN when they cannot be counted."""
     try:
-        with knobs.restored_global_state():
+        with techniques.restored_global_state():
             model = build_model(spec, recipe.bench.seed).to(device)
-            knobs.set_tensor_creation(model, recipe.tensor_creation)
+            set_tensor_creation(model, recipe.tensor_creation)
             x, y = default_collate([dataset[i % len(dataset)] for i in range(batch)])
             x, y = x.to(device), y.to(device)
             with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:

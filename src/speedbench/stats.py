@@ -409,10 +409,11 @@ def family_text(summary: pd.DataFrame) -> str:
 
 # What the loss column means (the quality probe, trial.py: same seed, same optimizer steps and
 # samples seen for every variant, independent of the timing's warm-up).
-LOSS_MEANING = ("Loss = the training loss of a fixed-length quality probe per variant: the same "
-                "seed, number of optimizer steps and samples seen for every variant, whatever "
-                "the timed warm-up did, so identical recipes give identical losses; loss Δ is "
-                "the difference from the baseline's.")
+LOSS_MEANING = ("Loss = quality at equal work: each variant trains a fresh model from the same "
+                "seed, on the same data in the same order, for the same number of samples seen "
+                "(bench.quality_steps optimizer steps of the baseline), whatever its timed "
+                "warm-up did; the loss is then evaluated on one fixed batch in fp32. Identical "
+                "recipes give identical losses; loss Δ is the difference from the baseline's.")
 
 
 def halfwidth_note(rows: list[dict]) -> str:
