@@ -111,8 +111,10 @@ def method_text(cfg: dict) -> str:
             f"times up to {bench.get('steps')} optimizer steps in one window synchronised with "
             f"the device only at its ends (capped at {bench.get('max_trial_s')} s per trial). "
             f"{bench.get('repeats')} trials per variant, interleaved across variants{adaptive}. "
-            + stats.METHOD + " Memory on CPU is the growth of the process's "
-            "resident memory during the trial; on CUDA, the allocator's peak. TFLOP/s = FLOPs per "
+            + stats.METHOD + " Memory = the peak bytes of the tensors one untimed optimizer "
+            "step holds (CPU: every tensor torch allocates, tracked op by op; CUDA: the "
+            "allocator's peak), split into parameters + gradients + optimizer state and the "
+            "rest (activations, temporaries); host RSS counts DataLoader workers by PSS. TFLOP/s = FLOPs per "
             "optimizer step (torch FlopCounterMode: matrix products, convolutions, attention; "
             "forward and backward) / median step time; % of peak = that over the best rate of a "
             "large matrix product in the variant's dtype, measured in the run.")
