@@ -356,7 +356,7 @@ def test_first_step_limit_spares_a_loaded_machine():
 
     assert quality.first_step_limit(0.1, 6.0) == pytest.approx(2.0)  # 20x the baseline
     assert quality.first_step_limit(1.0, 6.0) == 6.0  # the trial budget comes first
-    assert quality.first_step_limit(8.0, 3.0) == 40.0  # never under 5x the baseline
+    assert quality.first_step_limit(8.0, 3.0) == 24.0  # never under 3x the baseline
     assert quality.first_step_limit(0.01, 6.0) == 1.0  # nor under a second
     assert quality.too_slow(38.0, 0.38) == ("too slow: 38 s/step, 100x slower than the "
                                             "baseline's first step, stopped after 1 step")
