@@ -33,7 +33,7 @@ from speedbench.train import build_model, compute_loss
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PEAK_TOL = 0.02  # the best three windows of the peak measurement agree within 2 %
-PEAK_MAX_S = 3.0  # ...or the measurement stops after this long (per layout)
+PEAK_MAX_S = 1.5  # ...or the measurement stops after this long (per layout)
 
 
 def _sdpa_cpu(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
