@@ -397,7 +397,7 @@ def family_text(summary: pd.DataFrame) -> str:
             if summary["family_level"].notna().any() else FAMILY_LEVEL
         thr = pd.to_numeric(summary.get("noise_threshold"), errors="coerce").dropna()
         parts.append(
-            f"{m} comparisons in this run; each CI is at level {comparison_level(m, fam):.2%} "
+            f"{m} comparison{'' if m == 1 else 's'} in this run; each CI is at level {comparison_level(m, fam):.2%} "
             f"(Bonferroni), so the chance of any false faster/slower call in the whole run is at "
             f"most {fam:.0%}. Noise threshold: "
             f"{(thr.iloc[0] if len(thr) else DEFAULT_THRESHOLD):.0%}. An inconclusive row "
