@@ -227,6 +227,17 @@ def _at_least(key: str, value: Any, low: int) -> None:
         raise ConfigError(f"{key}: {value} is out of range; it must be an integer >= {low}")
 
 
+def _at_most(key: str, value: Any, high: int) -> None:
+    if value is not None and value > high:
+        raise ConfigError(f"{key}: {value} is out of range; it must be at most {high:,}")
+
+
+# Upper bounds of the size knobs: far above any useful run, low enough that a typo cannot ask
+# for more memory than a machine has.
+SIZE_LIMITS = {"batch_size": 65_536, "data.samples": 10_000_000, "bench.steps": 1_000_000,
+               "bench.warmup": 100_000, "bench.warmup_max": 100_000, "bench.repeats": 10_000}
+
+
 def check_recipe(recipe: DictConfig, where: str = "") -> None:
     """Range and choice checks for one recipe (the types were checked by OmegaConf): every
     technique's keys (from their declared types), then the rest."""
@@ -246,6 +257,8 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
     if recipe.bench.target_ci is not None and not recipe.bench.target_ci < 1:
         raise ConfigError(f"{p}bench.target_ci: {recipe.bench.target_ci} is out of range; it "
                           "must be > 0 and < 1 (relative: 0.03 = +-3 %), or null to turn it off")
+    for key, high in SIZE_LIMITS.items():
+        _at_most(p + key, OmegaConf.select(recipe, key), high)
     for key in ("steady_tol", "target_ci", "time_budget_s", "largest_batch_s"):
         value = recipe.bench[key]
         if value is not None and not value > 0:
