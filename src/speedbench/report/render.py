@@ -142,7 +142,8 @@ def _short_ci(x, lo, hi) -> str:
         return "-"
     if lo is None or math.isnan(lo):
         return f"{x:.2f}x"
-    return f"{x:.2f}x [{lo:.2f},{hi:.2f}]"
+    # A CI from two rounds at a Bonferroni level can span many decades: keep it short.
+    return f"{x:.2f}x [{lo:.3g},{hi:.3g}]"
 
 
 def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
