@@ -380,3 +380,19 @@ def test_a_hopeless_variant_is_stopped_once_and_keeps_its_step_time(tmp_path, mo
                                                    + base[0]["activation_mem_mb"])
     summary = stats.summarise(writer.frame()).set_index("variant")
     assert summary.loc["slow", "verdict"] == "too slow" and summary.loc["slow", "step_ms"] > 0
+
+
+def test_a_variant_many_times_slower_at_its_second_step_is_stopped(tmp_path, monkeypatch):
+    # fp16 on a CPU: a first step under the trial budget, but every step ~20x the baseline's
+    from speedbench import quality
+
+    assert quality.steady_step_limit(0.25) == pytest.approx(2.5)
+    assert quality.steady_step_limit(0.01) == 1.0  # a step that short cannot stall a run
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=3",
+                      "+variants={base:{},slow:{}}", "baseline=base")
+    plan = build_plan(cfg, None)
+    monkeypatch.setattr(quality, "steady_step_limit", lambda base_second: 0.0)
+    writer = run.execute(plan, tmp_path, progress=False)
+    slow = [r for r in writer.rows if r["variant"] == "slow"]
+    assert len(slow) == 1 and "stopped after 2 steps" in slow[0]["status"]
+    assert "the baseline's second step" in slow[0]["status"] and slow[0]["step_ms"] > 0

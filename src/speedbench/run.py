@@ -12,6 +12,7 @@ several processes is launched through torchrun by speedbench.launch.
 """
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 import time
@@ -176,23 +177,28 @@ def _quality_probes(plan: Plan, spec: ModelSpec, dataset, ctx, skip: dict, bar) 
     baseline = plan.variants[plan.baseline]
     order = [plan.baseline] + [v for v in plan.variants if v != plan.baseline]
     probes: dict[str, dict] = {}
-    base_first = None
+    base_first = base_second = None
     for name in order:
         recipe = plan.variants[name]
         if name in skip or techniques.processes(recipe, ctx):
             continue
         bar.set_postfix_str(f"{spec.name} {name}: quality probe")
-        limit = None
+        limit = limit2 = None
         if name != plan.baseline and base_first:
             limit = quality.first_step_limit(base_first, recipe.bench.max_trial_s)
+        if name != plan.baseline and base_second:
+            limit2 = quality.steady_step_limit(base_second)
         try:
             got = quality.quality_probe(spec, recipe, ctx, dataset,
                                         quality.probe_steps(spec, recipe, baseline, ctx),
-                                        first_step_limit_s=limit, baseline_first_s=base_first)
+                                        first_step_limit_s=limit, baseline_first_s=base_first,
+                                        second_step_limit_s=limit2, baseline_second_s=base_second)
         except Exception:  # its trials will meet the fault and record it
             continue
         if name == plan.baseline:
             base_first = got["first_step_ms"] / 1000
+            second = got.get("second_step_ms", math.nan) / 1000
+            base_second = second if math.isfinite(second) else None
         if str(got.get("status", "")).startswith(schema.TOO_SLOW):
             skip[name] = got.pop("status")
         probes[name] = got

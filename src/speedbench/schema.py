@@ -29,7 +29,7 @@ TRIAL_COLUMNS = [
     # quality probe's first-step time, length and samples (final_loss is its loss; window_loss
     # the timed window's mean, for reference); peak tensor memory split into parameters +
     # gradients + optimizer state and the rest (activations, temporaries); the peak's kind
-    "noise_threshold", "first_step_ms", "quality_steps", "quality_samples", "window_loss",
+    "noise_threshold", "first_step_ms", "second_step_ms", "quality_steps", "quality_samples", "window_loss",
     "state_mem_mb", "activation_mem_mb", "peak_kind",
 ]
 # How many leading TRIAL_COLUMNS a report needs to find (older runs may lack the rest).
