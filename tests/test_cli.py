@@ -63,6 +63,10 @@ def test_amp_summary_has_speedup_with_ci_and_verdicts(amp_run):
     other = summary[~summary["is_baseline"]]
     assert (other["speedup_lo"] <= other["speedup"]).all() and (other["speedup"] <= other["speedup_hi"]).all()
     assert set(other["verdict"]) <= {"faster", "slower", "equivalent", "inconclusive"}
+    # whatever order the rounds ran in, each model lists its baseline first, then the file's order
+    for _, one in summary.groupby("model", sort=False):
+        assert list(one["variant"]) == ["fp32", "fp16", "bf16"]
+    assert list(summary["model"].drop_duplicates()) == ["resnet", "vae", "transformer"]
     # the console table names every model and variant
     for word in ("resnet", "vae", "transformer", "bf16", "speed-up"):
         assert word in proc.stdout

@@ -205,6 +205,15 @@ def _quality_probes(plan: Plan, spec: ModelSpec, dataset, ctx, skip: dict, bar) 
     return probes
 
 
+def _in_plan_order(frame, plans: list[Plan]):
+    """Trials sorted (stably) so that the summary lists each model's baseline first, then the
+    variants in the experiment file's order: rounds run them shuffled."""
+    rank = {(p.experiment, v): i for p in plans
+            for i, v in enumerate(sorted(p.variants, key=lambda v: v != p.baseline))}
+    keys = [rank.get((e, v), len(rank)) for e, v in zip(frame["experiment"], frame["variant"])]
+    return frame.assign(_rank=keys).sort_values("_rank", kind="stable").drop(columns="_rank")
+
+
 def _nothing_to_compare(plan: Plan, name: str, trial: int, skip: dict) -> bool:
     """After the first round, the baseline's repeats are spared when every other variant is n/a."""
     others = [v for v in plan.variants if v != plan.baseline]
@@ -262,7 +271,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
         execute(plan, run_dir, progress, dist_env, writer, book)
     if writer is None:
         return None
-    frame = writer.frame()
+    frame = _in_plan_order(writer.frame(), plans)
     summary = scaling.add_efficiency(stats.summarise(frame), frame)
     try:
         results.write_summary(summary, run_dir)
