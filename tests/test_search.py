@@ -86,18 +86,21 @@ def run(world: World, grp=None, **kw) -> S.SearchResult:
     return S.search(grp or groups(), NAIVE, world, clock=world.clock, **kw)
 
 
-@pytest.mark.parametrize("stall_p, rate", [(0.0, 0.95), (0.05, 0.7)])
-def test_finds_the_recipe_with_an_interaction(stall_p, rate):
+@pytest.mark.parametrize("stall_p, rounds, rate", [(0.0, 8, 0.95), (0.05, 8, 0.7),
+                                                   (0.0, 5, 0.8)])
+def test_finds_the_recipe_with_an_interaction(stall_p, rounds, rate):
     """Trials stall (run at 50-90 % speed) with probability stall_p: the trimmed interval
-    keeps most searches right; without stalls nearly all are."""
+    keeps most searches right; without stalls nearly all are; 5 rounds (plain t) suffice for
+    effects of 8 % and more when the machine is quiet."""
     right = 0
     for seed in range(40):
-        result = run(World(EFFECTS, seed, stall_p=stall_p))
+        result = run(World(EFFECTS, seed, stall_p=stall_p, rounds=rounds))
         labels = [o.label for o in result.chosen]
         if set(labels) == {"precision=bf16", "workers=2", "sync=deferred"} and \
                 labels.index("precision=bf16") < labels.index("workers=2"):
             right += 1
-    print(f"\nstalls {stall_p:.0%}: right recipe, workers after bf16, in {right}/40 searches")
+    print(f"\nstalls {stall_p:.0%}, {rounds} rounds: right recipe, workers after bf16, "
+          f"in {right}/40 searches")
     assert right >= rate * 40
 
 
@@ -143,23 +146,23 @@ def null_groups(k: int) -> list[S.Group]:
                     naive={f"null{i}": False}) for i in range(k)]
 
 
-@pytest.mark.parametrize("stall_p", [0.0, 0.15])
-def test_null_techniques_are_rarely_added(stall_p):
+@pytest.mark.parametrize("stall_p, rounds", [(0.0, 8), (0.15, 8), (0.0, 5), (0.05, 5)])
+def test_null_techniques_are_rarely_added(stall_p, rounds):
     """Five techniques with no effect next to one real one: how often does the search add any
     null one? Family-wise control per step keeps it near alpha (0.05)."""
     runs, added, real = 300, 0, 0
     grp = [groups()[2], *null_groups(5)]
     for seed in range(runs):
-        world = World({("sync", "deferred"): 1.08}, seed, stall_p=stall_p)
+        world = World({("sync", "deferred"): 1.08}, seed, stall_p=stall_p, rounds=rounds)
         result = S.search(grp, {"sync": "item", **{f"null{i}": False for i in range(5)}}, world,
                           clock=world.clock)
         added += any(o.group.startswith("null") for o in result.chosen)
         real += any(o.group == "sync" for o in result.chosen)
-    print(f"\nstalls {stall_p:.0%}: a null technique added in {added}/{runs} searches "
+    print(f"\nstalls {stall_p:.0%}, {rounds} rounds: a null technique added in {added}/{runs} searches "
           f"({added / runs:.1%}); the real 1.08x found in {real}/{runs}")
     assert added / runs <= 0.05
-    if stall_p == 0:
-        assert real / runs >= 0.9
+    if stall_p == 0:  # a quiet machine: the real effect is found in most searches
+        assert real / runs >= 0.8
 
 
 def test_failed_and_na_options_are_never_retried():

@@ -152,6 +152,9 @@ def t_quantile(p: float, df: int) -> float:
     return (lo + hi) / 2
 
 
+TRIM_FROM = 8  # rounds from which the interval is trimmed (then at least 5 degrees of freedom)
+
+
 def ratio_ci(ratios: np.ndarray, level: float, trim: float = 0.2) -> tuple[float, float, float]:
     """Trimmed geometric mean of per-round ratios with Yuen's trimmed t interval on their logs
     (NaN below 2 rounds).
@@ -159,12 +162,13 @@ def ratio_ci(ratios: np.ndarray, level: float, trim: float = 0.2) -> tuple[float
     A t interval rather than a bootstrap: a search step has few rounds, where a percentile
     bootstrap is too narrow. Trimmed (20 % of the rounds each side, Tukey-McLaughlin / Yuen)
     rather than plain: one stalled trial, in the reference's arm, moves every ratio of its
-    round, and a plain mean and variance would let that one round decide."""
+    round, and a plain mean and variance would let that one round decide. Below TRIM_FROM
+    rounds trimming would cost too many degrees of freedom: plain t interval (as stats.py's)."""
     logs = np.sort(np.log(np.asarray(ratios, float)))
     n = len(logs)
     if n == 0:
         return math.nan, math.nan, math.nan
-    k = int(math.floor(trim * n))
+    k = int(math.floor(trim * n)) if n >= TRIM_FROM else 0
     centre = float(logs[k:n - k].mean())
     if n < 2 or n - 2 * k < 2:
         return float(np.exp(centre)), math.nan, math.nan
@@ -371,11 +375,12 @@ def _close(naive: Overrides, chosen: list[Option], steps: list[StepRecord], meas
                           "step_lo": g.lo, "step_hi": g.hi})
     if not chosen:
         return waterfall, []
-    recipes = {NAIVE: naive}
-    for i in range(1, len(chosen) + 1):
-        recipes[f"prefix{i}"] = _apply(naive, *chosen[:i])
+    # labels people read in trials.csv: "naive", "bf16", "bf16 + workers=2", "without bf16"
+    prefix = [NAIVE] + [" + ".join(o.label for o in chosen[:i]) for i in range(1, len(chosen) + 1)]
+    without = {o.label: f"without {o.label}" for o in chosen}
+    recipes = {prefix[i]: _apply(naive, *chosen[:i]) for i in range(len(chosen) + 1)}
     for o in chosen:
-        recipes[f"without {o.label}"] = _apply(naive, *[c for c in chosen if c is not o])
+        recipes[without[o.label]] = _apply(naive, *[c for c in chosen if c is not o])
     unique = _unique(recipes)  # a prefix equals a leave-one-out (the last option's): once
     if not budget.fits(len(set(unique.values()))):
         notes.append("the closing measurement (cumulative speed-ups over naive and the ablation) "
@@ -392,25 +397,24 @@ def _close(naive: Overrides, chosen: list[Option], steps: list[StepRecord], meas
                        step="closing", time_left_s=budget.left())
     budget.record(budget.clock() - t0, len(measured))
     arms = {lab: measured.get(unique[lab], Arm("error: not measured")) for lab in recipes}
-    final_label = f"prefix{len(chosen)}"
-    base, final = arms.get(NAIVE), arms.get(final_label)
-    if not (base and final and base.status == "ok" and final.status == "ok"):
+    base, final = arms[NAIVE], arms[prefix[-1]]
+    if not (base.status == "ok" and final.status == "ok"):
         notes.append("the closing measurement failed for the naive or the final recipe: "
                      "no cumulative speed-ups, no ablation")
         return waterfall, []
-    cum = compare({f"prefix{i}": paired_ratios(arms[f"prefix{i}"], base)
-                   for i in range(1, len(chosen) + 1) if arms[f"prefix{i}"].status == "ok"},
+    cum = compare({prefix[i]: paired_ratios(arms[prefix[i]], base)
+                   for i in range(1, len(chosen) + 1) if arms[prefix[i]].status == "ok"},
                   alpha, min_gain)
     for i, row in enumerate(waterfall[1:], start=1):
-        if f"prefix{i}" in cum:
-            row["speedup"], row["lo"], row["hi"], row["verdict"] = cum[f"prefix{i}"]
+        if prefix[i] in cum:
+            row["speedup"], row["lo"], row["hi"], row["verdict"] = cum[prefix[i]]
     # marginal contribution: final / final-without-it, paired
-    marg = compare({o.label: paired_ratios(final, arms[f"without {o.label}"]) for o in chosen
-                    if arms[f"without {o.label}"].status == "ok"}, alpha, min_gain)
+    marg = compare({o.label: paired_ratios(final, arms[without[o.label]]) for o in chosen
+                    if arms[without[o.label]].status == "ok"}, alpha, min_gain)
     ablation = []
     for o in chosen:
         s, lo, hi, v = marg.get(o.label, (math.nan, math.nan, math.nan,
-                                         arms[f"without {o.label}"].status))
+                                         arms[without[o.label]].status))
         ablation.append({"option": o.label, "group": o.group, "marginal": s, "lo": lo, "hi": hi,
                          "verdict": v, "step_gain": step_gain[o.label].speedup,
                          "overrides": dict(o.overrides)})

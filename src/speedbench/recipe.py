@@ -1,0 +1,272 @@
+"""`+experiment=recipe`: the recipe search (search.py) run through speedbench's own trials.
+
+Per model: the candidate groups of `recipe.candidates` are checked up front (every option is a
+valid recipe, or the run stops before training with one line naming the key); the naive recipe
+is restricted to what can act here; then every search step is one ordinary speedbench plan
+(experiment `recipe-step<N>`, baseline `current`, the step's options as variants) measured by
+run.execute in shuffled, paired rounds, its rows appended to trials.csv like any experiment's;
+the closing measurement is the plan `recipe` (baseline `naive`, each prefix of the stack and
+each leave-one-out recipe). Results: recipe.csv (waterfall, ablation, every step's
+comparisons, the options set aside), recipe.yaml (the final recipe per model, as overrides).
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from speedbench import search
+from speedbench.config import ConfigError, ModelSpec, Plan, build_plan
+
+CLOSING = "recipe"
+RECIPE_COLUMNS = ["model", "table", "step", "label", "option", "group", "speedup", "lo", "hi",
+                  "verdict", "step_gain", "step_lo", "step_hi", "rounds", "status", "overrides"]
+
+
+def is_recipe(cfg: DictConfig) -> bool:
+    return bool(OmegaConf.select(cfg, "recipe.candidates"))
+
+
+# --- config -> candidate groups ------------------------------------------------------------------
+def parse_groups(cfg: DictConfig) -> list[search.Group]:
+    """`recipe.candidates` as search groups: {group: {naive: {...}, options: {name: {...}},
+    trades_memory: bool}}. Raises ConfigError naming the key."""
+    raw = OmegaConf.to_container(cfg.recipe.candidates, resolve=True)
+    groups = []
+    for name, spec in raw.items():
+        where = f"recipe.candidates.{name}"
+        if not isinstance(spec, dict) or not isinstance(spec.get("options"), dict) \
+                or not spec["options"]:
+            raise ConfigError(f"{where}: must be a mapping with `options` (name -> recipe "
+                              "overrides), optional `naive` overrides and `trades_memory`")
+        unknown = set(spec) - {"naive", "options", "trades_memory"}
+        if unknown:
+            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key; known keys: naive, "
+                              "options, trades_memory")
+        options = []
+        for opt, overrides in spec["options"].items():
+            if not isinstance(overrides, dict) or not overrides:
+                raise ConfigError(f"{where}.options.{opt}: must be a non-empty mapping of recipe "
+                                  "keys to values")
+            options.append(search.Option(name, str(opt), _flat(overrides)))
+        groups.append(search.Group(name, options, naive=_flat(spec.get("naive") or {}),
+                                   trades_memory=bool(spec.get("trades_memory", False))))
+    return groups
+
+
+def _flat(mapping: dict, prefix: str = "") -> dict:
+    """{'data': {'num_workers': 2}} -> {'data.num_workers': 2}; dotted keys kept."""
+    out = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def step_plan(cfg: DictConfig, spec_entry: Any, recipes: dict[str, dict], baseline: str,
+              experiment: str) -> Plan:
+    """An ordinary plan for one model whose variants are `recipes` (validated by build_plan)."""
+    step = cfg.copy()
+    OmegaConf.set_struct(step, False)
+    step.variants = {label: dict(overrides) for label, overrides in recipes.items()}
+    step.baseline = baseline
+    step.model = spec_entry
+    step.recipe.candidates = {}
+    OmegaConf.set_struct(step, True)
+    return build_plan(step, experiment)
+
+
+def check(cfg: DictConfig, plan: Plan, dist_env) -> list[search.Group]:
+    """Everything the search could run is a valid recipe: the naive one and every option on top
+    of it (interactions between options are merged key by key and checked as they come).
+    Raises ConfigError before anything trains."""
+    if dist_env is not None:
+        raise ConfigError("recipe: run the recipe search without torchrun; it launches torchrun "
+                          "itself for the candidates that need several processes")
+    budget = cfg.recipe.budget_s
+    if budget is not None and not budget > 0:
+        raise ConfigError(f"recipe.budget_s: {budget} is out of range; it must be > 0, or null")
+    mem = cfg.recipe.max_memory_mb
+    if mem is not None and not mem > 0:
+        raise ConfigError(f"recipe.max_memory_mb: {mem} is out of range; it must be > 0, or null")
+    groups = parse_groups(cfg)
+    naive = {k: v for g in groups for k, v in g.naive.items()}
+    recipes = {"naive": naive}
+    for g in groups:
+        for o in g.options:
+            recipes[f"{g.name}.{o.name}"] = {**naive, **o.overrides}
+    try:
+        step_plan(cfg, _entry(cfg, plan.models[0]), recipes, "naive", CLOSING)
+    except ConfigError as exc:
+        raise ConfigError(f"recipe.candidates: {exc}") from None
+    return groups
+
+
+def _entry(cfg: DictConfig, spec: ModelSpec) -> Any:
+    """The `model` entry that names this spec (a reference name or a `_target_` mapping)."""
+    entry = cfg.model
+    if entry is None or isinstance(entry, str):
+        return spec.name
+    entries = list(entry) if OmegaConf.is_list(entry) else [entry]
+    for i, e in enumerate(entries):
+        if (isinstance(e, str) and e == spec.name) or (not isinstance(e, str) and spec.name in (
+                "custom", f"custom{i}")):
+            return e if isinstance(e, str) else OmegaConf.to_container(e)
+    return spec.name
+
+
+# --- the measurer: a search step as an ordinary plan ----------------------------------------------
+class TrialMeasurer:
+    """search.Measurer over run.execute: rows go to the run's trials.csv as they end."""
+
+    def __init__(self, cfg: DictConfig, spec: ModelSpec, run_dir: Path, writer, progress: bool,
+                 execute):
+        self.cfg, self.spec, self.run_dir, self.writer = cfg, spec, run_dir, writer
+        self.progress, self.execute = progress, execute
+
+    def __call__(self, recipes: dict[str, dict], *, step: str,
+                 time_left_s: Optional[float]) -> dict[str, search.Arm]:
+        baseline = next(iter(recipes))
+        experiment = CLOSING if step == "closing" else f"recipe-{step.replace(' ', '')}"
+        plan = step_plan(self.cfg, _entry(self.cfg, self.spec), recipes, baseline, experiment)
+        plan.models = [next(m for m in plan.models if m.name == self.spec.name)]
+        if time_left_s is not None:  # adaptive rounds may not outrun the search's budget
+            for recipe in plan.variants.values():
+                recipe.bench.time_budget_s = max(1.0, min(recipe.bench.time_budget_s,
+                                                          time_left_s / 2))
+        start = len(self.writer.rows)
+        self.execute(plan, self.run_dir, self.progress, None, self.writer)
+        return arms_from_rows(self.writer.rows[start:], list(recipes))
+
+
+def arms_from_rows(rows: list[dict], labels: list[str]) -> dict[str, search.Arm]:
+    """trials.csv rows of one plan -> per variant: status and throughput per round."""
+    frame = pd.DataFrame(rows)
+    key = "round" if "round" in frame and frame["round"].notna().any() else "trial"
+    arms = {}
+    for label in labels:
+        g = frame[frame["variant"] == label] if len(frame) else frame
+        if g.empty:
+            arms[label] = search.Arm("error: not measured")
+            continue
+        ok = g[g["status"] == "ok"]
+        if ok.empty:
+            arms[label] = search.Arm(str(g["status"].iloc[0]))
+            continue
+        rounds = int(pd.to_numeric(frame[key], errors="coerce").max()) + 1
+        per_round = [math.nan] * rounds
+        for r, tp in zip(pd.to_numeric(ok[key], errors="coerce"), ok["samples_per_s"]):
+            if math.isfinite(r):
+                per_round[int(r)] = float(tp)
+        mem = pd.to_numeric(ok.get("peak_mem_mb", pd.Series(dtype=float)), errors="coerce")
+        arms[label] = search.Arm("ok", per_round, float(mem.median()) if len(mem) else math.nan)
+    return arms
+
+
+# --- the whole search for one plan ------------------------------------------------------------------
+def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Path, writer,
+            progress: bool, execute_plan, cannot_act_for) -> dict[str, search.SearchResult]:
+    """The search for every model of the plan; recipe.csv and recipe.yaml written as each model
+    ends. `execute_plan` is run.execute; `cannot_act_for(spec)` returns the n/a check."""
+    results = {}
+    min_gain = cfg.recipe.min_gain
+    if min_gain is None:
+        min_gain = OmegaConf.select(cfg, "bench.noise_threshold", default=0.02)
+    for spec in plan.models:
+        naive, kept, notes = search.restrict_naive(groups, cannot_act_for(spec))
+
+        def say(msg: str, model: str = spec.name) -> None:
+            if progress:
+                print(f"recipe {model}: {msg}", file=sys.stderr, flush=True)
+
+        measurer = TrialMeasurer(cfg, spec, run_dir, writer, progress, execute_plan)
+        result = search.search(kept, naive, measurer, budget_s=cfg.recipe.budget_s,
+                               max_memory_mb=cfg.recipe.max_memory_mb, min_gain=min_gain,
+                               progress=say)
+        result.notes[:0] = notes
+        say(f"done in {result.elapsed_s:.0f} s: {result.stopped}")
+        results[spec.name] = result
+        write_outputs(run_dir, results)
+    return results
+
+
+def result_rows(model: str, r: search.SearchResult) -> list[dict]:
+    """One SearchResult as recipe.csv rows (tables: waterfall, ablation, step, excluded, note)."""
+    rows = []
+    for i, w in enumerate(r.waterfall):
+        rows.append({"model": model, "table": "waterfall", "step": i, **{
+            k: w.get(k, math.nan) for k in ("label", "option", "speedup", "lo", "hi", "verdict",
+                                            "step_gain", "step_lo", "step_hi")}})
+    for a in r.ablation:
+        rows.append({"model": model, "table": "ablation", "label": f"without {a['option']}",
+                     "option": a["option"], "group": a["group"], "speedup": a["marginal"],
+                     "lo": a["lo"], "hi": a["hi"], "verdict": a["verdict"],
+                     "step_gain": a["step_gain"], "overrides": _yaml_inline(a["overrides"])})
+    for s in r.steps:
+        for c in s.comparisons.values():
+            rows.append({"model": model, "table": "step", "step": s.index, "label": c.label,
+                         "option": c.label, "speedup": c.speedup, "lo": c.lo, "hi": c.hi,
+                         "verdict": ("chosen" if c.label == s.chosen else c.verdict),
+                         "rounds": c.rounds, "status": "ok"})
+    for label, status in r.excluded.items():
+        rows.append({"model": model, "table": "excluded", "label": label, "option": label,
+                     "status": status})
+    for o in r.chosen:
+        rows.append({"model": model, "table": "chosen", "label": o.label, "option": o.label,
+                     "group": o.group, "overrides": _yaml_inline(dict(o.overrides))})
+    rows.append({"model": model, "table": "stopped", "label": r.stopped,
+                 "speedup": r.elapsed_s})
+    for note in r.notes:
+        rows.append({"model": model, "table": "note", "label": note})
+    return rows
+
+
+def _yaml_inline(d: dict) -> str:
+    return yaml.safe_dump(d, default_flow_style=True, sort_keys=False).strip()
+
+
+def write_outputs(run_dir: Path, results: dict[str, search.SearchResult]) -> None:
+    rows = [row for model, r in results.items() for row in result_rows(model, r)]
+    pd.DataFrame(rows, columns=RECIPE_COLUMNS).to_csv(run_dir / "recipe.csv", index=False)
+    (run_dir / "recipe.yaml").write_text(recipe_yaml(results))
+
+
+def recipe_yaml(results: dict[str, search.SearchResult]) -> str:
+    """The final recipe per model as overrides speedbench accepts back, with the command."""
+    lines = ["# The best recipe found per model on this machine (speedbench +experiment=recipe).",
+             "# Re-run one with:  python -m speedbench model=<model> <its overrides>"]
+    doc = {}
+    for model, r in results.items():
+        last = r.waterfall[-1]
+        args = [f"{k}={_cli(v)}" for k, v in r.final.items()]
+        doc[model] = {
+            "overrides": dict(r.final),
+            "chosen": [o.label for o in r.chosen],
+            "speedup_over_naive": _num(last.get("speedup")),
+            "ci": [_num(last.get("lo")), _num(last.get("hi"))],
+            "command": "python -m speedbench " + " ".join([f"model={model}"] + args),
+        }
+    return "\n".join(lines) + "\n" + yaml.safe_dump(doc, sort_keys=False)
+
+
+def _cli(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _num(x) -> Optional[float]:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return round(x, 4) if math.isfinite(x) else None
