@@ -270,3 +270,23 @@ def _num(x) -> Optional[float]:
     except (TypeError, ValueError):
         return None
     return round(x, 4) if math.isfinite(x) else None
+
+
+def cannot_act_for(cfg: DictConfig, dist_env=None):
+    """spec -> (overrides -> 'n/a: ...' or None): whether a recipe can act on this model here,
+    asked of a freshly built model as a trial would."""
+    import torch
+
+    from speedbench import knobs
+    from speedbench.config import merge_variant, resolve_device
+    from speedbench.train import build_model
+
+    device = torch.device(resolve_device(cfg.device))
+
+    def for_spec(spec: ModelSpec):
+        makes = knobs.makes_per_step_tensors(build_model(spec, cfg.bench.seed))
+
+        def cannot(overrides: dict) -> Optional[str]:
+            return knobs.not_applicable(merge_variant(cfg, "naive", overrides), device, makes)
+        return cannot
+    return for_spec

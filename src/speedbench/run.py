@@ -17,7 +17,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from speedbench import capacity, diagnosis, distributed, env, knobs, profile, results, scaling, stats
+from speedbench import capacity, diagnosis, distributed, env, knobs, profile, recipe, results, \
+    scaling, stats
 from speedbench.config import ModelSpec, Plan, micro_batch
 from speedbench.data import build_dataset, build_loader
 from speedbench.flops import FlopsBook
@@ -251,6 +252,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     else:
         plans = [build_plan(cfg, experiment)]
     dist_env = distributed.from_environ()
+    groups = recipe.check(cfg, plans[0], dist_env) if recipe.is_recipe(cfg) else None
     device = distributed.rank_device(plans[0].device, dist_env)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if suite.is_suite(cfg):
@@ -272,6 +274,10 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     distributed.outlive_peer_failure(dist_env)
     writer = results.TrialWriter(run_dir / "trials.csv") if run_dir else None
     for plan in plans:
+        if groups is not None:  # +experiment=recipe: the search runs the plans (recipe.py)
+            recipe.execute(cfg, plan, groups, run_dir, writer, progress, execute,
+                           recipe.cannot_act_for(cfg, dist_env))
+            continue
         execute(plan, run_dir, progress, dist_env, writer)
     if writer is None:
         return None
@@ -288,4 +294,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
         print("\n" + console_text(run_dir))
     print(f"\n{len(writer.rows)} trials in {time.perf_counter() - started:.0f} s; "
           f"report: {run_dir / 'report.md'}")
+    from speedbench.report import recommend
+    print("\n" + "\n".join(recommend.console_lines(summary, run_dir)))
+    print(f"report: {(run_dir / 'report.html').resolve()}")
     return run_dir

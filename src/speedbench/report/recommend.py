@@ -43,6 +43,7 @@ class Advice:
     skip: list[Item] = field(default_factory=list)
     untested: list[Item] = field(default_factory=list)
     also_faster: dict[str, list[str]] = field(default_factory=dict)  # technique -> other variants
+    notes: list[str] = field(default_factory=list)  # what a recipe search set aside, and why
 
 
 def _ci(x: float, lo: float, hi: float) -> str:
@@ -104,17 +105,24 @@ def _classify(row: dict) -> tuple[str, str]:
     return "skip", f"not settled here: {effect}" if effect != "-" else "not settled here"
 
 
-def advise(summary: pd.DataFrame) -> list[Advice]:
-    """One Advice per model of the summary, models in order of appearance."""
+def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None) -> list[Advice]:
+    """One Advice per model of the summary, models in order of appearance. With a recipe
+    search's table (recipe.csv), its models are advised from the search instead."""
     if summary is None or summary.empty:
         return []
     out: dict[str, Advice] = {}
-    rows = summary.to_dict("records")
+    searched = set()
+    if recipe is not None and len(recipe):
+        for model, rows in recipe.groupby("model", sort=False):
+            out[str(model)] = advise_recipe(str(model), rows, summary)
+            searched.add(str(model))
+    rows = [r for r in summary.to_dict("records")
+            if not (str(r["model"]) in searched and str(r["experiment"]).startswith("recipe"))]
     baselines = {(r["experiment"], r["model"]): r for r in rows if _truthy(r.get("is_baseline"))}
     per_technique: dict[tuple, list[tuple[dict, str, str]]] = {}
     for r in rows:
         advice = out.setdefault(str(r["model"]), Advice(str(r["model"])))
-        if r["experiment"] in NOT_ADVICE:
+        if r["experiment"] in NOT_ADVICE or str(r["experiment"]).startswith("recipe"):
             continue
         base = baselines.get((r["experiment"], r["model"]))
         if base is not None and str(base.get("status", "ok")) != "ok":
@@ -150,6 +158,58 @@ def advise(summary: pd.DataFrame) -> list[Advice]:
     return list(out.values())
 
 
+def advise_recipe(model: str, rows: pd.DataFrame, summary: pd.DataFrame) -> Advice:
+    """Advice from a recipe search: use the final stack (each technique with its marginal
+    contribution in the presence of the others), skip what the last step it was measured in
+    found not faster, could-not-test what was n/a or failed."""
+    advice = Advice(model)
+    table = {name: g for name, g in rows.groupby("table", sort=False)}
+    waterfall = table.get("waterfall", pd.DataFrame())
+    chosen = list(table.get("chosen", pd.DataFrame()).get("option", []))
+    if chosen and len(waterfall):
+        last = waterfall.iloc[-1].to_dict()
+        memory = "memory not measured"
+        closing = summary[(summary["experiment"] == "recipe") & (summary["model"] == model)] \
+            if "experiment" in summary else pd.DataFrame()
+        final = closing[closing["variant"] == " + ".join(chosen)]
+        naive = closing[closing["variant"] == "naive"]
+        if len(final):
+            memory = memory_text(final.iloc[0].to_dict(),
+                                 naive.iloc[0].to_dict() if len(naive) else None)
+        effect = _ci(_get(last, "speedup"), _get(last, "lo"), _get(last, "hi"))
+        advice.use.append(Item("the recipe " + " + ".join(chosen),
+                               f"{effect} over naive, {memory}", _get(last, "speedup"), effect))
+        ablation = {r["option"]: r for r in table.get("ablation", pd.DataFrame()).to_dict("records")}
+        for option in chosen:
+            a = ablation.get(option)
+            if a is not None and math.isfinite(_get(a, "speedup")):
+                effect = _ci(_get(a, "speedup"), _get(a, "lo"), _get(a, "hi"))
+                text = f"{effect} with the others ({a.get('verdict')})"
+            else:
+                w = waterfall[waterfall["option"] == option]
+                w = w.iloc[0].to_dict() if len(w) else {}
+                effect = _ci(_get(w, "step_gain"), _get(w, "step_lo"), _get(w, "step_hi"))
+                text = f"{effect} when added"
+            advice.use.append(Item(f"  {option}", text, math.inf, effect))
+    steps = table.get("step", pd.DataFrame())
+    if len(steps):
+        for option, g in steps.groupby("option", sort=False):
+            if option in chosen:
+                continue
+            last = g.sort_values("step").iloc[-1].to_dict()
+            kind, text = _classify({**last, "status": "ok"})
+            where = f" (step {int(last['step'])})"
+            advice.skip.append(Item(str(option), (text if kind != "use" else
+                                                  f"{text}, smaller than the option chosen")
+                                    + where, _get(last, "speedup")))
+    for r in table.get("excluded", pd.DataFrame()).to_dict("records"):
+        kind, text = _classify({"status": r.get("status"), "verdict": ""})
+        (advice.skip if kind == "skip" else advice.untested).append(Item(str(r["option"]), text))
+    advice.skip.sort(key=lambda i: i.speedup if math.isfinite(i.speedup) else math.inf)
+    advice.notes = [str(n) for n in table.get("note", pd.DataFrame()).get("label", [])]
+    return advice
+
+
 def _truthy(value) -> bool:
     return str(value).strip().lower() in ("true", "1", "yes")
 
@@ -169,12 +229,14 @@ def lines(advice: Advice) -> list[str]:
         out.append("use: nothing measured here was significantly faster than plain PyTorch")
     out += [f"skip: {i.technique}, {i.text}" for i in advice.skip]
     out += [f"could not test here: {i.technique}, {i.text}" for i in advice.untested]
+    out += [f"note: {n}" for n in advice.notes]
     return out
 
 
-def add_section(doc, summary: pd.DataFrame, title: str = "Recommendation") -> None:
+def add_section(doc, summary: pd.DataFrame, recipe: pd.DataFrame | None = None,
+                title: str = "Recommendation") -> None:
     """The report's first section: per model, use / skip / could not test here."""
-    advice = advise(summary)
+    advice = advise(summary, recipe)
     if not advice:
         return
     doc.heading(title)
@@ -182,16 +244,25 @@ def add_section(doc, summary: pd.DataFrame, title: str = "Recommendation") -> No
         if len(advice) > 1:
             doc.heading(f"{a.model}", 3)
         doc.bullets(lines(a))
-    if sum(len(a.use) for a in advice) > 1 or any(len(a.use) > 1 for a in advice):
+    if any(len(a.use) > 1 and not a.notes and not a.use[0].technique.startswith("the recipe")
+           for a in advice):
         doc.para(STACKING)
 
 
-def console_lines(summary: pd.DataFrame, width: int = 3) -> list[str]:
+def load_recipe(run_dir) -> pd.DataFrame | None:
+    """recipe.csv of a run directory (a recipe search), or None."""
+    from pathlib import Path
+
+    path = Path(run_dir) / "recipe.csv" if run_dir is not None else None
+    return pd.read_csv(path) if path is not None and path.is_file() else None
+
+
+def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3) -> list[str]:
     """The same recommendation in a few lines: per model, the `use` list in full and the first
     `width` skips and untested techniques, the rest counted."""
     out = []
-    for a in advise(summary):
-        use = "; ".join(f"{i.technique} {i.effect}" for i in a.use) or \
+    for a in advise(summary, load_recipe(run_dir)):
+        use = "; ".join(f"{i.technique.strip()} {i.effect}" for i in a.use) or \
             "nothing significantly faster"
         out.append(f"{a.model}: use {use}")
         for label, items in (("skip", a.skip), ("could not test", a.untested)):

@@ -16,7 +16,7 @@ import yaml
 
 from speedbench import claims as claims_mod
 from speedbench import stats
-from speedbench.report import capacity_section, plots, profile_section
+from speedbench.report import capacity_section, plots, profile_section, recipe_section, recommend
 from speedbench.report import workers as workers_view
 from speedbench.report.document import Document, slug, write
 from speedbench.report.runs import Run, load_run
@@ -241,6 +241,11 @@ def build_document(run: Run, out_dir: Path) -> Document:
     devices = ", ".join(dict.fromkeys(run.trials["device"].astype(str)))
     doc = Document(title=f"speedbench report: {', '.join(experiments)}",
                    subtitle=f"{run.path.name} · {devices} · {len(run.trials)} trials")
+    # The answer first (recommend.py); then, for a recipe search, how it was found.
+    recipe_rows = recommend.load_recipe(run.path)
+    recommend.add_section(doc, run.summary, recipe_rows)
+    if recipe_rows is not None:
+        recipe_section.add(doc, recipe_rows, run.path, out_dir)
     doc.heading("Environment")
     doc.pairs(env_pairs(run.env))
     notes = list(run.notes)
