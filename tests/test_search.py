@@ -182,6 +182,14 @@ def test_failed_and_na_options_are_never_retried():
     assert "precision=fp16" not in [o.label for o in result.chosen]
 
 
+def test_hopeless_option_dropped_after_one_step():
+    effects = {**EFFECTS, ("precision", "fp16"): 0.05}  # fp16 on a CPU: 20x slower
+    world = World(effects, seed=4, stall_p=0)
+    result = run(world)
+    assert result.excluded["precision=fp16"].startswith("hopeless: 0.05x")
+    assert sum("precision=fp16" in call for call in world.calls) == 1
+
+
 def test_budget_is_respected_and_the_stop_said():
     # each recipe costs 6 s (6 rounds x 1 s); step 1 measures 7 recipes = 42 s
     world = World(EFFECTS, seed=0)

@@ -14,7 +14,8 @@ The search:
    that step's comparisons (family-wise error control);
 3. adds the option with the largest significant gain (the CI excludes 1 and the gain is at
    least `min_gain`); options of one group are mutually exclusive, so the group leaves the pool;
-4. an option that was n/a, failed or was hopeless is dropped for good, never retried;
+4. an option that was n/a, failed or was hopeless (its own measurer's verdict, or a CI
+   entirely below `hopeless_below`, 0.5x) is dropped for good, never retried;
 5. stops when no option is significantly faster, when the pool is empty, or when the next step
    (and the closing measurement) would not fit in the time budget: it then keeps what it has
    and says so;
@@ -282,7 +283,7 @@ class Budget:
 
 def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
            budget_s: Optional[float] = None, max_memory_mb: Optional[float] = None,
-           alpha: float = 0.05, min_gain: float = 0.02,
+           alpha: float = 0.05, min_gain: float = 0.02, hopeless_below: float = 0.5,
            compare: Comparator = bonferroni_compare,
            progress: Callable[[str], None] = lambda msg: None,
            clock: Callable[[], float] = time.monotonic) -> SearchResult:
@@ -336,6 +337,14 @@ def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
                           min_gain)
         comparisons = {lab: Comparison(lab, s, lo, hi, v, len(paired_ratios(arms[lab], ref)))
                        for lab, (s, lo, hi, v) in results.items()}
+        # hopeless: surely less than half as fast; not worth another step's time
+        for c in comparisons.values():
+            if c.hi < hopeless_below:
+                excluded[c.label] = (f"hopeless: {c.speedup:.2f}x [{c.lo:.2f}, {c.hi:.2f}] "
+                                     f"in step {len(steps) + 1}, not retried")
+                found[c.label] = excluded[c.label]
+        for name in pool:
+            pool[name] = [o for o in pool[name] if o.label not in found]
         winners = [c for c in comparisons.values() if c.verdict == FASTER and c.label in fits]
         best = max(winners, key=lambda c: c.speedup, default=None)
         steps.append(StepRecord(len(steps) + 1, current, comparisons, best and best.label, found,
