@@ -77,3 +77,28 @@ def test_recipe_run_end_to_end(tmp_path):
     rerun = pd.read_csv(only_run_dir(tmp_path / "again") / "trials.csv")
     assert rerun["status"].eq("ok").all()
     assert rerun["precision"].iloc[0] == final["overrides"]["precision"]
+
+
+def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
+    from speedbench import results, run
+
+    cfg = compose_cfg(*TINY, "model=transformer", experiment="sync")
+    plan = build_plan(cfg, "sync")
+    pd.DataFrame([{"experiment": "sync", "model": "transformer", "variant": "item",
+                   "symptom": "host reads of device values every step", "figure": "1 per step",
+                   "tip": "read the loss every K steps", "knob": "sync=deferred"},
+                  {"experiment": "sync", "model": "transformer", "variant": "item",
+                   "symptom": "model syncs", "figure": "-", "tip": "-", "knob": "-"}]
+                 ).to_csv(tmp_path / "findings.csv", index=False)
+    writer = results.TrialWriter(tmp_path / "trials.csv")
+    findings = recipe.check_findings([plan], tmp_path, writer, False, run.execute)
+    assert findings["check"].iloc[0].startswith("measured ")
+    assert findings["check"].iloc[0].endswith(("recommended", "not settled by this check"))
+    assert findings["check"].iloc[1] == "-"
+    rows = pd.DataFrame(writer.rows)
+    assert set(rows["experiment"]) == {"check-sync"}
+    assert set(rows["variant"]) == {"as run", "suggested"}
+    assert set(rows[rows["variant"] == "suggested"]["status"]) == {"ok"}
+    assert "check" in pd.read_csv(tmp_path / "findings.csv")
+    assert recipe.parse_knob("data.num_workers=2 data.persistent_workers=true") == \
+        {"data.num_workers": 2, "data.persistent_workers": True}

@@ -290,3 +290,75 @@ def cannot_act_for(cfg: DictConfig, dist_env=None):
             return knobs.not_applicable(merge_variant(cfg, "naive", overrides), device, makes)
         return cannot
     return for_spec
+
+
+# --- diagnosis that closes the loop: a finding's knob measured before it is recommended ---------
+def parse_knob(knob: str) -> dict:
+    """'data.num_workers=2 data.persistent_workers=true' -> overrides (YAML-typed values)."""
+    out = {}
+    for part in str(knob).split():
+        if "=" in part:
+            key, value = part.split("=", 1)
+            out[key] = yaml.safe_load(value)
+    return out
+
+
+def check_findings(plans: list[Plan], run_dir: Path, writer, progress: bool, execute_plan,
+                   alpha: float = 0.05) -> Optional[pd.DataFrame]:
+    """For every finding of findings.csv that suggests a knob: the variant as it ran vs the same
+    with the knob set, side by side in paired rounds (experiment `check-<experiment>`, profile
+    off), the suggestion's effect with a CI Bonferroni-adjusted over the run's checks. The
+    finding gets a `check` column: "measured 0.82x [0.75, 0.90] here, not recommended"."""
+    path = Path(run_dir) / "findings.csv"
+    if not path.is_file():
+        return None
+    findings = pd.read_csv(path)
+    todo = findings[findings["knob"].fillna("-").astype(str).str.contains("=")]
+    if todo.empty:
+        return findings
+    by_experiment = {p.experiment: p for p in plans}
+    keys = list(dict.fromkeys(zip(todo["experiment"], todo["model"], todo["variant"],
+                                  todo["knob"])))
+    ratios: dict[tuple, Any] = {}
+    status: dict[tuple, str] = {}
+    for experiment, model, variant, knob in keys:
+        plan = by_experiment.get(experiment)
+        spec = next((m for m in plan.models if m.name == model), None) if plan else None
+        if spec is None or variant not in (plan.config.variants or {"default": {}}):
+            status[(experiment, model, variant, knob)] = "not checked: its plan is unknown"
+            continue
+        raw = OmegaConf.to_container((plan.config.variants or {}).get(variant) or {},
+                                     resolve=True)
+        ran = {**_flat(raw), "profile": "off"}
+        recipes = {"as run": ran, "suggested": {**ran, **parse_knob(knob)}}
+        if progress:
+            print(f"checking the finding's suggestion {knob} on {model}/{variant}",
+                  file=sys.stderr, flush=True)
+        try:
+            step = step_plan(plan.config, _entry(plan.config, spec), recipes, "as run",
+                             f"check-{experiment}")
+        except ConfigError as exc:
+            status[(experiment, model, variant, knob)] = f"not checked: {exc}"
+            continue
+        step.models = [m for m in step.models if m.name == model]
+        start = len(writer.rows)
+        execute_plan(step, run_dir, progress, None, writer)
+        arms = arms_from_rows(writer.rows[start:], list(recipes))
+        if arms["suggested"].status != "ok" or arms["as run"].status != "ok":
+            bad = arms["suggested"] if arms["suggested"].status != "ok" else arms["as run"]
+            status[(experiment, model, variant, knob)] = f"not measured here ({bad.status})"
+            continue
+        ratios[(experiment, model, variant, knob)] = search.paired_ratios(arms["suggested"],
+                                                                          arms["as run"])
+    threshold = float(OmegaConf.select(plans[0].config, "bench.noise_threshold", default=0.02))
+    compared = search.bonferroni_compare(ratios, alpha, threshold)
+    for key, (s, lo, hi, verdict) in compared.items():
+        effect = f"{s:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else "")
+        status[key] = f"measured {effect} here, " + {
+            search.FASTER: "recommended", search.SLOWER: "slower here, not recommended",
+            search.EQUIVALENT: "no difference here, not recommended"}.get(
+                verdict, "not settled by this check")
+    findings["check"] = [
+        status.get((r.experiment, r.model, r.variant, r.knob), "-") for r in findings.itertuples()]
+    findings.to_csv(path, index=False)
+    return findings

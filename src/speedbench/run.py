@@ -285,6 +285,11 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     summary = scaling.add_efficiency(stats.summarise(frame), frame)
     results.write_summary(summary, run_dir)
     profiled = diagnosis.write_tables(run_dir, writer.rows)  # phases.csv, findings.csv
+    if profiled and cfg.recipe.check_findings:  # each suggested knob measured (recipe.py)
+        recipe.check_findings(plans, run_dir, writer, progress, execute)
+        frame = writer.frame()
+        summary = scaling.add_efficiency(stats.summarise(frame), frame)
+        results.write_summary(summary, run_dir)
     write_report(run_dir, cfg=resolved)
     print(console_table(summary))
     for line in stats.spread_warnings(summary):

@@ -26,6 +26,9 @@ FASTER, SLOWER = "faster", "slower"
 NO_DIFFERENCE = ("equivalent", "no significant difference")
 # Experiments whose variants are not training recipes (the profilers): nothing to advise.
 NOT_ADVICE = ("profile",)
+# Measurements made for something else: the recipe search's steps (advised from recipe.csv)
+# and the findings' checks (shown with the findings).
+MEASURED_FOR = ("recipe", "check-")
 
 
 @dataclass
@@ -122,7 +125,7 @@ def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None) -> list[Ad
     per_technique: dict[tuple, list[tuple[dict, str, str]]] = {}
     for r in rows:
         advice = out.setdefault(str(r["model"]), Advice(str(r["model"])))
-        if r["experiment"] in NOT_ADVICE or str(r["experiment"]).startswith("recipe"):
+        if r["experiment"] in NOT_ADVICE or str(r["experiment"]).startswith(MEASURED_FOR):
             continue
         base = baselines.get((r["experiment"], r["model"]))
         if base is not None and str(base.get("status", "ok")) != "ok":

@@ -170,8 +170,11 @@ def claim_tally(verdicts: pd.Series) -> str:
 
 
 def findings_table(findings: pd.DataFrame) -> pd.DataFrame:
-    return findings[["model", "variant", "symptom", "figure", "tip", "knob"]].rename(
-        columns={"figure": "measured", "knob": "knob to try"}).fillna("-")
+    cols = ["model", "variant", "symptom", "figure", "tip", "knob"]
+    cols += ["check"] if "check" in findings else []  # the knob measured (recipe.check_findings)
+    return findings[cols].rename(
+        columns={"figure": "measured", "knob": "knob to try", "check": "knob, measured"}
+    ).fillna("-")
 
 
 # The names experiment_section gives its figures: plots/<experiment>-<figure>.png
