@@ -102,3 +102,23 @@ def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
     assert "check" in pd.read_csv(tmp_path / "findings.csv")
     assert recipe.parse_knob("data.num_workers=2 data.persistent_workers=true") == \
         {"data.num_workers": 2, "data.persistent_workers": True}
+
+
+def test_recipe_on_a_user_model_does_not_retry_what_failed(tmp_path):
+    """A `_target_` model that breaks under autocast: both precision options fail in step 1 and
+    are never measured again; the search goes on with the rest."""
+    from speedbench.run import run
+
+    model = ("model={_target_: fault_models.Tiny, fail: error_in_autocast, "
+             "dataset: {kind: images, image_size: 32, num_classes: 10}}")
+    cfg = compose_cfg(*TINY, model, "bench.repeats=3", "recipe.budget_s=120",
+                      f"out_dir={tmp_path}", *FEW, experiment="recipe")
+    run_dir = run(cfg, "recipe", progress=False)
+    table = pd.read_csv(run_dir / "recipe.csv")
+    excluded = table[table["table"] == "excluded"].set_index("option")["status"]
+    assert excluded["precision=bf16"].startswith("error: RuntimeError: this model breaks")
+    trials = pd.read_csv(run_dir / "trials.csv")
+    tried = trials[trials["variant"].str.startswith("precision")]
+    assert set(tried["experiment"]) == {"recipe-step1"}
+    final = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+    assert list(final) == ["custom"] and final["custom"]["overrides"]["precision"] == "fp32"

@@ -21,7 +21,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from speedbench import search
-from speedbench.config import ConfigError, ModelSpec, Plan, build_plan
+from speedbench.config import REFERENCE_MODELS, ConfigError, ModelSpec, Plan, build_plan
 
 CLOSING = "recipe"
 RECIPE_COLUMNS = ["model", "table", "step", "label", "option", "group", "speedup", "lo", "hi",
@@ -251,7 +251,10 @@ def recipe_yaml(results: dict[str, search.SearchResult]) -> str:
             "chosen": [o.label for o in r.chosen],
             "speedup_over_naive": _num(last.get("speedup")),
             "ci": [_num(last.get("lo")), _num(last.get("hi"))],
-            "command": "python -m speedbench " + " ".join([f"model={model}"] + args),
+            # a user's _target_ model is named `custom`: give its model= config yourself
+            "command": "python -m speedbench " + " ".join(
+                [f"model={model}" if model in REFERENCE_MODELS else "model=<your model config>"]
+                + args),
         }
     return "\n".join(lines) + "\n" + yaml.safe_dump(doc, sort_keys=False)
 

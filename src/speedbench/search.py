@@ -316,7 +316,8 @@ def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
         recipes = {"current": current, **{o.label: _apply(current, o) for o in options}}
         t0 = clock()
         arms = measure(recipes, step=f"step {len(steps) + 1}", time_left_s=budget.left())
-        budget.record(clock() - t0, len(recipes))
+        # cost per recipe measured (n/a ones cost nothing and are not measured again)
+        budget.record(clock() - t0, sum(a.status == "ok" for a in arms.values()))
         ref = arms.get("current")
         if ref is None or ref.status != "ok":
             stopped = (f"the current recipe could not be measured in step {len(steps) + 1} "
