@@ -17,8 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from speedbench import capacity, diagnosis, distributed, env, knobs, profile, recipe, results, \
-    scaling, stats
+from speedbench import capacity, diagnosis, distributed, env, knobs, profile, results, scaling, stats
 from speedbench.config import ModelSpec, Plan, micro_batch
 from speedbench.data import build_dataset, build_loader
 from speedbench.flops import FlopsBook
@@ -242,7 +241,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     A suite (`tips`) measures each member experiment into the same trials.csv; `overrides` are
     the command line's, handed on to every member.
     """
-    from speedbench import suite
+    from speedbench import recipe, suite
     from speedbench.config import build_plan
     from speedbench.report.render import console_table, write_report
 
