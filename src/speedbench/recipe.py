@@ -296,6 +296,9 @@ def cannot_act_for(cfg: DictConfig, dist_env=None):
 
 
 # --- diagnosis that closes the loop: a finding's knob measured before it is recommended ---------
+CHECK_BUDGET_S = 60.0  # per finding checked: the rounds beyond bench.repeats stop there
+
+
 def parse_knob(knob: str) -> dict:
     """'data.num_workers=2 data.persistent_workers=true' -> overrides (YAML-typed values)."""
     out = {}
@@ -332,7 +335,8 @@ def check_findings(plans: list[Plan], run_dir: Path, writer, progress: bool, exe
             continue
         raw = OmegaConf.to_container((plan.config.variants or {}).get(variant) or {},
                                      resolve=True)
-        ran = {**_flat(raw), "profile": "off"}
+        # unprofiled; adaptive rounds capped, so that checks stay a small part of the run
+        ran = {**_flat(raw), "profile": "off", "bench.time_budget_s": CHECK_BUDGET_S}
         recipes = {"as run": ran, "suggested": {**ran, **parse_knob(knob)}}
         if progress:
             print(f"checking the finding's suggestion {knob} on {model}/{variant}",
