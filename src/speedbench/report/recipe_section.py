@@ -22,7 +22,10 @@ METHOD = ("The search starts from the naive recipe (the articles' before-code, w
           "options. It stops when no option is significantly faster, or when the time budget "
           "would not cover the next step. A closing measurement then runs naive, each stage of "
           "the stack and each leave-one-out recipe side by side: the cumulative speed-ups over "
-          "naive and each technique's contribution in the presence of the others.")
+          "naive and each technique's contribution in the presence of the others. (The "
+          "experiment tables further down, recipe-step<N> and recipe, hold the same trials with "
+          "intervals adjusted over all of the run's comparisons at once: wider than those the "
+          "search decided each step with.)")
 
 
 def _ci(x, lo, hi) -> str:
