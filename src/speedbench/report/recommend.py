@@ -94,7 +94,7 @@ def _classify(row: dict) -> tuple[str, str]:
     if status.startswith("n/a"):
         return "untested", status.removeprefix("n/a:").strip() or "n/a"
     if status != "ok":
-        if "slower" in status or status.startswith(("hopeless", "stopped")):
+        if "slower" in status or status.startswith(("too slow", "hopeless", "stopped")):
             return "skip", status
         return "untested", f"failed here: {status}"
     if verdict == FASTER:
