@@ -14,9 +14,11 @@ import torch
 from omegaconf import OmegaConf
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from speedbench import distributed
-from speedbench.config import ModelSpec, SpeedbenchConfig
+from speedbench import distributed, techniques
+from speedbench.config import ModelSpec, Schema
 from speedbench.data import MarkovTokens, build_loader
+from speedbench.techniques import Context
+from speedbench.techniques.parallel import wrap
 from speedbench.train import Trainer, build_model
 
 from dist_models import SEQ, TINY_LM, VOCAB
@@ -29,12 +31,12 @@ SPEC = ModelSpec(name="tiny", target={"_target_": TINY_LM["_target_"]}, dataset=
 def train(env: distributed.DistEnv, parallel: str, batch: int, steps: int, accumulate: int = 1,
           hook=None) -> torch.nn.Module:
     """`steps` optimizer steps of speedbench's Trainer on the shard of `env`'s rank."""
-    recipe = OmegaConf.structured(SpeedbenchConfig)
+    recipe = OmegaConf.structured(Schema)
     recipe.accumulate, recipe.lr = accumulate, 0.01
     data = MarkovTokens(256, SEQ, VOCAB)
-    loader = build_loader(data, batch, recipe.data, seed=0,
+    loader = build_loader(data, batch, techniques.loader_options(recipe, Context(CPU)), seed=0,
                           sampler=distributed.sampler(data, env, 0))
-    model = distributed.wrap(build_model(SPEC, seed=0), parallel, CPU)
+    model = wrap(build_model(SPEC, seed=0), parallel, CPU)
     if hook is not None:
         model.register_comm_hook(None, hook)
     trainer = Trainer(SPEC, recipe, CPU, loader, model=model)

@@ -21,8 +21,9 @@ from omegaconf import OmegaConf
 
 import speedbench
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
-from speedbench import claims, distributed, knobs, scaling, stats
-from speedbench.config import ConfigError, SpeedbenchConfig, build_plan
+from speedbench import claims, distributed, scaling, stats, techniques
+from speedbench.config import ConfigError, Schema, build_plan
+from speedbench.techniques import Context
 from speedbench.report import plots
 
 TESTS = Path(__file__).resolve().parent
@@ -113,12 +114,12 @@ def test_unknown_parallel_mode_names_the_allowed_ones():
 
 
 def test_dataparallel_is_na_without_two_gpus():
-    recipe = OmegaConf.structured(SpeedbenchConfig)
+    recipe = OmegaConf.structured(Schema)
     recipe.parallel = "dp"
-    reason = knobs.not_applicable(recipe, torch.device("cpu"), makes_per_step_tensors=False)
+    reason = techniques.not_applicable(recipe, Context(torch.device("cpu")))
     assert reason == "n/a: DataParallel needs at least two CUDA devices (this run has 0)"
     recipe.parallel = "none"
-    assert knobs.not_applicable(recipe, torch.device("cpu"), makes_per_step_tensors=False) is None
+    assert techniques.not_applicable(recipe, Context(torch.device("cpu"))) is None
 
 
 def _fake_trials() -> pd.DataFrame:

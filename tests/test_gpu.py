@@ -14,7 +14,8 @@ import pytest
 import torch
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
 
-from speedbench import flops, knobs, run
+from speedbench import flops, run, techniques
+from speedbench.techniques import Context
 from speedbench.config import build_plan
 from speedbench.data import build_dataset, build_loader
 from speedbench.timing import device_peak_mb, reset_device_peak
@@ -36,7 +37,7 @@ def setup(*overrides: str, model: str = "transformer"):
 def test_fp16_autocast_and_grad_scaler_on_cuda():
     plan, spec, recipe, dataset = setup("precision=fp16")
     device = torch.device(plan.device)
-    loader = build_loader(dataset, recipe.batch_size, recipe.data, seed=0)
+    loader = build_loader(dataset, recipe.batch_size, _loader_options(recipe), seed=0)
     trainer = Trainer(spec, recipe, device, loader)
     try:
         assert isinstance(trainer.scaler, torch.amp.GradScaler) and trainer.scaler.is_enabled()
@@ -53,15 +54,19 @@ def test_fp16_autocast_and_grad_scaler_on_cuda():
         trainer.close()
 
 
+def _loader_options(recipe) -> dict:
+    return techniques.loader_options(recipe, Context(torch.device("cuda:0")))
+
+
 def test_pinned_memory_and_non_blocking_copies():
     plan, spec, recipe, dataset = setup("data.pin_memory=true", "data.non_blocking=true")
     device = torch.device(plan.device)
-    x, y = next(iter(build_loader(dataset, recipe.batch_size, recipe.data, seed=0)))
+    x, y = next(iter(build_loader(dataset, recipe.batch_size, _loader_options(recipe), seed=0)))
     assert x.is_pinned() and y.is_pinned()
-    xd, yd = knobs.to_device((x, y), device, non_blocking=True)
+    xd, yd = (t.to(device, **techniques.copy_options(recipe, Context(device))) for t in (x, y))
     torch.cuda.synchronize()
     assert xd.is_cuda and torch.equal(xd.cpu(), x) and torch.equal(yd.cpu(), y)
-    assert knobs.not_applicable(recipe, device, True) is None
+    assert techniques.not_applicable(recipe, Context(device)) is None
     record = run.measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
     assert record["status"] == "ok", record["status"]
 
@@ -82,7 +87,7 @@ def test_device_peak_memory_is_measured():
 def test_tensor_creation_host_vs_device(where):
     plan, spec, recipe, dataset = setup(f"tensor_creation={where}", model="vae")
     device = torch.device(plan.device)
-    loader = build_loader(dataset, recipe.batch_size, recipe.data, seed=0)
+    loader = build_loader(dataset, recipe.batch_size, _loader_options(recipe), seed=0)
     trainer = Trainer(spec, recipe, device, loader)
     try:
         trainer.step()
@@ -90,7 +95,7 @@ def test_tensor_creation_host_vs_device(where):
         assert (trainer.model.host_creations > 0) == (where == "host")
     finally:
         trainer.close()
-    assert knobs.not_applicable(recipe, device, True) is None  # it can act on a GPU
+    assert techniques.not_applicable(recipe, Context(device)) is None  # it can act on a GPU
     record = run.measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
     assert record["status"] == "ok", record["status"]
 

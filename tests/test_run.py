@@ -73,3 +73,49 @@ def test_explicit_run_dir_is_not_overwritten(tmp_path):
     (target / "trials.csv").write_text("experiment\n")
     with pytest.raises(FileExistsError):
         new_run_dir(str(tmp_path), "x", str(target))
+
+
+# --- rounds --------------------------------------------------------------------------------------
+def test_rounds_are_shuffled_reproducibly_from_the_seed():
+    from speedbench.run import round_order
+
+    names = ["a", "b", "c", "d"]
+    orders = [round_order(names, 0, r) for r in range(20)]
+    assert all(sorted(o) == names for o in orders)  # every variant once per round
+    assert len({tuple(o) for o in orders}) > 1  # the order changes between rounds
+    assert orders == [round_order(names, 0, r) for r in range(20)]  # same seed, same orders
+    assert orders != [round_order(names, 1, r) for r in range(20)]
+
+
+def test_trials_record_their_round_and_position(tmp_path, monkeypatch):
+    import speedbench.run as run_mod
+    from speedbench.config import build_plan
+
+    class NoFlops:
+        def __init__(self, device):
+            pass
+
+        def step(self, *args):
+            return None
+
+        def annotate(self, record, flops):
+            pass
+
+    def fake(plan, spec, variant, recipe, trial, dataset, *rest):
+        return {"experiment": plan.experiment, "model": spec.name, "variant": variant,
+                "is_baseline": variant == plan.baseline, "trial": trial, "status": "ok",
+                "samples_per_s": 1.0, "step_ms": 1.0, "batch_size": 4}
+
+    monkeypatch.setattr(run_mod, "FlopsBook", NoFlops)
+    monkeypatch.setattr(run_mod, "measure_trial", fake)
+    plan = build_plan(compose_cfg(*TINY, "model=transformer", "bench.repeats=3",
+                                  experiment="amp"), "amp")
+    writer = run_mod.execute(plan, tmp_path, progress=False)
+    trials = pd.read_csv(tmp_path / "trials.csv")
+    assert len(trials) == 9 and (trials["round"] == trials["trial"]).all()
+    for r, one in trials.groupby("round"):
+        assert sorted(one["variant"]) == ["bf16", "fp16", "fp32"]
+        assert one["position"].tolist() == [0, 1, 2]  # written in the order they ran
+        order = run_mod.round_order(list(plan.variants), plan.variants["fp32"].bench.seed, r)
+        assert one["variant"].tolist() == order
+    assert len(writer.rows) == 9

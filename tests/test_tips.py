@@ -11,8 +11,11 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
-from speedbench import knobs, suite, sweeps
+from speedbench import suite, sweeps, techniques
 from speedbench.config import ConfigError, build_plan, micro_batch
+from speedbench.techniques import Context
+from speedbench.techniques.sync import LossMeter
+from speedbench.techniques.tensor_creation import set_tensor_creation
 from speedbench.data import build_dataset, build_loader
 from speedbench.models.transformer import TransformerLM
 from speedbench.models.vae import ConvVAE
@@ -34,7 +37,7 @@ def _one_thread():
 # --- sync points ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["item", "numpy"])
 def test_item_and_numpy_read_the_host_every_forward_pass(mode):
-    meter = knobs.LossMeter(mode, every=10, device=torch.device("cpu"))
+    meter = LossMeter(mode, every=10, device=torch.device("cpu"))
     losses = [torch.tensor(float(i)) for i in range(7)]
     for i, loss in enumerate(losses, 1):
         meter.add(loss)
@@ -45,7 +48,7 @@ def test_item_and_numpy_read_the_host_every_forward_pass(mode):
 
 @pytest.mark.parametrize("every,adds", [(3, 7), (3, 9), (10, 4), (1, 5)])
 def test_deferred_reads_the_host_once_every_k_forward_passes(every, adds):
-    meter = knobs.LossMeter("deferred", every=every, device=torch.device("cpu"))
+    meter = LossMeter("deferred", every=every, device=torch.device("cpu"))
     for i in range(adds):
         meter.add(torch.tensor(float(i), requires_grad=True) * 1)
     assert meter.host_reads == adds // every
@@ -69,7 +72,7 @@ class Recorder:
 @pytest.mark.parametrize("where,born", [("host", None), ("device", torch.device("meta"))])
 def test_per_step_tensors_are_born_where_the_knob_says(where, born):
     model = TransformerLM(vocab_size=16, seq_len=4, dim=8, layers=1, heads=2)
-    assert knobs.set_tensor_creation(model, where) == 1
+    assert set_tensor_creation(model, where) == 1
     factory = Recorder()
     # 'meta' stands in for an accelerator: a device that is not the host.
     t = model.new_tensor(factory, 2, 3, device=torch.device("meta"))
@@ -98,9 +101,15 @@ def test_the_models_make_their_per_step_tensors_through_the_knob():
 
 def test_host_creation_is_na_where_host_and_device_are_one():
     recipe = compose_cfg(*TINY, "tensor_creation=host")
-    assert knobs.not_applicable(recipe, torch.device("cpu"), True).startswith("n/a:")
-    assert knobs.not_applicable(recipe, torch.device("meta"), False).startswith("n/a:")
-    assert knobs.not_applicable(recipe, torch.device("meta"), True) is None
+    makes = TransformerLM(vocab_size=16, seq_len=4, dim=8, layers=1, heads=2)
+    plain = torch.nn.Linear(2, 2)  # makes no per-step tensors
+
+    def why(device, model):
+        return techniques.not_applicable(recipe, Context(device=torch.device(device), model=model))
+
+    assert why("cpu", makes).startswith("n/a:")
+    assert why("meta", plain).startswith("n/a:")
+    assert why("meta", makes) is None
 
 
 # --- DataLoader workers ---------------------------------------------------------------------------
@@ -119,7 +128,8 @@ class WhoLoads(Dataset):
 def test_worker_processes_really_load_the_data(workers):
     cfg = compose_cfg(*TINY, f"data.num_workers={workers}", "data.persistent_workers=true")
     plan = build_plan(cfg, None)
-    loader = build_loader(WhoLoads(), 2, plan.variants["default"].data, seed=0)
+    options = techniques.loader_options(plan.variants["default"], Context(torch.device("cpu")))
+    loader = build_loader(WhoLoads(), 2, options, seed=0)
     who = torch.cat([x for x, _ in loader])
     pids, ids = set(who[:, 0].tolist()), set(who[:, 1].tolist())
     if workers:
@@ -164,7 +174,8 @@ def _trainer(variant: str, *extra: str) -> Trainer:
     plan = build_plan(cfg, "accumulation")
     spec, recipe = plan.models[0], plan.variants[variant]
     data = build_dataset(spec.dataset, 64, seed=0)
-    loader = build_loader(data, micro_batch(recipe, spec), recipe.data, seed=0)
+    loader = build_loader(data, micro_batch(recipe, spec),
+                          techniques.loader_options(recipe, Context(torch.device("cpu"))), seed=0)
     return Trainer(spec, recipe, torch.device("cpu"), loader)
 
 
@@ -320,10 +331,10 @@ def test_workers_experiment_on_images_starts_worker_processes(tmp_path):
 @pytest.mark.gpu
 def test_host_creation_on_cuda_creates_on_the_host_then_moves():
     vae = ConvVAE(image_size=16, width=4, latent=4).cuda()
-    knobs.set_tensor_creation(vae, "host")
+    set_tensor_creation(vae, "host")
     vae(torch.randn(2, 3, 16, 16, device="cuda"))
     assert vae.host_creations == 1
-    knobs.set_tensor_creation(vae, "device")
+    set_tensor_creation(vae, "device")
     vae(torch.randn(2, 3, 16, 16, device="cuda"))
     assert vae.host_creations == 1
 

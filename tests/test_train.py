@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from conftest import compose_cfg
+from speedbench import techniques
 from speedbench.config import build_plan
 from speedbench.data import build_dataset, build_loader
+from speedbench.techniques import Context
 from speedbench.train import Trainer, build_model
 
 
@@ -79,7 +81,8 @@ def test_loss_falls_on_the_synthetic_data(model):
     plan = build_plan(cfg, None)
     spec, recipe = plan.models[0], plan.variants["default"]
     ds = build_dataset(spec.dataset, 16 * 70, seed=0)
-    trainer = Trainer(spec, recipe, torch.device("cpu"), build_loader(ds, 16, recipe.data, seed=0))
+    options = techniques.loader_options(recipe, Context(torch.device("cpu")))
+    trainer = Trainer(spec, recipe, torch.device("cpu"), build_loader(ds, 16, options, seed=0))
     losses = []
     for _ in range(60):
         trainer.meter.reset()

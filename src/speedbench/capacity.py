@@ -24,12 +24,12 @@ import torch
 from omegaconf import OmegaConf
 
 from speedbench.config import micro_batch
+from speedbench.schema import CAPACITY_COLUMNS, CAPACITY_LIMIT_FACTOR, na
 from speedbench.timing import device_peak_mb, reset_device_peak
 from speedbench.train import Trainer
 
-COLUMNS = ["experiment", "model", "variant", "precision", "status", "largest_batch", "first_oom",
-           "peak_mem_mb", "device_mem_mb", "tries", "search_s", "stopped"]
-LIMIT_FACTOR = 256  # no search past this many times the model's batch
+COLUMNS = CAPACITY_COLUMNS
+LIMIT_FACTOR = CAPACITY_LIMIT_FACTOR  # no search past this many times the model's batch
 
 
 @dataclass
@@ -90,8 +90,8 @@ def probe(experiment: str, spec, variant: str, recipe, device: torch.device, dat
     row = {"experiment": experiment, "model": spec.name, "variant": variant,
            "precision": recipe.precision}
     if device.type != "cuda":
-        return {**row, "status": "n/a: the largest batch that fits is searched on CUDA only (on "
-                                 "a CPU the limit is host RAM and swap, not an error to catch)"}
+        return {**row, "status": na("the largest batch that fits is searched on CUDA only (on "
+                                    "a CPU the limit is host RAM and swap, not an error to catch)")}
     recipe = OmegaConf.merge(recipe, {"accumulate": 1, "accumulate_mode": "add", "parallel": "none"})
     start = micro_batch(recipe, spec)
     loader = torch.utils.data.DataLoader(dataset, batch_size=start)

@@ -1,12 +1,16 @@
 """Typed config schema (registered in Hydra's ConfigStore) and the checks types cannot express.
 
-Data flow: Hydra composes a `SpeedbenchConfig`; `build_plan` validates it and expands it into a
-`Plan`: the models to train and, per variant, the fully merged recipe. Nothing trains before
-`build_plan` has accepted every variant of every model.
+Data flow: Hydra composes a `Schema` (SpeedbenchConfig below plus every technique's keys, see
+speedbench.techniques); `build_plan` validates it and expands it into a `Plan`: the models to
+train and, per variant, the fully merged recipe. Nothing trains before `build_plan` has accepted
+every variant of every model, including the checks that depend on how speedbench was started
+(`check_plan`).
 """
 from __future__ import annotations
 
+import dataclasses
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -15,33 +19,23 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+from speedbench import distributed, techniques
+from speedbench.errors import ConfigError
+
 SCALES = ("auto", "small", "full")
 DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
 DATASET_KINDS = ("images", "tokens")
 LOSSES = ("cross_entropy", "module")
-TENSOR_CREATION = ("host", "device")
-SYNC = ("item", "numpy", "deferred")
 PROFILES = ("off", "simple", "advanced", "pytorch")
-PARALLEL = ("none", "dp", "ddp")
-ACCUMULATE_MODES = ("add", "split")
 REFERENCE_MODELS = ("resnet", "vae", "transformer")
 # Keys a variant may not change: they define the experiment, not a recipe.
 NOT_PER_VARIANT = ("model", "models", "variants", "baseline", "claims", "experiment", "out_dir",
                    "suite", "recipe")
 
 
-class ConfigError(ValueError):
-    """A user mistake in the config: printed as one line, exit status 2, no traceback."""
-
-
 @dataclass
 class DataConfig:
-    num_workers: int = 0
-    pin_memory: bool = False
-    non_blocking: bool = False
-    persistent_workers: bool = False
-    prefetch_factor: Optional[int] = None
+    # The loader technique adds its keys here (num_workers, pin_memory, ...: see Schema).
     # Real data instead of the synthetic sets: an ImageFolder directory (image models) or a
     # plain text file (token models).
     path: Optional[str] = None
@@ -107,27 +101,13 @@ class SpeedbenchConfig:
     # overridden with a `_target_` mapping on the command line.)
     model: Any = None
     models: dict[str, Any] = field(default_factory=dict)
-    precision: str = "fp32"
-    accumulate: int = 1
-    # add: each of the `accumulate` micro-batches holds batch_size samples (the effective batch
-    # grows); split: the batch is the effective batch, cut into `accumulate` micro-batches.
-    accumulate_mode: str = "add"
     batch_size: Optional[int] = None  # None: the model's default for the scale
     lr: float = 1e-3
-    tensor_creation: str = "device"  # where per-step tensors (noise, masks) are born
-    sync: str = "deferred"  # how the loss reaches the host: item | numpy | deferred
-    sync_every: int = 10  # deferred: read the accumulated loss every K forward passes
-    empty_cache: bool = False  # torch.cuda.empty_cache() after every step
     # off | simple (phase table) | advanced (+ cProfile per phase) | pytorch (+ torch.profiler
     # trace). Profiling runs in extra windows after the timed one, so throughput stays unprofiled.
     profile: str = "off"
-    # Data parallelism (see distributed.py): none (one process, one device); dp
-    # (nn.DataParallel over all visible GPUs, one process); ddp (DistributedDataParallel, one
-    # process per device). Under torchrun every variant runs as ddp over torchrun's ranks;
-    # otherwise speedbench launches torchrun itself for each ddp trial.
-    parallel: str = "none"
-    nproc: Optional[int] = None  # processes speedbench launches for ddp; None: all GPUs, 2 on a CPU
-    dist_timeout_s: float = 300.0  # a rank waiting this long on its peers fails the run, no hang
+    # The techniques' keys (precision, accumulate, sync, parallel, data.num_workers, ...) are
+    # declared in their modules under speedbench/techniques/ and added by `Schema` below.
     data: DataConfig = field(default_factory=DataConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     # Set by experiment files: variant name -> overrides of the recipe above.
@@ -153,10 +133,36 @@ def config_dir() -> str:
     raise FileNotFoundError(f"speedbench's configs/ were not found next to {here}")
 
 
+def _with_fields(base: type, name: str, fields: list, prefix: str = "") -> type:
+    """`base` extended by the technique fields under `prefix`: a dataclass OmegaConf validates.
+    A grouped key (`data.num_workers`) extends the group's own dataclass the same way. Every
+    class made is a global of this module, under its name, so that recipes pickle."""
+    hints = typing.get_type_hints(base)
+    own = [f for f in fields if "." not in f.key[len(prefix):]]
+    spec: list = [(f.key[len(prefix):], f.schema_type, field(default=f.default)) for f in own]
+    groups = dict.fromkeys(f.key[len(prefix):].split(".")[0] for f in fields if f not in own)
+    for group in groups:
+        if group not in hints:
+            raise TypeError(f"technique key group '{prefix}{group}' is not in the schema")
+        inner = _with_fields(hints[group], f"{name}_{group}",
+                             [f for f in fields if f.key.startswith(f"{prefix}{group}.")],
+                             prefix=f"{prefix}{group}.")
+        spec.append((group, inner, field(default_factory=inner)))
+    cls = dataclasses.make_dataclass(name, spec, bases=(base,))
+    cls.__module__, cls.__qualname__ = __name__, name
+    globals()[name] = cls
+    return cls
+
+
+# The full schema: SpeedbenchConfig plus every technique's keys (Schema_data: DataConfig plus
+# the loader's). Hydra's `speedbench_schema` is this class.
+Schema = _with_fields(SpeedbenchConfig, "Schema", techniques.fields())
+
+
 def register_schema() -> None:
     from speedbench.sweeps import register_resolvers
 
-    ConfigStore.instance().store(name="speedbench_schema", node=SpeedbenchConfig)
+    ConfigStore.instance().store(name="speedbench_schema", node=Schema)
     register_resolvers()  # machine-dependent variants, e.g. ${speedbench.worker_variants:...}
 
 
@@ -229,22 +235,12 @@ def _at_least(key: str, value: Any, low: int) -> None:
 
 
 def check_recipe(recipe: DictConfig, where: str = "") -> None:
-    """Range and choice checks for one recipe (the types were checked by OmegaConf)."""
+    """Range and choice checks for one recipe (the types were checked by OmegaConf): every
+    technique's keys (from their declared types), then the rest."""
     p = where
-    _choice(p + "precision", recipe.precision, PRECISIONS)
-    _choice(p + "tensor_creation", recipe.tensor_creation, TENSOR_CREATION)
-    _choice(p + "sync", recipe.sync, SYNC)
+    techniques.validate(recipe, where)
     _choice(p + "profile", recipe.profile, PROFILES)
-    _choice(p + "parallel", recipe.parallel, PARALLEL)
-    _at_least(p + "nproc", recipe.nproc, 1)
-    if not recipe.dist_timeout_s > 0:
-        raise ConfigError(f"{p}dist_timeout_s: {recipe.dist_timeout_s} is out of range; it must be > 0")
-    _at_least(p + "sync_every", recipe.sync_every, 1)
-    _at_least(p + "accumulate", recipe.accumulate, 1)
-    _choice(p + "accumulate_mode", recipe.accumulate_mode, ACCUMULATE_MODES)
     _at_least(p + "batch_size", recipe.batch_size, 1)
-    _at_least(p + "data.num_workers", recipe.data.num_workers, 0)
-    _at_least(p + "data.prefetch_factor", recipe.data.prefetch_factor, 1)
     _at_least(p + "data.samples", recipe.data.samples, 1)
     _at_least(p + "bench.warmup", recipe.bench.warmup, 0)
     _at_least(p + "bench.steps", recipe.bench.steps, 1)
@@ -270,13 +266,6 @@ def _exists(path: str) -> bool:
     from pathlib import Path
 
     return Path(path).expanduser().exists()
-
-
-def normalise_loader(recipe: DictConfig) -> None:
-    """DataLoader refuses prefetch_factor/persistent_workers without workers: drop them there."""
-    if recipe.data.num_workers == 0:
-        recipe.data.persistent_workers = False
-        recipe.data.prefetch_factor = None
 
 
 def merge_variant(base: DictConfig, name: str, overrides: Any) -> DictConfig:
@@ -357,7 +346,7 @@ FREE_FORM = ("model", "models", "variants", "claims", "recipe.candidates")
 
 def check_known_keys(cfg: DictConfig, schema: Optional[DictConfig] = None, prefix: str = "") -> None:
     """Reject keys the schema does not know, including ones added with `+key=value`."""
-    schema = schema if schema is not None else OmegaConf.structured(SpeedbenchConfig)
+    schema = schema if schema is not None else OmegaConf.structured(Schema)
     for key in cfg.keys():
         full = f"{prefix}{key}"
         if key not in schema:
@@ -397,34 +386,36 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     for name in [baseline] + [v for v in raw_variants if v != baseline]:
         recipe = merge_variant(base, name, raw_variants[name])
         check_recipe(recipe, where=f"variants.{name}." if name != "default" else "")
-        normalise_loader(recipe)
+        techniques.normalise(recipe)
         variants[name] = recipe
     for spec in models:
         if cfg.data.path is not None:
             _check_path_fits(spec, cfg.data.path)
-        for name, recipe in variants.items():
-            _check_split(spec, name, recipe)
     plan = Plan(experiment=experiment or "default", device=device, scale=scale, models=models,
                 variants=variants, baseline=baseline, config=cfg)
-    from speedbench import distributed  # checks that depend on how speedbench was started
-
-    distributed.check_plan(plan, distributed.from_environ())
+    check_plan(plan, distributed.from_environ())
     return plan
 
 
+def check_plan(plan: Plan, env: Optional[distributed.DistEnv]) -> None:
+    """Checks against the whole plan and how speedbench was started (under torchrun: `env`),
+    then every technique's own (techniques.check_plan). Raises ConfigError."""
+    kind = plan.device.split(":")[0]
+    if env is not None:
+        reason = distributed.cannot_launch(kind)
+        if reason:
+            raise ConfigError(f"device: '{plan.device}' cannot run under torchrun: {reason}")
+        have = distributed.device_count(kind)
+        if env.local_world_size > have:
+            noun = "CUDA devices" if kind == "cuda" else "CPU cores"
+            raise ConfigError(f"torchrun started {env.local_world_size} processes on this node "
+                              f"but it has {have} {noun}; use --nproc_per_node={have} or fewer")
+    techniques.check_plan(plan, env)
+
+
 def micro_batch(recipe, spec: ModelSpec) -> int:
-    """Samples per micro-batch: the batch itself, or its share under accumulate_mode=split."""
-    batch = recipe.batch_size or spec.batch_size
-    return batch // recipe.accumulate if recipe.accumulate_mode == "split" else batch
-
-
-def _check_split(spec: ModelSpec, name: str, recipe: DictConfig) -> None:
-    batch = recipe.batch_size or spec.batch_size
-    if recipe.accumulate_mode == "split" and batch % recipe.accumulate:
-        where = f"variants.{name}." if name != "default" else ""
-        raise ConfigError(f"{where}accumulate: {recipe.accumulate} does not divide the batch "
-                          f"of model {spec.name} ({batch}); with accumulate_mode=split the batch "
-                          "is cut into `accumulate` equal micro-batches")
+    """Samples per micro-batch (the techniques may cut the batch, e.g. accumulation's split)."""
+    return techniques.micro_batching(recipe.batch_size or spec.batch_size, recipe)[0]
 
 
 def _check_path_fits(spec: ModelSpec, path: str) -> None:

@@ -15,14 +15,13 @@ from typing import Optional
 
 import pandas as pd
 
-PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
-PHASE_COLUMNS = ["experiment", "model", "variant", "phase", "mean_ms", "total_ms", "share"]
-FINDING_COLUMNS = ["experiment", "model", "variant", "symptom", "figure", "tip", "knob"]
-# A tip is said to pay when its symptom costs at least this much.
-DATA_WAIT_SHARE = 0.10  # of the step spent waiting for the next batch
-H2D_SHARE = 0.02  # of the step spent copying the batch from pageable memory
-FP32_COMPUTE_SHARE = 0.30  # of the step in fp32 forward+backward on a GPU with tensor cores
-PER_STEP = 0.5  # host reads, host-born tensors, synchronisations: "every step" from here
+from speedbench import techniques
+from speedbench.schema import FINDING_COLUMNS, PHASE_COLUMNS, PHASES
+from speedbench.techniques.base import Finding
+
+# A tip is said to pay when its symptom costs at least this much (each technique's own
+# thresholds are in its module).
+PER_STEP = 0.5  # synchronisations: "every step" from here
 
 
 @dataclass
@@ -65,15 +64,6 @@ class TrialProfile:
         return 1000 * self.window_s / self.steps if self.steps else 0.0
 
 
-@dataclass
-class Finding:
-    symptom: str
-    figure: str  # the measured figure that shows it
-    tip: str
-    knob: str  # what to set, `-` when the fix is in the user's own code
-
-
-
 def pool(profiles: list[TrialProfile]) -> TrialProfile:
     """All trials of one (model, variant) as one long window: times and counts add up."""
     out = dataclasses.replace(profiles[0], phase_s=dict(profiles[0].phase_s))
@@ -89,113 +79,28 @@ def pool(profiles: list[TrialProfile]) -> TrialProfile:
     return out
 
 
-# The tips, one per symptom (the articles' wording where they have one).
+# Tips for symptoms no technique owns: the fix is in the user's code.
 TIPS = {
-    "workers": "load batches in DataLoader worker processes, so the next batch is decoded while "
-               "the model trains",
-    "cpu_bound": "the workers already use every CPU: make decoding and augmentation cheaper, "
-                 "pre-decode the data, or decode on the GPU",
-    "reads": "keep the running loss on the device (loss.detach()) and read it every K steps: "
-             "each .item() or .cpu() makes the host wait for the device",
     "model_syncs": "find the .item(), .cpu(), .tolist(), print(tensor), nonzero or boolean-mask "
                    "indexing in the model: run it under torch.cuda.set_sync_debug_mode('warn') "
                    "to see where",
-    "pinning": "pin the DataLoader's memory and copy with non_blocking=True: pinned copies are "
-               "faster and overlap with compute",
-    "creation": "create per-step tensors where they are used: torch.randn(..., device=x.device)",
-    "empty_cache": "do not empty the caching allocator during training: the next step has to "
-                   "cudaMalloc its memory again, and that synchronises",
-    "ddp": "use DistributedDataParallel, one process per GPU (torchrun): DataParallel scatters, "
-           "replicates and gathers from one Python process every step",
-    "amp": "train in mixed precision, so matrix work runs on the tensor cores",
-    "no_sync": "run forward and backward of the first k-1 micro-batches inside model.no_sync(), "
-               "so gradients are all-reduced once per optimizer step",
 }
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
-
-
 def diagnose(tp: TrialProfile) -> list[Finding]:
-    """Findings from what the profile windows measured; a clean recipe yields none."""
+    """Findings from what the profile windows measured; a clean recipe yields none. Each
+    technique's rule first (registry order), then the symptoms no technique owns."""
     if not tp.steps:
         return []
-    found: list[Finding] = []
-
-    def per_step(count: float) -> float:
-        return count / tp.steps
-
-    if tp.share("data") >= DATA_WAIT_SHARE:
-        figure = (f"the loop waits for data {_pct(tp.share('data'))} of the step "
-                  f"({tp.ms('data'):.1f} of {tp.step_ms:.1f} ms), "
-                  f"data.num_workers={tp.num_workers}")
-        if tp.num_workers < tp.cpus:
-            more = min(tp.cpus, 4) if tp.num_workers == 0 else min(tp.cpus, 2 * tp.num_workers)
-            found.append(Finding("data wait share high", figure, TIPS["workers"],
-                                 f"data.num_workers={more} data.persistent_workers=true"))
-        else:
-            found.append(Finding("data wait share high", f"{figure} on {tp.cpus} CPUs",
-                                 TIPS["cpu_bound"], "-"))
-
-    reads = per_step(tp.host_reads)
-    if reads >= PER_STEP:
-        figure = (f"{reads:.1f} host reads of the loss per step (sync={tp.sync}), "
-                  f"{tp.ms('other'):.2f} ms per step in them")
-        if tp.cuda_syncs is not None:
-            figure += f"; {per_step(tp.cuda_syncs):.1f} synchronising CUDA calls per step in all"
-        elif tp.device == "cpu":
-            figure += " (cheap on a CPU, where nothing runs ahead of the host; a stall on a GPU)"
-        found.append(Finding("host reads of device values every step", figure, TIPS["reads"],
-                             "sync=deferred"))
-
+    found = techniques.diagnose(tp)
     if tp.model_syncs is not None:
         # Host-born tensors' blocking copies are syncs too; they have their own finding.
-        extra = per_step(tp.model_syncs - tp.host_creations)
+        extra = (tp.model_syncs - tp.host_creations) / tp.steps
         if extra >= PER_STEP:
             found.append(Finding("the model makes the host wait for the GPU",
                                  f"{extra:.1f} synchronising CUDA calls per step inside forward "
                                  "and backward (torch.cuda.set_sync_debug_mode)",
                                  TIPS["model_syncs"], "-"))
-
-    if tp.device == "cuda" and tp.batch_pinned is False and tp.share("h2d") >= H2D_SHARE:
-        found.append(Finding("pageable host-to-device copies",
-                             f"copying {tp.batch_mb:.1f} MB per step from pageable memory takes "
-                             f"{_pct(tp.share('h2d'))} of the step ({tp.ms('h2d'):.2f} ms)",
-                             TIPS["pinning"], "data.pin_memory=true data.non_blocking=true"))
-
-    born = per_step(tp.host_creations)
-    if born >= PER_STEP:
-        found.append(Finding("per-step tensors created on the host",
-                             f"{born:.1f} tensors per step created on the CPU and copied to the "
-                             f"{tp.device} (forward: {tp.ms('forward'):.1f} ms per step)",
-                             TIPS["creation"], "tensor_creation=device"))
-
-    if tp.empty_cache_calls:
-        found.append(Finding("empty_cache called in the loop",
-                             f"torch.cuda.empty_cache() called {tp.empty_cache_calls} times in "
-                             f"{tp.steps} steps", TIPS["empty_cache"], "empty_cache=false"))
-
-    if tp.data_parallel:
-        found.append(Finding("DataParallel in use", tp.data_parallel, TIPS["ddp"], "parallel=ddp"))
-
-    cores = tp.device == "cuda" and tp.capability is not None and tp.capability >= (7, 0)
-    compute = tp.share("forward") + tp.share("backward")
-    if cores and tp.precision == "fp32" and compute >= FP32_COMPUTE_SHARE:
-        tf32 = "off" if tp.matmul_precision == "highest" else "on"
-        major, minor = tp.capability
-        found.append(Finding("fp32 matrix work on a GPU with tensor cores",
-                             f"forward+backward take {_pct(compute)} of the step in fp32 on "
-                             f"{tp.device_name} (compute capability {major}.{minor}, TF32 "
-                             f"matmuls {tf32})", TIPS["amp"],
-                             "precision=bf16" if major >= 8 else "precision=fp16"))
-
-    if tp.synced_forwards is not None and tp.accumulate > 1:
-        synced = per_step(tp.synced_forwards)
-        if synced > 1 + 1e-9:
-            found.append(Finding("gradient accumulation without no_sync under DDP",
-                                 f"{synced:.1f} of {tp.accumulate} micro-batches per optimizer "
-                                 "step all-reduce their gradients", TIPS["no_sync"], "-"))
     return found
 
 

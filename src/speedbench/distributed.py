@@ -1,14 +1,13 @@
-"""Data parallelism: torchrun's environment, the process group, DDP and DataParallel wrapping,
-and launching torchrun from inside speedbench.
+"""Data parallelism's runtime: torchrun's environment, the process group, each rank's shard,
+the ranks stepping together, and one record for the job.
 
 A variant runs as DDP in one of two ways:
 - the user starts speedbench under torchrun (`torchrun --nproc_per_node=N -m speedbench ...`):
   every rank runs the whole experiment, each variant as DDP over the N ranks, and rank 0 alone
-  writes the run directory (the ranks' clocks may disagree on its timestamp: DESIGN pitfall 2);
-- a variant sets `parallel=ddp` in a plain `python -m speedbench` run: each of its trials is
-  launched as `python -m torch.distributed.run --standalone -m speedbench.distributed JOB_DIR`
-  (`main` below is the worker), and rank 0's record comes back as a JSON file. One launch per
-  trial keeps the variants interleaved; the launch itself is outside the timed window.
+  writes the run directory (the ranks' clocks may disagree on its timestamp);
+- a variant sets `parallel=ddp` in a plain `python -m speedbench` run: speedbench.launch starts
+  each of its trials under torchrun.
+Wrapping the model (DDP, DataParallel) is the parallel technique's (techniques/parallel.py).
 
 Under DDP every rank must take the same number of steps, or the ranks left behind wait in an
 all-reduce forever: warm-up steps are agreed one by one (untimed), the timed window's length
@@ -21,29 +20,20 @@ import atexit
 import json
 import logging
 import os
-import pickle
 import re
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
-from speedbench.config import ConfigError
+from speedbench import schema
 from speedbench.timing import timed_steps
-
-CPU_DEFAULT_NPROC = 2  # DDP on a CPU: enough processes to exercise the machinery
-
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -83,19 +73,7 @@ def rank_device(device: str, env: Optional[DistEnv]) -> torch.device:
     return torch.device(device)
 
 
-def effective_parallel(recipe, env: Optional[DistEnv]) -> str:
-    """Under torchrun every variant runs as DDP over its ranks."""
-    return "ddp" if env is not None else recipe.parallel
-
-
-def replicas(parallel: str, device: torch.device) -> int:
-    """Devices one process drives: all visible GPUs under DataParallel, else one."""
-    if parallel == "dp" and device.type == "cuda":
-        return max(1, torch.cuda.device_count())
-    return 1
-
-
-# --- validation (called by config.build_plan, before anything trains) -----------------------------
+# --- what this machine offers (config.check_plan asks, before anything trains) ----------------
 def device_count(device_type: str) -> int:
     """How many devices of this type one node offers to processes: GPUs, or usable CPU cores."""
     if device_type == "cuda":
@@ -116,47 +94,7 @@ def cannot_launch(device_type: str) -> Optional[str]:
     return None
 
 
-def launch_nproc(recipe, device: str) -> int:
-    """Processes speedbench launches for a ddp trial: `nproc`, else all GPUs, else 2 CPU ranks."""
-    if recipe.nproc is not None:
-        return recipe.nproc
-    if device.startswith("cuda"):
-        return torch.cuda.device_count()
-    return min(CPU_DEFAULT_NPROC, device_count("cpu"))
-
-
-def check_plan(plan, env: Optional[DistEnv]) -> None:
-    """Checks that depend on how speedbench was started. Raises ConfigError."""
-    kind = plan.device.split(":")[0]
-    have = device_count(kind)
-    noun = "CUDA devices" if kind == "cuda" else "CPU cores"
-    if env is not None:
-        reason = cannot_launch(kind)
-        if reason:
-            raise ConfigError(f"device: '{plan.device}' cannot run under torchrun: {reason}")
-        if env.local_world_size > have:
-            raise ConfigError(f"torchrun started {env.local_world_size} processes on this node "
-                              f"but it has {have} {noun}; use --nproc_per_node={have} or fewer")
-    for name, recipe in plan.variants.items():
-        key = "parallel" if name == "default" else f"variants.{name}.parallel"
-        if env is not None and recipe.parallel == "dp":
-            raise ConfigError(f"{key}: 'dp' cannot run under torchrun (DataParallel is one process "
-                              "driving all GPUs; under torchrun every variant already runs as DDP "
-                              "over the ranks); use parallel=none or ddp, or run without torchrun")
-        if env is None and recipe.parallel == "ddp":
-            reason = cannot_launch(kind)
-            if reason:
-                raise ConfigError(f"{key}: 'ddp' needs a launcher and speedbench cannot launch one "
-                                  f"here: {reason}; run speedbench under torchrun, or use "
-                                  "parallel=none")
-            n = launch_nproc(recipe, plan.device)
-            where = "nproc" if name == "default" else f"variants.{name}.nproc"
-            if n > have:
-                raise ConfigError(f"{where}: {n} processes asked for, but this machine has {have} "
-                                  f"{noun}; choose 1..{have}")
-
-
-# --- the process group and the model -------------------------------------------------------
+# --- the process group ------------------------------------------------------------------------
 _failed = False  # set when a rank's trial failed: its process group is then left alone at exit
 _joined = False  # set when this process joined a process group (see exit_cleanly)
 
@@ -224,21 +162,6 @@ def _destroy_process_group() -> None:
         # background threads abort the process when a peer's socket closes under them.
         dist.barrier()
         dist.destroy_process_group()
-
-
-def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
-    """The model as `parallel` says: DDP (one rank, one device), DataParallel (all GPUs), or bare.
-    DDP broadcasts rank 0's weights at construction, so every rank starts equal."""
-    if parallel == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                       else None)
-    if parallel == "dp" and device.type == "cuda":
-        first = device.index or 0  # replicas on every GPU; inputs and outputs on this one
-        ids = [first] + [i for i in range(torch.cuda.device_count()) if i != first]
-        return nn.DataParallel(model, device_ids=ids)
-    return model
 
 
 def sampler(dataset, env: Optional[DistEnv], seed: int):
@@ -309,16 +232,17 @@ def combine(records: list[dict]) -> dict:
 
 def failure_status(exc: BaseException) -> str:
     if isinstance(exc, torch.OutOfMemoryError):
-        return "oom"
+        return schema.OOM
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     text = re.sub(r"^\[[^\]]*:\d+\]\s*", "", text)[:160]  # gloo's `[/path/pair.cc:561] ` prefix
-    return f"error: {type(exc).__name__}: {text}"
+    return schema.format_status(schema.ERROR, f"{type(exc).__name__}: {text}")
 
 
 def with_rank(status: str, rank: int) -> str:
     """`error: X: msg` -> `error: rank R: X: msg`; `oom` -> `oom (rank R)`."""
-    kind, sep, rest = status.partition(": ")
-    return f"{kind}: rank {rank}: {rest}" if sep else f"{status} (rank {rank})"
+    st = schema.parse_status(status)
+    reason = f"rank {rank}: {st.reason}" if st.reason else f"rank {rank}"
+    return schema.format_status(st.kind, reason)
 
 
 FAILURE_KEY = "speedbench/failure/"
@@ -332,7 +256,7 @@ def report_failure(exc: BaseException, env: DistEnv, where: str) -> str:
     _failed = True
     status = failure_status(exc)
     print(f"speedbench: rank {env.rank} of {env.world_size} failed in {where}: "
-          f"{status.removeprefix('error: ')}", file=sys.stderr, flush=True)
+          f"{schema.reason_of(status) or status}", file=sys.stderr, flush=True)
     first = (time.time(), env.rank, status)
     try:
         # The store torchrun's agent serves to the ranks; it outlives a failed rank.
@@ -356,111 +280,3 @@ def describe(env: Optional[DistEnv], device: torch.device) -> dict:
             "backend": backend_for(device), "run_id": env.run_id,
             "master_addr": os.environ.get("MASTER_ADDR"),
             "master_port": os.environ.get("MASTER_PORT")}
-
-
-# --- launching torchrun from inside speedbench ---------------------------------------------
-def launch_timeout_s(recipe) -> Optional[float]:
-    """Wall time allowed to a launched trial: start-up and rendezvous (dist_timeout_s), then a
-    warm-up and a window each capped by max_trial_s. None without a cap."""
-    if recipe.bench.max_trial_s is None:
-        return None
-    return recipe.dist_timeout_s + 2 * recipe.bench.max_trial_s
-
-
-def launch_trial(plan, spec, variant: str, recipe, trial: int) -> dict:
-    """One DDP trial over `nproc` processes started through torchrun; rank 0's combined record,
-    or a record whose status says which rank failed and why."""
-    nproc = launch_nproc(recipe, plan.device)
-    package_root = str(Path(__file__).resolve().parents[1])  # the speedbench the parent runs
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
-    with tempfile.TemporaryDirectory(prefix="speedbench-ddp-") as tmp:
-        job = Path(tmp)
-        (job / "job.pkl").write_bytes(pickle.dumps(
-            {"plan": plan, "spec": spec, "variant": variant, "recipe": recipe, "trial": trial}))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={nproc}", "-m", "speedbench.distributed", str(job)]
-        limit = launch_timeout_s(recipe)
-        # A session of its own, so that a timeout kills torchrun and all its workers.
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            return {"status": f"error: DDP trial over {nproc} processes did not end within "
-                              f"{limit:.0f} s (dist_timeout_s + 2 x bench.max_trial_s)"}
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if os.environ.get("SPEEDBENCH_DEBUG"):
-            print(output, file=sys.stderr)
-        record_file = job / "record.json"
-        if proc.returncode == 0 and record_file.exists():
-            return json.loads(record_file.read_text())
-        return {"status": _launch_failure(job, proc.returncode, output), "world_size": nproc}
-
-
-def _launch_failure(job: Path, returncode: int, output: str) -> str:
-    """The first rank's failure as a row status: `error: rank R: Type: message`."""
-    errors = []
-    for path in job.glob("rank*.error.json"):
-        try:
-            errors.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            pass  # a rank killed while writing: the others' records still tell
-    if errors:
-        first = min(errors, key=lambda e: e["time"])
-        return with_rank(first["status"], first["rank"])
-    lines = [ln.strip() for ln in output.splitlines()
-             if re.match(r"^\s*\w+(Error|Exception)\b.*:", ln)]
-    detail = lines[-1][:160] if lines else "no message (SPEEDBENCH_DEBUG=1 shows its output)"
-    return f"error: torchrun exited with status {returncode}: {detail}"
-
-
-def _write_rank_error(job: Path, env: DistEnv, exc: BaseException) -> None:
-    # Written then renamed: torchrun may kill this rank at any moment once a peer has failed,
-    # and the launcher must never read half a file.
-    tmp = job / f".rank{env.rank}.error.json.tmp"
-    tmp.write_text(json.dumps({"rank": env.rank, "time": time.time(),
-                               "status": failure_status(exc), "traceback": traceback.format_exc()}))
-    tmp.replace(job / f"rank{env.rank}.error.json")
-
-
-def _worker(job: Path) -> None:
-    """One rank of a launched DDP trial (run by torchrun)."""
-    from speedbench.data import build_dataset
-    from speedbench.run import dataset_length, measure_trial
-
-    env = from_environ()
-    if env is None:
-        raise SystemExit("speedbench.distributed: run me through torchrun (speedbench does this)")
-    job_data = pickle.loads((job / "job.pkl").read_bytes())
-    plan, spec, recipe = job_data["plan"], job_data["spec"], job_data["recipe"]
-    device = rank_device(plan.device, env)
-    try:
-        init_process_group(env, device, recipe.dist_timeout_s)
-        dataset = build_dataset(spec.dataset, dataset_length(plan, spec, env.world_size),
-                                recipe.data.path, seed=recipe.bench.seed)
-        record = measure_trial(plan, spec, job_data["variant"], recipe, job_data["trial"],
-                               dataset, dist_env=env)
-    except BaseException as exc:
-        _write_rank_error(job, env, exc)
-        report_failure(exc, env, f"model {spec.name}, variant {job_data['variant']}")
-        raise
-    if is_main(env):
-        (job / "record.json").write_text(json.dumps(record, default=float))
-    exit_cleanly()
-
-
-def main(argv: Optional[list[str]] = None) -> None:
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        raise SystemExit("usage: torchrun ... -m speedbench.distributed JOB_DIR (run by speedbench)")
-    record(_worker)(Path(args[0]))
-
-
-if __name__ == "__main__":
-    main()

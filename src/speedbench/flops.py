@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import default_collate
 from torch.utils.flop_counter import FlopCounterMode
 
-from speedbench import knobs
+from speedbench import techniques as knobs  # knobs.py became speedbench/techniques/
 from speedbench.config import ModelSpec
 from speedbench.timing import synchronize
 from speedbench.train import build_model, compute_loss

@@ -38,7 +38,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from speedbench.diagnosis import PHASES, TrialProfile
+from speedbench.diagnosis import TrialProfile
+from speedbench.schema import PHASES
 from speedbench.models.per_step import PerStepTensors
 from speedbench.timing import PhaseClock, synchronize, timed_steps
 

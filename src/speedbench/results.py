@@ -5,28 +5,11 @@ import csv
 import datetime as dt
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import pandas as pd
 
-# The contract columns (DESIGN.md section 2) come first; more follow.
-TRIAL_COLUMNS = [
-    "experiment", "model", "variant", "is_baseline", "trial", "status", "device", "world_size",
-    "samples_per_s", "step_ms", "data_wait_frac", "peak_mem_mb", "final_loss",
-    "host_rss_mb", "host_rss_main_mb", "steps", "warmup_steps", "batch_size", "accumulate",
-    "precision", "num_workers", "elapsed_s", "host_reads", "omp_num_threads", "torch_threads",
-    # profile != off (profile.py): the mode; step times in an unprofiled reference window, with
-    # phase syncs, and under the mode's profiler; that profiler's overhead over the reference
-    "profile", "reference_step_ms", "phase_step_ms", "profiled_step_ms", "profile_overhead",
-    "parallel", "devices", "rank_step_ms",
-    "warmup_steady", "flops_per_step", "achieved_tflops", "peak_tflops",
-]
-SUMMARY_COLUMNS = [
-    "experiment", "model", "variant", "is_baseline", "status", "samples_per_s", "speedup",
-    "speedup_lo", "speedup_hi", "verdict", "trials", "step_ms", "cv", "data_wait_frac",
-    "peak_mem_mb", "mem_ratio", "host_rss_mb", "final_loss", "loss_delta",
-    "spread", "unsteady", "flops_per_step", "achieved_tflops", "peak_tflops", "peak_fraction",
-]
+from speedbench.schema import SUMMARY_COLUMNS, TRIAL_COLUMNS, trial_columns  # noqa: F401
 
 
 def new_run_dir(out_dir: str, experiment: str, explicit: Optional[str] = None) -> Path:
@@ -52,19 +35,21 @@ def new_run_dir(out_dir: str, experiment: str, explicit: Optional[str] = None) -
 class TrialWriter:
     """Appends one row per trial to trials.csv as soon as the trial ends (survives a crash)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, extra_columns: Iterable[str] = ()):
+        """`extra_columns`: what the techniques add (techniques.column_names())."""
         self.path = path
+        self.columns = trial_columns(extra_columns)
         self.rows: list[dict] = []
         with open(path, "w", newline="") as f:
-            csv.writer(f).writerow(TRIAL_COLUMNS)
+            csv.writer(f).writerow(self.columns)
 
     def append(self, record: dict) -> None:
         self.rows.append(record)
         with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, TRIAL_COLUMNS, extrasaction="ignore").writerow(record)
+            csv.DictWriter(f, self.columns, extrasaction="ignore").writerow(record)
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=TRIAL_COLUMNS)
+        return pd.DataFrame(self.rows, columns=self.columns)
 
 
 def write_summary(summary: pd.DataFrame, run_dir: Path) -> Path:

@@ -1,8 +1,10 @@
-"""The training loop. It knows the knobs; it knows nothing about timing or results.
+"""The training loop. It applies the techniques through their interface (speedbench.techniques)
+and knows none of them by name; it knows nothing about timing or results.
 
-`Trainer.step()` is one optimizer step over `accumulate` micro-batches. The phase clock it is
-given only reads the host clock (see timing.PhaseClock); by default it measures the data wait.
-Phases: data, h2d, forward, backward, optimizer, and other (loss reading, empty_cache).
+`Trainer.step()` is one optimizer step over the micro-batches the techniques ask for (one, or
+`accumulate`). The phase clock it is given only reads the host clock (see timing.PhaseClock);
+by default it measures the data wait. Phases (schema.PHASES): data, h2d, forward, backward,
+optimizer, and other (reading the loss, the techniques' after-step hooks).
 """
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
-from speedbench import knobs
+from speedbench import techniques
 from speedbench.config import ModelSpec
+from speedbench.techniques import Context
 from speedbench.timing import NullClock
 
 
@@ -46,34 +49,49 @@ def compute_loss(model: nn.Module, loss_kind: str, x: torch.Tensor, y: torch.Ten
 
 
 class Trainer:
+    """One model's training loop under one recipe.
+
+    Without `model` it builds the model, puts it on `device` and lets the techniques prepare it
+    (techniques.prepare_model); a `model` given is used as it is (the trial prepares its own).
+    """
+
     def __init__(self, spec: ModelSpec, recipe, device: torch.device, loader, clock=None,
-                 model: Optional[nn.Module] = None):
+                 model: Optional[nn.Module] = None, ctx: Optional[Context] = None):
         self.spec, self.recipe, self.device = spec, recipe, device
+        self.ctx = ctx or Context(device=device)
         self.clock = clock or NullClock()
-        self.model = model if model is not None else build_model(spec, recipe.bench.seed).to(device)
-        knobs.set_tensor_creation(self.model, recipe.tensor_creation)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=recipe.lr)
-        self.scaler = knobs.grad_scaler(recipe.precision, device)
-        self.meter = knobs.LossMeter(recipe.sync, recipe.sync_every, device)
+        if model is None:
+            model = build_model(spec, recipe.bench.seed).to(device)
+            self.ctx.model = model
+            model = techniques.prepare_model(model, recipe, self.ctx)
+        self.model = model
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=recipe.lr,
+                                           **techniques.optimizer_options(recipe, self.ctx))
+        self.scaler = techniques.grad_scaler(recipe, self.ctx)
+        self.meter = techniques.loss_meter(recipe, self.ctx)
+        self.micro_steps = techniques.micro_batching(1, recipe)[1]
+        self.copy_options = techniques.copy_options(recipe, self.ctx)
+        self.step_hooks = techniques.step_contexts(recipe, self.ctx)
+        self.after_step_hooks = techniques.after_step_hooks()
         self.loader = loader
         self.batches = forever(loader)
         self.optimizer_steps = 0
 
     def step(self) -> None:
-        r, clock, k = self.recipe, self.clock, self.recipe.accumulate
+        r, clock, k, ctx = self.recipe, self.clock, self.micro_steps, self.ctx
         self.model.train()
         for i in range(k):
             with clock("data"):
                 batch = next(self.batches)
             with clock("h2d"):
-                x, y = knobs.to_device(batch, self.device, r.data.non_blocking)
+                x, y = (t.to(self.device, **self.copy_options) for t in batch)
             # Under DDP only the last micro-batch all-reduces: forward and backward of the
             # others run inside no_sync().
             skip_sync = i < k - 1 and hasattr(self.model, "no_sync")
             with self.model.no_sync() if skip_sync else contextlib.nullcontext():
-                with clock("forward"), knobs.autocast(r.precision, self.device):
+                with clock("forward"), self._step_context():
                     loss = compute_loss(self.model, self.spec.loss, x, y)
-                with clock("other"):  # reading the loss (the sync knob)
+                with clock("other"):  # reading the loss (the way the techniques say)
                     self.meter.add(loss)
                 with clock("backward"):
                     scaled = loss / k if k > 1 else loss  # no extra op (and its backward) at k=1
@@ -85,9 +103,19 @@ class Trainer:
             else:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        with clock("other"):
-            knobs.maybe_empty_cache(r.empty_cache, self.device)
+        if self.after_step_hooks:
+            with clock("other"):
+                for t in self.after_step_hooks:
+                    t.after_step(r, ctx)
         self.optimizer_steps += 1
+
+    def _step_context(self):
+        """The techniques' contexts around a forward pass (none: nothing entered per step)."""
+        if not self.step_hooks:
+            return contextlib.nullcontext()
+        if len(self.step_hooks) == 1:
+            return self.step_hooks[0].step_context(self.recipe, self.ctx)
+        return techniques.step_context(self.recipe, self.ctx)
 
     def close(self) -> None:
         """Stop the DataLoader's workers now rather than whenever the iterator is collected."""

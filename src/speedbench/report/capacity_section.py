@@ -5,7 +5,7 @@ import math
 
 import pandas as pd
 
-from speedbench.capacity import LIMIT_FACTOR
+from speedbench.schema import CAPACITY_LIMIT_FACTOR as LIMIT_FACTOR
 
 STOPPED = {"limit": f"still fitting at the search's limit ({LIMIT_FACTOR} x the model's batch)",
            "time": "the search ran out of bench.largest_batch_s"}

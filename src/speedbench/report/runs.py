@@ -16,6 +16,8 @@ import pandas as pd
 import yaml
 
 from speedbench import results, stats
+from speedbench.schema import FINDING_COLUMNS as FINDINGS_COLUMNS
+from speedbench.schema import PHASE_COLUMNS as PHASES_COLUMNS
 
 # Without these a run cannot be summarised, plotted or compared at all.
 REQUIRED = ("experiment", "model", "variant", "is_baseline", "status", "samples_per_s")
@@ -24,8 +26,6 @@ OPTIONAL_NUMERIC = ("trial", "world_size", "step_ms", "data_wait_frac", "peak_me
                     "final_loss", "host_rss_mb")
 SUMMARY_CONTRACT = ("experiment", "model", "variant", "is_baseline", "status", "samples_per_s",
                     "speedup", "speedup_lo", "speedup_hi", "verdict")
-PHASES_COLUMNS = ("experiment", "model", "variant", "phase", "mean_ms", "total_ms", "share")
-FINDINGS_COLUMNS = ("experiment", "model", "variant", "symptom", "figure", "tip", "knob")
 CAPACITY_COLUMNS = ("experiment", "model", "variant", "precision", "status", "largest_batch",
                     "first_oom")
 KEYS = ["experiment", "model", "variant"]

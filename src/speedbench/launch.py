@@ -1,0 +1,130 @@
+"""Launching torchrun from inside speedbench, for a trial that needs several processes.
+
+A variant with `parallel=ddp` in a plain `python -m speedbench` run has each of its trials
+launched as `python -m torch.distributed.run --standalone -m speedbench.launch JOB_DIR` (`main`
+below is each rank's entry point), and rank 0's record comes back as a JSON file. One launch
+per trial keeps the variants interleaved; the launch itself is outside the timed window.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Optional
+
+from speedbench.data import build_dataset
+from speedbench.distributed import (DistEnv, exit_cleanly, failure_status, from_environ,
+                                    init_process_group, is_main, rank_device, report_failure,
+                                    with_rank)
+from speedbench.trial import dataset_length, measure_trial
+
+
+def launch_timeout_s(recipe) -> Optional[float]:
+    """Wall time allowed to a launched trial: start-up and rendezvous (dist_timeout_s), then a
+    warm-up and a window each capped by max_trial_s. None without a cap."""
+    if recipe.bench.max_trial_s is None:
+        return None
+    return recipe.dist_timeout_s + 2 * recipe.bench.max_trial_s
+
+
+def launch_trial(plan, spec, variant: str, recipe, trial: int, nproc: int) -> dict:
+    """One trial over `nproc` processes started through torchrun; rank 0's combined record,
+    or a record whose status says which rank failed and why."""
+    package_root = str(Path(__file__).resolve().parents[1])  # the speedbench the parent runs
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+    with tempfile.TemporaryDirectory(prefix="speedbench-ddp-") as tmp:
+        job = Path(tmp)
+        (job / "job.pkl").write_bytes(pickle.dumps(
+            {"plan": plan, "spec": spec, "variant": variant, "recipe": recipe, "trial": trial}))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={nproc}", "-m", "speedbench.launch", str(job)]
+        limit = launch_timeout_s(recipe)
+        # A session of its own, so that a timeout kills torchrun and all its workers.
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            return {"status": f"error: DDP trial over {nproc} processes did not end within "
+                              f"{limit:.0f} s (dist_timeout_s + 2 x bench.max_trial_s)"}
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if os.environ.get("SPEEDBENCH_DEBUG"):
+            print(output, file=sys.stderr)
+        record_file = job / "record.json"
+        if proc.returncode == 0 and record_file.exists():
+            return json.loads(record_file.read_text())
+        return {"status": _launch_failure(job, proc.returncode, output), "world_size": nproc}
+
+
+def _launch_failure(job: Path, returncode: int, output: str) -> str:
+    """The first rank's failure as a row status: `error: rank R: Type: message`."""
+    errors = []
+    for path in job.glob("rank*.error.json"):
+        try:
+            errors.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            pass  # a rank killed while writing: the others' records still tell
+    if errors:
+        first = min(errors, key=lambda e: e["time"])
+        return with_rank(first["status"], first["rank"])
+    lines = [ln.strip() for ln in output.splitlines()
+             if re.match(r"^\s*\w+(Error|Exception)\b.*:", ln)]
+    detail = lines[-1][:160] if lines else "no message (SPEEDBENCH_DEBUG=1 shows its output)"
+    return f"error: torchrun exited with status {returncode}: {detail}"
+
+
+def _write_rank_error(job: Path, env: DistEnv, exc: BaseException) -> None:
+    # Written then renamed: torchrun may kill this rank at any moment once a peer has failed,
+    # and the launcher must never read half a file.
+    tmp = job / f".rank{env.rank}.error.json.tmp"
+    tmp.write_text(json.dumps({"rank": env.rank, "time": time.time(),
+                               "status": failure_status(exc), "traceback": traceback.format_exc()}))
+    tmp.replace(job / f"rank{env.rank}.error.json")
+
+
+def _worker(job: Path) -> None:
+    """One rank of a launched trial (run by torchrun)."""
+    env = from_environ()
+    if env is None:
+        raise SystemExit("speedbench.launch: run me through torchrun (speedbench does this)")
+    job_data = pickle.loads((job / "job.pkl").read_bytes())
+    plan, spec, recipe = job_data["plan"], job_data["spec"], job_data["recipe"]
+    device = rank_device(plan.device, env)
+    try:
+        init_process_group(env, device, recipe.dist_timeout_s)
+        dataset = build_dataset(spec.dataset, dataset_length(plan, spec, env.world_size),
+                                recipe.data.path, seed=recipe.bench.seed)
+        record = measure_trial(plan, spec, job_data["variant"], recipe, job_data["trial"],
+                               dataset, dist_env=env)
+    except BaseException as exc:
+        _write_rank_error(job, env, exc)
+        report_failure(exc, env, f"model {spec.name}, variant {job_data['variant']}")
+        raise
+    if is_main(env):
+        (job / "record.json").write_text(json.dumps(record, default=float))
+    exit_cleanly()
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        raise SystemExit("usage: torchrun ... -m speedbench.launch JOB_DIR (run by speedbench)")
+    record(_worker)(Path(args[0]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The results schema: every CSV's columns, the step's phase names, and a typed trial status.
+
+Writers (results.py, diagnosis.py, capacity.py), loaders and the report all take these names
+from here. Pure Python, no torch: the report imports it.
+
+trials.csv: TRIAL_COLUMNS (the contract columns first, then more), then the columns the
+techniques add (`trial_columns(extra)`; speedbench.techniques.column_names()).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+# The contract columns come first (in this order); more follow.
+TRIAL_COLUMNS = [
+    "experiment", "model", "variant", "is_baseline", "trial", "status", "device", "world_size",
+    "samples_per_s", "step_ms", "data_wait_frac", "peak_mem_mb", "final_loss",
+    "host_rss_mb", "host_rss_main_mb", "steps", "warmup_steps", "batch_size", "accumulate",
+    "precision", "num_workers", "elapsed_s", "host_reads", "omp_num_threads", "torch_threads",
+    # profile != off (profile.py): the mode; step times in an unprofiled reference window, with
+    # phase syncs, and under the mode's profiler; that profiler's overhead over the reference
+    "profile", "reference_step_ms", "phase_step_ms", "profiled_step_ms", "profile_overhead",
+    "parallel", "devices", "rank_step_ms",
+    "warmup_steady", "flops_per_step", "achieved_tflops", "peak_tflops",
+    # rounds (run.py): `round` runs every variant of a model once, in a shuffled order;
+    # `position` is the trial's place in its round (0 first). `trial` == `round`.
+    "round", "position",
+]
+# How many leading TRIAL_COLUMNS a report needs to find (older runs may lack the rest).
+TRIAL_CONTRACT = 13
+SUMMARY_COLUMNS = [
+    "experiment", "model", "variant", "is_baseline", "status", "samples_per_s", "speedup",
+    "speedup_lo", "speedup_hi", "verdict", "trials", "step_ms", "cv", "data_wait_frac",
+    "peak_mem_mb", "mem_ratio", "host_rss_mb", "final_loss", "loss_delta",
+    "spread", "unsteady", "flops_per_step", "achieved_tflops", "peak_tflops", "peak_fraction",
+]
+# The parts of one optimizer step the phase clock times (train.Trainer.step), in step order.
+PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
+PHASE_COLUMNS = ["experiment", "model", "variant", "phase", "mean_ms", "total_ms", "share"]
+FINDING_COLUMNS = ["experiment", "model", "variant", "symptom", "figure", "tip", "knob"]
+CAPACITY_COLUMNS = ["experiment", "model", "variant", "precision", "status", "largest_batch",
+                    "first_oom", "peak_mem_mb", "device_mem_mb", "tries", "search_s", "stopped"]
+CAPACITY_LIMIT_FACTOR = 256  # the largest-batch search stops at this many times the model's batch
+
+
+def trial_columns(extra: Iterable[str] = ()) -> list[str]:
+    """trials.csv's header: TRIAL_COLUMNS, then the `extra` ones it does not already hold."""
+    return TRIAL_COLUMNS + [c for c in dict.fromkeys(extra) if c not in TRIAL_COLUMNS]
+
+
+# --- status: `ok`, `n/a: <reason>`, `oom`, `oom (<where>)`, `diverged`, `error: <reason>` ----------
+OK, NA, OOM, DIVERGED, ERROR = "ok", "n/a", "oom", "diverged", "error"
+KINDS = (OK, NA, OOM, DIVERGED, ERROR)
+_COLON_KINDS = (NA, ERROR)  # written `kind: reason`; the others `kind (reason)`
+
+
+@dataclass(frozen=True)
+class Status:
+    """A trial's (or capacity row's) status: what happened (`kind`) and why (`reason`)."""
+
+    kind: str
+    reason: str = ""
+
+    def __str__(self) -> str:
+        if not self.reason:
+            return self.kind
+        if self.kind in _COLON_KINDS:
+            return f"{self.kind}: {self.reason}"
+        return f"{self.kind} ({self.reason})"
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == OK
+
+    @property
+    def na(self) -> bool:
+        return self.kind == NA
+
+    @property
+    def failed(self) -> bool:
+        """The trial ran and broke (oom, diverged, error), as opposed to ok or n/a."""
+        return self.kind in (OOM, DIVERGED, ERROR)
+
+
+def parse_status(text) -> Status:
+    """The inverse of str(Status): 'n/a: no CUDA' -> Status('n/a', 'no CUDA'). Text of no known
+    kind (another version's) is kept whole as the kind."""
+    text = "" if text is None or text != text else str(text).strip()  # NaN: an empty cell
+    for kind in _COLON_KINDS:
+        if text == kind or text.startswith(kind + ":"):
+            return Status(kind, text[len(kind) + 1:].strip())
+    for kind in KINDS:
+        if text == kind:
+            return Status(kind)
+        if text.startswith(kind + " (") and text.endswith(")"):
+            return Status(kind, text[len(kind) + 2:-1])
+    return Status(text)
+
+
+def format_status(kind: str, reason: str = "") -> str:
+    return str(Status(kind, reason))
+
+
+def na(reason: str) -> str:
+    """`n/a: <reason>`, the status of a trial that cannot be measured honestly here."""
+    return format_status(NA, reason)
+
+
+def is_na(text) -> bool:
+    return parse_status(text).na
+
+
+def is_ok(text) -> bool:
+    return parse_status(text).ok
+
+
+def reason_of(text) -> str:
+    return parse_status(text).reason

@@ -1,0 +1,199 @@
+"""The technique registry: every speed-up technique speedbench knows, in application order.
+
+To add a technique: write one module here with a `Technique` subclass (see base.py and
+docs/adding-a-technique.md), add an instance to `_ALL` below, and write its experiment YAML.
+The schema, validation, the trial, the Trainer, trials.csv and diagnosis pick it up from here.
+
+The helpers below apply every technique's hook in `REGISTRY` order (lowest `order` first).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Optional
+
+from speedbench.techniques import (accumulation, empty_cache, loader, parallel, precision, sync,
+                                   tensor_creation)
+from speedbench.techniques.base import (GLOBAL_FLAGS, ConfigError, Context, Field, Finding,
+                                        Technique, get_key, global_snapshot,
+                                        restored_global_state)
+
+# flops.py (owned by another branch) still calls these two by their knobs.py names.
+from speedbench.techniques.tensor_creation import set_tensor_creation  # noqa: E402,F401
+
+_ALL: list[Technique] = [
+    precision.Precision(),
+    accumulation.Accumulation(),
+    loader.Loader(),
+    tensor_creation.TensorCreation(),
+    sync.Sync(),
+    empty_cache.EmptyCache(),
+    parallel.Parallel(),
+]
+REGISTRY: list[Technique] = sorted(_ALL, key=lambda t: t.order)
+
+__all__ = ["REGISTRY", "Technique", "Field", "Context", "Finding", "ConfigError", "GLOBAL_FLAGS",
+           "global_snapshot", "restored_global_state", "by_name", "fields", "validate",
+           "normalise", "check_plan", "not_applicable", "processes", "global_state",
+           "micro_batching", "replicas", "loader_options", "prepare_model", "copy_options",
+           "step_context", "grad_scaler", "loss_meter", "optimizer_options", "after_step",
+           "columns", "column_names", "diagnose"]
+
+
+def by_name(name: str) -> Technique:
+    for t in REGISTRY:
+        if t.name == name:
+            return t
+    raise KeyError(f"no technique named {name!r}; known: {', '.join(t.name for t in REGISTRY)}")
+
+
+def fields() -> list[Field]:
+    """Every recipe key the techniques own, in registry order."""
+    return [f for t in REGISTRY for f in t.fields]
+
+
+# --- config --------------------------------------------------------------------------------------
+def validate(recipe: Any, where: str = "") -> None:
+    for t in REGISTRY:
+        t.validate(recipe, where)
+
+
+def normalise(recipe: Any) -> None:
+    for t in REGISTRY:
+        t.normalise(recipe)
+
+
+def check_plan(plan: Any, dist_env: Any) -> None:
+    for t in REGISTRY:
+        t.check_plan(plan, dist_env)
+
+
+# --- one trial -------------------------------------------------------------------------------------
+def not_applicable(recipe: Any, ctx: Context) -> Optional[str]:
+    """The first technique's reason why this recipe cannot be measured here, or None."""
+    for t in REGISTRY:
+        reason = t.not_applicable(recipe, ctx)
+        if reason:
+            return reason
+    return None
+
+
+def processes(recipe: Any, ctx: Context) -> Optional[int]:
+    """Processes to launch for this trial (torchrun), or None to run it in this process."""
+    for t in REGISTRY:
+        n = t.processes(recipe, ctx)
+        if n is not None:
+            return n
+    return None
+
+
+@contextlib.contextmanager
+def global_state(recipe: Any, ctx: Context):
+    """Every technique's global settings for one trial; every registered flag restored after."""
+    with restored_global_state(), contextlib.ExitStack() as stack:
+        for t in REGISTRY:
+            stack.enter_context(t.global_state(recipe, ctx))
+        yield
+
+
+def micro_batching(batch: int, recipe: Any) -> tuple[int, int]:
+    """(samples per micro-batch, micro-batches per optimizer step) for a batch of `batch`."""
+    micro, k = batch, 1
+    for t in REGISTRY:
+        got = t.micro_batching(micro, recipe)
+        if got is not None:
+            micro, k_t = got
+            k *= k_t
+    return micro, k
+
+
+def replicas(recipe: Any, ctx: Context) -> int:
+    n = 1
+    for t in REGISTRY:
+        n *= t.replicas(recipe, ctx)
+    return n
+
+
+def loader_options(recipe: Any, ctx: Context) -> dict:
+    opts: dict = {}
+    for t in REGISTRY:
+        opts = t.loader_options(opts, recipe, ctx)
+    return opts
+
+
+def prepare_model(model: Any, recipe: Any, ctx: Context) -> Any:
+    for t in REGISTRY:
+        model = t.prepare_model(model, recipe, ctx)
+    return model
+
+
+def copy_options(recipe: Any, ctx: Context) -> dict:
+    opts: dict = {}
+    for t in REGISTRY:
+        opts = t.copy_options(opts, recipe, ctx)
+    return opts
+
+
+@contextlib.contextmanager
+def step_context(recipe: Any, ctx: Context):
+    with contextlib.ExitStack() as stack:
+        for t in REGISTRY:
+            stack.enter_context(t.step_context(recipe, ctx))
+        yield
+
+
+def step_contexts(recipe: Any, ctx: Context) -> list[Technique]:
+    """The techniques whose step_context is not a no-op (the Trainer skips the others)."""
+    return [t for t in REGISTRY if type(t).step_context is not Technique.step_context]
+
+
+def grad_scaler(recipe: Any, ctx: Context) -> Any:
+    for t in REGISTRY:
+        scaler = t.grad_scaler(recipe, ctx)
+        if scaler is not None:
+            return scaler
+    return None
+
+
+def loss_meter(recipe: Any, ctx: Context) -> Any:
+    for t in REGISTRY:
+        meter = t.loss_meter(recipe, ctx)
+        if meter is not None:
+            return meter
+    return sync.LossMeter("deferred", 10, ctx.device)
+
+
+def optimizer_options(recipe: Any, ctx: Context) -> dict:
+    opts: dict = {}
+    for t in REGISTRY:
+        opts = t.optimizer_options(opts, recipe, ctx)
+    return opts
+
+
+def after_step_hooks() -> list[Technique]:
+    """The techniques with an after_step (the Trainer calls only these, every step)."""
+    return [t for t in REGISTRY if type(t).after_step is not Technique.after_step]
+
+
+def after_step(recipe: Any, ctx: Context) -> None:
+    for t in REGISTRY:
+        t.after_step(recipe, ctx)
+
+
+# --- records -----------------------------------------------------------------------------------------
+def column_names() -> list[str]:
+    """Every column the techniques add to trials.csv, in registry order, without repeats."""
+    out: list[str] = []
+    for t in REGISTRY:
+        out += [c for c in t.column_names if c not in out]
+    return out
+
+
+def columns(recipe: Any, ctx: Context) -> dict:
+    row: dict = {}
+    for t in REGISTRY:
+        row.update(t.columns(recipe, ctx))
+    return row
+
+
+def diagnose(tp: Any) -> list[Finding]:
+    return [f for t in REGISTRY for f in t.diagnose(tp)]

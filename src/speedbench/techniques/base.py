@@ -1,0 +1,296 @@
+"""The technique plug-in interface: one `Technique` subclass per module of this package.
+
+A technique is everything speedbench knows about one speed-up knob: the recipe keys it owns
+(typed, with defaults and choices), when it cannot act here (`n/a: <reason>`), how it acts (on
+global state, the model, the loader, the batch copies, around the forward pass, on the optimizer,
+after the step), the columns it adds to trials.csv, its diagnosis rule and a method card.
+Every hook has a no-op default, so a technique implements only what it needs.
+
+Who calls what, in this order (the registry is sorted by `order`, lowest first):
+
+  config.build_plan   fields -> the Hydra schema; validate(); check(); normalise(); check_plan()
+  run (orchestration) not_applicable()   asked once per model before the rounds; the first
+                                         reason makes the variant's row `n/a: <reason>`
+                      processes()        a number: the trial runs under torchrun (launch.py)
+  trial (one trial)   global_state()     entered for the whole trial, restored on exit
+                      not_applicable()   asked again, of the trial's own fresh model
+                      micro_batching()   micro-batch size and micro-batches per optimizer step
+                      replicas()         devices one process drives (the loader's batch)
+                      loader_options()   DataLoader kwargs
+                      prepare_model()    the model, once, on its device; `parallel` (order 90)
+                                         wraps it last, so a later technique sees the wrapper
+  Trainer (per step)  copy_options()     kwargs of tensor.to(device, ...) for every batch
+                      step_context()     entered around each forward pass
+                      grad_scaler(), loss_meter(), optimizer_options(): once, at construction
+                      after_step()       after each optimizer step
+  trial (record)      columns()          the technique's columns of the trials.csv row
+  diagnosis           diagnose()         findings from a profiled trial (profile != off)
+
+Config typing: a choice is declared as `typing.Literal[...]` on its Field. OmegaConf's
+structured configs support Enum but not Literal, and Enum values would reach trials.csv and the
+saved config.yaml as Enum objects; so the schema gives OmegaConf the Literal's base type (str)
+and `validate()` checks membership from the Literal itself, with the project's one-line message
+("precision: 'fp8' is not allowed; choose one of fp32, fp16, bf16"). Types (int, bool, float,
+Optional) are checked by OmegaConf; `low`/`positive` bounds by `validate()`.
+
+This module imports only torch, the standard library and speedbench.errors.
+"""
+from __future__ import annotations
+
+import contextlib
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterator, Optional
+
+import torch
+
+
+from speedbench.errors import ConfigError  # noqa: F401  (re-exported for technique modules)
+
+
+# --- typed recipe keys -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Field:
+    """One recipe key a technique owns.
+
+    key: flat (`precision`) or grouped (`data.num_workers`; the group must exist in the schema).
+    type: int, float, bool, str, Optional[...] or Literal[...] (choices, validated here).
+    low: smallest allowed value (ints); positive: value must be > 0 (floats). None passes both.
+    doc: one line, shown in docs and in the schema's comments.
+    """
+
+    key: str
+    type: Any
+    default: Any
+    doc: str = ""
+    low: Optional[int] = None
+    positive: bool = False
+
+    @property
+    def choices(self) -> Optional[tuple]:
+        t = _strip_optional(self.type)
+        return typing.get_args(t) if typing.get_origin(t) is typing.Literal else None
+
+    @property
+    def schema_type(self) -> Any:
+        """The type OmegaConf is given: a Literal becomes its values' type (str)."""
+        t, optional = _strip_optional(self.type), _is_optional(self.type)
+        if typing.get_origin(t) is typing.Literal:
+            t = type(typing.get_args(t)[0])
+        return Optional[t] if optional else t
+
+    def validate(self, value: Any, where: str = "") -> None:
+        """Raise ConfigError (one line naming the key and what is allowed) for a bad value."""
+        key = where + self.key
+        if value is None:
+            if _is_optional(self.type):
+                return
+            raise ConfigError(f"{key}: null is not allowed")
+        choices = self.choices
+        if choices is not None and value not in choices:
+            raise ConfigError(f"{key}: '{value}' is not allowed; choose one of "
+                              f"{', '.join(str(c) for c in choices)}")
+        if self.low is not None and value < self.low:
+            raise ConfigError(f"{key}: {value} is out of range; it must be an integer >= {self.low}")
+        if self.positive and not value > 0:
+            raise ConfigError(f"{key}: {value} is out of range; it must be > 0")
+
+    def bad_values(self) -> list:
+        """Values `validate` must reject (the generic registry tests use them)."""
+        bad = []
+        if self.choices is not None:
+            bad.append("not-a-choice")
+        if self.low is not None:
+            bad.append(self.low - 1)
+        if self.positive:
+            bad.append(0)
+        return bad
+
+
+def _is_optional(t: Any) -> bool:
+    return typing.get_origin(t) is typing.Union and type(None) in typing.get_args(t)
+
+
+def _strip_optional(t: Any) -> Any:
+    if _is_optional(t):
+        rest = [a for a in typing.get_args(t) if a is not type(None)]
+        return rest[0]
+    return t
+
+
+def get_key(recipe: Any, key: str) -> Any:
+    """recipe's value at a dotted key (`data.num_workers`), for a DictConfig, dict or object."""
+    node = recipe
+    for part in key.split("."):
+        node = node[part] if isinstance(node, typing.Mapping) else getattr(node, part)
+    return node
+
+
+# --- what a trial knows when it asks a technique ----------------------------------------------------
+@dataclass
+class Context:
+    """What a technique may look at besides the recipe.
+
+    device: where this process trains. dist_env: the torchrun job (speedbench.distributed
+    .DistEnv) or None. model: the freshly built model (before prepare_model), or None where there
+    is none yet. extra: anything a caller adds for a technique (keys named after it).
+    """
+
+    device: torch.device
+    dist_env: Any = None
+    model: Any = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+@dataclass
+class Finding:
+    """One diagnosis: the symptom seen, the figure that shows it, the tip, the knob to set."""
+
+    symptom: str
+    figure: str  # the measured figure that shows it
+    tip: str
+    knob: str  # what to set, `-` when the fix is in the user's own code
+
+
+# --- global state: snapshot and restore ---------------------------------------------------------------
+# name -> (read, write). Techniques that set other process-wide flags add theirs with
+# `global_flag(...)` at import time; trials restore every one of them, and the registry tests
+# check that a trial leaves them as it found them.
+GLOBAL_FLAGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
+    "torch_threads": (torch.get_num_threads, torch.set_num_threads),
+    "cudnn.benchmark": (lambda: torch.backends.cudnn.benchmark,
+                        lambda v: setattr(torch.backends.cudnn, "benchmark", v)),
+    # The float32 matmul precision and matmul.allow_tf32 are two views of one setting: the
+    # precision is read and restored first (the other order can leave torch's legacy and new
+    # precision APIs disagreeing, and reading them then raises).
+    "float32_matmul_precision": (torch.get_float32_matmul_precision,
+                                 torch.set_float32_matmul_precision),
+    "matmul.allow_tf32": (lambda: torch.backends.cuda.matmul.allow_tf32,
+                          lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", v)),
+    "cudnn.allow_tf32": (lambda: torch.backends.cudnn.allow_tf32,
+                         lambda v: setattr(torch.backends.cudnn, "allow_tf32", v)),
+}
+
+
+def global_flag(name: str, read: Callable[[], Any], write: Callable[[Any], None]) -> None:
+    GLOBAL_FLAGS[name] = (read, write)
+
+
+def global_snapshot() -> dict:
+    return {name: read() for name, (read, _) in GLOBAL_FLAGS.items()}
+
+
+@contextlib.contextmanager
+def restored_global_state() -> Iterator[None]:
+    """Whatever happens inside, every registered global flag is put back on exit."""
+    saved = global_snapshot()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():  # in registration order, without reading first
+            GLOBAL_FLAGS[name][1](value)
+
+
+# --- the interface --------------------------------------------------------------------------------------
+class Technique:
+    """Base class: every hook is a no-op. Subclass, set the class attributes, override hooks."""
+
+    name: ClassVar[str] = ""
+    order: ClassVar[int] = 100  # application order: lower first (see the module docstring)
+    # Method card: what it does, when it helps, what it costs (markdown, a few lines).
+    card: ClassVar[str] = ""
+    fields: ClassVar[tuple[Field, ...]] = ()
+    # A small non-default setting of this technique's keys that makes it act (the generic
+    # registry tests train one trial with it): e.g. {"precision": "bf16"}.
+    example: ClassVar[dict] = {}
+    # trials.csv columns this technique adds (the values come from `columns`).
+    column_names: ClassVar[tuple[str, ...]] = ()
+
+    # -- config ---------------------------------------------------------------------------------
+    def validate(self, recipe: Any, where: str = "") -> None:
+        """Types' rules (choices, bounds) of every field, then `check`."""
+        for f in self.fields:
+            f.validate(get_key(recipe, f.key), where)
+        self.check(recipe, where)
+
+    def check(self, recipe: Any, where: str = "") -> None:
+        """Rules the field types cannot express. Raise ConfigError."""
+
+    def normalise(self, recipe: Any) -> None:
+        """Adjust a validated recipe in place (e.g. drop options that need workers)."""
+
+    def check_plan(self, plan: Any, dist_env: Any) -> None:
+        """Checks against the whole plan (models, device, how speedbench was started)."""
+
+    # -- when it cannot act -----------------------------------------------------------------------
+    def not_applicable(self, recipe: Any, ctx: Context) -> Optional[str]:
+        """'n/a: <reason>' when this recipe asks for something this technique cannot do here.
+        A key left at its plain-PyTorch default must never make a recipe n/a."""
+        return None
+
+    # -- how it acts -------------------------------------------------------------------------------
+    def global_state(self, recipe: Any, ctx: Context) -> contextlib.AbstractContextManager:
+        """Set process-wide flags for the trial; restore them on exit."""
+        return contextlib.nullcontext()
+
+    def micro_batching(self, batch: int, recipe: Any) -> Optional[tuple[int, int]]:
+        """(samples per micro-batch, micro-batches per optimizer step), or None: (batch, 1)."""
+        return None
+
+    def processes(self, recipe: Any, ctx: Context) -> Optional[int]:
+        """Processes speedbench must launch (torchrun) to run this trial, or None to run it
+        in this process."""
+        return None
+
+    def replicas(self, recipe: Any, ctx: Context) -> int:
+        """Devices one process drives for this recipe (DataParallel: all GPUs); 1 otherwise."""
+        return 1
+
+    def loader_options(self, opts: dict, recipe: Any, ctx: Context) -> dict:
+        """DataLoader keyword arguments."""
+        return opts
+
+    def prepare_model(self, model: Any, recipe: Any, ctx: Context) -> Any:
+        """The model, changed or wrapped; called once, after it is on its device."""
+        return model
+
+    def copy_options(self, opts: dict, recipe: Any, ctx: Context) -> dict:
+        """Keyword arguments of `tensor.to(device, ...)` for each batch."""
+        return opts
+
+    def step_context(self, recipe: Any, ctx: Context) -> contextlib.AbstractContextManager:
+        """Entered around every forward pass (the loss included)."""
+        return contextlib.nullcontext()
+
+    def grad_scaler(self, recipe: Any, ctx: Context) -> Any:
+        """A torch.amp.GradScaler when the loss must be scaled, else None."""
+        return None
+
+    def loss_meter(self, recipe: Any, ctx: Context) -> Any:
+        """An object with add(loss), mean(), reset() and host_reads that keeps the running loss,
+        or None (the Trainer then uses the sync technique's default)."""
+        return None
+
+    def optimizer_options(self, opts: dict, recipe: Any, ctx: Context) -> dict:
+        """Keyword arguments of the optimizer (e.g. foreach / fused)."""
+        return opts
+
+    def after_step(self, recipe: Any, ctx: Context) -> None:
+        """Run after every optimizer step (timed, in the `other` phase)."""
+
+    # -- what it records ---------------------------------------------------------------------------
+    def columns(self, recipe: Any, ctx: Context) -> dict:
+        """This technique's columns of a trials.csv row (also for n/a rows): its settings, and
+        what it observed (ctx.extra["trainer"] is the Trainer once the trial has run)."""
+        return {}
+
+    def diagnose(self, tp: Any) -> list[Finding]:
+        """Findings from a pooled profile (diagnosis.TrialProfile); a clean recipe gives none."""
+        return []
+
+    def __repr__(self) -> str:
+        return f"<technique {self.name}>"

@@ -1,0 +1,43 @@
+"""torch.cuda.empty_cache() after every optimizer step (an anti-pattern, measured)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from speedbench.techniques.base import Context, Field, Finding, Technique
+
+TIP = ("do not empty the caching allocator during training: the next step has to cudaMalloc "
+       "its memory again, and that synchronises")
+
+
+class EmptyCache(Technique):
+    name = "empty_cache"
+    order = 60
+    card = """\
+**What**: calls `torch.cuda.empty_cache()` after every optimizer step, handing the caching
+allocator's free blocks back to the driver.
+**Helps**: only other processes sharing the GPU; it does not give this process more memory.
+**Costs**: the next step must `cudaMalloc` again, which synchronises; often a visible slow-down."""
+    fields = (Field("empty_cache", bool, False, "torch.cuda.empty_cache() after every step"),)
+    example = {"empty_cache": True}
+    column_names = ("empty_cache",)
+
+    def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
+        if recipe.empty_cache and not ctx.cuda:
+            return "n/a: empty_cache needs CUDA (the CPU has no caching allocator to empty)"
+        return None
+
+    def after_step(self, recipe, ctx: Context) -> None:
+        if recipe.empty_cache and ctx.cuda:
+            torch.cuda.empty_cache()
+
+    def columns(self, recipe, ctx: Context) -> dict:
+        return {"empty_cache": recipe.empty_cache}
+
+    def diagnose(self, tp) -> list[Finding]:
+        if not tp.empty_cache_calls:
+            return []
+        return [Finding("empty_cache called in the loop",
+                        f"torch.cuda.empty_cache() called {tp.empty_cache_calls} times in "
+                        f"{tp.steps} steps", TIP, "empty_cache=false")]

@@ -1,0 +1,94 @@
+"""The DataLoader's knobs: worker processes, pinned memory, asynchronous copies."""
+from __future__ import annotations
+
+from typing import Optional
+
+from speedbench.techniques.base import Context, Field, Finding, Technique
+
+DATA_WAIT_SHARE = 0.10  # of the step spent waiting for the next batch
+H2D_SHARE = 0.02  # of the step spent copying the batch from pageable memory
+TIPS = {
+    "workers": "load batches in DataLoader worker processes, so the next batch is decoded while "
+               "the model trains",
+    "cpu_bound": "the workers already use every CPU: make decoding and augmentation cheaper, "
+                 "pre-decode the data, or decode on the GPU",
+    "pinning": "pin the DataLoader's memory and copy with non_blocking=True: pinned copies are "
+               "faster and overlap with compute",
+}
+
+
+class Loader(Technique):
+    name = "loader"
+    order = 30
+    card = """\
+**What**: `data.num_workers` loads batches in worker processes (`persistent_workers` keeps
+them across epochs, `prefetch_factor` batches ahead per worker); `data.pin_memory` puts batches
+in page-locked memory and `data.non_blocking` copies them to the GPU asynchronously.
+**Helps**: when the loop waits for data (decoding, augmentation); pinning + non_blocking when
+host-to-device copies take a visible share of the step (CUDA only).
+**Costs**: each worker is a process with its own memory; too many workers compete with the
+training process for CPUs."""
+    fields = (
+        Field("data.num_workers", int, 0, "DataLoader worker processes (0: load in the loop)",
+              low=0),
+        Field("data.pin_memory", bool, False, "page-locked batches (CUDA)"),
+        Field("data.non_blocking", bool, False, "asynchronous host-to-device copies (CUDA)"),
+        Field("data.persistent_workers", bool, False, "keep workers across epochs"),
+        Field("data.prefetch_factor", Optional[int], None, "batches loaded ahead per worker",
+              low=1),
+    )
+    example = {"data.num_workers": 1}
+    column_names = ("num_workers", "pin_memory", "non_blocking", "persistent_workers",
+                    "prefetch_factor")
+
+    def normalise(self, recipe) -> None:
+        """DataLoader refuses prefetch_factor/persistent_workers without workers: drop them."""
+        if recipe.data.num_workers == 0:
+            recipe.data.persistent_workers = False
+            recipe.data.prefetch_factor = None
+
+    def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
+        if recipe.data.pin_memory and not ctx.cuda:
+            return "n/a: pin_memory needs CUDA (no pinned host-to-device copy without it)"
+        if recipe.data.non_blocking and not ctx.cuda:
+            return "n/a: non_blocking needs CUDA (copies to the CPU are synchronous)"
+        return None
+
+    def loader_options(self, opts: dict, recipe, ctx: Context) -> dict:
+        d = recipe.data
+        opts = {**opts, "num_workers": d.num_workers, "pin_memory": d.pin_memory}
+        if d.num_workers > 0:
+            opts["persistent_workers"] = d.persistent_workers
+            if d.prefetch_factor is not None:
+                opts["prefetch_factor"] = d.prefetch_factor
+        return opts
+
+    def copy_options(self, opts: dict, recipe, ctx: Context) -> dict:
+        return {**opts, "non_blocking": recipe.data.non_blocking}
+
+    def columns(self, recipe, ctx: Context) -> dict:
+        d = recipe.data
+        return {"num_workers": d.num_workers, "pin_memory": d.pin_memory,
+                "non_blocking": d.non_blocking, "persistent_workers": d.persistent_workers,
+                "prefetch_factor": d.prefetch_factor}
+
+    def diagnose(self, tp) -> list[Finding]:
+        found = []
+        if tp.share("data") >= DATA_WAIT_SHARE:
+            figure = (f"the loop waits for data {100 * tp.share('data'):.0f}% of the step "
+                      f"({tp.ms('data'):.1f} of {tp.step_ms:.1f} ms), "
+                      f"data.num_workers={tp.num_workers}")
+            if tp.num_workers < tp.cpus:
+                more = min(tp.cpus, 4) if tp.num_workers == 0 else min(tp.cpus, 2 * tp.num_workers)
+                found.append(Finding("data wait share high", figure, TIPS["workers"],
+                                     f"data.num_workers={more} data.persistent_workers=true"))
+            else:
+                found.append(Finding("data wait share high", f"{figure} on {tp.cpus} CPUs",
+                                     TIPS["cpu_bound"], "-"))
+        if tp.device == "cuda" and tp.batch_pinned is False and tp.share("h2d") >= H2D_SHARE:
+            found.append(Finding("pageable host-to-device copies",
+                                 f"copying {tp.batch_mb:.1f} MB per step from pageable memory "
+                                 f"takes {100 * tp.share('h2d'):.0f}% of the step "
+                                 f"({tp.ms('h2d'):.2f} ms)",
+                                 TIPS["pinning"], "data.pin_memory=true data.non_blocking=true"))
+        return found

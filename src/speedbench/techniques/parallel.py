@@ -1,0 +1,118 @@
+"""Data parallelism: none, nn.DataParallel (one process, all GPUs) or DDP (one process a device).
+
+This module wraps the model and says how many processes a trial needs; joining the process
+group is speedbench.distributed's job and launching torchrun is speedbench.launch's.
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import torch
+import torch.nn as nn
+
+from speedbench import distributed
+from speedbench.techniques.base import ConfigError, Context, Field, Finding, Technique
+
+CPU_DEFAULT_NPROC = 2  # DDP on a CPU: enough processes to exercise the machinery
+TIP = ("use DistributedDataParallel, one process per GPU (torchrun): DataParallel scatters, "
+       "replicates and gathers from one Python process every step")
+
+
+def effective(recipe, dist_env) -> str:
+    """Under torchrun every variant runs as DDP over its ranks."""
+    return "ddp" if dist_env is not None else recipe.parallel
+
+
+def launch_nproc(recipe, device: str) -> int:
+    """Processes speedbench launches for a ddp trial: `nproc`, else all GPUs, else 2 CPU ranks."""
+    if recipe.nproc is not None:
+        return recipe.nproc
+    if device.startswith("cuda"):
+        return torch.cuda.device_count()
+    return min(CPU_DEFAULT_NPROC, distributed.device_count("cpu"))
+
+
+def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
+    """The model as `parallel` says: DDP (one rank, one device), DataParallel (all GPUs), or bare.
+    DDP broadcasts rank 0's weights at construction, so every rank starts equal."""
+    if parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                       else None)
+    if parallel == "dp" and device.type == "cuda":
+        first = device.index or 0  # replicas on every GPU; inputs and outputs on this one
+        ids = [first] + [i for i in range(torch.cuda.device_count()) if i != first]
+        return nn.DataParallel(model, device_ids=ids)
+    return model
+
+
+class Parallel(Technique):
+    name = "parallel"
+    order = 90  # wraps the model: after every technique that changes the bare model
+    card = """\
+**What**: `dp` wraps the model in `nn.DataParallel` over every visible GPU (one process);
+`ddp` runs one process per device under `DistributedDataParallel` (speedbench launches
+torchrun for the trial, `nproc` processes; under torchrun every variant runs as DDP).
+**Helps**: more devices, more samples per second; DDP scales better than DP, which scatters,
+replicates and gathers from one Python process every step.
+**Costs**: gradient all-reduce every optimizer step; process start-up; memory per process."""
+    fields = (
+        Field("parallel", Literal["none", "dp", "ddp"], "none",
+              "none | dp (DataParallel, all GPUs) | ddp (one process per device)"),
+        Field("nproc", Optional[int], None,
+              "processes speedbench launches for ddp; null: all GPUs, 2 on a CPU", low=1),
+        Field("dist_timeout_s", float, 300.0,
+              "a rank waiting this long on its peers fails the run, no hang", positive=True),
+    )
+    example = {"parallel": "dp"}
+    column_names = ("parallel",)
+
+    def check_plan(self, plan, dist_env) -> None:
+        kind = plan.device.split(":")[0]
+        have = distributed.device_count(kind)
+        noun = "CUDA devices" if kind == "cuda" else "CPU cores"
+        for name, recipe in plan.variants.items():
+            key = "parallel" if name == "default" else f"variants.{name}.parallel"
+            if dist_env is not None and recipe.parallel == "dp":
+                raise ConfigError(f"{key}: 'dp' cannot run under torchrun (DataParallel is one "
+                                  "process driving all GPUs; under torchrun every variant already "
+                                  "runs as DDP over the ranks); use parallel=none or ddp, or run "
+                                  "without torchrun")
+            if dist_env is None and recipe.parallel == "ddp":
+                reason = distributed.cannot_launch(kind)
+                if reason:
+                    raise ConfigError(f"{key}: 'ddp' needs a launcher and speedbench cannot "
+                                      f"launch one here: {reason}; run speedbench under "
+                                      "torchrun, or use parallel=none")
+                n = launch_nproc(recipe, plan.device)
+                where = "nproc" if name == "default" else f"variants.{name}.nproc"
+                if n > have:
+                    raise ConfigError(f"{where}: {n} processes asked for, but this machine has "
+                                      f"{have} {noun}; choose 1..{have}")
+
+    def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
+        gpus = torch.cuda.device_count() if ctx.cuda else 0
+        if effective(recipe, ctx.dist_env) == "dp" and gpus < 2:
+            return f"n/a: DataParallel needs at least two CUDA devices (this run has {gpus})"
+        return None
+
+    def processes(self, recipe, ctx: Context) -> Optional[int]:
+        if ctx.dist_env is None and recipe.parallel == "ddp":
+            return launch_nproc(recipe, str(ctx.device))
+        return None
+
+    def replicas(self, recipe, ctx: Context) -> int:
+        if effective(recipe, ctx.dist_env) == "dp" and ctx.cuda:
+            return max(1, torch.cuda.device_count())
+        return 1
+
+    def prepare_model(self, model, recipe, ctx: Context):
+        return wrap(model, effective(recipe, ctx.dist_env), ctx.device)
+
+    def columns(self, recipe, ctx: Context) -> dict:
+        return {"parallel": effective(recipe, ctx.dist_env)}
+
+    def diagnose(self, tp) -> list[Finding]:
+        return [Finding("DataParallel in use", tp.data_parallel, TIP, "parallel=ddp")] \
+            if tp.data_parallel else []

@@ -1,0 +1,53 @@
+"""Mixed precision: autocast the forward pass to fp16/bf16; scale the fp16 loss."""
+from __future__ import annotations
+
+import contextlib
+from typing import Literal
+
+import torch
+
+from speedbench.techniques.base import Context, Field, Finding, Technique
+
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+FP32_COMPUTE_SHARE = 0.30  # of the step in fp32 forward+backward on a GPU with tensor cores
+TIP = "train in mixed precision, so matrix work runs on the tensor cores"
+
+
+class Precision(Technique):
+    name = "precision"
+    order = 10
+    card = """\
+**What**: runs the forward pass (and so its backward) under `torch.amp.autocast` in fp16 or
+bf16; fp16 also scales the loss with `torch.amp.GradScaler` against gradient underflow.
+**Helps**: on GPUs with tensor cores (compute capability 7.0+; bf16 from 8.0) and on CPUs
+with bf16/AMX matrix units; 16-bit activations also take half the memory.
+**Costs**: casts; fp16 on a CPU without fp16 units can be many times slower; fp16's narrow
+range needs the scaler (bf16 has fp32's range and does not)."""
+    fields = (Field("precision", Literal["fp32", "fp16", "bf16"], "fp32",
+                    "fp32 | fp16 | bf16 (autocast; fp16 adds a GradScaler)"),)
+    example = {"precision": "bf16"}
+    column_names = ("precision",)
+
+    def step_context(self, recipe, ctx: Context):
+        if recipe.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.amp.autocast(ctx.device.type, dtype=AUTOCAST_DTYPES[recipe.precision])
+
+    def grad_scaler(self, recipe, ctx: Context):
+        return torch.amp.GradScaler(ctx.device.type) if recipe.precision == "fp16" else None
+
+    def columns(self, recipe, ctx: Context) -> dict:
+        return {"precision": recipe.precision}
+
+    def diagnose(self, tp) -> list[Finding]:
+        cores = tp.device == "cuda" and tp.capability is not None and tp.capability >= (7, 0)
+        compute = tp.share("forward") + tp.share("backward")
+        if not (cores and tp.precision == "fp32" and compute >= FP32_COMPUTE_SHARE):
+            return []
+        tf32 = "off" if tp.matmul_precision == "highest" else "on"
+        major, minor = tp.capability
+        return [Finding("fp32 matrix work on a GPU with tensor cores",
+                        f"forward+backward take {100 * compute:.0f}% of the step in fp32 on "
+                        f"{tp.device_name} (compute capability {major}.{minor}, TF32 "
+                        f"matmuls {tf32})", TIP,
+                        "precision=bf16" if major >= 8 else "precision=fp16")]

@@ -1,0 +1,170 @@
+"""Generic tests over the technique registry (the way Composer tests its algorithms): every
+technique in speedbench.techniques.REGISTRY gets them without writing any.
+
+For each technique: its declaration is complete; its config validates its example and rejects
+bad values (one line naming the key); one trial with its example setting either runs and
+shows the setting in its record, or is n/a with the technique's own reason; the global state
+is the same after the trial as before; its columns appear in trials.csv.
+"""
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from conftest import compose_cfg
+from speedbench import results, techniques
+from speedbench.config import ConfigError, build_plan
+from speedbench.data import build_dataset
+from speedbench.techniques import REGISTRY, Context, Technique
+from speedbench.techniques.base import get_key, global_snapshot
+from speedbench.trial import dataset_length, measure_trial
+
+IDS = [t.name for t in REGISTRY]
+# A transformer small enough that a trial takes well under a second of compute.
+SMALL = [
+    "scale=small", "device=cpu", "model=transformer", "batch_size=4", "bench.warmup=1",
+    "bench.steps=2", "bench.repeats=1", "bench.max_trial_s=20", "bench.steady_tol=null",
+    "models.transformer.small.vocab_size=32", "models.transformer.small.seq_len=8",
+    "models.transformer.small.dim=16", "models.transformer.small.layers=1",
+    "models.transformer.small.heads=2", "models.transformer.small.dataset.seq_len=8",
+    "models.transformer.small.dataset.vocab_size=32",
+]
+
+
+def overrides(setting: dict) -> list[str]:
+    def text(v):
+        return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+    return [f"{k}={text(v)}" for k, v in setting.items()]
+
+
+def one_trial(setting: dict) -> dict:
+    plan = build_plan(compose_cfg(*SMALL, *overrides(setting)), None)
+    spec, recipe = plan.models[0], plan.variants[plan.baseline]
+    dataset = build_dataset(spec.dataset, dataset_length(plan, spec), seed=0)
+    return measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)  # conftest's fixture restores the count afterwards
+
+
+@pytest.fixture(scope="module")
+def default_record() -> dict:
+    torch.set_num_threads(1)
+    return one_trial({})
+
+
+# --- the declaration ---------------------------------------------------------------------------
+def test_names_keys_and_columns_are_unique_and_the_order_is_total():
+    names = [t.name for t in REGISTRY]
+    keys = [f.key for t in REGISTRY for f in t.fields]
+    assert len(set(names)) == len(names) and len(set(keys)) == len(keys)
+    assert [t.order for t in REGISTRY] == sorted(t.order for t in REGISTRY)
+
+
+@pytest.mark.parametrize("tech", REGISTRY, ids=IDS)
+def test_declaration_is_complete(tech: Technique):
+    assert tech.name and tech.fields and tech.column_names
+    for part in ("**What**", "**Helps**", "**Costs**"):
+        assert part in tech.card, f"{tech.name}'s method card lacks {part}"
+    own = {f.key: f for f in tech.fields}
+    assert tech.example and set(tech.example) <= set(own), "example: its own keys only"
+    assert any(own[k].default != v for k, v in tech.example.items()), "example: not the default"
+    for key, value in tech.example.items():
+        own[key].validate(value)
+    schema = compose_cfg(*SMALL)
+    for f in tech.fields:
+        assert get_key(schema, f.key) == f.default  # merged into Hydra's schema with its default
+
+
+# --- config ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tech", REGISTRY, ids=IDS)
+def test_config_accepts_the_example_and_rejects_bad_values(tech: Technique):
+    plan = build_plan(compose_cfg(*SMALL, *overrides(tech.example)), None)
+    recipe = plan.variants[plan.baseline]
+    for key, value in tech.example.items():
+        assert get_key(recipe, key) == value
+    for f in tech.fields:
+        for bad in f.bad_values():
+            with pytest.raises(ConfigError, match=rf"^{f.key}: "):
+                build_plan(compose_cfg(*SMALL, f"{f.key}={bad}"), None)
+            with pytest.raises(ConfigError, match=rf"^variants\.v\.{f.key}: "):
+                build_plan(compose_cfg(*SMALL, f"+variants.v={{{f.key}: {bad}}}"), None)
+
+
+# --- one trial on the CPU ------------------------------------------------------------------------
+@pytest.mark.parametrize("tech", REGISTRY, ids=IDS)
+def test_acts_on_cpu_or_says_why_not_and_leaves_global_state_as_it_was(tech: Technique,
+                                                                        default_record):
+    before = global_snapshot()
+    record = one_trial(tech.example)
+    assert global_snapshot() == before
+    plan = build_plan(compose_cfg(*SMALL, *overrides(tech.example)), None)
+    recipe = plan.variants[plan.baseline]
+    if record["status"].startswith("n/a"):
+        # n/a is the technique's own verdict, with a reason
+        reason = tech.not_applicable(recipe, Context(torch.device("cpu"), model=_model(plan)))
+        assert reason == record["status"] and len(reason) > len("n/a: ")
+        return
+    assert record["status"] == "ok", record["status"]
+    assert record["samples_per_s"] > 0 and record["steps"] >= 1
+    mine = tech.columns(recipe, Context(torch.device("cpu")))
+    assert set(mine) == set(tech.column_names)
+    for col, value in mine.items():
+        assert record[col] == value
+    # The setting reaches the record: the example's columns differ from the default trial's.
+    assert any(record[c] != default_record[c] for c in tech.column_names), \
+        f"{tech.name}: the example leaves every column of the record at its default"
+
+
+def _model(plan):
+    from speedbench.train import build_model
+
+    return build_model(plan.models[0], 0)
+
+
+def test_global_state_is_restored_after_a_trial_that_changes_it():
+    """Whatever a technique's global_state sets, the trial puts every registered flag back."""
+    before = global_snapshot()
+    ctx = Context(torch.device("cpu"))
+    recipe = compose_cfg(*SMALL)
+    with techniques.global_state(recipe, ctx):
+        torch.set_num_threads(1 if before["torch_threads"] != 1 else 2)
+        torch.backends.cudnn.benchmark = not before["cudnn.benchmark"]
+        torch.backends.cudnn.allow_tf32 = not before["cudnn.allow_tf32"]
+        torch.backends.cuda.matmul.allow_tf32 = not before["matmul.allow_tf32"]
+        torch.set_float32_matmul_precision("medium" if before["float32_matmul_precision"] != "medium"
+                                           else "high")
+        assert global_snapshot() != before
+    assert global_snapshot() == before
+
+
+# --- trials.csv ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tech", REGISTRY, ids=IDS)
+def test_columns_appear_in_trials_csv(tech: Technique, tmp_path, default_record):
+    writer = results.TrialWriter(tmp_path / "trials.csv", techniques.column_names())
+    writer.append(default_record)
+    with open(tmp_path / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    for col in tech.column_names:
+        assert col in rows[0], f"{col} missing from trials.csv"
+    recipe = compose_cfg(*SMALL)
+    for col, value in tech.columns(recipe, Context(torch.device("cpu"))).items():
+        assert rows[0][col] == ("" if value is None else str(value))
+
+
+def test_build_loader_still_takes_a_recipes_data_node():
+    """Callers written before the registry pass `recipe.data`; it gives the loader's options."""
+    from speedbench.data import build_loader
+
+    recipe = build_plan(compose_cfg(*SMALL, "data.num_workers=1", "data.prefetch_factor=3",
+                                    "data.persistent_workers=true"), None).variants["default"]
+    old = build_loader(list(range(8)), 2, recipe.data, seed=0)
+    new = build_loader(list(range(8)), 2, techniques.loader_options(recipe, Context(torch.device("cpu"))),
+                       seed=0)
+    for attr in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory"):
+        assert getattr(old, attr) == getattr(new, attr)
+    assert old.num_workers == 1 and old.prefetch_factor == 3
