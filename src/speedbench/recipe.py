@@ -275,22 +275,15 @@ def _num(x) -> Optional[float]:
     return round(x, 4) if math.isfinite(x) else None
 
 
-def cannot_act_for(cfg: DictConfig, dist_env=None):
+def cannot_act_for(cfg: DictConfig, not_applicable, dist_env=None):
     """spec -> (overrides -> 'n/a: ...' or None): whether a recipe can act on this model here,
-    asked of a freshly built model as a trial would."""
-    import torch
-
-    from speedbench import knobs
-    from speedbench.config import merge_variant, resolve_device
-    from speedbench.train import build_model
-
-    device = torch.device(resolve_device(cfg.device))
-
+    asked of a freshly built model by `not_applicable` (run.not_applicable, as before a plan's
+    first round)."""
     def for_spec(spec: ModelSpec):
-        makes = knobs.makes_per_step_tensors(build_model(spec, cfg.bench.seed))
-
         def cannot(overrides: dict) -> Optional[str]:
-            return knobs.not_applicable(merge_variant(cfg, "naive", overrides), device, makes)
+            plan = step_plan(cfg, _entry(cfg, spec), {"probe": overrides}, "probe", "probe")
+            plan.models = [m for m in plan.models if m.name == spec.name]
+            return not_applicable(plan, plan.models[0], dist_env).get("probe")
         return cannot
     return for_spec
 

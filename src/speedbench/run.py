@@ -201,7 +201,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     for plan in plans:
         if groups is not None:  # +experiment=recipe: the search runs the plans (recipe.py)
             recipe.execute(cfg, plan, groups, run_dir, writer, progress, execute,
-                           recipe.cannot_act_for(cfg, dist_env))
+                           recipe.cannot_act_for(cfg, not_applicable, dist_env))
             continue
         execute(plan, run_dir, progress, dist_env, writer)
     if writer is None:
