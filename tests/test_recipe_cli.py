@@ -31,6 +31,8 @@ def test_candidates_are_checked_before_anything_runs():
         _check("+recipe.candidates.precision.options.fp8.precision=fp8")
     with pytest.raises(ConfigError, match=r"recipe.candidates.sync.colour: unknown key"):
         _check("+recipe.candidates.sync.colour=red")
+    with pytest.raises(ConfigError, match=r"recipe.skip: 'colour' is not a candidate group"):
+        _check("recipe.skip=[colour]")
 
 
 def test_bad_candidate_fails_in_one_line(tmp_path):

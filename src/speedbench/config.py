@@ -87,6 +87,7 @@ class RecipeConfig:
     # options whose peak memory exceeds it are not chosen.
     max_memory_mb: Optional[float] = None
     min_gain: Optional[float] = None  # smallest gain added; null: bench.noise_threshold
+    skip: list[str] = field(default_factory=list)  # candidate groups left out of the search
     # A profiled run measures each finding's suggested knob (the variant as run vs with it set)
     # before the report recommends it.
     check_findings: bool = True

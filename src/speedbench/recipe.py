@@ -97,6 +97,10 @@ def check(cfg: DictConfig, plan: Plan, dist_env) -> list[search.Group]:
     if mem is not None and not mem > 0:
         raise ConfigError(f"recipe.max_memory_mb: {mem} is out of range; it must be > 0, or null")
     groups = parse_groups(cfg)
+    unknown = [name for name in cfg.recipe.skip if name not in {g.name for g in groups}]
+    if unknown:
+        raise ConfigError(f"recipe.skip: '{unknown[0]}' is not a candidate group; choose from "
+                          + ", ".join(g.name for g in groups))
     naive = {k: v for g in groups for k, v in g.naive.items()}
     recipes = {"naive": naive}
     for g in groups:
@@ -179,8 +183,13 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
     min_gain = cfg.recipe.min_gain
     if min_gain is None:
         min_gain = OmegaConf.select(cfg, "bench.noise_threshold", default=0.02)
+    skipped = [g for g in groups if g.name in cfg.recipe.skip]
     for spec in plan.models:
         naive, kept, notes = search.restrict_naive(groups, cannot_act_for(spec))
+        kept = [g for g in kept if g not in skipped]
+        if skipped:
+            notes.append("not candidates (recipe.skip): " + ", ".join(g.name for g in skipped)
+                         + "; their naive setting stays")
 
         def say(msg: str, model: str = spec.name) -> None:
             if progress:

@@ -140,7 +140,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=lr, {value}=True)""")
 
 
 def _checkpointing(value: Any) -> Optional[Snippet]:
-    if value in (None, False, "off", "none"):
+    if value in (None, False, "off", "none"):  # speedbench's values: off | blocks
         return None
     return ("activation checkpointing per block (less memory, more compute)", """\
 from torch.utils.checkpoint import checkpoint
@@ -151,10 +151,10 @@ def forward(self, x):
 
 
 def _attention(value: str) -> Optional[Snippet]:
-    if value in (None, "math", "default", "auto"):
+    if value in (None, "default", "auto"):
         return None
     backend = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
-               "cudnn": "CUDNN_ATTENTION"}.get(value, str(value).upper())
+               "cudnn": "CUDNN_ATTENTION", "math": "MATH"}.get(value, str(value).upper())
     return (f"SDPA {value} attention backend", f"""\
 from torch.nn.attention import SDPBackend, sdpa_kernel
 with sdpa_kernel(SDPBackend.{backend}):
@@ -175,7 +175,7 @@ SNIPPETS: dict[str, Callable[[Any], Optional[Snippet]]] = {
     "memory_format": _memory_format,
     "matmul_precision": _matmul_precision,
     "cudnn_benchmark": _cudnn_benchmark,
-    "optimizer.impl": _optimizer_impl,
+    "optimizer_impl": _optimizer_impl,
     "checkpointing": _checkpointing,
     "attention": _attention,
 }
