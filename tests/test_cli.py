@@ -87,3 +87,75 @@ def test_bad_input_fails_cleanly_and_writes_nothing(tmp_path, override, key):
     assert key in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert not (tmp_path / "out").exists(), "no run directory for a rejected config"
+
+
+# --- a newcomer's mistakes and the console -------------------------------------------------------
+
+@pytest.mark.parametrize("args, expected", [
+    (["bench.repets=5"], "unknown key bench.repets; did you mean bench.repeats?"),
+    (["+experiment=amp", "modle=resnet"], "unknown key modle; did you mean model?"),
+    (["+bench.repets=5"], "did you mean bench.repeats?"),
+    (["+experiment=ampp"], "unknown experiment ampp; did you mean amp?"),
+    (["experiment=amp"], "write +experiment=amp"),
+])
+def test_typos_get_a_suggestion_exit_2_and_no_hydra_advice(tmp_path, args, expected):
+    proc = run_cli(*args, f"out_dir={tmp_path / 'out'}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert "To append to your config use" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_names_speedbench_and_lists_experiments_and_knobs(tmp_path):
+    from speedbench.__main__ import experiment_names
+
+    proc = run_cli("--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert text.startswith("speedbench") and "__main__" not in text
+    assert "is powered by Hydra" not in text
+    for name in experiment_names():
+        assert name in text, name
+    for knob in ("precision=", "model=", "bench.repeats=", "data.num_workers=", "device="):
+        assert knob in text, knob
+
+
+def test_console_ends_with_the_table_within_100_columns_and_the_report_path(amp_run):
+    proc, run_dir = amp_run
+    assert "generated new fontManager" not in proc.stdout + proc.stderr
+    lines = proc.stdout.rstrip().splitlines()
+    table = lines[lines.index(next(l for l in lines if l.lstrip().startswith("model"))):]
+    assert all(len(line) <= 100 for line in table), max(table, key=len)
+    report_lines = [l for l in lines if "report.html" in l]
+    assert report_lines, proc.stdout[-2000:]
+    path = report_lines[-1].split()[-1]
+    assert path.startswith("/") and path.endswith("report.html")
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_finished_trials_in_one_line_exit_130(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "speedbench", "+experiment=amp", *TINY, "model=resnet",
+         "bench.repeats=50", f"out_dir={out}"], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(
+            len(p.read_text().splitlines()) > 1 for p in out.rglob("trials.csv")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-2000:]
+    said = [l for l in stderr.splitlines() if l.startswith("speedbench: interrupted")]
+    assert len(said) == 1 and "finished trial" in said[0], stderr[-2000:]
+    run_dir = only_run_dir(out)
+    assert str(run_dir.resolve()) in said[0]
+    assert len(pd.read_csv(run_dir / "trials.csv")) >= 1

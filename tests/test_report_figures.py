@@ -151,3 +151,116 @@ def test_strings_from_configs_are_drawn_as_plain_text(tmp_path):
     for fig in (plots.throughput(trials), plots.speedup(stats.summarise(trials))):
         plots.save(fig, tmp_path / "f.png")
         assert_png(tmp_path / "f.png")
+
+
+# --- the report's order, the console table, ticks, and the environment a newcomer reads ---------
+
+def test_report_puts_the_recommendation_first_then_figures_then_claims_then_environment(tmp_path):
+    from test_report import make_run
+
+    from speedbench.report.render import write_report
+
+    run = make_run(tmp_path / "run")
+    md = write_report(run).read_text()
+    order = [md.index(h) for h in ("## Recommendation", "## Experiment: amp", "![",
+                                   "## The articles' claims", "## Environment",
+                                   "## How this was measured")]
+    assert order == sorted(order), order
+    first = md[md.index("## Recommendation"):md.index("## Experiment: amp")]
+    assert "bf16" in first and "resnet" in first  # measured faster on resnet: recommended
+    # every figure has a sentence under it
+    captions = [line[2:line.index("](")] for line in md.splitlines() if line.startswith("![")]
+    assert captions and all(c.endswith(".") and len(c.split()) >= 8 for c in captions), captions
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_console_table_fits_the_terminal_and_at_most_100_columns(width):
+    from speedbench.report.render import console_table
+
+    summary = stats.summarise(trials_frame(
+        variants=("fp32", "a_rather_long_variant_name", "bf16", "pinned"),
+        models=("transformer", "resnet"), statuses={"pinned": "n/a: pinned memory needs CUDA"}))
+    summary = summary.assign(achieved_tflops=0.000724, peak_tflops=0.19, peak_fraction=0.0038,
+                             mem_ratio=0.9, experiment=["exp", "exp2"] * (len(summary) // 2))
+    text = console_table(summary, width)
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= min(width, 100)
+    assert "no significant difference" not in text.splitlines()[1]  # short words in the table
+    assert any(line.startswith("verdict:") for line in lines)  # ... explained in a legend
+    assert "[1] n/a: pinned memory needs CUDA" in text
+
+
+def test_log_ticks_stay_readable_on_wide_and_narrow_ranges():
+    for lo, hi in ((0.003, 2.0), (0.03, 1.9), (0.64, 1.94), (1e-5, 3.0)):
+        ticks = plots._ratio_ticks(lo, hi)
+        assert 4 <= len(ticks) <= 11, (lo, hi, ticks)
+        assert all(lo <= t <= hi for t in ticks) and 1.0 in ticks
+    assert 0.03 in plots._ratio_ticks(0.003, 2.0)  # not only powers of ten
+
+
+def test_gflops_use_three_significant_digits_and_peaks_are_compared_per_precision():
+    from speedbench.report.render import peak_note, summary_table
+
+    trials = trials_frame().assign(precision=lambda d: d["variant"])
+    summary = stats.summarise(trials).assign(
+        achieved_tflops=[0.000724, 0.0921, 0.5] * 2, peak_tflops=[0.2, 0.04, 1.5] * 2,
+        peak_fraction=[0.0036, 2.3, 0.33] * 2)
+    table = summary_table(summary)
+    assert table["GFLOP/s"].tolist()[:3] == ["0.724", "92.1", "500"]
+    assert table["peak GFLOP/s"].tolist()[:3] == ["200", "40", "1,500"]
+    note = peak_note(summary, trials)
+    assert "bf16 1,500 GFLOP/s (7.5x fp32's), of which the models reach 33%" in note, note
+    assert "fp32 200 GFLOP/s, of which the models reach 0.36%" in note, note
+
+
+def test_cpu_flags_are_read_and_their_differences_compared(tmp_path):
+    from test_report import ENV, make_run
+
+    from speedbench import env
+    from speedbench.report.compare import flag_differences
+    from speedbench.report.runs import label_runs, load_run
+
+    xeon = "processor: 0\nflags\t\t: fpu sse4_2 avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_tile\n"
+    epyc = "processor: 0\nflags\t\t: fpu sse4_2 avx2 avx512f avx512_bf16\n"
+    assert env.cpu_flags(xeon) == ["sse4_2", "avx2", "avx512f", "avx512_bf16", "avx512_fp16",
+                                   "amx_tile", "amx_bf16"]
+    assert env.cpu_flags("Features\t: fp asimd sve bf16\n") == ["asimd", "sve", "bf16"]
+    a = load_run(make_run(tmp_path / "a", env={**ENV, "cpu_flags": env.cpu_flags(epyc)}))
+    b = load_run(make_run(tmp_path / "b", env={**ENV, "cpu_flags": env.cpu_flags(xeon)}))
+    label_runs([a, b])
+    diff = flag_differences([a, b]).set_index("CPU flag")
+    assert set(diff.index) == {"avx512_fp16", "amx_tile", "amx_bf16"}
+    assert diff.loc["amx_bf16"].tolist() == ["no", "yes"]
+
+
+def test_load_average_at_the_end_is_added_to_env_json(tmp_path):
+    import json
+
+    from speedbench import env
+
+    path = tmp_path / "env.json"
+    path.write_text(json.dumps({"device": "cpu"}))
+    env.record_end(path)
+    data = json.loads(path.read_text())
+    assert data["device"] == "cpu" and len(data["load_average_end"]) == 3
+
+
+def test_noise_warnings_are_short_and_end_with_a_command_to_paste(tmp_path):
+    from speedbench.report.render import console_warnings, report_line
+
+    summary = stats.summarise(trials_frame()).assign(spread=0.3, unsteady=0)
+    lines = console_warnings(summary, "amp", ["model=resnet", "bench.repeats=3"], width=80)
+    assert lines and all(len(line) <= 80 for line in lines)
+    command = lines[lines.index("  measure again:") + 1:]
+    assert command == [f"    speedbench +experiment=amp model=resnet bench.repeats={2 * 3}"]
+    long = console_warnings(summary, "amp", [f"models.resnet.small.knob{i}=1" for i in range(9)],
+                            width=80)
+    command = long[long.index("  measure again:") + 1:]
+    assert len(command) > 1 and all(len(line) <= 80 for line in long)
+    assert all(line.endswith(" \\") for line in command[:-1])
+    pasted = " ".join(line.strip().rstrip("\\").strip() for line in command)
+    assert pasted.split() == ["speedbench", "+experiment=amp",
+                              *[f"models.resnet.small.knob{i}=1" for i in range(9)], "bench.repeats=6"]
+    assert console_warnings(summary.assign(spread=0.01), "amp", []) == []
+    line = report_line(tmp_path, 12, 3.4)
+    assert line.endswith(str(tmp_path.resolve() / "report.html")) and line.startswith("12 trials")

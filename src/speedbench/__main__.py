@@ -1,29 +1,157 @@
-"""`python -m speedbench +experiment=NAME [overrides]`: Hydra composes the config, run() does the rest."""
+"""`python -m speedbench +experiment=NAME [overrides]` (or the `speedbench` script): Hydra composes
+the config, run() does the rest.
+
+Before Hydra sees the command line, its overrides are checked against speedbench's schema, so that
+a typo gets "unknown key bench.repets; did you mean bench.repeats?" (exit status 2) rather than
+Hydra's advice to add it with `+`. Ctrl-C ends with one line saying what was kept (exit 130).
+"""
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import sys
+import time
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from speedbench.config import ConfigError, config_dir, register_schema
+from speedbench.config import FREE_FORM, ConfigError, config_dir, register_schema
 
 register_schema()
 
+EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+
+
+def experiment_names() -> list[str]:
+    return sorted(p.stem for p in (Path(config_dir()) / "experiment").glob("*.yaml"))
+
+
+def _schema():
+    from hydra.core.config_store import ConfigStore
+
+    return ConfigStore.instance().load("speedbench_schema.yaml").node
+
+
+def schema_keys(node=None, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema (nodes and leaves); free-form nodes are not entered."""
+    node = _schema() if node is None else node
+    keys = []
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        keys.append(full)
+        child = node._get_node(key)
+        if full not in FREE_FORM and isinstance(child, DictConfig) and not child._is_none():
+            keys += schema_keys(child, f"{full}.")
+    return keys
+
+
+def _known(key: str) -> bool:
+    node = _schema()
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, DictConfig) or ".".join(parts[:i]) in FREE_FORM:
+            return True  # a free-form or untyped node takes any key
+        if part not in node:
+            return False
+        node = node._get_node(part)
+    return True
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def command_line_problem(args: list[str]) -> str | None:
+    """One line naming the first override speedbench cannot take, or None (Hydra's own
+    grammar errors are left to Hydra)."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        overrides = get_args_parser().parse_args(args).overrides
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except (Exception, SystemExit):
+        return None
+    for o in parsed:
+        key = o.key_or_group
+        if key.startswith("hydra") or "/" in key or o.package is not None or o.is_delete():
+            continue
+        if key == "experiment":
+            value = o.value() if isinstance(o.value(), str) else None
+            names = experiment_names()
+            if not (o.is_add() or o.is_force_add()):
+                return (f"experiment={value or '...'}: write +experiment={value or 'NAME'} (with "
+                        f"'+': an experiment is added to the base config); experiments: "
+                        + ", ".join(names))
+            if value is not None and value not in names:
+                return (f"unknown experiment {value}{did_you_mean(value, names)} "
+                        f"(experiments: {', '.join(names)})")
+            continue
+        if not _known(key):
+            keys = schema_keys()
+            hint = did_you_mean(key, keys) or (
+                "; known keys: " + ", ".join(k for k in keys if "." not in k))
+            return f"unknown key {key}{hint}"
+    return None
+
+
+def _quiet_libraries() -> None:
+    """Hydra's job logging prints INFO to stdout: keep library chatter (matplotlib's font cache
+    "generated new fontManager") out of the console."""
+    for name in ("matplotlib", "PIL"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
+
+
+def interrupted_line(cfg: DictConfig, experiment: str | None, started: float) -> str:
+    """What Ctrl-C left behind: the run directory made since `started` and its finished trials."""
+    candidates = [Path(cfg.run_dir)] if cfg.get("run_dir") else \
+        [p for p in Path(cfg.out_dir).glob("*/*") if p.is_dir()]
+    made = [p for p in candidates if p.is_dir() and p.stat().st_mtime >= started - 1]
+    if not made:
+        return "speedbench: interrupted; nothing was written"
+    run_dir = max(made, key=lambda p: p.stat().st_mtime).resolve()
+    trials = run_dir / "trials.csv"
+    rows = max(0, len(trials.read_text().splitlines()) - 1) if trials.is_file() else 0
+    kept = "no finished trial" if not rows else f"{rows} finished trial{'s' * (rows != 1)}"
+    return (f"speedbench: interrupted; kept {kept} in {run_dir} (no summary: "
+            f"python -m speedbench.report {run_dir} builds one from them)")
+
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
-def main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
+    _quiet_libraries()
     from speedbench.run import run
 
     experiment = HydraConfig.get().runtime.choices.get("experiment")
+    started = time.time()
     try:
         run(cfg, experiment, overrides=list(HydraConfig.get().overrides.task))
     except (ConfigError, FileExistsError) as exc:
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: say it once
             print(f"speedbench: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        if os.environ.get("RANK", "0") == "0":
+            print("\n" + interrupted_line(cfg, experiment, started), file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def main() -> None:
+    try:
+        problem = command_line_problem(sys.argv[1:])
+        if problem:
+            print(f"speedbench: error: {problem}", file=sys.stderr)
+            sys.exit(EXIT_USAGE)
+        _hydra_main()
+    except KeyboardInterrupt:  # before the run started (composing, importing torch)
+        print("\nspeedbench: interrupted before the run started; nothing was written",
+              file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,41 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# CPU features that decide which kernels oneDNN and MKL pick, so why a precision pays off on one
+# CPU and not another: vector width, 16-bit arithmetic, matrix units (x86 `flags`; Arm `Features`).
+SPEED_FLAGS = ("sse4_2", "fma", "f16c", "avx", "avx2", "avx_vnni", "avx512f", "avx512bw",
+               "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
+               "amx_int8", "amx_fp16", "asimd", "asimdhp", "sve", "sve2", "bf16", "i8mm")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> list[str] | None:
+    """The SPEED_FLAGS this CPU has, in SPEED_FLAGS's order (None where /proc/cpuinfo is absent)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            have = set(value.split())
+            return [f for f in SPEED_FLAGS if f in have]
+    return None
+
+
+def record_end(env_path: Path) -> None:
+    """Add the load average at the end of the run to env.json: with the one at the start, it
+    says whether something else used the machine meanwhile."""
+    import json
+
+    path = Path(env_path)
+    data = json.loads(path.read_text())
+    data["load_average_end"] = load_average()
+    tmp = path.with_name(f".{path.name}.tmp")  # whole or not at all: temp file, then rename
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
 def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
@@ -162,6 +197,7 @@ def collect(device: str) -> dict:
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_gb": memory_gb(),
+        "cpu_flags": cpu_flags(),
         "load_average": load_average(),
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),

@@ -62,8 +62,10 @@ def execute(plan: Plan, run_dir: Path | None, progress: bool = True,
     world = dist_env.world_size if dist_env else 1
     repeats = max(r.bench.repeats for r in plan.variants.values())
     total = sum(min(r.bench.repeats, repeats) for r in plan.variants.values()) * len(plan.models)
+    # ETA from the mean time per trial so far (smoothing=0): a variant's trials can take 20x
+    # another's, and tqdm's default moving average then swings from minutes to many.
     bar = tqdm(total=total, desc=plan.experiment, unit="trial", file=sys.stderr, dynamic_ncols=True,
-               disable=not (progress and distributed.is_main(dist_env)))
+               disable=not (progress and distributed.is_main(dist_env)), smoothing=0)
     book = FlopsBook(torch.device(plan.device))
     ctx = context(plan, dist_env)
     names = list(plan.variants)
@@ -168,7 +170,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     """
     from speedbench import recipe, suite
     from speedbench.config import build_plan
-    from speedbench.report.render import console_table, write_report
+    from speedbench.report.render import console_lines, report_line, write_report
 
     # Every plan is built, and so validated, before anything is written.
     if suite.is_suite(cfg):
@@ -215,16 +217,13 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
         frame = writer.frame()
         summary = scaling.add_efficiency(stats.summarise(frame), frame)
         results.write_summary(summary, run_dir)
+    env.record_end(run_dir / "env.json")  # the load average at the end, beside the start's
     write_report(run_dir, cfg=resolved)
-    print(console_table(summary))
-    for line in stats.spread_warnings(summary):
-        print(line)
+    print("\n".join(console_lines(summary, experiment, overrides)))
     if profiled:
         from speedbench.report.profile_section import console_text
         print("\n" + console_text(run_dir))
-    print(f"\n{len(writer.rows)} trials in {time.perf_counter() - started:.0f} s; "
-          f"report: {run_dir / 'report.md'}")
-    from speedbench.report import recommend
+    from speedbench.report import recommend  # the report's first section, in a few lines
     print("\n" + "\n".join(recommend.console_lines(summary, run_dir)))
-    print(f"report: {(run_dir / 'report.html').resolve()}")
+    print("\n" + report_line(run_dir, len(writer.rows), time.perf_counter() - started))
     return run_dir

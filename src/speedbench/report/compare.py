@@ -21,7 +21,7 @@ from speedbench.report.render import _ci, _num
 from speedbench.report.runs import KEYS, ReportError, Run, label_runs, load_run
 
 # env.json entries that differ between any two runs anyway and explain nothing.
-ENV_IGNORED = ("hostname",)
+ENV_IGNORED = ("hostname", "cpu_flags")  # CPU flags get their own table (flag_differences)
 # config.yaml entries that name where a run went, not what it measured.
 CONFIG_IGNORED = ("run_dir", "out_dir")
 
@@ -54,6 +54,22 @@ def differences(runs: list[Run], what: str = "env", ignored=ENV_IGNORED) -> pd.D
 
 def env_differences(runs: list[Run]) -> pd.DataFrame:
     return differences(runs, "env", ENV_IGNORED)
+
+
+def flag_differences(runs: list[Run]) -> pd.DataFrame:
+    """One row per CPU flag (env.json's cpu_flags) that some runs have and others lack:
+    "yes", "no", or "unknown" for a run recorded without flags."""
+    flags = [(r.env or {}).get("cpu_flags") for r in runs]
+    known = [set(f) for f in flags if isinstance(f, list)]
+    if len(known) < 2:
+        return pd.DataFrame(columns=["CPU flag"] + [r.label for r in runs])
+    rows = []
+    for flag in dict.fromkeys(f for fl in flags if isinstance(fl, list) for f in fl):
+        if len({flag in k for k in known}) > 1:
+            rows.append({"CPU flag": flag, **{
+                r.label: ("yes" if flag in f else "no") if isinstance(f, list) else "unknown"
+                for r, f in zip(runs, flags)}})
+    return pd.DataFrame(rows, columns=["CPU flag"] + [r.label for r in runs])
 
 
 def config_differences(runs: list[Run]) -> pd.DataFrame:
@@ -223,6 +239,12 @@ def build_document(runs: list[Run], out_dir: Path) -> Document:
     else:
         doc.para("The recorded environments are identical (apart from the host name): "
                  "differences below come from the machine's state or noise.")
+    flags = flag_differences(runs)
+    if len(flags):
+        doc.heading("CPU flags that differ", 3)
+        doc.para("Vector and matrix units the CPUs have or lack (AVX-512, bf16/fp16 arithmetic, "
+                 "AMX): they decide whether a 16-bit precision can pay off on a CPU.")
+        doc.table(flags)
     settings = config_differences(runs)
     if len(settings):
         doc.heading("Settings that differ", 3)

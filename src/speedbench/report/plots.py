@@ -150,10 +150,14 @@ def peak_memory(trials: pd.DataFrame) -> plt.Figure:
 
 
 def _ratio_ticks(lo: float, hi: float) -> list[float]:
-    """1-2-5 ticks between lo and hi, thinned to at most about seven."""
-    # narrow ranges get finer steps; wide ones powers of ten only
-    steps = (1, 1.5, 2, 3, 5, 7) if hi / lo < 8 else (1, 2, 5) if hi / lo < 200 else (1,)
-    return [c * 10.0 ** k for k in range(-4, 5) for c in steps if lo <= c * 10.0 ** k <= hi]
+    """Ticks between lo and hi, about four to nine of them: finer steps on narrow ranges,
+    1-3 per decade on wide ones (0.01x, 0.03x, 0.1x, 0.3x, 1x, 3x rather than powers of ten
+    alone), and powers of ten only beyond four decades."""
+    span = hi / lo
+    steps = ((1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8) if span < 4 else (1, 1.5, 2, 3, 5, 7)
+             if span < 8 else (1, 2, 5) if span < 200 else (1, 3) if span < 10 ** 4 else (1,))
+    ticks = (round(c * 10.0 ** k, 12) for k in range(-6, 7) for c in steps)
+    return [t for t in ticks if lo <= t <= hi]
 
 
 def _ratio_axis(ax, lo: float, hi: float) -> None:
@@ -343,20 +347,29 @@ def figures_for(trials: pd.DataFrame, summary: pd.DataFrame,
     when their data is present."""
     out = {}
     if summary.loc[~summary["is_baseline"], "speedup"].notna().any():
-        out["speedup"] = ("Speed-up over the baseline, with its 95% CI and verdict",
+        out["speedup"] = ("Each variant's speed-up over the baseline: the dot is the median ratio, the bar its "
+                          "95% CI, the colour the verdict; right of the dashed line is faster.",
                           speedup(summary))
     if len(_ok(trials)):
-        out["throughput"] = ("Throughput per variant", throughput(trials))
+        out["throughput"] = ("Samples per second of each variant: bar = median of the trials, whisker = "
+                             "95% CI, dots = single trials; the dark bar is the baseline.",
+                             throughput(trials))
     if _ok(trials)["peak_mem_mb"].notna().any():
-        out["memory"] = ("Peak memory per variant", peak_memory(trials))
+        out["memory"] = ("Peak memory of each variant (on a CPU, the growth of the process's "
+                         "resident memory), with its ratio to the baseline above each bar.",
+                         peak_memory(trials))
     if phases is not None and len(phases):
-        out["phases"] = ("Step-time breakdown by phase", step_breakdown(phases))
+        out["phases"] = ("Mean time of one optimizer step split into its phases (data wait, "
+                         "host-to-device copy, forward, backward, optimizer).",
+                         step_breakdown(phases))
     if "scaling_efficiency" in summary and summary["scaling_efficiency"].notna().any():
-        out["scaling"] = ("Throughput and scaling efficiency against the devices used",
+        out["scaling"] = ("Throughput against the devices used, next to perfect scaling (dashed), "
+                          "and the scaling efficiency, where 1.0 is perfect.",
                           scaling(summary))
     for knob in SWEEP_KNOBS:
         if sweep_knob(trials, knob):
-            out[f"sweep-{knob}"] = (f"Throughput against {knob}", sweep(trials, knob))
+            out[f"sweep-{knob}"] = (f"Throughput of each model (median, 95% CI) against {knob}: where the "
+                                  "curve flattens, more stops paying.", sweep(trials, knob))
     return out
 
 

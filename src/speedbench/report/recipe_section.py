@@ -56,8 +56,9 @@ def add(doc: Document, recipe: pd.DataFrame, run_path: Path, out_dir: Path) -> N
         if wf is not None and len(wf):
             fig_path = f"plots/recipe-{slug(model)}-waterfall.png"
             plots.save(waterfall.figure(wf, str(model)), out_dir / fig_path)
-            doc.figures([(f"{model}: naive -> each technique the search added -> final, "
-                          "cumulative speed-up over naive with 95% CI (adjusted)", fig_path)])
+            doc.figures([(f"{model}: naive, then each technique the search added, then the "
+                          "final recipe: cumulative speed-up over naive with its adjusted CI.",
+                          fig_path)])
             doc.table(pd.DataFrame({
                 "stage": wf["label"],
                 "speed-up over naive [CI]": [_ci(r.speedup, r.lo, r.hi) for r in wf.itertuples()],

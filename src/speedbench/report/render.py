@@ -1,13 +1,17 @@
 """The report of one run: report.md, report.html (self-contained, escaped), plots/, console table.
 
-Layout: environment, the articles' claims, then per experiment (a run may hold several) a
-sentence at a glance, the summary table, its figures and the profiler's findings; last, how it
-was measured and what the report had to leave out.
+Layout: the recommendation first; then per experiment (a run may hold several) a sentence at a
+glance, its figures (each with a sentence saying what it shows), the summary table and the
+profiler's findings; then the articles' claims, the environment, and last how it was measured
+and what the report had to leave out.
 """
 from __future__ import annotations
 
 import math
 import re
+import shlex
+import shutil
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -47,10 +51,12 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         "mem ratio": [_ci(r.mem_ratio, math.nan, math.nan) if "mem_ratio" in summary else "-"
                       for r in summary.itertuples()],
         "loss": summary["final_loss"].map(lambda v: _num(v, "{:.3f}")),
-        # Achieved FLOP/s (FlopCounterMode FLOPs / median step time) and its share of the peak
-        # measured on the spot (flops.py).
-        "TFLOP/s": _col(summary, "achieved_tflops").map(lambda v: _num(v, "{:.3g}")),
-        "% of peak": _col(summary, "peak_fraction").map(lambda v: _num(100 * v, "{:.1f}")),
+        # Achieved FLOP/s (FlopCounterMode FLOPs / median step time), the peak measured on the
+        # spot in the variant's dtype (flops.py) and the share reached; GFLOP/s at 3 significant
+        # digits, so that 0.724 and 92.1 read alike.
+        "GFLOP/s": _col(summary, "achieved_tflops").map(_gflops),
+        "peak GFLOP/s": _col(summary, "peak_tflops").map(_gflops),
+        "% of peak": _col(summary, "peak_fraction").map(lambda v: _sig(100 * v, 2)),
     })
     if "scaling_efficiency" in summary:  # data-parallel variants (scaling.py)
         table.insert(4, "devices", summary["devices"])
@@ -62,13 +68,202 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def _sig(x, digits: int = 3) -> str:
+    """`digits` significant digits without scientific notation for the sizes reports show
+    (0.000724, 92.1, 1,500)."""
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:,.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"
+
+
+def _gflops(tflops) -> str:
+    return _sig(1000 * tflops) if tflops is not None else "-"
+
+
+def peak_note(summary: pd.DataFrame, trials: pd.DataFrame) -> str:
+    """The hardware limit per precision, and how much of it the models reach: "bf16's peak is
+    7.6x fp32's here, yet the models reach 6-9% of it" is the finding a percentage column hides."""
+    if "peak_tflops" not in summary or "precision" not in trials or \
+            not summary["peak_tflops"].notna().any():
+        return ""
+    precision = trials.drop_duplicates(["model", "variant"]).set_index(
+        ["model", "variant"])["precision"]
+    rows = summary.assign(precision=[precision.get((r.model, r.variant))
+                                     for r in summary.itertuples()])
+    rows = rows[rows["peak_tflops"].notna() & rows["precision"].notna()]
+    if rows.empty:
+        return ""
+    peaks = rows.groupby("precision", sort=False)["peak_tflops"].median()
+    ref = peaks.get("fp32")
+    parts = []
+    for prec, peak in peaks.items():
+        share = rows.loc[rows["precision"] == prec, "peak_fraction"].dropna() * 100
+        times = f" ({peak / ref:.2g}x fp32's)" if ref and prec != "fp32" else ""
+        low, high = (_sig(share.min(), 2), _sig(share.max(), 2)) if len(share) else ("", "")
+        reach = ("" if not len(share) else f", of which the models reach {low}%" if low == high
+                 else f", of which the models reach {low}-{high}%")
+        parts.append(f"{prec} {_gflops(peak)} GFLOP/s{times}{reach}")
+    return ("The hardware limit, measured here as the best rate of a large matrix product in "
+            "each precision: " + "; ".join(parts) + ". A low share means time goes to "
+            "work other than matrix products (memory traffic, data, overheads), so a faster "
+            "matrix unit cannot pay off in full.")
+
+
 def _col(summary: pd.DataFrame, name: str) -> pd.Series:
     """A summary column, or NaNs for runs written before it existed."""
     return summary[name] if name in summary else pd.Series(math.nan, index=summary.index)
 
 
-def console_table(summary: pd.DataFrame) -> str:
-    return summary_table(summary).to_string(index=False)
+# The console: at most 100 columns (fewer on a narrower terminal), short verdict words with a
+# legend, columns dropped from the least useful when they do not fit.
+CONSOLE_WIDTH = 100
+VERDICT_SHORT = {"no significant difference": "n.s.", "too few trials": "few trials"}
+VERDICT_LEGEND = {"faster": "faster/slower: the CI excludes 1",
+                  "slower": "faster/slower: the CI excludes 1",
+                  "n.s.": "n.s.: no significant difference",
+                  "equivalent": "equivalent: within the noise threshold",
+                  "inconclusive": "inconclusive: neither, more trials needed",
+                  "few trials": "few trials: too few trials for a CI"}
+# The columns a narrow terminal loses first.
+DROP_ORDER = ("% peak", "GFLOP/s", "loss", "mem x", "devices", "scaling", "mem MB", "samples/s")
+
+
+def console_width() -> int:
+    return max(60, min(CONSOLE_WIDTH, shutil.get_terminal_size((CONSOLE_WIDTH, 24)).columns))
+
+
+def _clip(text, most: int = 16) -> str:
+    text = str(text)
+    return text if len(text) <= most else text[:most - 1] + "~"
+
+
+def _short_ci(x, lo, hi) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if lo is None or math.isnan(lo):
+        return f"{x:.2f}x"
+    return f"{x:.2f}x [{lo:.2f},{hi:.2f}]"
+
+
+def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The compact table and its footnotes (the reasons of rows that have no number)."""
+    reasons: list[str] = []
+    verdicts = []
+    for r in summary.itertuples():
+        if r.status != "ok":
+            if r.status not in reasons:
+                reasons.append(r.status)
+            verdicts.append(f"{str(r.status).split(':')[0]} [{reasons.index(r.status) + 1}]")
+        else:
+            verdicts.append(VERDICT_SHORT.get(r.verdict, _clip(r.verdict, 12)))
+    table = pd.DataFrame({
+        "model": summary["model"].map(_clip), "variant": summary["variant"].map(_clip),
+        "samples/s": summary["samples_per_s"].map(_num),
+        "speed-up [CI]": [_short_ci(r.speedup, r.speedup_lo, r.speedup_hi)
+                              for r in summary.itertuples()],
+        "verdict": verdicts,
+        "mem MB": summary["peak_mem_mb"].map(lambda v: _num(v, "{:.0f}")),
+        "mem x": _col(summary, "mem_ratio").map(lambda v: _num(v, "{:.2f}")),
+        "loss": summary["final_loss"].map(lambda v: _num(v, "{:.3g}")),
+        "GFLOP/s": _col(summary, "achieved_tflops").map(_gflops),
+        "% peak": _col(summary, "peak_fraction").map(lambda v: _sig(100 * v, 2)),
+    })
+    if "scaling_efficiency" in summary:
+        table.insert(5, "devices", summary["devices"].map(lambda v: _num(v, "{:.0f}")))
+        table.insert(6, "scaling", _col(summary, "scaling_efficiency").map(
+            lambda v: _num(v, "{:.2f}")))
+    if summary["experiment"].nunique() > 1:
+        table.insert(0, "exp.", summary["experiment"].map(lambda v: _clip(v, 14)))
+    return table, [f"[{i}] {r}" for i, r in enumerate(reasons, 1)]
+
+
+def console_table(summary: pd.DataFrame, width: Optional[int] = None) -> str:
+    """The summary for a terminal `width` columns wide (default: this one's, at most 100):
+    the table, the legend of its verdict words, the reasons of rows without a number."""
+    width = min(width or console_width(), CONSOLE_WIDTH)
+    table, notes = console_frame(summary)
+    text = table.to_string(index=False)
+    for column in DROP_ORDER:
+        if max(map(len, text.splitlines())) <= width:
+            break
+        if column in table:
+            table = table.drop(columns=column)
+            text = table.to_string(index=False)
+    words = [w for w in dict.fromkeys(table["verdict"]) if w in VERDICT_LEGEND]
+    legend = list(dict.fromkeys(VERDICT_LEGEND[w] for w in words))
+    lines = text.splitlines()
+    if legend:
+        lines += textwrap.wrap("verdict: " + "; ".join(legend) + ".", width,
+                               subsequent_indent="  ")
+    for note in notes:
+        lines += textwrap.wrap(note, width, subsequent_indent="    ")
+    return "\n".join(line[:width] for line in lines)
+
+
+def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
+                     overrides: Optional[list[str]] = None,
+                     width: Optional[int] = None) -> list[str]:
+    """Noise warnings, short, each with a command to paste that measures again with more
+    rounds (the same command line, more repeats)."""
+    width = width or console_width()
+    noisy = [f"{r.model}/{r.variant}" for r in summary.itertuples()
+             if float(getattr(r, "spread", math.nan)) > stats.SPREAD_WARN]
+    unsteady = [f"{r.model}/{r.variant}" for r in summary.itertuples()
+                if float(getattr(r, "unsteady", 0) or 0) > 0]
+    if not noisy and not unsteady:
+        return []
+    # run_dir= would name the directory this run already filled
+    kept = [o for o in overrides or [] if not o.lstrip("+").startswith((
+        "bench.repeats=", "bench.target_ci=", "bench.warmup_max=", "run_dir="))]
+    repeats = summary["trials"].max() if "trials" in summary else 3
+    repeats = int(repeats) * 2 if pd.notna(repeats) and repeats > 0 else 6
+    lines = []
+    if noisy:
+        lines.append(f"warning: trials vary by over {stats.SPREAD_WARN:.0%} (IQR/median) for "
+                     + _listing(noisy) + "; another load on the machine?")
+        extra = [f"bench.repeats={repeats}"]
+    else:
+        extra = []
+    if unsteady:
+        lines.append("warning: some trials were timed before their step time was steady: "
+                     + _listing(unsteady))
+        extra.append("bench.warmup_max=30")
+    command = ["speedbench"] + ([f"+experiment={experiment}"] if experiment and not any(
+        o.lstrip("+").startswith("experiment=") for o in kept) else []) + kept + extra
+    out = []
+    for line in lines:
+        out += textwrap.wrap(line, width, subsequent_indent="  ")
+    out.append("  measure again:")
+    out += _shell_lines([shlex.quote(c) for c in command], width, indent="    ")
+    return out
+
+
+def _shell_lines(words: list[str], width: int, indent: str) -> list[str]:
+    """A command split into lines within `width`, continued with backslashes, so that it
+    still pastes as one command."""
+    lines, line = [], indent
+    for word in words:
+        if line.strip() and len(line) + 1 + len(word) + 2 > width:
+            lines.append(line + " \\")
+            line = indent + "  "
+        line += ("" if not line.strip() else " ") + word
+    return lines + [line]
+
+
+def _listing(items: list[str], most: int = 4) -> str:
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def console_lines(summary: pd.DataFrame, experiment: Optional[str] = None,
+                  overrides: Optional[list[str]] = None) -> list[str]:
+    """What a run prints at its end, before the path of its report: the table and the
+    warnings, each line within the terminal's width (at most 100 columns)."""
+    return [console_table(summary)] + console_warnings(summary, experiment, overrides)
+
+
+def report_line(run_dir: Path, trials: int, seconds: float) -> str:
+    """The run's last line: what it did, and the absolute path of report.html to open."""
+    return f"{trials} trials in {seconds:.0f} s; report: {(Path(run_dir) / 'report.html').resolve()}"
 
 
 def env_pairs(env: dict) -> list[tuple[str, str]]:
@@ -90,8 +285,15 @@ def env_pairs(env: dict) -> list[tuple[str, str]]:
         ("software", f"torch {v.get('torch')}, Python {env.get('python')}, "
                      f"pandas {v.get('pandas')}, speedbench {v.get('speedbench')}"),
         ("platform", str(env.get("platform"))),
-        ("git revision", str(env.get("git_revision"))),
+        ("git revision", str(env.get("git_revision"))
+         + {True: " (uncommitted changes)", False: " (clean)"}.get(env.get("git_dirty"), "")),
     ]
+    if env.get("cpu_flags") is not None:
+        pairs.insert(2, ("CPU flags", " ".join(env["cpu_flags"]) or "none of those that matter"))
+    if env.get("load_average"):
+        end = env.get("load_average_end")
+        pairs.insert(-3, ("load average (1 min)", f"{env['load_average'][0]} at the start"
+                          + (f", {end[0]} at the end" if end else "")))
     return pairs
 
 
@@ -195,15 +397,18 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
     phases = run.phases[run.phases["experiment"] == experiment] if run.phases is not None else None
     doc.heading(f"Experiment: {experiment}")
     doc.lead(at_a_glance(summary))
-    doc.table(summary_table(summary))
-    for warning in stats.spread_warnings(summary):
-        doc.note(warning)
     figures = []
     for name, (caption, fig) in plots.figures_for(trials, summary, phases).items():
         path = f"plots/{slug(experiment)}-{name}.png"
         plots.save(fig, out_dir / path)
         figures.append((caption, path))
     doc.figures(figures)
+    doc.table(summary_table(summary))
+    note = peak_note(summary, trials)
+    if note:
+        doc.para(note)
+    for warning in stats.spread_warnings(summary):
+        doc.note(warning)
     sweep = workers_view.sweep(trials)
     if len(sweep):
         doc.heading("DataLoader workers", 3)
@@ -211,7 +416,8 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
         doc.table(workers_view.table(sweep))
         path = f"plots/{slug(experiment)}-workers.png"
         plots.save(workers_view.figure(sweep), out_dir / path)
-        doc.figures([("Throughput, data wait and host memory against DataLoader workers", path)])
+        doc.figures([("Throughput, the share of the step spent waiting for data, and host memory, "
+                      "against the number of DataLoader workers.", path)])
     capacity = run.capacity[run.capacity["experiment"] == experiment] \
         if run.capacity is not None else pd.DataFrame()
     if len(capacity):
@@ -239,18 +445,26 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
             doc.para("Clean recipe: no finding, none of the checked symptoms was measured.")
 
 
+def recommendation_section(doc: Document, run: Run, out_dir: Optional[Path] = None) -> None:
+    """The first section after the title: per model, use / skip / could not test here
+    (recommend.py); for a recipe search, how it was found follows (recipe_section.py)."""
+    recipe_rows = recommend.load_recipe(run.path)
+    recommend.add_section(doc, run.summary, recipe_rows)
+    if recipe_rows is not None and out_dir is not None:
+        recipe_section.add(doc, recipe_rows, run.path, out_dir)
+
+
 def build_document(run: Run, out_dir: Path) -> Document:
+    """Order: the recommendation, then per experiment its figures and tables, the articles'
+    claims, the environment, and how it was measured."""
     experiments = run.experiments
     devices = ", ".join(dict.fromkeys(run.trials["device"].astype(str)))
     doc = Document(title=f"speedbench report: {', '.join(experiments)}",
                    subtitle=f"{run.path.name} · {devices} · {len(run.trials)} trials")
-    # The answer first (recommend.py); then, for a recipe search, how it was found.
-    recipe_rows = recommend.load_recipe(run.path)
-    recommend.add_section(doc, run.summary, recipe_rows)
-    if recipe_rows is not None:
-        recipe_section.add(doc, recipe_rows, run.path, out_dir)
-    doc.heading("Environment")
-    doc.pairs(env_pairs(run.env))
+    recommendation_section(doc, run, out_dir)
+    for experiment in experiments:
+        experiment_section(doc, run, experiment, out_dir)
+    _remove_stale_figures(out_dir, {p for b in doc.blocks if b[0] == "figures" for _, p in b[1]})
     notes = list(run.notes)
     claims = claims_table(run.cfg, run.summary, run.trials, notes)
     if len(claims):
@@ -262,9 +476,8 @@ def build_document(run: Run, out_dir: Path) -> Document:
             doc.para(claim_tally(rows["verdict"]))
             doc.table(rows[["experiment", "model", "variant", "measured", "memory", "loss Δ",
                             "verdict"]])
-    for experiment in experiments:
-        experiment_section(doc, run, experiment, out_dir)
-    _remove_stale_figures(out_dir, {p for b in doc.blocks if b[0] == "figures" for _, p in b[1]})
+    doc.heading("Environment")
+    doc.pairs(env_pairs(run.env))
     doc.heading("How this was measured")
     doc.para(method_text(run.cfg))
     members = _member_benches(run.path)
