@@ -37,6 +37,7 @@ class Item:
     text: str
     speedup: float = math.nan
     effect: str = ""  # the speed-up with its CI, for the console
+    part: bool = False  # one technique of a recipe search's stack (the report lists it)
 
 
 @dataclass
@@ -155,9 +156,10 @@ def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None) -> list[Ad
                 advice.skip.append(Item(name, text, _get(r, "speedup")))
             elif kind == "untested":
                 advice.untested.append(Item(name, text))
-    for advice in out.values():
-        advice.use.sort(key=lambda i: -i.speedup)
-        advice.skip.sort(key=lambda i: i.speedup if math.isfinite(i.speedup) else math.inf)
+    for name, advice in out.items():
+        if name not in searched:  # a search's advice keeps its order: the recipe, then its parts
+            advice.use.sort(key=lambda i: -i.speedup)
+            advice.skip.sort(key=lambda i: i.speedup if math.isfinite(i.speedup) else math.inf)
     return list(out.values())
 
 
@@ -193,7 +195,7 @@ def advise_recipe(model: str, rows: pd.DataFrame, summary: pd.DataFrame) -> Advi
                 w = w.iloc[0].to_dict() if len(w) else {}
                 effect = _ci(_get(w, "step_gain"), _get(w, "step_lo"), _get(w, "step_hi"))
                 text = f"{effect} when added"
-            advice.use.append(Item(f"  {option}", text, math.inf, effect))
+            advice.use.append(Item(f"  {option}", text, math.inf, effect, part=True))
     steps = table.get("step", pd.DataFrame())
     if len(steps):
         for option, g in steps.groupby("option", sort=False):
@@ -265,7 +267,7 @@ def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3) -> list[s
     `width` skips and untested techniques, the rest counted."""
     out = []
     for a in advise(summary, load_recipe(run_dir)):
-        use = "; ".join(f"{i.technique.strip()} {i.effect}" for i in a.use) or \
+        use = "; ".join(f"{i.technique} {i.effect}" for i in a.use if not i.part) or \
             "nothing significantly faster"
         out.append(f"{a.model}: use {use}")
         for label, items in (("skip", a.skip), ("could not test", a.untested)):
