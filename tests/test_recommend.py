@@ -142,3 +142,50 @@ def test_snippets_per_override():
         for value in values[key]:
             title, code = make(value)
             compile(code.replace("...", "pass"), key, "exec")
+
+
+def test_a_recipe_search_is_advised_from_recipe_csv():
+    rec = pd.DataFrame([
+        {"model": "vae", "table": "waterfall", "step": 0, "label": "naive", "speedup": 1.0},
+        {"model": "vae", "table": "waterfall", "step": 1, "label": "+ precision=bf16",
+         "option": "precision=bf16", "speedup": 1.3, "lo": 1.2, "hi": 1.4, "step_gain": 1.3},
+        {"model": "vae", "table": "waterfall", "step": 2, "label": "+ workers=w2",
+         "option": "workers=w2", "speedup": 1.5, "lo": 1.4, "hi": 1.6, "step_gain": 1.15},
+        {"model": "vae", "table": "ablation", "option": "precision=bf16", "speedup": 1.45,
+         "lo": 1.3, "hi": 1.6, "verdict": "faster"},
+        {"model": "vae", "table": "ablation", "option": "workers=w2", "speedup": 1.15,
+         "lo": 1.05, "hi": 1.25, "verdict": "faster"},
+        {"model": "vae", "table": "step", "step": 1, "option": "sync=deferred", "speedup": 1.2,
+         "lo": 0.9, "hi": 1.5, "verdict": "inconclusive"},
+        {"model": "vae", "table": "step", "step": 2, "option": "sync=deferred", "speedup": 0.8,
+         "lo": 0.7, "hi": 0.9, "verdict": "slower"},
+        {"model": "vae", "table": "step", "step": 1, "option": "precision=bf16", "speedup": 1.3,
+         "lo": 1.2, "hi": 1.4, "verdict": "chosen"},
+        {"model": "vae", "table": "excluded", "option": "pinning=pinned",
+         "status": "n/a: pin_memory needs CUDA"},
+        {"model": "vae", "table": "excluded", "option": "precision=fp16",
+         "status": "too slow: 38 s/step, 100x slower, stopped after 1 step"},
+        {"model": "vae", "table": "chosen", "option": "precision=bf16"},
+        {"model": "vae", "table": "chosen", "option": "workers=w2"},
+        {"model": "vae", "table": "note", "label": "accumulation was not a candidate"},
+    ])
+    summ = pd.concat([summary(), pd.DataFrame([
+        row("recipe", "vae", "naive", "baseline", 1.0, baseline=True, mem=100.0),
+        row("recipe", "vae", "precision=bf16 + workers=w2", "faster", 1.5, 1.4, 1.6, mem=70.0),
+        row("recipe-step1", "vae", "current", "baseline", 1.0, baseline=True)])])
+    advice = {a.model: a for a in recommend.advise(summ, rec)}
+    vae, resnet = advice["vae"], advice["resnet"]
+    assert vae.use[0].technique == "the recipe precision=bf16 + workers=w2"
+    assert vae.use[0].text == "1.50x [1.40, 1.60] over naive, memory 0.70x"
+    assert [i.technique.strip() for i in vae.use[1:]] == ["precision=bf16", "workers=w2"]
+    assert vae.use[1].text.startswith("1.45x [1.30, 1.60] with the others")
+    skip = {i.technique: i.text for i in vae.skip}
+    assert skip["sync=deferred"] == "0.80x [0.70, 0.90], slower here (step 2)"  # its last step
+    assert skip["precision=fp16"].startswith("too slow")
+    assert {i.technique: i.text for i in vae.untested} == {"pinning=pinned": "pin_memory needs CUDA"}
+    assert vae.notes == ["accumulation was not a candidate"]
+    assert resnet.use == []  # models outside the search keep the per-experiment advice
+    doc = Document("t")
+    recommend.add_section(doc, summ, rec)
+    md = to_markdown(doc)
+    assert "use: the recipe precision=bf16 + workers=w2" in md and "recipe-step1" not in md

@@ -120,8 +120,7 @@ def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None) -> list[Ad
         for model, rows in recipe.groupby("model", sort=False):
             out[str(model)] = advise_recipe(str(model), rows, summary)
             searched.add(str(model))
-    rows = [r for r in summary.to_dict("records")
-            if not (str(r["model"]) in searched and str(r["experiment"]).startswith("recipe"))]
+    rows = [r for r in summary.to_dict("records") if str(r["model"]) not in searched]
     baselines = {(r["experiment"], r["model"]): r for r in rows if _truthy(r.get("is_baseline"))}
     per_technique: dict[tuple, list[tuple[dict, str, str]]] = {}
     for r in rows:
@@ -202,7 +201,8 @@ def advise_recipe(model: str, rows: pd.DataFrame, summary: pd.DataFrame) -> Advi
             if option in chosen:
                 continue
             last = g.sort_values("step").iloc[-1].to_dict()
-            kind, text = _classify({**last, "status": "ok"})
+            kind, text = _classify({**last, "status": "ok", "speedup_lo": last.get("lo"),
+                                    "speedup_hi": last.get("hi")})
             where = f" (step {int(last['step'])})"
             advice.skip.append(Item(str(option), (text if kind != "use" else
                                                   f"{text}, smaller than the option chosen")
