@@ -235,6 +235,17 @@ def _at_least(key: str, value: Any, low: int) -> None:
         raise ConfigError(f"{key}: {value} is out of range; it must be an integer >= {low}")
 
 
+def _at_most(key: str, value: Any, high: int) -> None:
+    if value is not None and value > high:
+        raise ConfigError(f"{key}: {value} is out of range; it must be at most {high:,}")
+
+
+# Upper bounds of the size knobs: far above any useful run, low enough that a typo cannot ask
+# for more memory than a machine has.
+SIZE_LIMITS = {"batch_size": 65_536, "data.samples": 10_000_000, "bench.steps": 1_000_000,
+               "bench.warmup": 100_000, "bench.warmup_max": 100_000, "bench.repeats": 10_000}
+
+
 def check_recipe(recipe: DictConfig, where: str = "") -> None:
     """Range and choice checks for one recipe (the types were checked by OmegaConf): every
     technique's keys (from their declared types), then the rest."""
@@ -247,6 +258,8 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
     _at_least(p + "bench.steps", recipe.bench.steps, 1)
     _at_least(p + "bench.repeats", recipe.bench.repeats, 1)
     _at_least(p + "bench.warmup_max", recipe.bench.warmup_max, 0)
+    for key, high in SIZE_LIMITS.items():
+        _at_most(p + key, OmegaConf.select(recipe, key), high)
     for key in ("steady_tol", "target_ci", "time_budget_s", "largest_batch_s"):
         value = recipe.bench[key]
         if value is not None and not value > 0:

@@ -147,7 +147,11 @@ class TextBytes(Dataset):
 def image_folder(path: str, image_size: int, num_classes: int) -> Dataset:
     from torchvision.datasets import ImageFolder
 
-    ds = ImageFolder(path, transform=lambda img: augment(pil_to_tensor(img), image_size))
+    try:
+        ds = ImageFolder(path, transform=lambda img: augment(pil_to_tensor(img), image_size))
+    except FileNotFoundError as exc:  # no class folder, or no image in any
+        raise ConfigError(f"data.path: '{path}' holds no images in class folders "
+                          f"({str(exc).splitlines()[0]})") from None
     if len(ds.classes) > num_classes:
         raise ConfigError(f"data.path: '{path}' has {len(ds.classes)} classes but the model is "
                           f"built for {num_classes}; set the model's num_classes")
@@ -179,6 +183,10 @@ def build_loader(ds: Dataset, batch_size: int, options: Optional[dict], seed: in
     registry pass it: the loader technique turns it into options."""
     if options is not None and not isinstance(options, dict):
         options = Loader().loader_options({}, SimpleNamespace(data=options), None)
-    return DataLoader(ds, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
-                      drop_last=True, generator=torch.Generator().manual_seed(seed),
-                      **(options or {}))
+    loader = DataLoader(ds, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
+                        drop_last=True, generator=torch.Generator().manual_seed(seed),
+                        **(options or {}))
+    if len(loader) == 0:  # drop_last and too few samples: a step would wait forever for a batch
+        raise ValueError(f"the data set yields no full batch: {len(sampler or ds)} samples, "
+                         f"batches of {batch_size}")
+    return loader

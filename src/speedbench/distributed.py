@@ -230,12 +230,23 @@ def combine(records: list[dict]) -> dict:
     }
 
 
+# How the CPU allocator (and Python) say they ran out of memory.
+CPU_OOM = re.compile(r"can't allocate memory|DefaultCPUAllocator|Cannot allocate memory")
+
+
 def failure_status(exc: BaseException) -> str:
-    if isinstance(exc, torch.OutOfMemoryError):
+    """`oom`, or `error: Type: first line of the message` followed by what caused it (an
+    instantiation error says which constructor failed, its cause says why)."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or CPU_OOM.search(str(exc)):
         return schema.OOM
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    text = re.sub(r"^\[[^\]]*:\d+\]\s*", "", text)[:160]  # gloo's `[/path/pair.cc:561] ` prefix
-    return schema.format_status(schema.ERROR, f"{type(exc).__name__}: {text}")
+    parts, seen = [], set()
+    while exc is not None and id(exc) not in seen and len(parts) < 3:
+        seen.add(id(exc))
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        text = re.sub(r"^\[[^\]]*:\d+\]\s*", "", text)  # gloo's `[/path/pair.cc:561] ` prefix
+        parts.append(f"{type(exc).__name__}: {text.rstrip(':')}"[:160])
+        exc = exc.__cause__
+    return schema.format_status(schema.ERROR, "; caused by ".join(parts))
 
 
 def with_rank(status: str, rank: int) -> str:
@@ -243,6 +254,18 @@ def with_rank(status: str, rank: int) -> str:
     st = schema.parse_status(status)
     reason = f"rank {rank}: {st.reason}" if st.reason else f"rank {rank}"
     return schema.format_status(st.kind, reason)
+
+
+def blame(status: str, rank: int, reported: set, world_size: int) -> str:
+    """The row status for a failed job whose first failure was `status` on `rank`: when that
+    failure is a timeout and some ranks reported none, those ranks hung (the others only
+    waited for them), and the status names them."""
+    silent = sorted(set(range(world_size)) - set(reported))
+    if silent and re.search(r"timed? ?out", status, re.IGNORECASE):
+        ranks = ", ".join(map(str, silent))
+        return schema.format_status(schema.ERROR, f"rank {ranks} hung: no answer within "
+                                    f"dist_timeout_s (rank {rank}: {schema.reason_of(status)})")
+    return with_rank(status, rank)
 
 
 FAILURE_KEY = "speedbench/failure/"
@@ -257,7 +280,7 @@ def report_failure(exc: BaseException, env: DistEnv, where: str) -> str:
     status = failure_status(exc)
     print(f"speedbench: rank {env.rank} of {env.world_size} failed in {where}: "
           f"{schema.reason_of(status) or status}", file=sys.stderr, flush=True)
-    first = (time.time(), env.rank, status)
+    first, reported = (time.time(), env.rank, status), {env.rank}
     try:
         # The store torchrun's agent serves to the ranks; it outlives a failed rank.
         store = dist.distributed_c10d._get_default_store()
@@ -265,10 +288,10 @@ def report_failure(exc: BaseException, env: DistEnv, where: str) -> str:
         for r in range(env.world_size):
             if store.check([f"{FAILURE_KEY}{r}"]):
                 t, st = json.loads(store.get(f"{FAILURE_KEY}{r}"))
-                first = min(first, (t, r, st))
+                first, reported = min(first, (t, r, st)), reported | {r}
     except Exception:  # no process group or store: this rank's own failure is the record
-        pass
-    return with_rank(first[2], first[1])
+        return with_rank(status, env.rank)
+    return blame(first[2], first[1], reported, env.world_size)
 
 
 def describe(env: Optional[DistEnv], device: torch.device) -> dict:

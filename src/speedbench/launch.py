@@ -7,23 +7,25 @@ per trial keeps the variants interleaved; the launch itself is outside the timed
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Optional
 
 from speedbench.data import build_dataset
-from speedbench.distributed import (DistEnv, exit_cleanly, failure_status, from_environ,
-                                    init_process_group, is_main, rank_device, report_failure,
-                                    with_rank)
+from speedbench.distributed import (DistEnv, blame, exit_cleanly, failure_status, from_environ,
+                                    init_process_group, is_main, rank_device, report_failure)
 from speedbench.trial import dataset_length, measure_trial
 
 
@@ -45,11 +47,14 @@ def launch_trial(plan, spec, variant: str, recipe, trial: int, nproc: int) -> di
         job = Path(tmp)
         (job / "job.pkl").write_bytes(pickle.dumps(
             {"plan": plan, "spec": spec, "variant": variant, "recipe": recipe, "trial": trial}))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={nproc}", "-m", "speedbench.launch", str(job)]
+        # torchrun, through this module's --torchrun (see torchrun_main): it dies with us
+        cmd = [sys.executable, "-m", "speedbench.launch", TORCHRUN, str(job), "--standalone",
+               f"--nproc_per_node={nproc}", f"--log-dir={job / 'logs'}",  # not a temp folder
+               "-m", "speedbench.launch", str(job)]
         limit = launch_timeout_s(recipe)
         # A session of its own, so that a timeout kills torchrun and all its workers.
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, env={**env, PARENT_PID: str(os.getpid())},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
         try:
             output, _ = proc.communicate(timeout=limit)
@@ -65,11 +70,59 @@ def launch_trial(plan, spec, variant: str, recipe, trial: int, nproc: int) -> di
         record_file = job / "record.json"
         if proc.returncode == 0 and record_file.exists():
             return json.loads(record_file.read_text())
-        return {"status": _launch_failure(job, proc.returncode, output), "world_size": nproc}
+        return {"status": _launch_failure(job, proc.returncode, output, nproc),
+                "world_size": nproc}
 
 
-def _launch_failure(job: Path, returncode: int, output: str) -> str:
-    """The first rank's failure as a row status: `error: rank R: Type: message`."""
+# Every process of a launched trial ends with the one that started it, however that ends
+# (a timeout, Ctrl-C, SIGTERM, SIGKILL): speedbench -> torchrun -> ranks, each asks Linux for
+# a signal when its parent dies (PR_SET_PDEATHSIG), since torchrun starts each rank in a session
+# of its own, out of reach of a signal to torchrun's process group.
+TORCHRUN = "--torchrun"
+PARENT_PID, LAUNCHER_PID = "SPEEDBENCH_PARENT_PID", "SPEEDBENCH_LAUNCHER_PID"
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int, parent_variable: str) -> None:
+    """Get `sig` when the parent process (pid in the environment variable) ends; leave at once
+    if it has already ended. Nothing where prctl does not exist (not Linux)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    expected = os.environ.get(parent_variable)
+    if expected and os.getppid() != int(expected):  # it ended before prctl took effect
+        os._exit(1)
+
+
+def torchrun_main(job: Path, args: list[str]) -> None:
+    """torchrun for one launched trial. SIGTERM when speedbench ends: torchrun then stops its
+    ranks; the job folder is removed here when speedbench is gone (else speedbench does it)."""
+    parent = int(os.environ.get(PARENT_PID, "0"))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # until torchrun's
+
+    def remove_job_when_orphaned():  # first thing, whatever torchrun's shutdown does next
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        shutil.rmtree(job, ignore_errors=True)
+
+    if parent:  # (launch_trial always sets it)
+        threading.Thread(target=remove_job_when_orphaned, daemon=True).start()
+    try:
+        die_with_parent(signal.SIGTERM, PARENT_PID)
+        os.environ[LAUNCHER_PID] = str(os.getpid())
+        from torch.distributed.run import main as torchrun
+
+        torchrun(args)
+    finally:
+        if parent and os.getppid() != parent:
+            shutil.rmtree(job, ignore_errors=True)
+
+
+def _launch_failure(job: Path, returncode: int, output: str, nproc: int) -> str:
+    """The first rank's failure as a row status: `error: rank R: Type: message`; when that is
+    a timeout, the ranks that reported nothing are named as the ones that hung."""
     errors = []
     for path in job.glob("rank*.error.json"):
         try:
@@ -78,7 +131,7 @@ def _launch_failure(job: Path, returncode: int, output: str) -> str:
             pass  # a rank killed while writing: the others' records still tell
     if errors:
         first = min(errors, key=lambda e: e["time"])
-        return with_rank(first["status"], first["rank"])
+        return blame(first["status"], first["rank"], {e["rank"] for e in errors}, nproc)
     lines = [ln.strip() for ln in output.splitlines()
              if re.match(r"^\s*\w+(Error|Exception)\b.*:", ln)]
     detail = lines[-1][:160] if lines else "no message (SPEEDBENCH_DEBUG=1 shows its output)"
@@ -99,6 +152,7 @@ def _worker(job: Path) -> None:
     env = from_environ()
     if env is None:
         raise SystemExit("speedbench.launch: run me through torchrun (speedbench does this)")
+    die_with_parent(signal.SIGKILL, LAUNCHER_PID)
     job_data = pickle.loads((job / "job.pkl").read_bytes())
     plan, spec, recipe = job_data["plan"], job_data["spec"], job_data["recipe"]
     device = rank_device(plan.device, env)
@@ -121,6 +175,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     args = sys.argv[1:] if argv is None else argv
+    if len(args) > 2 and args[0] == TORCHRUN:
+        return torchrun_main(Path(args[1]), args[2:])
     if len(args) != 1:
         raise SystemExit("usage: torchrun ... -m speedbench.launch JOB_DIR (run by speedbench)")
     record(_worker)(Path(args[0]))

@@ -12,6 +12,7 @@ several processes is launched through torchrun by speedbench.launch.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -21,12 +22,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from speedbench import capacity, diagnosis, distributed, env, launch, results, scaling, schema, \
-    stats, techniques
+from speedbench import atomic, capacity, diagnosis, distributed, env, launch, results, scaling, \
+    schema, stats, techniques
 from speedbench.config import ModelSpec, Plan
 from speedbench.data import build_dataset
 from speedbench.flops import FlopsBook
-from speedbench.trial import context, dataset_length, header, measure_trial  # noqa: F401
+from speedbench.trial import check_data, context, dataset_length, header, measure_trial  # noqa: F401
 from speedbench.train import build_model
 
 
@@ -41,7 +42,10 @@ def not_applicable(plan: Plan, spec: ModelSpec, dist_env: distributed.DistEnv | 
     once before the first round, so that the rounds can be shuffled and a variant without a
     baseline is known from the start. (Each trial asks again, of its own fresh model.)"""
     ctx = context(plan, dist_env)
-    ctx.model = build_model(spec, plan.variants[plan.baseline].bench.seed)
+    try:
+        ctx.model = build_model(spec, plan.variants[plan.baseline].bench.seed)
+    except Exception:  # each trial builds it again and records why it cannot be built
+        return {}
     skip = {}
     for name, recipe in plan.variants.items():
         with techniques.global_state(recipe, ctx):
@@ -179,6 +183,9 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
         plans = [build_plan(cfg, experiment)]
     dist_env = distributed.from_environ()
     groups = recipe.check(cfg, plans[0], dist_env) if recipe.is_recipe(cfg) else None
+    for plan in plans:  # the data too, before the run directory exists
+        for spec in plan.models:
+            check_data(plan, spec, dist_env.world_size if dist_env else 1)
     device = distributed.rank_device(plans[0].device, dist_env)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if suite.is_suite(cfg):
@@ -186,15 +193,19 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     run_dir = None
     if distributed.is_main(dist_env):
         run_dir = results.new_run_dir(cfg.out_dir, experiment or plans[0].experiment, cfg.run_dir)
-        if suite.is_suite(cfg):
-            (run_dir / "members").mkdir()
-            for plan in plans:  # each member's own resolved config, to repeat it alone
-                (run_dir / "members" / f"{plan.experiment}.yaml").write_text(
-                    OmegaConf.to_yaml(plan.config, resolve=True))
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
-        machine = env.collect(plans[0].device)
-        machine["distributed"] = distributed.describe(dist_env, device)
-        results.write_json(machine, run_dir / "env.json")
+        try:
+            if suite.is_suite(cfg):
+                (run_dir / "members").mkdir()
+                for plan in plans:  # each member's own resolved config, to repeat it alone
+                    atomic.write_text(run_dir / "members" / f"{plan.experiment}.yaml",
+                                      OmegaConf.to_yaml(plan.config, resolve=True))
+            atomic.write_text(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
+            machine = env.collect(plans[0].device)
+            machine["distributed"] = distributed.describe(dist_env, device)
+            results.write_json(machine, run_dir / "env.json")
+        except OSError as exc:  # nothing measured yet: leave no folder behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise results.write_failed(exc, None) from None
     started = time.perf_counter()
     distributed.init_process_group(dist_env, device, cfg.dist_timeout_s)
     distributed.outlive_peer_failure(dist_env)
@@ -210,15 +221,19 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
         return None
     frame = writer.frame()
     summary = scaling.add_efficiency(stats.summarise(frame), frame)
-    results.write_summary(summary, run_dir)
-    profiled = diagnosis.write_tables(run_dir, writer.rows)  # phases.csv, findings.csv
-    if profiled and cfg.recipe.check_findings:  # each suggested knob measured (recipe.py)
-        recipe.check_findings(plans, run_dir, writer, progress, execute)
-        frame = writer.frame()
-        summary = scaling.add_efficiency(stats.summarise(frame), frame)
+    try:
         results.write_summary(summary, run_dir)
-    env.record_end(run_dir / "env.json")  # the load average at the end, beside the start's
-    write_report(run_dir, cfg=resolved)
+        profiled = diagnosis.write_tables(run_dir, writer.rows)  # phases.csv, findings.csv
+        if profiled and cfg.recipe.check_findings:  # each suggested knob measured (recipe.py)
+            recipe.check_findings(plans, run_dir, writer, progress, execute)
+            frame = writer.frame()
+            summary = scaling.add_efficiency(stats.summarise(frame), frame)
+            results.write_summary(summary, run_dir)
+        env.record_end(run_dir / "env.json")  # the load average at the end, beside the start's
+        write_report(run_dir, cfg=resolved)
+    except OSError as exc:  # a full disk: a run is complete with summary.csv and its report
+        (run_dir / "summary.csv").unlink(missing_ok=True)
+        raise results.write_failed(exc, run_dir) from None
     print("\n".join(console_lines(summary, experiment, overrides)))
     if profiled:
         from speedbench.report.profile_section import console_text
@@ -226,4 +241,9 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     from speedbench.report import recommend  # the report's first section, in a few lines
     print("\n" + "\n".join(recommend.console_lines(summary, run_dir)))
     print("\n" + report_line(run_dir, len(writer.rows), time.perf_counter() - started))
+    failed = [r for r in writer.rows if schema.parse_status(r["status"]).failed]
+    if failed and not any(schema.parse_status(r["status"]).ok for r in writer.rows):
+        print(f"speedbench: no trial succeeded ({len(failed)} failed: see the status column)",
+              file=sys.stderr)
+        raise SystemExit(1)
     return run_dir

@@ -18,7 +18,8 @@ from omegaconf import DictConfig
 
 from speedbench import distributed, profile, schema, techniques
 from speedbench.config import ModelSpec, Plan, micro_batch
-from speedbench.data import build_loader
+from speedbench.data import build_dataset, build_loader
+from speedbench.errors import ConfigError
 from speedbench.techniques import Context
 from speedbench.timing import PeakRss, PhaseClock, device_peak_mb, release_host_memory, \
     reset_device_peak, timed_steps, warm_up
@@ -38,6 +39,35 @@ def dataset_length(plan: Plan, spec: ModelSpec, world_size: int = 1) -> int:
         steps = warmup + r.bench.steps + profile.extra_steps(r) + 2
         need = max(need, steps * batch * k * world_size)
     return need
+
+
+MAX_SAMPLES = 10_000_000  # per trial: the loader's shuffle alone holds 8 bytes per sample
+
+
+def check_data(plan: Plan, spec: ModelSpec, world_size: int = 1) -> None:
+    """Before anything is written: no trial asks for more than MAX_SAMPLES samples, and the
+    data set (data.path, or data.samples) holds a full batch for every variant, else its
+    trials would wait for one forever. ConfigError otherwise."""
+    length = dataset_length(plan, spec, world_size)
+    if length > MAX_SAMPLES:
+        raise ConfigError(f"bench.steps: model {spec.name} would need {length:,} samples per trial "
+                          f"(steps x batch_size x accumulate), over the {MAX_SAMPLES:,} allowed; "
+                          "lower bench.steps, batch_size or data.samples")
+    first = plan.variants[plan.baseline]
+    if not first.data.path and not first.data.samples:
+        return  # synthetic data is made as long as the trials need
+    # a synthetic data set is as long as asked; a file or folder is read to know
+    have = len(build_dataset(spec.dataset, length, first.data.path, seed=first.bench.seed)) \
+        if first.data.path else length
+    ctx = Context(device=torch.device(plan.device))
+    for name, r in plan.variants.items():
+        micro, _ = techniques.micro_batching(r.batch_size or spec.batch_size, r)
+        need = micro * techniques.replicas(r, ctx) * (techniques.processes(r, ctx) or world_size)
+        if have < need:
+            key = "data.path" if first.data.path else "data.samples"
+            raise ConfigError(f"{key}: model {spec.name} gets {have} sample(s), fewer than one "
+                              f"batch of {need} (variant {name}); give more data or a smaller "
+                              "batch_size")
 
 
 def context(plan: Plan, dist_env: distributed.DistEnv | None = None) -> Context:

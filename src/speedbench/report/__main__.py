@@ -28,6 +28,10 @@ def main(argv=None) -> int:
     from speedbench.report.compare import compare_runs
     from speedbench.report.render import write_report
 
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        print(f"speedbench.report: error: --out {args.out} is a file, not a directory",
+              file=sys.stderr)
+        return 2
     try:
         if len(args.run_dirs) == 1:
             md = write_report(args.run_dirs[0], out_dir=args.out)
@@ -38,6 +42,11 @@ def main(argv=None) -> int:
     except ReportError as exc:
         print(f"speedbench.report: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a full disk, a read-only folder: the old report files are kept
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"speedbench.report: error: could not write the report: {exc.strerror or exc}"
+              f"{where}; report.md and report.html were left as they were", file=sys.stderr)
+        return 1
     print(f"report: {md.with_suffix('.html')} (and {md.name} beside it)")
     return 0
 

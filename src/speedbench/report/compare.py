@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from speedbench import stats
+from speedbench import atomic, stats
 from speedbench.report import plots
 from speedbench.report.document import Document, slug, write
 from speedbench.report.render import _ci, _num
@@ -280,6 +280,6 @@ def compare_runs(run_dirs: list, out_dir: Path) -> Path:
     label_runs(runs)
     align(runs)  # fails before anything is written when nothing can be compared
     out_dir = Path(out_dir)
-    (out_dir / "plots").mkdir(parents=True, exist_ok=True)
+    atomic.real_dir(out_dir / "plots")
     write(build_document(runs, out_dir), out_dir, plots.DPI)
     return out_dir / "report.md"

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from speedbench import atomic
+
 # Verdict words → the colour class of their table cell.
 GOOD = ("faster", "holds")
 BAD = ("slower", "does not hold", "oom", "diverged", "error")
@@ -72,6 +74,8 @@ def slug(text: str) -> str:
 
 def _md_cell(value) -> str:
     text = str(value).replace("|", "\\|").replace("\n", " ")
+    # `]` escaped where a link would start (`](`, `][`, `]:`): names never become links
+    text = re.sub(r"\](?=\s*[(\[:])", r"\\]", text)
     return text.replace("<", "&lt;").replace(">", "&gt;")
 
 
@@ -247,6 +251,7 @@ def to_html(doc: Document, base: Path, dpi: int) -> str:
 
 def write(doc: Document, out_dir: Path, dpi: int) -> Path:
     """report.md and report.html in out_dir; returns the path of report.html."""
-    (out_dir / "report.md").write_text(to_markdown(doc))
-    (out_dir / "report.html").write_text(to_html(doc, out_dir, dpi))
+    # both or neither: a full disk must not leave a new report.md beside an old report.html
+    atomic.write_files({out_dir / "report.md": to_markdown(doc).encode("utf-8"),
+                        out_dir / "report.html": to_html(doc, out_dir, dpi).encode("utf-8")})
     return out_dir / "report.html"

@@ -19,7 +19,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
-from speedbench import stats  # noqa: E402
+from speedbench import atomic, stats  # noqa: E402
 
 VERDICT_COLOURS = {stats.FASTER: "#2a9d8f", stats.SLOWER: "#e76f51", stats.SAME: "#8d99ae",
                    stats.BASELINE: "#264653"}
@@ -374,10 +374,13 @@ def figures_for(trials: pd.DataFrame, summary: pd.DataFrame,
 
 
 def save(fig: plt.Figure, path) -> None:
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    try:  # written whole or not at all (atomic.py)
+        atomic.save_figure(fig, path, dpi=DPI)
+    finally:
+        plt.close(fig)
 
 
+@_styled
 def scaling(summary: pd.DataFrame) -> plt.Figure:
     """Data parallelism against the devices used: throughput next to the ideal (N x the
     single-device baseline), and scaling efficiency (1.0 = perfect). One line per model."""

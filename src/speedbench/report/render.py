@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Optional
 
 import pandas as pd
-import yaml
 
+from speedbench import atomic
 from speedbench import claims as claims_mod
 from speedbench import stats
 from speedbench.report import capacity_section, plots, profile_section, recipe_section, recommend
@@ -354,12 +354,6 @@ def claims_table(cfg: dict, summary: pd.DataFrame, trials: pd.DataFrame,
     return claims_mod.evaluate(claims, summary, trials)
 
 
-def _member_benches(run_dir: Path) -> dict:
-    """bench settings of each member of a suite run (members/*.yaml)."""
-    return {p.stem: (yaml.safe_load(p.read_text()) or {}).get("bench", {})
-            for p in sorted((run_dir / "members").glob("*.yaml"))}
-
-
 def claim_tally(verdicts: pd.Series) -> str:
     """'Holds for 1 of 6 (model, variant) pairs; partly 2; does not hold 3.'"""
     kinds = verdicts.map(lambda v: next((k for k in (claims_mod.HOLDS, claims_mod.PARTLY,
@@ -385,6 +379,8 @@ FIGURE_FILE = re.compile(r".+-(speedup|throughput|memory|phases|scaling|workers|
 
 def _remove_stale_figures(out_dir: Path, written: set[str]) -> None:
     """Figures of an earlier build that this one did not redraw (the run's data changed)."""
+    if (out_dir / "plots").is_symlink():  # never delete inside a folder elsewhere
+        return
     for png in (out_dir / "plots").glob("*.png"):
         if FIGURE_FILE.match(png.name) and f"plots/{png.name}" not in written:
             png.unlink()
@@ -480,7 +476,7 @@ def build_document(run: Run, out_dir: Path) -> Document:
     doc.pairs(env_pairs(run.env))
     doc.heading("How this was measured")
     doc.para(method_text(run.cfg))
-    members = _member_benches(run.path)
+    members = run.members
     if members:  # a suite: each member experiment ran with its own settings
         doc.para("Each experiment ran with its own settings: " + "; ".join(
             f"{e}: warm-up {b.get('warmup')}, steps {b.get('steps')}, repeats {b.get('repeats')}, "
@@ -496,6 +492,6 @@ def write_report(run_dir: Path, cfg: Optional[dict] = None, out_dir: Optional[Pa
     given). Returns the path of report.md."""
     run = load_run(run_dir, cfg)
     out = Path(out_dir) if out_dir else Path(run_dir)
-    (out / "plots").mkdir(parents=True, exist_ok=True)
+    atomic.real_dir(out / "plots")
     write(build_document(run, out), out, plots.DPI)
     return out / "report.md"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -29,6 +30,21 @@ SUMMARY_CONTRACT = ("experiment", "model", "variant", "is_baseline", "status", "
 CAPACITY_COLUMNS = ("experiment", "model", "variant", "precision", "status", "largest_batch",
                     "first_oom")
 KEYS = ["experiment", "model", "variant"]
+# Columns read as numbers: a cell that is not a finite number is read as missing (and noted).
+TRIAL_NUMERIC = OPTIONAL_NUMERIC + ("samples_per_s", "steps", "warmup_steps", "batch_size",
+                                    "accumulate", "num_workers", "elapsed_s", "devices",
+                                    "flops_per_step", "achieved_tflops", "peak_tflops")
+SUMMARY_NUMERIC = ("samples_per_s", "speedup", "speedup_lo", "speedup_hi", "trials", "step_ms",
+                   "cv", "data_wait_frac", "peak_mem_mb", "mem_ratio", "mem_ratio_lo",
+                   "mem_ratio_hi", "host_rss_mb", "final_loss", "loss_delta", "spread",
+                   "unsteady", "flops_per_step", "achieved_tflops", "peak_tflops", "peak_fraction",
+                   "devices", "scaling_efficiency", "scaling_efficiency_lo", "scaling_efficiency_hi")
+# env.json entries the report reads, with the type each must have to be used.
+ENV_TYPES = {"versions": dict, "env": dict, "distributed": dict, "cuda_devices": list}
+# Claim fields and the types they may have (claims.py reads them); other claims are left out.
+CLAIM_TYPES = {"tip": str, "source": str, "quote": str, "kind": str, "metric": str,
+               "versus": str, "experiment": str, "requires": str, "factor": (int, float),
+               "variants": list}
 
 
 class ReportError(Exception):
@@ -45,6 +61,7 @@ class Run:
     phases: Optional[pd.DataFrame] = None
     findings: Optional[pd.DataFrame] = None
     capacity: Optional[pd.DataFrame] = None  # capacity.csv: the largest batch that fits
+    members: dict = field(default_factory=dict)  # a suite's members/*.yaml: bench per experiment
     notes: list[str] = field(default_factory=list)  # what is missing, recomputed, left out
     missing: list[str] = field(default_factory=list)  # contract columns absent from trials.csv
     label: str = ""
@@ -58,7 +75,93 @@ def _bool(col: pd.Series) -> pd.Series:
     return col.astype(str).str.strip().str.lower().isin(["true", "1", "yes"])
 
 
+def _names(col: pd.Series) -> pd.Series:
+    """Names (experiment, model, variant) as non-empty strings: pandas reads an empty cell as
+    missing, which would drop the row from every group."""
+    text = col.astype(object).where(col.notna(), "").map(str).str.strip()
+    return text.where(text != "", "(empty)")
+
+
+def _numbers(df: pd.DataFrame, columns, what: str, notes: list[str]) -> int:
+    """Read `columns` of df as numbers in place; a cell that is not a finite number becomes NaN.
+    Returns how many non-empty cells were not numbers, after noting them."""
+    bad = {}
+    for c in columns:
+        if c not in df.columns:
+            continue
+        values = pd.to_numeric(df[c], errors="coerce").astype(float)
+        values = values.where(np.isfinite(values))
+        wrong = int((values.isna() & df[c].notna()).sum())
+        if wrong:
+            bad[c] = wrong
+        df[c] = values
+    if bad:
+        notes.append(f"{what}: " + ", ".join(f"{n} {c} cell(s)" for c, n in bad.items())
+                     + " not finite numbers, read as missing")
+    return sum(bad.values())
+
+
+def _env(env, notes: list[str]) -> dict:
+    """env.json as a mapping whose entries the report reads have the types it expects."""
+    if not isinstance(env, dict):
+        notes.append("env.json is not a JSON object: environment unknown")
+        return {}
+    wrong = [k for k, kind in ENV_TYPES.items() if k in env and not isinstance(env[k], kind)]
+    env = {k: v for k, v in env.items() if k not in wrong}
+    if isinstance(env.get("cuda_devices"), list):
+        env["cuda_devices"] = [g for g in env["cuda_devices"] if isinstance(g, dict)]
+    if wrong:
+        notes.append(f"env.json: {', '.join(wrong)} of an unexpected type, left out")
+    return env
+
+
+def _claims(cfg: dict, notes: list[str]) -> dict:
+    """The config with only the claims whose fields have the expected types."""
+    claims = cfg.get("claims")
+    if claims is None:
+        return cfg
+    if not isinstance(claims, list):
+        notes.append("the config's claims: is not a list: claims left out")
+        return {**cfg, "claims": []}
+    kept = []
+    for i, claim in enumerate(claims):
+        wrong = [k for k, kind in CLAIM_TYPES.items()
+                 if isinstance(claim, dict) and claim.get(k) is not None
+                 and (not isinstance(claim[k], kind) or isinstance(claim[k], bool))]
+        if isinstance(claim, dict) and isinstance(claim.get("variants"), list):
+            wrong += ["variants"] * any(not isinstance(v, (str, int)) for v in claim["variants"])
+        if not isinstance(claim, dict) or wrong:
+            what = "not a mapping" if not isinstance(claim, dict) else \
+                "unexpected " + ", ".join(dict.fromkeys(wrong))
+            notes.append(f"claim {i + 1} of the config left out ({what})")
+        else:
+            kept.append(claim)
+    return {**cfg, "claims": kept}
+
+
+def _members(path: Path, notes: list[str]) -> dict:
+    """bench settings of each member of a suite run (members/*.yaml), the readable ones."""
+    members = {}
+    for p in sorted((path / "members").glob("*.yaml")) if (path / "members").is_dir() else []:
+        try:
+            bench = (yaml.safe_load(p.read_text()) or {}).get("bench", {}) if p.is_file() else None
+        except (yaml.YAMLError, UnicodeDecodeError, AttributeError, OSError):
+            bench = None
+        if isinstance(bench, dict):
+            members[p.stem] = bench
+        else:
+            notes.append(f"members/{p.name} is not a readable member config: left out")
+    return members
+
+
+def _regular(path: Path) -> bool:
+    """A regular file (through links): a FIFO or a device would block or never end."""
+    return path.is_file()
+
+
 def _read_csv(path: Path) -> pd.DataFrame:
+    if not _regular(path):
+        raise ReportError(f"{path} is not a regular file")
     try:  # only empty cells are missing: pandas would read a verdict "n/a" as NaN
         return pd.read_csv(path, keep_default_na=False, na_values=[""])
     except pd.errors.EmptyDataError:
@@ -66,6 +169,8 @@ def _read_csv(path: Path) -> pd.DataFrame:
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         reason = str(exc).splitlines()[0]
         raise ReportError(f"{path} is not a readable CSV file ({reason})") from None
+    except OSError as exc:
+        raise ReportError(f"{path} cannot be read ({exc.strerror or exc})") from None
 
 
 def _optional_table(path: Path, columns: tuple[str, ...],
@@ -83,7 +188,7 @@ def _optional_table(path: Path, columns: tuple[str, ...],
         notes.append(f"{path.name} left out: it lacks the columns {', '.join(lacking)}")
         return None
     for c in KEYS:
-        df[c] = df[c].astype(str)
+        df[c] = _names(df[c])
     return df
 
 
@@ -91,7 +196,9 @@ def _summary(path: Path, trials: pd.DataFrame, notes: list[str]) -> pd.DataFrame
     """summary.csv as the run wrote it, or recomputed from the trials when absent or unusable."""
     file = path / "summary.csv"
     reason = None
-    if not file.exists():
+    if file.exists() and not _regular(file):
+        reason = "summary.csv is not a regular file: summary recomputed from trials.csv"
+    elif not file.exists():
         reason = ("no summary.csv (the run was interrupted or is still going): "
                   f"summary recomputed from the {len(trials)} trials written")
     else:
@@ -99,9 +206,11 @@ def _summary(path: Path, trials: pd.DataFrame, notes: list[str]) -> pd.DataFrame
         lacking = [c for c in SUMMARY_CONTRACT if c not in summary.columns]
         if lacking:
             reason = f"summary.csv lacks {', '.join(lacking)}: summary recomputed from trials.csv"
+        elif _numbers(summary, SUMMARY_NUMERIC, "summary.csv", notes):
+            reason = "summary.csv holds cells that are not numbers: summary recomputed from trials.csv"
         else:
             for c in KEYS:
-                summary[c] = summary[c].astype(str)
+                summary[c] = _names(summary[c])
             summary["is_baseline"] = _bool(summary["is_baseline"])
             have = set(map(tuple, summary[KEYS].to_numpy()))
             if have != set(map(tuple, trials[KEYS].drop_duplicates().to_numpy())):
@@ -109,7 +218,13 @@ def _summary(path: Path, trials: pd.DataFrame, notes: list[str]) -> pd.DataFrame
     if reason:
         notes.append(reason)
         summary = stats.summarise(trials)
-    for c in ("peak_mem_mb", "final_loss", "mem_ratio", "mem_ratio_lo", "mem_ratio_hi", "cv"):
+    if "scaling_efficiency" in summary.columns and "devices" not in summary.columns:
+        summary = summary.drop(columns=[c for c in summary.columns
+                                        if c.startswith("scaling_efficiency")])
+    scaling = ("scaling_efficiency_lo", "scaling_efficiency_hi") \
+        if "scaling_efficiency" in summary.columns else ()
+    for c in ("peak_mem_mb", "final_loss", "mem_ratio", "mem_ratio_lo", "mem_ratio_hi", "cv",
+              *scaling):
         if c not in summary.columns:
             summary[c] = math.nan
     return summary
@@ -142,28 +257,36 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
     if "device" not in trials.columns:
         trials["device"] = "unknown"
     for c in KEYS:
-        trials[c] = trials[c].astype(str)
+        trials[c] = _names(trials[c])
     trials["is_baseline"] = _bool(trials["is_baseline"])
-    trials["status"] = trials["status"].fillna("error: no status").astype(str)
-    trials["samples_per_s"] = pd.to_numeric(trials["samples_per_s"], errors="coerce")
+    trials["status"] = trials["status"].astype(object).where(
+        trials["status"].notna(), "error: no status").map(str)
+    _numbers(trials, TRIAL_NUMERIC, "trials.csv", notes)
+    # a measurement is a positive, finite throughput: any other "ok" row is not one
+    unusable = (trials["status"] == "ok") & ~(trials["samples_per_s"] > 0)
+    if unusable.any():
+        trials.loc[unusable, "status"] = "error: no positive samples_per_s in trials.csv"
+        notes.append(f"{int(unusable.sum())} ok trial(s) without a positive, finite "
+                     "samples_per_s: counted as errors")
 
     env = {}
-    if (path / "env.json").exists():
+    if _regular(path / "env.json"):
         try:
-            env = json.loads((path / "env.json").read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            env = _env(json.loads((path / "env.json").read_text()), notes)
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
             notes.append("env.json is not valid JSON: environment unknown")
     else:
         notes.append("no env.json: environment unknown")
     if cfg is None:
         cfg = {}
-        if (path / "config.yaml").exists():
+        if _regular(path / "config.yaml"):
             try:
                 cfg = yaml.safe_load((path / "config.yaml").read_text()) or {}
-            except yaml.YAMLError:
+            except (yaml.YAMLError, UnicodeDecodeError, OSError):
                 notes.append("config.yaml is not valid YAML: claims and settings unknown")
+    cfg = _claims(cfg, notes) if isinstance(cfg, dict) else {}
     return Run(path=path, trials=trials, summary=_summary(path, trials, notes), env=env,
-               cfg=cfg if isinstance(cfg, dict) else {},
+               cfg=cfg, members=_members(path, notes),
                phases=_optional_table(path / "phases.csv", PHASES_COLUMNS, notes),
                findings=_optional_table(path / "findings.csv", FINDINGS_COLUMNS, notes),
                capacity=_optional_table(path / "capacity.csv", CAPACITY_COLUMNS, notes),

@@ -1,0 +1,91 @@
+"""Output files written whole or not at all: a temp file beside the target, fsync, os.replace.
+
+A crash, a full disk or Ctrl-C leaves either the old file or the new one, never a truncated
+one. os.replace swaps the directory entry: a symbolic link at the destination is replaced by
+the new file, its target is never written through.
+"""
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once: mkstemp's files are 0600, output files get the usual mode
+
+
+def _temp_copy(path: Path, data: bytes) -> Path:
+    """`data` in a synced temp file in path's directory; removed again if anything fails."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
+
+
+def _sync_dir(directory: Path) -> None:
+    try:  # the rename itself survives a power cut only once the directory is synced
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_files(contents: dict) -> None:
+    """Several files as one step: every temp file is written before any target is replaced,
+    so that a full disk leaves all the old files (or none), never half of a new set."""
+    temps = {}
+    try:
+        for path, data in contents.items():
+            temps[Path(path)] = _temp_copy(Path(path), data)
+        for path, tmp in temps.items():
+            os.replace(tmp, path)
+    finally:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)  # left only when something failed
+    for directory in {p.parent for p in temps}:
+        _sync_dir(directory)
+
+
+def write_bytes(path, data: bytes) -> Path:
+    write_files({path: data})
+    return Path(path)
+
+
+def write_text(path, text: str) -> Path:
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def write_csv(frame, path, **kwargs) -> Path:
+    """A DataFrame as CSV (to_csv's keyword arguments; index=False unless given)."""
+    kwargs.setdefault("index", False)
+    return write_text(path, frame.to_csv(**kwargs))
+
+
+def save_figure(fig, path, **kwargs) -> Path:
+    """A matplotlib figure as PNG (savefig's keyword arguments)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", **kwargs)
+    return write_bytes(path, buffer.getvalue())
+
+
+def real_dir(path) -> Path:
+    """`path` as a directory of its own: a symbolic link there is replaced (its target left
+    alone), so that files written or removed inside stay inside."""
+    path = Path(path)
+    if path.is_symlink():
+        path.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
