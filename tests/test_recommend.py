@@ -135,7 +135,7 @@ def test_snippets_per_override():
               "empty_cache": [False], "accumulate": [4], "parallel": ["ddp", "fsdp"],
               "compile": [True, "max-autotune"], "memory_format": ["channels_last"],
               "matmul_precision": ["high"], "cudnn_benchmark": [True],
-              "optimizer_impl": ["foreach", "fused"], "checkpointing": ["blocks"],
+              "optimizer.impl": ["foreach", "fused"], "checkpointing": ["blocks"],
               "attention": ["flash"]}
     assert set(values) == set(snippets.SNIPPETS)
     for key, make in snippets.SNIPPETS.items():  # every snippet is Python

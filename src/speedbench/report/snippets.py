@@ -175,7 +175,7 @@ SNIPPETS: dict[str, Callable[[Any], Optional[Snippet]]] = {
     "memory_format": _memory_format,
     "matmul_precision": _matmul_precision,
     "cudnn_benchmark": _cudnn_benchmark,
-    "optimizer_impl": _optimizer_impl,
+    "optimizer.impl": _optimizer_impl,
     "checkpointing": _checkpointing,
     "attention": _attention,
 }
