@@ -4,10 +4,11 @@
 
 prints one line of overrides, e.g. `bench.repeats=3 bench.max_trial_s=4.5`. Used by
 gpu_check.sh. It counts the trials the experiment will run (models x variants x repeats; a suite
-file with a `suite:` block counts its member experiments) and gives each trial an equal share
-of the budget after fixed costs. Three repeats if a trial then gets at least MIN_TRIAL_S,
-else two. If the count fails (a config this script does not understand), it prints safe
-settings.
+file with a `suite:` block, or `suite.experiments=[...]` / `suite.exclude=[...]` overrides,
+counts its member experiments) and gives each trial an equal share of the budget after fixed
+costs (compiled trials also pay COMPILE_S). Three repeats if a trial then gets at least
+MIN_TRIAL_S, else two. If the count fails (a config this script does not understand), it prints
+safe settings.
 """
 from __future__ import annotations
 
@@ -24,26 +25,35 @@ TRIAL_OVERHEAD_S = 1.5  # per trial: build and move a full-scale model, start th
 MODEL_OVERHEAD_S = 3.0  # per model and experiment: make the data set (a full-size JPEG pool)
 MIN_TRIAL_S, MAX_TRIAL_S = 2.0, 6.0  # three repeats from this share on; 6 s is the default cap
 LARGEST_BATCH_S = 10  # per model, where an experiment searches the largest batch that fits
+COMPILE_S = 30.0  # per compiled trial: torch.compile of a full-scale model (warm cache later)
 SAFE = f"bench.repeats=2 bench.max_trial_s=2 bench.largest_batch_s={LARGEST_BATCH_S}"
 
 
-def members(name: str) -> list[str]:
-    """The experiments `+experiment=name` runs: itself, or a suite's members."""
+def _listed(overrides: list[str], key: str) -> list[str] | None:
+    """The names in a `key=[a,b]` override, or None when there is none."""
+    for o in overrides:
+        if o.startswith(key + "="):
+            return [n.strip() for n in o.split("=", 1)[1].strip("[]").split(",") if n.strip()]
+    return None
+
+
+def members(name: str, overrides: list[str] = ()) -> list[str]:
+    """The experiments `+experiment=name [overrides]` runs: itself, or a suite's members."""
     exp_dir = ROOT / "configs" / "experiment"
     data = yaml.safe_load((exp_dir / f"{name}.yaml").read_text()) or {}
-    suite = data.get("suite")
-    if not suite:
+    suite = data.get("suite") or {}
+    wanted = _listed(overrides, "suite.experiments") or suite.get("experiments")
+    if not wanted:
         return [name]
-    wanted = suite.get("experiments") or ["*"]
-    exclude = set(suite.get("exclude") or [])
+    exclude = set(_listed(overrides, "suite.exclude") or suite.get("exclude") or [])
     names = sorted(p.stem for p in exp_dir.glob("*.yaml")) if "*" in wanted else list(wanted)
     return [n for n in names if n not in exclude and n != name
             and not (yaml.safe_load((exp_dir / f"{n}.yaml").read_text()) or {}).get("suite")]
 
 
-def count(experiment: str, overrides: list[str]) -> tuple[int, int, float]:
-    """(trials, models, seconds searching the largest batch) of one experiment with these
-    overrides, as build_plan expands it."""
+def count(experiment: str, overrides: list[str]) -> tuple[int, int, float, int]:
+    """(trials, models, seconds searching the largest batch, compiled trials) of one experiment
+    with these overrides, as build_plan expands it."""
     from hydra import compose, initialize_config_dir
 
     from speedbench.config import build_plan, config_dir, register_schema
@@ -54,20 +64,23 @@ def count(experiment: str, overrides: list[str]) -> tuple[int, int, float]:
     plan = build_plan(cfg, experiment)
     repeats = max(r.bench.repeats for r in plan.variants.values())
     per_model = sum(min(r.bench.repeats, repeats) for r in plan.variants.values())
+    compiled = sum(min(r.bench.repeats, repeats) for r in plan.variants.values()
+                   if r.get("compile", "off") != "off")
     bench = plan.variants[plan.baseline].bench
     search_s = bench.largest_batch_s * len(plan.models) if bench.find_largest_batch else 0.0
-    return per_model * len(plan.models), len(plan.models), search_s
+    return per_model * len(plan.models), len(plan.models), search_s, compiled * len(plan.models)
 
 
 def settings(budget_s: float, experiment: str, overrides: list[str]) -> str:
+    own = [o for o in overrides if not o.lstrip("+~").startswith("suite.")]  # a member's
     for repeats in (3, 2):
-        trials = models = search_s = 0
-        for name in members(experiment):
-            t, m, s = count(name, [*overrides, f"bench.repeats={repeats}",
-                                   f"bench.largest_batch_s={LARGEST_BATCH_S}"])
-            trials, models, search_s = trials + t, models + m, search_s + s
-        per_trial = ((budget_s - models * MODEL_OVERHEAD_S - search_s) / max(trials, 1)
-                     - TRIAL_OVERHEAD_S)
+        trials = models = search_s = compiled = 0
+        for name in members(experiment, overrides):
+            t, m, s, c = count(name, [*own, f"bench.repeats={repeats}",
+                                      f"bench.largest_batch_s={LARGEST_BATCH_S}"])
+            trials, models, search_s, compiled = trials + t, models + m, search_s + s, compiled + c
+        fixed = models * MODEL_OVERHEAD_S + search_s + compiled * COMPILE_S
+        per_trial = (budget_s - fixed) / max(trials, 1) - TRIAL_OVERHEAD_S
         if per_trial >= MIN_TRIAL_S:
             break
     if per_trial < 1:

@@ -108,9 +108,9 @@ def test_ddp_without_a_launcher_is_a_config_error(monkeypatch):
 
 
 def test_unknown_parallel_mode_names_the_allowed_ones():
-    with pytest.raises(ConfigError, match=r"parallel: 'fsdp' is not allowed; choose one of none, "
-                                          r"dp, ddp"):
-        build_plan(compose_cfg(*TINY, "parallel=fsdp"), None)
+    with pytest.raises(ConfigError, match=r"parallel: 'horovod' is not allowed; choose one of "
+                                          r"none, dp, ddp, fsdp"):
+        build_plan(compose_cfg(*TINY, "parallel=horovod"), None)
 
 
 def test_dataparallel_is_na_without_two_gpus():

@@ -69,6 +69,11 @@ class BenchConfig:
 
 
 @dataclass
+class OptimizerConfig:
+    """The optimizer technique adds its key here (optimizer.impl: see Schema)."""
+
+
+@dataclass
 class SuiteConfig:
     # Experiments run one after another into one run directory and one report (the `tips`
     # experiment). Empty: this experiment is not a suite. "*" stands for every file in
@@ -110,6 +115,7 @@ class SpeedbenchConfig:
     # The techniques' keys (precision, accumulate, sync, parallel, data.num_workers, ...) are
     # declared in their modules under speedbench/techniques/ and added by `Schema` below.
     data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     # Set by experiment files: variant name -> overrides of the recipe above.
     variants: dict[str, Any] = field(default_factory=dict)

@@ -2,12 +2,22 @@
 
 The causal mask and the position indices are made every step through `new_tensor`, so the
 tensor_creation knob decides where they are born.
+
+Attention goes through F.scaled_dot_product_attention, so the attention technique can choose
+its kernel (math, flash, efficient, cudnn) with torch.nn.attention.sdpa_kernel. Fused kernels
+such as CUDA's flash attention take no explicit mask: `causal = "is_causal"` (set by that
+technique) passes is_causal=True instead of the per-step boolean mask (`"mask"`, the default).
+Both give the same result. `checkpoint_blocks = True` (set by the checkpointing technique)
+recomputes each block's activations in the backward pass instead of storing them.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from speedbench.models.per_step import PerStepTensors
 
@@ -28,21 +38,30 @@ class Block(nn.Module):
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """`mask`: the boolean causal mask, or None for SDPA's own is_causal=True."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             attn_mask=mask)
+        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2), attn_mask=mask,
+                                             is_causal=mask is None)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
         return x + self.mlp(self.ln2(x))
 
 
+CAUSAL_MODES = ("mask", "is_causal")
+
+
 class TransformerLM(nn.Module, PerStepTensors):
+    checkpoint_blocks: bool = False  # recompute each block's activations in backward
+    causal: str = "mask"  # how attention is made causal: see CAUSAL_MODES and the docstring
+
     def __init__(self, vocab_size: int = 256, seq_len: int = 64, dim: int = 128, layers: int = 2,
                  heads: int = 4):
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim: {dim} must be divisible by heads ({heads})")
+        self.head_dim = dim // heads  # the attention technique probes kernels with it
         self.tok = nn.Embedding(vocab_size, dim)
         self.pos = nn.Embedding(seq_len, dim)
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
@@ -51,14 +70,16 @@ class TransformerLM(nn.Module, PerStepTensors):
         self.head.weight = self.tok.weight  # weight tying, as in GPT-2
         self.apply(_init)
 
-
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
         pos = self.new_tensor(torch.arange, t, device=x.device)
-        mask = self.new_tensor(torch.ones, t, t, device=x.device, dtype=torch.bool).tril()
+        mask = None
+        if self.causal == "mask":
+            mask = self.new_tensor(torch.ones, t, t, device=x.device, dtype=torch.bool).tril()
         h = self.tok(x) + self.pos(pos)
+        recompute = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            h = block(h, mask)
+            h = checkpoint(block, h, mask, use_reentrant=False) if recompute else block(h, mask)
         logits = self.head(self.ln(h))
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
 

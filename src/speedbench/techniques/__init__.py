@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 from speedbench.techniques import (accumulation, empty_cache, loader, parallel, precision, sync,
                                    tensor_creation)
+from speedbench.techniques import (attention, checkpointing, compile, cudnn_benchmark,
+                                   matmul_precision, memory_format, optimizer)
 from speedbench.techniques.base import (GLOBAL_FLAGS, ConfigError, Context, Field, Finding,
                                         Technique, get_key, global_snapshot,
                                         restored_global_state)
@@ -28,6 +30,13 @@ _ALL: list[Technique] = [
     sync.Sync(),
     empty_cache.EmptyCache(),
     parallel.Parallel(),
+    memory_format.MemoryFormat(),
+    checkpointing.Checkpointing(),
+    attention.Attention(),
+    matmul_precision.MatmulPrecision(),
+    cudnn_benchmark.CudnnBenchmark(),
+    optimizer.Optimizer(),
+    compile.Compile(),
 ]
 REGISTRY: list[Technique] = sorted(_ALL, key=lambda t: t.order)
 

@@ -1,4 +1,5 @@
-"""Data parallelism: none, nn.DataParallel (one process, all GPUs) or DDP (one process a device).
+"""Data parallelism: none, nn.DataParallel (one process, all GPUs), DDP (one process a device) or
+FSDP2 (`fully_shard`: parameters, gradients and optimizer state sharded over the processes).
 
 This module wraps the model and says how many processes a trial needs; joining the process
 group is speedbench.distributed's job and launching torchrun is speedbench.launch's.
@@ -18,9 +19,14 @@ TIP = ("use DistributedDataParallel, one process per GPU (torchrun): DataParalle
        "replicates and gathers from one Python process every step")
 
 
+DISTRIBUTED = ("ddp", "fsdp")  # one process per device, launched through torchrun
+
+
 def effective(recipe, dist_env) -> str:
-    """Under torchrun every variant runs as DDP over its ranks."""
-    return "ddp" if dist_env is not None else recipe.parallel
+    """Under torchrun every variant runs as DDP over its ranks (FSDP variants as FSDP)."""
+    if dist_env is not None:
+        return "fsdp" if recipe.parallel == "fsdp" else "ddp"
+    return recipe.parallel
 
 
 def launch_nproc(recipe, device: str) -> int:
@@ -40,11 +46,34 @@ def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
 
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                        else None)
+    if parallel == "fsdp":
+        return shard(model)
     if parallel == "dp" and device.type == "cuda":
         first = device.index or 0  # replicas on every GPU; inputs and outputs on this one
         ids = [first] + [i for i in range(torch.cuda.device_count()) if i != first]
         return nn.DataParallel(model, device_ids=ids)
     return model
+
+
+def _blocks(module: nn.Module):
+    """The units FSDP shards one by one: each member with parameters of an nn.Sequential or
+    nn.ModuleList (ResNet's residual blocks, the transformer's blocks, the VAE's layers), not
+    looking inside a unit; the rest stays with the root."""
+    for child in module.children():
+        if isinstance(module, (nn.Sequential, nn.ModuleList)) and \
+                any(True for _ in child.parameters()):
+            yield child
+        else:
+            yield from _blocks(child)
+
+
+def shard(model: nn.Module) -> nn.Module:
+    """FSDP2: fully_shard each block, then the root (torch.distributed.fsdp, torch >= 2.6)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in list(_blocks(model)):
+        fully_shard(block)
+    return fully_shard(model)
 
 
 class Parallel(Technique):
@@ -53,13 +82,16 @@ class Parallel(Technique):
     card = """\
 **What**: `dp` wraps the model in `nn.DataParallel` over every visible GPU (one process);
 `ddp` runs one process per device under `DistributedDataParallel` (speedbench launches
-torchrun for the trial, `nproc` processes; under torchrun every variant runs as DDP).
+torchrun for the trial, `nproc` processes; under torchrun every variant runs as DDP);
+`fsdp` likewise with FSDP2's `fully_shard` per block instead of DDP (works with gloo on CPUs).
 **Helps**: more devices, more samples per second; DDP scales better than DP, which scatters,
 replicates and gathers from one Python process every step.
-**Costs**: gradient all-reduce every optimizer step; process start-up; memory per process."""
+**Costs**: gradient all-reduce every optimizer step; process start-up; memory per process.
+FSDP trades memory (a shard per rank) for an all-gather per block in forward and backward and
+a reduce-scatter of its gradients."""
     fields = (
-        Field("parallel", Literal["none", "dp", "ddp"], "none",
-              "none | dp (DataParallel, all GPUs) | ddp (one process per device)"),
+        Field("parallel", Literal["none", "dp", "ddp", "fsdp"], "none",
+              "none | dp (DataParallel, all GPUs) | ddp (one process per device) | fsdp (FSDP2)"),
         Field("nproc", Optional[int], None,
               "processes speedbench launches for ddp; null: all GPUs, 2 on a CPU", low=1),
         Field("dist_timeout_s", float, 300.0,
@@ -79,11 +111,11 @@ replicates and gathers from one Python process every step.
                                   "process driving all GPUs; under torchrun every variant already "
                                   "runs as DDP over the ranks); use parallel=none or ddp, or run "
                                   "without torchrun")
-            if dist_env is None and recipe.parallel == "ddp":
+            if dist_env is None and recipe.parallel in DISTRIBUTED:
                 reason = distributed.cannot_launch(kind)
                 if reason:
-                    raise ConfigError(f"{key}: 'ddp' needs a launcher and speedbench cannot "
-                                      f"launch one here: {reason}; run speedbench under "
+                    raise ConfigError(f"{key}: '{recipe.parallel}' needs a launcher and speedbench "
+                                      f"cannot launch one here: {reason}; run speedbench under "
                                       "torchrun, or use parallel=none")
                 n = launch_nproc(recipe, plan.device)
                 where = "nproc" if name == "default" else f"variants.{name}.nproc"
@@ -98,7 +130,7 @@ replicates and gathers from one Python process every step.
         return None
 
     def processes(self, recipe, ctx: Context) -> Optional[int]:
-        if ctx.dist_env is None and recipe.parallel == "ddp":
+        if ctx.dist_env is None and recipe.parallel in DISTRIBUTED:
             return launch_nproc(recipe, str(ctx.device))
         return None
 

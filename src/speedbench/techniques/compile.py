@@ -1,0 +1,183 @@
+"""torch.compile: TorchDynamo captures the model's graph, Inductor generates fused kernels.
+
+How the trial sees compilation (warm-up is never timed, so compilation stays out of the window;
+a compiled trial is not time-capped, as the cap would also cut its warm-up short):
+the model is compiled in `prepare_model`, but the first `eager_steps(recipe)` optimizer steps
+run eagerly (`torch.compiler.set_stance("force_eager")`) and are timed, synchronised, as the
+eager reference; the next step compiles (forward and backward) and is timed too; the steps after
+it are the compiled ones. From these the trial records
+- compile_s: the compiling step's time minus a compiled step's (median of the later steps);
+- compile_breakeven_steps: compile_s / (eager step - compiled step), the optimizer steps a run
+  must last before compiling pays for itself (inf when the compiled step is not faster);
+- recompiles (frames Dynamo compiled after the first compiled step), graph_breaks, and
+  compile_cache (hit / miss / partial: whether Inductor's on-disk FX-graph cache served it).
+Dynamo's in-process caches are reset for every trial, so each trial pays its compilation; the
+on-disk cache is kept, as a user re-running a script keeps it (`compile_cache` says which).
+The step times after the switch are host-clock times between optimizer steps (on CUDA not
+synchronised, so as not to touch the timed window): the break-even is an estimate there.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import sys
+import time
+from typing import Literal, Optional
+
+import torch
+
+from speedbench.techniques.base import Context, Field, Technique, global_flag
+
+MODES = ("off", "default", "max-autotune", "reduce-overhead")
+BACKEND = "inductor"  # torch.compile's backend (tests use aot_eager: same capture, no codegen)
+EAGER_STEPS = 2  # eager reference steps before the compiling one (fewer if warm-up is shorter)
+COLUMNS = ("compile", "compile_s", "compile_eager_step_ms", "compile_step_ms",
+           "compile_breakeven_steps", "recompiles", "graph_breaks", "compile_cache")
+
+
+def eager_steps(recipe) -> int:
+    """Eager steps before compiling: the compiling step must fall inside the warm-up."""
+    return max(0, min(EAGER_STEPS, recipe.bench.warmup - 1))
+
+
+def _stance() -> str:
+    """Dynamo's current stance (set_stance's first argument)."""
+    if "torch._dynamo" not in sys.modules:  # nothing can have set one; importing it is slow
+        return "default"
+    try:
+        from torch._dynamo.eval_frame import _stance as current
+
+        return current.stance
+    except (ImportError, AttributeError):  # private: if it moves, assume the default
+        return "default"
+
+
+global_flag("compiler.stance", _stance, lambda v: torch.compiler.set_stance(v))
+
+
+def _counters() -> dict:
+    from torch._dynamo.utils import counters
+
+    return {"frames": counters["frames"]["ok"],
+            "graph_breaks": sum(counters["graph_break"].values()),
+            "cache_hits": counters["inductor"]["fxgraph_cache_hit"],
+            "cache_misses": counters["inductor"]["fxgraph_cache_miss"]}
+
+
+class CompileRecord:
+    """One trial's compile timeline: step times and Dynamo's counters, read at each step end."""
+
+    def __init__(self, device: torch.device, eager: int):
+        self.device, self.eager = device, eager
+        self.start = _counters()
+        self.first_frames: Optional[int] = None  # frames compiled by the compiling step
+        self.times: list[float] = []
+        self.last = time.perf_counter()
+
+    def step_done(self) -> None:
+        # Synchronise the eager and compiling steps only: they lie in the (untimed) warm-up.
+        if len(self.times) <= self.eager and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.times.append(now - self.last)
+        self.last = now
+        if len(self.times) == self.eager:
+            torch.compiler.set_stance("default")  # the next step compiles
+        elif len(self.times) == self.eager + 1:
+            self.first_frames = _counters()["frames"] - self.start["frames"]
+
+    def columns(self) -> dict:
+        n = self.eager
+        eager = self.times[n - 1] if n and len(self.times) >= n else math.nan
+        later = self.times[n + 1:]
+        compiled = statistics.median(later) if later else math.nan
+        compile_s = max(0.0, self.times[n] - compiled) if later else math.nan
+        saved = eager - compiled
+        if math.isnan(saved) or math.isnan(compile_s):
+            breakeven = math.nan
+        else:
+            breakeven = compile_s / saved if saved > 0 else math.inf
+        now = _counters()
+        hits = now["cache_hits"] - self.start["cache_hits"]
+        misses = now["cache_misses"] - self.start["cache_misses"]
+        cache = ("partial" if hits and misses else "hit" if hits else "miss" if misses
+                 else "none")
+        return {"compile_s": compile_s, "compile_eager_step_ms": 1000 * eager,
+                "compile_step_ms": 1000 * compiled, "compile_breakeven_steps": breakeven,
+                "recompiles": (now["frames"] - self.start["frames"] - self.first_frames
+                               if self.first_frames is not None else math.nan),
+                "graph_breaks": now["graph_breaks"] - self.start["graph_breaks"],
+                "compile_cache": cache}
+
+
+class Compile(Technique):
+    name = "compile"
+    order = 95  # after parallel (90): torch.compile wraps the DDP module, as PyTorch advises
+    card = """\
+**What**: `torch.compile(model, mode=...)`: TorchDynamo captures the forward pass (and
+AOTAutograd the backward) as graphs; Inductor fuses them into generated kernels (Triton on
+GPUs, C++/OpenMP on CPUs). `default`; `max-autotune` (benchmarks kernel choices: longer
+compile); `reduce-overhead` (also CUDA graphs, against launch overhead: CUDA only).
+**Helps**: models bound by memory traffic and kernel launches (many small element-wise ops).
+**Costs**: compile time before the first step (`compile_s`; `compile_breakeven_steps` says
+when it pays back), recompilations on new shapes, memory for the compiler."""
+    fields = (Field("compile", Literal[MODES], "off",
+                    "off | default | max-autotune | reduce-overhead (torch.compile mode)"),)
+    example = {"compile": "default"}
+    column_names = COLUMNS
+
+    def normalise(self, recipe) -> None:
+        # The trial's time cap also cuts the warm-up short, which would push compilation into
+        # the timed window: a compiled trial runs uncapped (its warm-up still ends at
+        # bench.warmup_max steps).
+        if recipe.compile != "off":
+            recipe.bench.max_trial_s = None
+
+    def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
+        if recipe.compile == "reduce-overhead" and not ctx.cuda:
+            return ("n/a: compile=reduce-overhead records CUDA graphs, which need CUDA "
+                    f"(this run is on {ctx.device.type})")
+        if recipe.compile != "off" and ctx.device.type == "mps":
+            return "n/a: torch.compile's Inductor has no MPS training backend here"
+        return None
+
+    def global_state(self, recipe, ctx: Context):
+        if recipe.compile == "off":
+            return contextlib.nullcontext()
+        return _compile_trial(recipe, ctx)
+
+    def prepare_model(self, model, recipe, ctx: Context):
+        if recipe.compile == "off":
+            return model
+        record = CompileRecord(ctx.device, eager_steps(recipe))
+        ctx.extra["compile"] = record
+        if record.eager:
+            torch.compiler.set_stance("force_eager")  # the eager reference steps first
+        mode = None if recipe.compile == "default" else recipe.compile
+        return torch.compile(model, backend=BACKEND, mode=mode)
+
+    def after_step(self, recipe, ctx: Context) -> None:
+        record = ctx.extra.get("compile")
+        if record is not None:
+            record.step_done()
+
+    def columns(self, recipe, ctx: Context) -> dict:
+        row = dict.fromkeys(COLUMNS[1:], math.nan)
+        row["compile"] = recipe.compile
+        record = ctx.extra.get("compile")
+        if record is not None and record.times:
+            row.update(record.columns())
+        return row
+
+
+@contextlib.contextmanager
+def _compile_trial(recipe, ctx: Context):
+    """Fresh Dynamo caches for the trial, so that it pays (and reports) its compilation."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        torch._dynamo.reset()  # frees the compiled code (the record stays for `columns`)

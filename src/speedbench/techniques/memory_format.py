@@ -1,0 +1,54 @@
+"""channels_last: convolution models' weights and inputs in NHWC order instead of NCHW."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import torch
+import torch.nn as nn
+
+from speedbench.techniques.base import Context, Field, Technique
+
+
+def has_conv2d(model: nn.Module) -> bool:
+    return any(isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)) for m in model.modules())
+
+
+def _inputs_channels_last(module: nn.Module, args: tuple) -> tuple:
+    """Forward pre-hook: the image batch (first argument, 4-D) in channels_last, as the
+    tutorial does with `input = input.to(memory_format=torch.channels_last)`."""
+    if args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4:
+        return (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
+    return args
+
+
+class MemoryFormat(Technique):
+    name = "memory_format"
+    order = 70  # changes the bare model: before parallel (90) and compile (95)
+    card = """\
+**What**: `model.to(memory_format=torch.channels_last)` and each image batch converted the
+same way (NHWC: channels innermost), so convolutions run without layout conversions.
+**Helps**: convolution models with fp16/bf16 on tensor-core GPUs (cuDNN's NHWC kernels) and
+on CPUs through oneDNN, whose fast convolution kernels are channels-last.
+**Costs**: one copy of each input batch; layers without an NHWC kernel convert back and forth.
+Convolution models only: n/a for the transformer."""
+    fields = (Field("memory_format", Literal["contiguous", "channels_last"], "contiguous",
+                    "contiguous | channels_last (convolution models)"),)
+    example = {"memory_format": "channels_last"}
+    column_names = ("memory_format",)
+
+    def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
+        if recipe.memory_format == "channels_last" and ctx.model is not None \
+                and not has_conv2d(ctx.model):
+            return ("n/a: channels_last changes the layout of 4-D convolution tensors; this "
+                    "model has no 2-D convolution")
+        return None
+
+    def prepare_model(self, model, recipe, ctx: Context):
+        if recipe.memory_format == "contiguous":
+            return model
+        model = model.to(memory_format=torch.channels_last)
+        model.register_forward_pre_hook(_inputs_channels_last)
+        return model
+
+    def columns(self, recipe, ctx: Context) -> dict:
+        return {"memory_format": recipe.memory_format}

@@ -1,0 +1,64 @@
+"""AdamW's implementation: a Python for-loop over parameters, foreach (multi-tensor) or fused.
+
+PyTorch's default (`default` here) picks foreach when every parameter is on a device with
+foreach kernels (CUDA), else the for-loop (CPU). `foreach` on a CPU runs torch's multi-tensor
+code path over the per-tensor CPU kernels; `fused` is one kernel per parameter group, which
+torch has for CUDA and, since 2.4, for the CPU.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional
+
+import torch
+
+from speedbench.techniques.base import Context, Field, Technique
+
+IMPL_OPTIONS = {"default": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
+                "fused": {"fused": True}}
+
+
+def fused_unsupported(device: torch.device) -> Optional[str]:
+    """Why torch's fused AdamW refuses this device, or None (asked of torch, not assumed)."""
+    try:
+        torch.optim.AdamW([torch.zeros(1, device=device, requires_grad=True)], fused=True)
+    except (RuntimeError, ValueError) as exc:
+        return str(exc).strip().splitlines()[0]
+    return None
+
+
+class Optimizer(Technique):
+    name = "optimizer"
+    order = 85
+    card = """\
+**What**: how AdamW updates the parameters: `for-loop` (one small kernel per tensor per
+operation), `foreach` (`_foreach_*` multi-tensor ops: fewer launches), `fused` (one fused
+kernel for the whole update). `default` is PyTorch's choice (foreach on CUDA, for-loop on CPU).
+**Helps**: models with many small parameter tensors, where the optimizer step is bound by
+kernel launches; the GPU gains most.
+**Costs**: foreach holds intermediates for all tensors at once (more peak memory); fused needs
+a device torch has the kernel for."""
+    fields = (Field("optimizer.impl", Literal[tuple(IMPL_OPTIONS)], "default",
+                    "default | for-loop | foreach | fused (AdamW's implementation)"),)
+    example = {"optimizer.impl": "fused"}
+    column_names = ("optimizer_impl", "optimizer_ms")
+
+    def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
+        if recipe.optimizer.impl == "fused":
+            reason = fused_unsupported(ctx.device)
+            if reason:
+                return f"n/a: torch has no fused AdamW for {ctx.device.type} ({reason})"
+        return None
+
+    def optimizer_options(self, opts: dict, recipe, ctx: Context) -> dict:
+        return {**opts, **IMPL_OPTIONS[recipe.optimizer.impl]}
+
+    def columns(self, recipe, ctx: Context) -> dict:
+        """optimizer_ms: host time per optimizer phase (step + zero_grad) in the timed window;
+        on CUDA it is the launch time, the device runs asynchronously."""
+        trainer = ctx.extra.get("trainer")
+        ms = math.nan
+        clock = getattr(trainer, "clock", None)
+        if clock is not None and getattr(clock, "counts", {}).get("optimizer"):
+            ms = 1000 * clock.totals["optimizer"] / clock.counts["optimizer"]
+        return {"optimizer_impl": recipe.optimizer.impl, "optimizer_ms": ms}
