@@ -11,8 +11,10 @@ from speedbench.config import ConfigError, build_plan
 
 # Two cheap candidate groups are enough to exercise the search, the closing measurement and
 # the outputs; the others are deleted from the experiment (Hydra's ~key).
-FEW = ["~recipe.candidates.parallel", "~recipe.candidates.workers",
-       "~recipe.candidates.accumulation", "~recipe.candidates.pinning"]
+FEW = [f"~recipe.candidates.{group}" for group in (
+    "parallel", "workers", "accumulation", "pinning", "memory_format", "optimizer",
+    "matmul_precision", "cudnn_benchmark", "attention", "compile", "checkpointing")] + \
+    ["recipe.skip=[]"]
 
 
 def _check(*overrides: str):
