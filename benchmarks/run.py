@@ -49,7 +49,7 @@ TINY = ["batch_size=4", "models.resnet.small.dataset.image_size=32",
         "models.vae.small.image_size=32", "models.vae.small.dataset.image_size=32",
         "models.transformer.small.seq_len=16", "models.transformer.small.dataset.seq_len=16"]
 QUICK_SUITE = TINY + ["bench.warmup=1", "bench.steps=2", "bench.repeats=2",
-                      "bench.steady_tol=null", "model=transformer"]
+                      "bench.steady_tol=null", "bench.target_ci=null", "model=transformer"]
 
 
 def plan_for(model: str, overrides: list[str]):

@@ -17,6 +17,8 @@ TINY = [
     "scale=small", "device=cpu", "batch_size=4",
     "bench.warmup=1", "bench.steps=2", "bench.repeats=2", "bench.max_trial_s=20",
     "bench.steady_tol=null",  # a fixed warm-up: steady-state detection would add steps
+    "bench.target_ci=null",  # exactly `repeats` rounds: no adaptive rounds up to the budget
+    "bench.quality_steps=2",  # a short quality probe per variant
     "models.resnet.small.dataset.image_size=32",
     "models.vae.small.image_size=32", "models.vae.small.dataset.image_size=32",
     "models.transformer.small.seq_len=16", "models.transformer.small.dataset.seq_len=16",

@@ -229,3 +229,170 @@ def test_report_shows_the_spread_warning(tmp_path):
     report = write_report(tmp_path, cfg={}).read_text()
     assert "WARNING: trial spread" in report and "m/b 20%" in report
     assert "% of peak" in report
+
+
+# --- verdicts branch: attention FLOPs, the stable peak, warm-up floor, tensor memory ----------
+def test_cpu_attention_flops_are_counted():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q, k, v = (torch.randn(2, 3, 8, 4, requires_grad=True) for _ in range(3))
+    with FlopCounterMode(display=False, custom_mapping=flops.CPU_ATTENTION) as counter:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        forward = counter.get_total_flops()
+        out.sum().backward()
+    assert forward == 4 * 2 * 3 * 8 * 8 * 4  # QK^T and PV: 2 * (2 b h s s d)
+    assert counter.get_total_flops() > 2 * forward  # the backward is counted too
+
+
+def test_peak_is_cached_once_per_run_and_labelled(monkeypatch):
+    calls = []
+    monkeypatch.setattr(flops, "matmul_peak_tflops",
+                        lambda device, precision, **kw: calls.append(precision) or 1.0)
+    book = flops.FlopsBook(torch.device("cpu"))
+    book.measure_peaks(["fp32", "bf16", "fp32"])
+    rec = book.annotate({"status": "ok", "step_ms": 10.0, "precision": "fp32", "model": "m",
+                         "batch_size": 4, "accumulate": 1}, 2e9)
+    assert calls == ["fp32", "bf16"] and rec["peak_kind"] == "fp32"
+    assert not flops.uses_tf32(torch.nn.Conv2d(1, 1, 1), torch.device("cpu"))
+
+
+def test_warmup_floor_is_not_cut_by_the_budget():
+    import time
+
+    calls = []
+    n, steady = timing.warm_up(lambda: calls.append(time.sleep(0.02)), torch.device("cpu"),
+                               min_steps=4, max_steps=10, tol=1e-9, budget_s=0.001)
+    assert n == 4 and len(calls) == 4 and steady is False
+    n, _ = timing.warm_up(lambda: time.sleep(0.02), torch.device("cpu"), 3, 3, None,
+                          budget_s=0.001)
+    assert n == 3
+
+
+def _tiny_training(precision=None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(32, 64)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        if precision:
+            with torch.autocast("cpu", dtype=precision):
+                out = model(x)
+        else:
+            out = model(x)
+        out.float().square().mean().backward()
+        opt.step()
+    return model, opt, step
+
+
+def test_step_memory_splits_state_from_activations():
+    model, opt, step = _tiny_training()
+    params = sum(p.numel() * 4 for p in model.parameters()) / 2**20
+    step()  # the optimizer state exists from here on
+    first = timing.step_memory(step, model, opt, torch.device("cpu"))
+    again = timing.step_memory(step, model, opt, torch.device("cpu"))
+    # params + grads + AdamW's two moments (+ its step counters)
+    assert first["state_mem_mb"] == pytest.approx(4 * params, rel=0.01)
+    assert 0 < first["activation_mem_mb"] < first["peak_mem_mb"]
+    assert first["peak_mem_mb"] == pytest.approx(first["state_mem_mb"]
+                                                 + first["activation_mem_mb"])
+    assert again == first  # no first-measurement inflation: the same step, the same bytes
+
+
+def test_tensor_memory_counts_new_storage_only_while_alive():
+    keep = torch.zeros(1000)
+    with timing.TensorMemory([keep]) as tracker:
+        a = torch.ones(2000)  # 8000 bytes, alive at the end
+        b = torch.ones(4000)  # 16000 bytes, freed before the end
+        del b
+        a.add_(1)  # in place: nothing new
+    assert tracker.peak == 4000 + 8000 + 16000 and tracker.live == 4000 + 8000
+    del a
+
+
+def test_worker_memory_is_proportional_not_summed_rss():
+    import psutil
+
+    me = psutil.Process()
+    pss = timing.proportional_mb([me])
+    assert pss is not None and 0 < pss <= me.memory_info().rss / 2**20 * 1.01
+
+
+# --- verdicts branch: quality at equal work, hopeless variants, the memory split in trials ----
+def _probe(plan, name, steps=None, **kw):
+    from speedbench import quality
+    from speedbench.data import build_dataset
+    from speedbench.trial import context
+
+    spec = plan.models[0]
+    recipe, baseline = plan.variants[name], plan.variants[plan.baseline]
+    ctx = context(plan)
+    dataset = build_dataset(spec.dataset, 256, None, seed=0)
+    steps = quality.probe_steps(spec, recipe, baseline, ctx) if steps is None else steps
+    return quality.quality_probe(spec, recipe, ctx, dataset, steps, **kw)
+
+
+def test_quality_probe_gives_identical_losses_for_identical_recipes():
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=3",
+                      "+variants={a:{},b:{}}", "baseline=a")
+    plan = build_plan(cfg, None)
+    a, b = _probe(plan, "a"), _probe(plan, "b")
+    assert math.isfinite(a["final_loss"]) and a["final_loss"] == b["final_loss"]
+    assert a["quality_steps"] == 3 and a["quality_samples"] == 3 * 4
+
+
+def test_quality_probe_compares_accumulation_at_equal_samples():
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=4",
+                      "+variants={k1:{accumulate:1},k2:{accumulate:2}}", "baseline=k1")
+    plan = build_plan(cfg, None)  # accumulate_mode=add: k2 takes twice the samples per step
+    k1, k2 = _probe(plan, "k1"), _probe(plan, "k2")
+    assert (k1["quality_steps"], k2["quality_steps"]) == (4, 2)
+    assert k1["quality_samples"] == k2["quality_samples"] == 16
+
+
+def test_first_step_limit_spares_a_loaded_machine():
+    from speedbench import quality
+
+    assert quality.first_step_limit(0.1, 6.0) == pytest.approx(2.0)  # 20x the baseline
+    assert quality.first_step_limit(1.0, 6.0) == 6.0  # the trial budget comes first
+    assert quality.first_step_limit(8.0, 3.0) == 24.0  # never under 3x the baseline
+    assert quality.first_step_limit(0.01, 6.0) == 1.0  # nor under a second
+    assert quality.too_slow(38.0, 0.38) == ("too slow: 38 s/step, 100x slower than the "
+                                            "baseline's first step, stopped after 1 step")
+
+
+def test_a_hopeless_variant_is_stopped_once_and_keeps_its_step_time(tmp_path, monkeypatch):
+    from speedbench import quality
+
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=2",
+                      "+variants={base:{},slow:{}}", "baseline=base")
+    plan = build_plan(cfg, None)
+    monkeypatch.setattr(quality, "first_step_limit", lambda base_first, budget: 0.0)
+    writer = run.execute(plan, tmp_path, progress=False)
+    slow = [r for r in writer.rows if r["variant"] == "slow"]
+    assert len(slow) == 1 and slow[0]["status"].startswith("too slow: ")
+    assert slow[0]["step_ms"] > 0 and "stopped after 1 step" in slow[0]["status"]
+    base = [r for r in writer.rows if r["variant"] == "base"]
+    assert len(base) == 1  # nothing left to compare: the baseline's repeats are spared
+    assert base[0]["state_mem_mb"] > 0 and base[0]["activation_mem_mb"] > 0
+    assert base[0]["peak_mem_mb"] == pytest.approx(base[0]["state_mem_mb"]
+                                                   + base[0]["activation_mem_mb"])
+    summary = stats.summarise(writer.frame()).set_index("variant")
+    assert summary.loc["slow", "verdict"] == "too slow" and summary.loc["slow", "step_ms"] > 0
+
+
+def test_a_variant_many_times_slower_at_its_second_step_is_stopped(tmp_path, monkeypatch):
+    # fp16 on a CPU: a first step under the trial budget, but every step ~20x the baseline's
+    from speedbench import quality
+
+    assert quality.steady_step_limit(0.25) == pytest.approx(2.5)
+    assert quality.steady_step_limit(0.01) == 1.0  # a step that short cannot stall a run
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=3",
+                      "+variants={base:{},slow:{}}", "baseline=base")
+    plan = build_plan(cfg, None)
+    monkeypatch.setattr(quality, "steady_step_limit", lambda base_second: 0.0)
+    writer = run.execute(plan, tmp_path, progress=False)
+    slow = [r for r in writer.rows if r["variant"] == "slow"]
+    assert len(slow) == 1 and "stopped after 2 steps" in slow[0]["status"]
+    assert "the baseline's second step" in slow[0]["status"] and slow[0]["step_ms"] > 0

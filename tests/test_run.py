@@ -101,6 +101,9 @@ def test_trials_record_their_round_and_position(tmp_path, monkeypatch):
         def annotate(self, record, flops):
             pass
 
+        def measure_peaks(self, precisions):
+            pass
+
     def fake(plan, spec, variant, recipe, trial, dataset, *rest):
         return {"experiment": plan.experiment, "model": spec.name, "variant": variant,
                 "is_baseline": variant == plan.baseline, "trial": trial, "status": "ok",

@@ -47,6 +47,143 @@ def test_summary_keeps_failed_variants_with_their_status():
     s = stats.summarise(_trials(rows)).set_index("variant")
     assert s.loc["base", "verdict"] == "baseline" and s.loc["base", "speedup"] == 1
     assert s.loc["fast", "verdict"] == "faster" and 1.9 < s.loc["fast", "speedup"] < 2.1
-    assert s.loc["fast", "mem_ratio"] == 0.5
+    assert math.isclose(s.loc["fast", "mem_ratio"], 0.5)
     assert s.loc["broken", "status"] == "oom" and s.loc["broken", "verdict"] == "oom"
     assert math.isnan(s.loc["broken", "speedup"])
+
+
+def test_t_quantile_matches_tables():
+    # Two-sided Student t critical values (any statistics table).
+    for level, df, want in ((0.95, 1, 12.706), (0.95, 4, 2.776), (0.99, 9, 3.250),
+                            (0.95, 30, 2.042)):
+        assert abs(stats.t_quantile(level, df) - want) < 1e-3
+
+
+def _rounds(base, variants, key="round"):
+    """Trials of one model measured in rounds: base[i] and each variant's [i] in round i."""
+    rows = []
+    for i, b in enumerate(base):
+        rows.append({"experiment": "e", "model": "m", "variant": "base", "is_baseline": True,
+                     key: i, "status": "ok", "samples_per_s": b})
+        for name, values in variants.items():
+            rows.append({"experiment": "e", "model": "m", "variant": name, "is_baseline": False,
+                         key: i, "status": "ok", "samples_per_s": values[i]})
+    t = pd.DataFrame(rows)
+    for col in ("step_ms", "data_wait_frac", "peak_mem_mb", "host_rss_mb", "final_loss"):
+        t[col] = 1.0
+    if key == "round":
+        t["trial"] = t["round"]
+    return t
+
+
+def test_pairing_by_round_cancels_drift():
+    # The machine slows down 40 % over the run; the variant is always 10 % faster in its round.
+    base = np.array([100, 90, 80, 70, 60, 100, 95.0])
+    s = stats.summarise(_rounds(base, {"v": base * 1.10})).set_index("variant")
+    assert math.isclose(s.loc["v", "speedup"], 1.10)
+    assert s.loc["v", "verdict"] == stats.FASTER and s.loc["v", "rounds"] == 7
+    # Unpaired, the same numbers would overlap completely.
+    _, lo, hi = stats.bootstrap_ratio_ci(base * 1.1, base)
+    assert lo < 1 < hi
+
+
+def test_pairs_on_trial_when_no_round_column():
+    base = np.array([100, 90, 80, 70, 60.0])
+    t = _rounds(base, {"v": base * 0.8}, key="trial")
+    assert stats.pair_key(t) == "trial"
+    assert stats.summarise(t).set_index("variant").loc["v", "verdict"] == stats.SLOWER
+
+
+def test_four_verdicts_and_detectable_effect():
+    rng = np.random.default_rng(0)
+    base = 100 * np.exp(rng.normal(0, 0.005, 8))
+    noisy = base * np.array([1.25, 0.8] * 4)  # centred on 1, far too spread to decide
+    t = _rounds(base, {"same": base * np.exp(rng.normal(0, 0.005, 8)), "fast": base * 1.5,
+                       "tiny": base * 1.02, "noisy": noisy})
+    s = stats.summarise(t).set_index("variant")
+    assert s.loc["same", "verdict"] == stats.EQUIVALENT
+    assert s.loc["fast", "verdict"] == stats.FASTER
+    # Significant (the CI excludes 1) but below the 5 % threshold: not a call.
+    assert s.loc["tiny", "speedup_lo"] > 1 and s.loc["tiny", "verdict"] == stats.EQUIVALENT
+    assert s.loc["noisy", "verdict"] == stats.INCONCLUSIVE
+    assert s.loc["noisy", "min_detectable"] >= s.loc["noisy", "ci_halfwidth"] > 0.05
+    assert math.isnan(s.loc["fast", "min_detectable"])
+
+
+def test_summary_states_the_family_and_adjusted_level():
+    base = np.array([100, 101, 99, 100, 102.0])
+    t = _rounds(base, {f"v{i}": base for i in range(4)})
+    s = stats.summarise(t)
+    assert (s["comparisons"] == 4).all() and (s["family_level"] == 0.05).all()
+    assert np.allclose(s["ci_level"], 1 - 0.05 / 4)
+    one = stats.summarise(_rounds(base, {"v0": base * 1.01}))
+    # More comparisons, wider intervals, for the same data.
+    w4 = s.set_index("variant").loc["v0", "ci_halfwidth"]
+    assert w4 == 0 or w4 >= one.set_index("variant").loc["v0", "ci_halfwidth"]
+
+
+def test_threshold_read_from_trials():
+    base = np.array([100, 101, 99, 100, 102.0])
+    t = _rounds(base, {"v": base * 1.08})
+    assert stats.summarise(t).set_index("variant").loc["v", "verdict"] == stats.FASTER
+    t["noise_threshold"] = 0.10
+    assert stats.summarise(t).set_index("variant").loc["v", "verdict"] == stats.EQUIVALENT
+
+
+class _Bench:
+    target_ci, time_budget_s = 0.03, 100.0
+
+
+def test_wants_more_rounds_until_narrow_or_out_of_time():
+    rng = np.random.default_rng(3)
+    base = 100 * np.exp(rng.normal(0, 0.05, 5))
+    wide = _rounds(base, {"v": base * np.exp(rng.normal(0, 0.05, 5))}).to_dict("records")
+    narrow = _rounds(base, {"v": base * 1.2}).to_dict("records")
+    assert stats.wants_more_rounds(wide, _Bench, 5, elapsed_s=10)
+    assert not stats.wants_more_rounds(wide, _Bench, 5, elapsed_s=90)  # a 6th would not fit
+    assert not stats.wants_more_rounds(narrow, _Bench, 5, elapsed_s=10)
+
+
+def test_report_lead_line_crowns_only_a_significant_result():
+    from speedbench.report.render import at_a_glance
+
+    base = np.array([100, 101, 99, 100, 102.0])
+    noisy = base * np.array([1.6, 0.9, 1.5, 0.8, 1.4])  # 1.2x on average, far too spread
+    s = stats.summarise(_rounds(base, {"noisy": noisy}))
+    assert s.set_index("variant").loc["noisy", "verdict"] == stats.INCONCLUSIVE
+    text = at_a_glance(s)
+    assert "Best:" not in text and "No variant is significantly faster" in text
+    s = stats.summarise(_rounds(base, {"noisy": noisy, "fast": base * 1.3}))
+    assert "Best: fast on m, 1.30x (faster)." in at_a_glance(s)
+
+
+def test_family_text_states_comparisons_level_and_loss_meaning():
+    base = np.array([100, 101, 99, 100, 102.0])
+    text = stats.family_text(stats.summarise(_rounds(base, {f"v{i}": base for i in range(6)})))
+    assert "6 comparisons" in text and "at most 5%" in text and "99.17%" in text
+    assert "quality at equal work" in text
+
+
+def test_a_variant_stopped_as_too_slow_keeps_its_step_time():
+    base = np.array([100, 101, 99, 100, 102.0])
+    t = _rounds(base, {})
+    slow = {"experiment": "e", "model": "m", "variant": "fp16", "is_baseline": False, "round": 0,
+            "trial": 0, "status": "too slow: 38 s/step, 100x slower than the baseline's first "
+            "step, stopped after 1 step", "samples_per_s": 0.8, "step_ms": 38000.0}
+    s = stats.summarise(pd.concat([t, pd.DataFrame([slow])])).set_index("variant")
+    assert s.loc["fp16", "verdict"] == stats.TOO_SLOW and s.loc["fp16", "step_ms"] == 38000
+    assert s.loc["fp16", "comparisons"] == 0
+
+
+def test_new_bench_keys_are_range_checked():
+    import pytest
+
+    from conftest import TINY, compose_cfg
+    from speedbench.config import ConfigError, build_plan
+
+    for key, value, allowed in (("noise_threshold", 2.0, "> 0 and < 1"),
+                                ("target_ci", 1.5, "> 0 and < 1"),
+                                ("quality_steps", -1, "integer >= 0")):
+        with pytest.raises(ConfigError, match=rf"bench\.{key}: {value} is out of range; it must "
+                                              rf"be (an )?{allowed}"):
+            build_plan(compose_cfg(*TINY, f"bench.{key}={value}", experiment="amp"), "amp")

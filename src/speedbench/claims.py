@@ -1,21 +1,29 @@
 """The articles' claims, checked against a run: measured effect with CI, memory cost, verdict.
 
-An experiment lists its claims in its config (`claims:`): `tip`, `source`, `quote`, the
-`variants` the claim is about (default: every variant but the baseline), the variant they are
-compared with (`versus`, default: the baseline), and a `kind`:
-- faster: holds when the CI of the throughput ratio lies above 1; does not hold when it lies
-  below 1 or contains it.
-- less_memory (optional `factor`, e.g. 0.5 for "half the memory"): holds when the CI of the
-  peak-memory ratio lies at or below the factor; "partly" when it lies below 1 but not below
-  the factor; does not hold otherwise.
+An experiment lists its claims in its config (`claims:`): `tip`, `source` (the article, by a
+name a reader can find), `quote`, the `variants` the claim is about (default: every variant but
+the baseline), the variant they are compared with (`versus`, default: the baseline), and a
+`kind`. Every ratio is paired by round and its CI is at the run's family-wise adjusted level
+(stats.py), the level of the summary's speed-ups. A claim is judged only on evidence:
+- faster (optional `factor`, e.g. 3 for "3-8 times"): holds when the CI lies above 1 beyond the
+  noise threshold and, with a factor, at or above it. Does not hold when the CI excludes the
+  claimed effect (slower, equivalent, or wholly below the factor while not faster: then
+  "partly" when faster but short of the factor). Otherwise inconclusive, with the smallest
+  effect the run could have detected.
+- less_memory (optional `factor`, e.g. 0.5 for "half the memory"; `metric`, default
+  peak_mem_mb, e.g. activation_mem_mb): holds when the CI lies below 1 and at or below the
+  factor; "partly" when below 1 but wholly above the factor; does not hold when the CI
+  excludes the claim (at or above 1, or wholly above the factor); else inconclusive. Equal
+  memory never holds.
 - lower / higher, with `metric` (a trials.csv column such as data_wait_frac or host_rss_mb):
-  holds when the CI of the metric's ratio lies below / above 1.
-- best: names the fastest variant per model; holds when the claim's variant is it or is not
-  significantly slower than it (the CI of their throughput ratio contains 1).
-`requires: cuda` marks a claim stated for GPUs: its verdict is n/a on other devices.
-Every verdict follows from a 95% bootstrap CI (stats.bootstrap_ratio_ci), never from a
-threshold. Rows whose variant, or the variant it is compared with, could not run carry that
-n/a or failure status as the verdict.
+  holds when the CI of the metric's ratio lies below / above 1; does not hold when it excludes
+  that side (equality included); else inconclusive.
+- best: holds when the claim's variant is the fastest and significantly faster than every
+  other variant; does not hold when another is significantly faster; else inconclusive.
+Scope: `requires: cuda` marks a claim stated for GPUs: n/a on other devices; with
+`min_capability` (e.g. 7.0: the article names V100 and 2080 Ti, compute capability 7.0 and 7.5)
+also n/a on older GPUs. Rows whose variant, or the variant it is compared with, could not run
+carry that n/a or failure status as the verdict.
 """
 from __future__ import annotations
 
@@ -27,7 +35,7 @@ import pandas as pd
 
 from speedbench import stats
 
-HOLDS, FAILS, PARTLY = "holds", "does not hold", "partly"
+HOLDS, FAILS, PARTLY, INCONCLUSIVE = "holds", "does not hold", "partly", "inconclusive"
 COLUMNS = ["tip", "source", "claim", "experiment", "model", "variant", "measured", "memory",
            "loss Δ", "verdict"]
 NAN3 = (math.nan, math.nan, math.nan)
@@ -48,49 +56,113 @@ def _nan(x) -> float:
         return math.nan
 
 
-def _values(trials: pd.DataFrame, experiment, model, variant, metric: str) -> np.ndarray:
-    sel = trials[(trials["experiment"] == experiment) & (trials["model"] == model)
-                 & (trials["variant"] == variant) & (trials["status"] == "ok")]
-    return pd.to_numeric(sel[metric], errors="coerce").dropna().to_numpy()
+def _level(summary: Optional[pd.DataFrame]) -> float:
+    """The run's per-comparison CI level (Bonferroni over its comparisons), else 95 %."""
+    if summary is not None and "ci_level" in summary and summary["ci_level"].notna().any():
+        return float(summary["ci_level"].dropna().iloc[0])
+    return 0.95
 
 
-def _ratio(trials: Optional[pd.DataFrame], row: pd.Series, reference: str, metric: str):
-    """(ratio, lo, hi) of `metric` medians, row's variant over `reference`, 95% bootstrap CI."""
+def _threshold(row: pd.Series) -> float:
+    t = _nan(row.get("noise_threshold"))
+    return stats.DEFAULT_THRESHOLD if math.isnan(t) else t
+
+
+def _select(trials: pd.DataFrame, experiment, model, variant) -> pd.DataFrame:
+    return trials[(trials["experiment"] == experiment) & (trials["model"] == model)
+                  & (trials["variant"] == variant) & (trials["status"] == "ok")]
+
+
+def _ratio(trials: Optional[pd.DataFrame], row: pd.Series, reference: str, metric: str,
+           level: float = 0.95):
+    """(ratio, lo, hi) of `metric`, row's variant over `reference`, paired by round: geometric
+    mean of the per-round ratios with a t interval at `level` (stats.paired_ratio_ci)."""
     if trials is None or metric not in trials:
         return NAN3
-    a = _values(trials, row["experiment"], row["model"], row["variant"], metric)
-    b = _values(trials, row["experiment"], row["model"], reference, metric)
-    if not len(a) or not len(b) or np.median(b) == 0:
+    key = stats.pair_key(trials)
+    a = _select(trials, row["experiment"], row["model"], row["variant"])
+    b = _select(trials, row["experiment"], row["model"], reference)
+    if not len(a) or not len(b):
         return NAN3
-    return stats.bootstrap_ratio_ci(a, b)
+    return stats.paired_ratio_ci(*stats.paired(a, b, metric, key), level)
 
 
-def _direction(lo: float, hi: float, want: str) -> str:
-    """Verdict for a ratio CI when the claim says the ratio is above (or below) 1."""
-    v = stats.verdict(lo, hi)  # faster = CI above 1, slower = below 1
-    if v == stats.TOO_FEW:
-        return f"inconclusive ({v})"
-    hit = stats.FASTER if want == "above" else stats.SLOWER
-    if v == hit:
+def _inconclusive(lo: float, hi: float, threshold: float, what: str = "") -> str:
+    if math.isnan(lo) or math.isnan(hi):
+        return f"{INCONCLUSIVE} (too few rounds)"
+    detectable = stats.min_detectable(lo, hi, threshold)
+    return f"{INCONCLUSIVE} ({what + '; ' if what else ''}effects under ±{detectable:.0%} " \
+           f"could not be seen)"
+
+
+def _direction(lo: float, hi: float, want: str, threshold: float) -> str:
+    """A lower/higher claim: holds when the CI is on the claimed side of 1, does not hold when
+    it excludes that side (equality included), else inconclusive."""
+    if math.isnan(lo) or math.isnan(hi):
+        return _inconclusive(lo, hi, threshold)
+    if (hi < 1) if want == "below" else (lo > 1):
         return HOLDS
-    said = {stats.FASTER: "higher", stats.SLOWER: "lower", stats.SAME: stats.SAME}[v]
-    return f"{FAILS} ({said})"
+    if (lo >= 1) if want == "below" else (hi <= 1):
+        return f"{FAILS} ({'not lower' if want == 'below' else 'not higher'})"
+    return _inconclusive(lo, hi, threshold, "the CI contains 1")
+
+
+def judge_faster(ratio: tuple, factor: float = 1.0, threshold: float = stats.DEFAULT_THRESHOLD
+                 ) -> str:
+    """Verdict of "faster" (by at least `factor` when > 1) on a speed-up CI."""
+    point, lo, hi = ratio
+    v = stats.classify(point, lo, hi, threshold)
+    if factor <= 1:
+        if v == stats.FASTER:
+            return HOLDS
+        if v in (stats.SLOWER, stats.EQUIVALENT):
+            return f"{FAILS} ({v})"
+        return _inconclusive(lo, hi, threshold)
+    if math.isnan(lo):
+        return _inconclusive(lo, hi, threshold)
+    if v == stats.FASTER and lo >= factor:
+        return HOLDS
+    if hi < factor:  # the CI excludes the claimed magnitude
+        if v == stats.FASTER:
+            return f"{PARTLY} (faster, but the CI stays below {factor:g}x)"
+        return f"{FAILS} ({v}; the CI stays below {factor:g}x)"
+    return _inconclusive(lo, hi, threshold, f"the CI reaches {factor:g}x")
+
+
+def judge_less_memory(ratio: tuple, factor: float = 1.0) -> str:
+    """Verdict of "less memory" (x`factor` or less) on a memory-ratio CI."""
+    _, lo, hi = ratio
+    if math.isnan(lo) or math.isnan(hi):
+        return f"{INCONCLUSIVE} (too few rounds or no memory figure)"
+    if hi < 1 and hi <= factor:
+        return HOLDS
+    if hi < 1 and lo > factor:
+        return f"{PARTLY} (less memory, not x{factor:g})"
+    if lo >= 1:
+        return f"{FAILS} (not less)"
+    if lo > factor:
+        return f"{FAILS} (the CI lies above x{factor:g})"
+    if hi < 1:
+        return f"{INCONCLUSIVE} (less memory; the CI contains x{factor:g})"
+    return f"{INCONCLUSIVE} (the CI contains 1)"
 
 
 def judge(claim: dict, row: pd.Series, reference: Optional[pd.Series] = None,
-          peers: Optional[pd.DataFrame] = None, trials: Optional[pd.DataFrame] = None
-          ) -> tuple[str, str]:
+          peers: Optional[pd.DataFrame] = None, trials: Optional[pd.DataFrame] = None,
+          level: float = 0.95) -> tuple[str, str]:
     """(measured effect, verdict) of one claim on one summary row.
 
     `reference` is the summary row compared with (the baseline unless the claim says `versus`),
-    `peers` every summary row of the same experiment and model, `trials` the run's trials.csv;
-    without trials only faster and less_memory against the baseline can be judged.
+    `peers` every summary row of the same experiment and model, `trials` the run's trials.csv,
+    `level` the CI level of a comparison (the run's adjusted one); without trials only faster
+    against the baseline can be judged.
     """
     kind = claim.get("kind", "faster")
     if row["status"] != "ok":
         return "-", row["status"]
+    threshold = _threshold(row)
     if kind == "best":
-        return _judge_best(row, peers, trials)
+        return _judge_best(row, peers, trials, level)
     if reference is not None and reference["status"] != "ok":
         return "-", reference["status"]
     versus = claim.get("versus")
@@ -98,57 +170,59 @@ def judge(claim: dict, row: pd.Series, reference: Optional[pd.Series] = None,
     against = f" vs {versus}" if versus else ""
     if kind == "faster":
         if versus:
-            ratio = _ratio(trials, row, ref_name, "samples_per_s")
+            ratio = _ratio(trials, row, ref_name, "samples_per_s", level)
         else:
             ratio = (row["speedup"], row["speedup_lo"], row["speedup_hi"])
-        v = stats.verdict(ratio[1], ratio[2])
         measured = "speed-up " + _fmt_ci(*ratio) + against
-        if v == stats.FASTER:
-            return measured, HOLDS
-        if v in (stats.SLOWER, stats.SAME):
-            return measured, f"{FAILS} ({v})"
-        return measured, f"inconclusive ({v})"
+        return measured, judge_faster(ratio, float(claim.get("factor", 1.0)), threshold)
     if kind == "less_memory":
+        metric = claim.get("metric", "peak_mem_mb")
         factor = float(claim.get("factor", 1.0))
-        if versus:
-            ratio = _ratio(trials, row, ref_name, "peak_mem_mb")
-        else:
+        if trials is not None and metric in trials:
+            ratio = _ratio(trials, row, ref_name, metric, level)
+        elif metric == "peak_mem_mb" and not versus:
             ratio = (_nan(row.get("mem_ratio")), _nan(row.get("mem_ratio_lo")),
                      _nan(row.get("mem_ratio_hi")))
-        measured = "memory " + _fmt_ci(*ratio) + against
+        else:
+            return "-", f"{INCONCLUSIVE} (this run recorded no {metric})"
+        label = "memory" if metric == "peak_mem_mb" else metric.removesuffix("_mb")
+        measured = f"{label} " + _fmt_ci(*ratio) + against
         if not versus and not math.isnan(_nan(row.get("speedup"))):  # what the saving costs
             measured += "; speed-up " + _fmt_ci(row["speedup"], row["speedup_lo"], row["speedup_hi"])
-        hi = ratio[2]
-        if math.isnan(hi):
-            return measured, "inconclusive (too few trials or no memory figure)"
-        if hi <= factor:
-            return measured, HOLDS
-        if hi < 1:
-            return measured, f"{PARTLY} (less memory, not x{factor:g})"
-        return measured, FAILS
+        return measured, judge_less_memory(ratio, factor)
     if kind in ("lower", "higher"):
         metric = claim.get("metric", "samples_per_s")
-        ratio = _ratio(trials, row, ref_name, metric)
+        ratio = _ratio(trials, row, ref_name, metric, level)
         measured = f"{metric} " + _fmt_ci(*ratio) + against
-        return measured, _direction(ratio[1], ratio[2], "below" if kind == "lower" else "above")
+        return measured, _direction(ratio[1], ratio[2], "below" if kind == "lower" else "above",
+                                    threshold)
     return "-", f"unknown claim kind '{kind}'"
 
 
 def _judge_best(row: pd.Series, peers: Optional[pd.DataFrame],
-                trials: Optional[pd.DataFrame]) -> tuple[str, str]:
+                trials: Optional[pd.DataFrame], level: float) -> tuple[str, str]:
+    """Best = the fastest, and significantly faster than every other variant measured."""
     ok = peers[peers["status"] == "ok"] if peers is not None else pd.DataFrame()
     if ok.empty or ok["samples_per_s"].isna().all():
-        return "-", "inconclusive (nothing measured)"
+        return "-", f"{INCONCLUSIVE} (nothing measured)"
     best = ok.loc[ok["samples_per_s"].idxmax()]
-    measured = f"best: {best['variant']} ({best['samples_per_s']:.1f} samples/s)"
-    if best["variant"] == row["variant"]:
+    measured = f"fastest: {best['variant']} ({best['samples_per_s']:.1f} samples/s)"
+    others = [v for v in ok["variant"] if v != row["variant"]]
+    if not others:
+        return measured, f"{INCONCLUSIVE} (nothing to compare with)"
+    ratios = {v: _ratio(trials, row, v, "samples_per_s", level) for v in others}
+    beaten_by = [v for v, r in ratios.items() if r[2] < 1]
+    if beaten_by:
+        return measured, f"{FAILS} (slower than {', '.join(beaten_by)})"
+    if all(r[1] > 1 for r in ratios.values()):
         return measured, HOLDS
-    ratio = _ratio(trials, row, best["variant"], "samples_per_s")
-    measured += f"; {row['variant']} vs best " + _fmt_ci(*ratio)
-    v = stats.verdict(ratio[1], ratio[2])
-    if v == stats.TOO_FEW:
-        return measured, f"inconclusive ({v})"
-    return measured, f"{FAILS} (slower than {best['variant']})" if v == stats.SLOWER else HOLDS
+    ties = [v for v, r in ratios.items() if not r[1] > 1]
+    worst = ratios[ties[0]]
+    if best["variant"] == row["variant"]:
+        measured += f"; vs {ties[0]} " + _fmt_ci(*worst)
+    else:
+        measured += f"; {row['variant']} vs {ties[0]} " + _fmt_ci(*worst)
+    return measured, f"{INCONCLUSIVE} (not significantly faster than {', '.join(ties)})"
 
 
 def _device(trials: Optional[pd.DataFrame], experiment, model) -> Optional[str]:
@@ -158,10 +232,30 @@ def _device(trials: Optional[pd.DataFrame], experiment, model) -> Optional[str]:
     return str(sel.iloc[0]) if len(sel) else None
 
 
+def out_of_scope(claim: dict, device: Optional[str], env: Optional[dict] = None
+                 ) -> Optional[str]:
+    """'n/a: ...' when the run's device is outside the claim's scope; None when in scope (or
+    the device is unknown)."""
+    if claim.get("requires") != "cuda" or not device:
+        return None
+    if not device.startswith("cuda"):
+        return f"n/a: the claim is stated for CUDA GPUs; this run is on {device}"
+    need = claim.get("min_capability")
+    gpus = (env or {}).get("cuda_devices") or (env or {}).get("gpus") or []
+    index = int(device.split(":")[1]) if ":" in device else 0
+    have = next((g.get("capability") for g in gpus if g.get("index") == index), None)
+    if need is not None and have is not None and float(have) < float(need):
+        return (f"n/a: the claim is stated for GPUs of compute capability {need} or later; "
+                f"this GPU has {have}")
+    return None
+
+
 def evaluate(claims: list[dict], summary: pd.DataFrame,
-             trials: Optional[pd.DataFrame] = None) -> pd.DataFrame:
-    """One row per (claim, model, variant) that the run measured, or found n/a."""
+             trials: Optional[pd.DataFrame] = None, env: Optional[dict] = None) -> pd.DataFrame:
+    """One row per (claim, model, variant) that the run measured, or found n/a. `env` (the
+    run's env.json) gives the GPUs' compute capability for `min_capability`."""
     rows = []
+    level = _level(summary)
     for claim in claims:
         experiment = claim.get("experiment")
         sel = summary[summary["experiment"] == experiment] if experiment else summary
@@ -176,11 +270,10 @@ def evaluate(claims: list[dict], summary: pd.DataFrame,
                 if versus and reference is None:
                     measured, verdict = "-", f"n/a: no variant '{versus}' in this run"
                 else:
-                    measured, verdict = judge(claim, row, reference, peers, trials)
-                device = _device(trials, exp, model)
-                if claim.get("requires") == "cuda" and device and not device.startswith("cuda") \
-                        and not verdict.startswith(("n/a", "error", "oom")):
-                    verdict = f"n/a: the claim is stated for CUDA GPUs; this run is on {device}"
+                    measured, verdict = judge(claim, row, reference, peers, trials, level)
+                scope = out_of_scope(claim, _device(trials, exp, model), env)
+                if scope and not verdict.startswith(("n/a", "error", "oom")):
+                    verdict = scope
                 rows.append({
                     "tip": claim.get("tip", ""), "source": claim.get("source", ""),
                     "claim": claim.get("quote", ""), "experiment": exp, "model": model,

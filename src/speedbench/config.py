@@ -52,11 +52,20 @@ class BenchConfig:
     warmup_max: int = 10
     steady_tol: Optional[float] = 0.1
     steps: int = 10  # optimizer steps in the timed window
-    repeats: int = 3  # trials per (model, variant), interleaved across variants
-    # Adaptive repetition: after `repeats` rounds, add interleaved rounds of every variant until
-    # each speed-up CI's half-width is at most `target_ci` (e.g. 0.02 = +-2 %) or `time_budget_s`
-    # of wall time has gone on that model. null: exactly `repeats` trials.
-    target_ci: Optional[float] = None
+    # Rounds (every variant once, interleaved) before adaptive repetition may stop: the paired,
+    # Bonferroni-adjusted CIs (stats.py) need about 5 to call a 1.3x effect in most runs.
+    repeats: int = 5
+    # Adaptive repetition: after `repeats` rounds, add rounds until each speed-up CI's relative
+    # half-width is at most `target_ci` (0.03 = +-3 %) or `time_budget_s` of wall time has gone
+    # on that model. null: exactly `repeats` rounds.
+    target_ci: Optional[float] = 0.03
+    # Smallest speed-up that counts (0.05 = 5 %): faster/slower needs the estimate beyond it,
+    # `equivalent` needs the whole CI within +-noise_threshold.
+    noise_threshold: float = 0.05
+    # Quality at equal work: the loss compared across variants comes from a probe that trains a
+    # fresh model from `seed` for this many optimizer steps of the baseline (the same samples
+    # seen for every variant), untimed, once per (model, variant). 0: no probe.
+    quality_steps: int = 12
     time_budget_s: float = 600.0
     # Cap on one trial's wall time: a quarter for warm-up, the rest for the timed window.
     # A very slow variant (fp16 on a CPU) then times fewer steps; `steps` in trials.csv says how many.
@@ -264,6 +273,13 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
     _at_least(p + "bench.steps", recipe.bench.steps, 1)
     _at_least(p + "bench.repeats", recipe.bench.repeats, 1)
     _at_least(p + "bench.warmup_max", recipe.bench.warmup_max, 0)
+    _at_least(p + "bench.quality_steps", recipe.bench.quality_steps, 0)
+    if not 0 < recipe.bench.noise_threshold < 1:
+        raise ConfigError(f"{p}bench.noise_threshold: {recipe.bench.noise_threshold} is out of "
+                          "range; it must be > 0 and < 1 (0.05 = 5 %)")
+    if recipe.bench.target_ci is not None and not recipe.bench.target_ci < 1:
+        raise ConfigError(f"{p}bench.target_ci: {recipe.bench.target_ci} is out of range; it "
+                          "must be > 0 and < 1 (relative: 0.03 = +-3 %), or null to turn it off")
     for key, high in SIZE_LIMITS.items():
         _at_most(p + key, OmegaConf.select(recipe, key), high)
     for key in ("steady_tol", "target_ci", "time_budget_s", "largest_batch_s"):

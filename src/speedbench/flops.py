@@ -3,11 +3,18 @@
 - `step_flops`: the FLOPs of one optimizer step (forward + backward of `accumulate`
   micro-batches), counted once with torch.utils.flop_counter.FlopCounterMode. It counts what
   that mode counts (matrix products, convolutions, attention), not elementwise work or the
-  optimizer: the convention of MFU figures. The count depends on shapes only, so it is taken in
-  fp32 whatever the variant's precision (a CPU runs fp16 far too slowly to count in it).
+  optimizer: the convention of MFU figures. torch's table misses the CPU attention kernel
+  (`_scaled_dot_product_flash_attention_for_cpu` and its backward): CPU_ATTENTION adds them
+  with torch's own SDPA formulas. The count depends on shapes only, so it is taken in fp32
+  whatever the variant's precision (a CPU runs fp16 far too slowly to count in it).
 - `matmul_peak_tflops`: a peak measured on the spot, the best rate of a large square matrix
-  product in the variant's dtype on the same device, timed between device synchronisations.
-  The fraction achieved / peak says how close a step comes to what the device can do.
+  product in the variant's dtype on the same device, timed between device synchronisations, in
+  windows repeated until the best three agree within PEAK_TOL (or PEAK_MAX_S runs out).
+  FlopsBook measures it once per run and precision and caches it.
+- On CUDA, fp32 work may run as TF32 (cuDNN convolutions by default, matrix products when
+  torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision allow it). The fp32
+  peak is then measured with TF32 on as well, so like is compared with like; `peak_kind`
+  says which ("fp32" or "tf32").
 """
 from __future__ import annotations
 
@@ -18,23 +25,61 @@ import torch
 from torch.utils.data import default_collate
 from torch.utils.flop_counter import FlopCounterMode
 
-from speedbench import techniques as knobs  # knobs.py became speedbench/techniques/
+from speedbench import techniques
+from speedbench.techniques.tensor_creation import set_tensor_creation
 from speedbench.config import ModelSpec
 from speedbench.timing import synchronize
 from speedbench.train import build_model, compute_loss
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+PEAK_TOL = 0.02  # the best three windows of the peak measurement agree within 2 %
+PEAK_MAX_S = 1.5  # ...or the measurement stops after this long (per layout)
+
+
+def _sdpa_cpu(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _sdpa_cpu_backward(grad_out_shape, query_shape, key_shape, value_shape, *args,
+                       out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+def _cpu_attention() -> dict:
+    """FlopCounterMode custom_mapping for the CPU SDPA kernels, where this torch has them."""
+    aten = torch.ops.aten
+    out = {}
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        out[aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_cpu
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        out[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _sdpa_cpu_backward
+    return out
+
+
+CPU_ATTENTION = _cpu_attention()
+
+
+def uses_tf32(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether this model's fp32 work may run as TF32 on `device` under the current settings:
+    convolutions under cudnn.allow_tf32, matrix products under matmul.allow_tf32."""
+    if device.type != "cuda":
+        return False
+    has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    return bool(torch.backends.cuda.matmul.allow_tf32
+                or (has_conv and torch.backends.cudnn.allow_tf32))
 
 
 def step_flops(spec: ModelSpec, recipe, device: torch.device, dataset, batch: int) -> float:
     """FLOPs of one optimizer step of `recipe` on `spec`; NaN when they cannot be counted."""
     try:
-        with knobs.restored_global_state():
+        with techniques.restored_global_state():
             model = build_model(spec, recipe.bench.seed).to(device)
-            knobs.set_tensor_creation(model, recipe.tensor_creation)
+            set_tensor_creation(model, recipe.tensor_creation)
             x, y = default_collate([dataset[i % len(dataset)] for i in range(batch)])
             x, y = x.to(device), y.to(device)
-            with FlopCounterMode(display=False) as counter:
+            with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
                 compute_loss(model, spec.loss, x, y).backward()
             return float(counter.get_total_flops() * recipe.accumulate)
     except Exception:  # a model the counter cannot trace still gets its timings
@@ -74,13 +119,33 @@ def _size(device: torch.device, dtype: torch.dtype, product, max_n: int,
     return n
 
 
-def matmul_peak_tflops(device: torch.device, precision: str, duration_s: float = 0.2) -> float:
+def _stable_best(rate, max_s: float, tol: float = PEAK_TOL, min_windows: int = 5) -> float:
+    """Best of repeated windows `rate()`: stops once the best three agree within `tol` (after
+    `min_windows`), or after `max_s` seconds."""
+    rates: list[float] = []
+    started = time.perf_counter()
+    while True:
+        rates.append(rate())
+        top = sorted(rates)[-3:]
+        if len(rates) >= min_windows and (top[-1] - top[0]) / top[-1] <= tol:
+            break
+        if time.perf_counter() - started > max_s:
+            break
+    return max(rates)
+
+
+def matmul_peak_tflops(device: torch.device, precision: str, duration_s: float = PEAK_MAX_S,
+                       tf32: bool = False) -> float:
     """Best TFLOP/s of an n x n matrix product in `precision`'s dtype, either layout (n = 8192 on
-    CUDA; elsewhere sized per layout, at most 2048): warm-up, then the fastest of several timed
-    windows of back-to-back products. NaN on failure."""
+    CUDA; elsewhere sized per layout, at most 2048): warm-up, then windows of back-to-back
+    products (~0.1 s each) until the best three agree within PEAK_TOL, at most `duration_s`
+    per layout. `tf32`: fp32 products on CUDA may use TF32. NaN on failure."""
     dtype = DTYPES[precision]
     best = 0.0
+    saved = torch.backends.cuda.matmul.allow_tf32
     try:
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
         for product in PRODUCTS:
             if device.type == "cuda":
                 free, _ = torch.cuda.mem_get_info(device)
@@ -90,46 +155,58 @@ def matmul_peak_tflops(device: torch.device, precision: str, duration_s: float =
             gen = torch.Generator(device=device).manual_seed(0)
             a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
             b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-            first = _rate(a, b, 1, device, product)  # warm-up (heuristics, clocks); sizes windows
-            reps = max(1, int(duration_s / 10 * first / (2 * n ** 3)))
-            started = time.perf_counter()
-            for _ in range(20):
-                best = max(best, first, _rate(a, b, reps, device, product))
-                if time.perf_counter() - started > duration_s / 2:
-                    break
+            first = max(_rate(a, b, 1, device, product) for _ in range(2))  # warm-up; sizing
+            reps = max(1, int(0.1 * first / (2 * n ** 3)))
+            best = max(best, first, _stable_best(lambda: _rate(a, b, reps, device, product),
+                                                 duration_s))
             del a, b
         return best / 1e12
     except Exception:
         return math.nan
     finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
 
 class FlopsBook:
-    """FLOPs per step and peaks, each measured once per run and shared by the trials."""
+    """FLOPs per step and peaks, each measured once per run and shared by the trials.
+
+    Call `measure_peaks(precisions)` at one fixed point of the run (before the first trial) so
+    that every run measures its peaks in the same state of the machine."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.flops: dict[tuple, float] = {}
-        self.peaks: dict[str, float] = {}
+        self.tf32: dict[tuple, bool] = {}
+        self.peaks: dict[tuple, float] = {}
 
     def step(self, spec: ModelSpec, recipe, dataset, batch: int) -> float:
         key = (spec.name, batch, recipe.accumulate)
         if key not in self.flops:
             self.flops[key] = step_flops(spec, recipe, self.device, dataset, batch)
+            if self.device.type == "cuda":
+                self.tf32[key] = uses_tf32(build_model(spec, recipe.bench.seed), self.device)
         return self.flops[key]
 
-    def peak(self, precision: str) -> float:
-        if precision not in self.peaks:
-            self.peaks[precision] = matmul_peak_tflops(self.device, precision)
-        return self.peaks[precision]
+    def peak(self, precision: str, tf32: bool = False) -> float:
+        key = (precision, bool(tf32) and precision == "fp32" and self.device.type == "cuda")
+        if key not in self.peaks:
+            extra = {"tf32": True} if key[1] else {}
+            self.peaks[key] = matmul_peak_tflops(self.device, precision, **extra)
+        return self.peaks[key]
+
+    def measure_peaks(self, precisions) -> None:
+        for precision in dict.fromkeys(precisions):
+            self.peak(precision)
 
     def annotate(self, record: dict, flops_per_step: float) -> dict:
-        """Add flops_per_step, achieved_tflops and peak_tflops to a measured trial's record."""
+        """Add flops_per_step, achieved_tflops, peak_tflops and peak_kind to a measured trial."""
         record["flops_per_step"] = flops_per_step
         if record.get("status") == "ok" and record.get("step_ms"):
+            key = (record.get("model"), record.get("batch_size"), record.get("accumulate"))
+            tf32 = record["precision"] == "fp32" and self.tf32.get(key, False)
             record["achieved_tflops"] = flops_per_step / (record["step_ms"] / 1000) / 1e12
-            record["peak_tflops"] = self.peak(record["precision"])
+            record["peak_tflops"] = self.peak(record["precision"], tf32)
+            record["peak_kind"] = "tf32" if tf32 else record["precision"]
         return record
-

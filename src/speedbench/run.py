@@ -12,6 +12,7 @@ several processes is launched through torchrun by speedbench.launch.
 """
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 import time
@@ -22,8 +23,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from speedbench import atomic, capacity, diagnosis, distributed, env, launch, results, scaling, \
-    schema, stats, techniques
+from speedbench import atomic, capacity, diagnosis, distributed, env, launch, quality, results, \
+    scaling, schema, stats, techniques
 from speedbench.config import ModelSpec, Plan
 from speedbench.data import build_dataset
 from speedbench.flops import FlopsBook
@@ -57,10 +58,12 @@ def not_applicable(plan: Plan, spec: ModelSpec, dist_env: distributed.DistEnv | 
 
 def execute(plan: Plan, run_dir: Path | None, progress: bool = True,
             dist_env: distributed.DistEnv | None = None,
-            writer: results.TrialWriter | None = None) -> results.TrialWriter | None:
+            writer: results.TrialWriter | None = None,
+            book: FlopsBook | None = None) -> results.TrialWriter | None:
     """Every trial of the plan, rows appended to trials.csv as they end (to `writer`'s, when a
     suite gathers several plans in one file). Under torchrun every rank runs every trial; rank 0
-    alone (the one given a run_dir) writes."""
+    alone (the one given a run_dir) writes. `book` holds the run's FLOP counts and peaks
+    (shared by a suite's plans: the peaks are measured once per run)."""
     if writer is None and run_dir:
         writer = results.TrialWriter(run_dir / "trials.csv", techniques.column_names())
     world = dist_env.world_size if dist_env else 1
@@ -70,7 +73,10 @@ def execute(plan: Plan, run_dir: Path | None, progress: bool = True,
     # another's, and tqdm's default moving average then swings from minutes to many.
     bar = tqdm(total=total, desc=plan.experiment, unit="trial", file=sys.stderr, dynamic_ncols=True,
                disable=not (progress and distributed.is_main(dist_env)), smoothing=0)
-    book = FlopsBook(torch.device(plan.device))
+    book = book or FlopsBook(torch.device(plan.device))
+    if writer:  # the matmul peaks: once per run and precision, before any trial
+        bar.set_postfix_str("matmul peak")
+        book.measure_peaks(r.precision for r in plan.variants.values())
     ctx = context(plan, dist_env)
     names = list(plan.variants)
     for spec in plan.models:
@@ -87,6 +93,9 @@ def execute(plan: Plan, run_dir: Path | None, progress: bool = True,
             for name in names:
                 skip.setdefault(name, schema.na(f"no baseline to compare with "
                                                 f"({plan.baseline}: {why})"))
+        # Quality at equal work, once per variant, before the first round; a hopeless variant
+        # is stopped on its first step there and joins `skip` (quality.py).
+        probes = _quality_probes(plan, spec, dataset, ctx, skip, bar) if dist_env is None else {}
         rows: list[dict] = []  # this model's records, for the adaptive rule
         started, round_ = time.perf_counter(), 0
         # `repeats` rounds; then, with bench.target_ci (the baseline's), more while CIs are wide.
@@ -103,7 +112,8 @@ def execute(plan: Plan, run_dir: Path | None, progress: bool = True,
                 if name in skip:
                     if round_ == 0 and writer:
                         writer.append({**header(plan, spec, name, recipe, round_, dist_env),
-                                       "position": position, "status": skip[name]})
+                                       **probes.get(name, {}), "position": position,
+                                       "status": skip[name]})
                     bar.update()
                     continue
                 if _nothing_to_compare(plan, name, round_, skip):
@@ -128,6 +138,8 @@ def execute(plan: Plan, run_dir: Path | None, progress: bool = True,
                                        "position": position, "status": status})
                     raise
                 record.update({"round": round_, "position": position})
+                if name in probes and record["status"] == schema.OK:
+                    record.update(probes[name])  # final_loss: the quality probe's
                 if record["status"] == schema.OK and writer:
                     book.annotate(record, book.step(spec, recipe, dataset, record["batch_size"]))
                 if schema.is_na(record["status"]):
@@ -156,6 +168,41 @@ def _largest_batch(plan: Plan, spec: ModelSpec, dataset, dist_env) -> dict:
                 "status": schema.na("the largest batch that fits is searched without torchrun")}
     return capacity.probe(plan.experiment, spec, plan.baseline, recipe, torch.device(plan.device),
                           dataset)
+
+
+def _quality_probes(plan: Plan, spec: ModelSpec, dataset, ctx, skip: dict, bar) -> dict:
+    """variant -> its quality probe (quality.quality_probe), the baseline's first, so that its
+    first-step time can tell a hopeless variant; a variant stopped as too slow joins `skip`.
+    Variants launched through torchrun keep their timed window's loss."""
+    baseline = plan.variants[plan.baseline]
+    order = [plan.baseline] + [v for v in plan.variants if v != plan.baseline]
+    probes: dict[str, dict] = {}
+    base_first = base_second = None
+    for name in order:
+        recipe = plan.variants[name]
+        if name in skip or techniques.processes(recipe, ctx):
+            continue
+        bar.set_postfix_str(f"{spec.name} {name}: quality probe")
+        limit = limit2 = None
+        if name != plan.baseline and base_first:
+            limit = quality.first_step_limit(base_first, recipe.bench.max_trial_s)
+        if name != plan.baseline and base_second:
+            limit2 = quality.steady_step_limit(base_second)
+        try:
+            got = quality.quality_probe(spec, recipe, ctx, dataset,
+                                        quality.probe_steps(spec, recipe, baseline, ctx),
+                                        first_step_limit_s=limit, baseline_first_s=base_first,
+                                        second_step_limit_s=limit2, baseline_second_s=base_second)
+        except Exception:  # its trials will meet the fault and record it
+            continue
+        if name == plan.baseline:
+            base_first = got["first_step_ms"] / 1000
+            second = got.get("second_step_ms", math.nan) / 1000
+            base_second = second if math.isfinite(second) else None
+        if str(got.get("status", "")).startswith(schema.TOO_SLOW):
+            skip[name] = got.pop("status")
+        probes[name] = got
+    return probes
 
 
 def _nothing_to_compare(plan: Plan, name: str, trial: int, skip: dict) -> bool:
@@ -211,12 +258,14 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     distributed.outlive_peer_failure(dist_env)
     writer = results.TrialWriter(run_dir / "trials.csv", techniques.column_names()) \
         if run_dir else None
+    book = FlopsBook(device)
     for plan in plans:
         if groups is not None:  # +experiment=recipe: the search runs the plans (recipe.py)
-            recipe.execute(cfg, plan, groups, run_dir, writer, progress, execute,
+            recipe.execute(cfg, plan, groups, run_dir, writer, progress,
+                           lambda *args: execute(*args, book=book),
                            recipe.cannot_act_for(cfg, not_applicable, dist_env))
             continue
-        execute(plan, run_dir, progress, dist_env, writer)
+        execute(plan, run_dir, progress, dist_env, writer, book)
     if writer is None:
         return None
     frame = writer.frame()
@@ -225,7 +274,8 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
         results.write_summary(summary, run_dir)
         profiled = diagnosis.write_tables(run_dir, writer.rows)  # phases.csv, findings.csv
         if profiled and cfg.recipe.check_findings:  # each suggested knob measured (recipe.py)
-            recipe.check_findings(plans, run_dir, writer, progress, execute)
+            recipe.check_findings(plans, run_dir, writer, progress,
+                                  lambda *args: execute(*args, book=book))
             frame = writer.frame()
             summary = scaling.add_efficiency(stats.summarise(frame), frame)
             results.write_summary(summary, run_dir)

@@ -25,6 +25,12 @@ TRIAL_COLUMNS = [
     # rounds (run.py): `round` runs every variant of a model once, in a shuffled order;
     # `position` is the trial's place in its round (0 first). `trial` == `round`.
     "round", "position",
+    # verdicts (stats.py, quality.py, timing.step_memory): the run's noise threshold; the
+    # quality probe's first-step time, length and samples (final_loss is its loss; window_loss
+    # the timed window's mean, for reference); peak tensor memory split into parameters +
+    # gradients + optimizer state and the rest (activations, temporaries); the peak's kind
+    "noise_threshold", "first_step_ms", "second_step_ms", "quality_steps", "quality_samples", "window_loss",
+    "state_mem_mb", "activation_mem_mb", "peak_kind",
 ]
 # How many leading TRIAL_COLUMNS a report needs to find (older runs may lack the rest).
 TRIAL_CONTRACT = 13
@@ -33,6 +39,10 @@ SUMMARY_COLUMNS = [
     "speedup_lo", "speedup_hi", "verdict", "trials", "step_ms", "cv", "data_wait_frac",
     "peak_mem_mb", "mem_ratio", "host_rss_mb", "final_loss", "loss_delta",
     "spread", "unsteady", "flops_per_step", "achieved_tflops", "peak_tflops", "peak_fraction",
+    # verdicts (stats.py): paired rounds, the CI's relative half-width, the smallest effect an
+    # inconclusive row could have shown, the threshold, and the family the CIs are adjusted for
+    "rounds", "ci_halfwidth", "min_detectable", "noise_threshold", "comparisons",
+    "family_level", "ci_level", "state_mem_mb", "activation_mem_mb",
 ]
 # The parts of one optimizer step the phase clock times (train.Trainer.step), in step order.
 PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
@@ -50,8 +60,10 @@ def trial_columns(extra: Iterable[str] = ()) -> list[str]:
 
 # --- status: `ok`, `n/a: <reason>`, `oom`, `oom (<where>)`, `diverged`, `error: <reason>` ----------
 OK, NA, OOM, DIVERGED, ERROR = "ok", "n/a", "oom", "diverged", "error"
-KINDS = (OK, NA, OOM, DIVERGED, ERROR)
-_COLON_KINDS = (NA, ERROR)  # written `kind: reason`; the others `kind (reason)`
+# A hopeless variant, stopped after its first step (quality.py): `too slow: 38 s/step, ...`
+TOO_SLOW = "too slow"
+KINDS = (OK, NA, OOM, DIVERGED, ERROR, TOO_SLOW)
+_COLON_KINDS = (NA, ERROR, TOO_SLOW)  # written `kind: reason`; the others `kind (reason)`
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,21 @@
-"""Medians, bootstrap confidence intervals of speed-up ratios, and verdicts.
+"""Paired speed-up estimates, error-controlled confidence intervals, and verdicts.
 
-A difference is called only when the CI of the ratio excludes 1; never from a hand-set threshold.
+Design (benchmarks/README.md shows the simulation behind each choice):
+- Trials run in rounds: every variant of a model once per round. A variant is compared with
+  the baseline *in the same round* (column `round`, else `trial`), so that drift of the
+  machine's speed, which hits a whole round alike, cancels in the ratio.
+- The speed-up is the geometric mean of the per-round throughput ratios; its CI is a Student t
+  interval on the per-round log-ratios. (With 3-10 rounds a percentile bootstrap over rounds is
+  anti-conservative: at the levels multiplicity control asks for it degenerates into the range
+  of the log-ratios and calls a difference whenever all rounds agree in sign.)
+- Family-wise error: every comparison of a run gets a Bonferroni-adjusted interval, level
+  1 - FAMILY_LEVEL / comparisons, so that the chance of any false faster/slower call in the run
+  stays at or below FAMILY_LEVEL (5 %).
+- Four verdicts, with `bench.noise_threshold` (relative, e.g. 0.05 = 5 %):
+  faster / slower: the adjusted CI excludes 1 and the estimate is beyond the threshold;
+  equivalent: the adjusted CI lies inside [1 - threshold, 1 + threshold];
+  inconclusive: anything else; `min_detectable` says the smallest effect this run could have
+  called (the CI's relative half-width, at least the threshold).
 """
 from __future__ import annotations
 
@@ -9,14 +24,128 @@ import math
 import numpy as np
 import pandas as pd
 
-FASTER, SLOWER, SAME = "faster", "slower", "no significant difference"
+FASTER, SLOWER, EQUIVALENT, INCONCLUSIVE = "faster", "slower", "equivalent", "inconclusive"
+# For comparisons without a threshold (two runs compared by report/compare.py, claims).
+SAME = "no significant difference"
 TOO_FEW = "too few trials"
 BASELINE = "baseline"
+# Status of a variant stopped early: its first step alone exceeded the trial budget, or it ran
+# far slower than the baseline's first step (`too slow: 38 s/step, 100x slower, ...`).
+TOO_SLOW = "too slow"
+FAMILY_LEVEL = 0.05  # family-wise error rate of a run's faster/slower calls
+DEFAULT_THRESHOLD = 0.05  # bench.noise_threshold's default; keep in step with config.py
 
+
+# ---- Student t quantiles without scipy (exact for integer degrees of freedom) ----
+
+def _t_central(theta: float, df: int) -> float:
+    """P(|T| < sqrt(df) tan(theta)) for Student's t with integer df (Abramowitz & Stegun
+    26.7.3-4)."""
+    s, c = math.sin(theta), math.cos(theta)
+    if df % 2 == 0:
+        term, total = 1.0, 1.0
+        for k in range(2, df, 2):  # 1, (1/2)c^2, (1*3)/(2*4) c^4, ...
+            term *= (k - 1) / k * c * c
+            total += term
+        return s * total
+    if df == 1:
+        return 2 * theta / math.pi
+    term, total = c, c
+    for k in range(3, df, 2):  # c, (2/3)c^3, (2*4)/(3*5) c^5, ...
+        term *= (k - 1) / k * c * c
+        total += term
+    return 2 / math.pi * (theta + s * total)
+
+
+def t_quantile(level: float, df: int) -> float:
+    """Two-sided critical value: P(|T| < t) = level, for df >= 1 (bisection, 1e-12)."""
+    if df < 1:
+        return math.inf
+    lo, hi = 0.0, math.pi / 2
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if _t_central(mid, int(df)) < level:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(df) * math.tan((lo + hi) / 2)
+
+
+# ---- paired ratios ----
+
+def comparison_level(comparisons: int, family: float = FAMILY_LEVEL) -> float:
+    """Confidence level of each of `comparisons` Bonferroni-adjusted intervals."""
+    return 1 - family / max(1, comparisons)
+
+
+def paired_log_ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    num, den = np.asarray(num, float), np.asarray(den, float)
+    keep = np.isfinite(num) & np.isfinite(den) & (num > 0) & (den > 0)
+    return np.log(num[keep]) - np.log(den[keep])
+
+
+def paired_ratio_ci(num, den, level: float = 0.95) -> tuple[float, float, float]:
+    """Geometric mean of the paired ratios num[i]/den[i] with a t interval on their logs;
+    (ratio, nan, nan) below two pairs."""
+    d = paired_log_ratios(num, den)
+    if len(d) == 0:
+        return math.nan, math.nan, math.nan
+    centre = float(d.mean())
+    if len(d) < 2:
+        return math.exp(centre), math.nan, math.nan
+    half = t_quantile(level, len(d) - 1) * float(d.std(ddof=1)) / math.sqrt(len(d))
+    return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
+
+
+def relative_halfwidth(lo: float, hi: float) -> float:
+    """Half-width of a ratio CI, relative: sqrt(hi / lo) - 1 (NaN when undefined)."""
+    if not (lo > 0 and hi > 0):
+        return math.nan
+    return math.sqrt(hi / lo) - 1
+
+
+def classify(point: float, lo: float, hi: float, threshold: float = DEFAULT_THRESHOLD) -> str:
+    """faster / slower / equivalent / inconclusive for a speed-up and its adjusted CI."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return INCONCLUSIVE
+    if lo > 1 and point > 1 + threshold:
+        return FASTER
+    if hi < 1 and point < 1 - threshold:
+        return SLOWER
+    if lo >= 1 - threshold and hi <= 1 + threshold:
+        return EQUIVALENT
+    return INCONCLUSIVE
+
+
+def min_detectable(lo: float, hi: float, threshold: float = DEFAULT_THRESHOLD) -> float:
+    """Smallest relative effect this comparison could have called: its CI's relative
+    half-width, and never below the threshold (NaN with too few rounds)."""
+    half = relative_halfwidth(lo, hi)
+    return max(threshold, half) if np.isfinite(half) else math.nan
+
+
+def pair_key(trials: pd.DataFrame) -> str:
+    """The column that says which round a trial belongs to: `round`, else `trial`."""
+    if "round" in trials and pd.to_numeric(trials["round"], errors="coerce").notna().any():
+        return "round"
+    return "trial"
+
+
+def paired(variant: pd.DataFrame, base: pd.DataFrame, metric: str, key: str):
+    """(variant values, baseline values) of `metric`, aligned on the rounds both measured."""
+    a = variant.groupby(key)[metric].median()
+    b = base.groupby(key)[metric].median()
+    both = a.index.intersection(b.index)
+    return (pd.to_numeric(a[both], errors="coerce").to_numpy(float),
+            pd.to_numeric(b[both], errors="coerce").to_numpy(float))
+
+
+# ---- the older unpaired tools (two runs compared; plots) ----
 
 def bootstrap_ratio_ci(num: np.ndarray, den: np.ndarray, level: float = 0.95,
                        resamples: int = 4000, seed: int = 0) -> tuple[float, float, float]:
-    """Ratio of medians num/den with a percentile bootstrap CI (trials resampled per side)."""
+    """Ratio of medians num/den with a percentile bootstrap CI (trials resampled per side).
+    For unpaired samples only (two separate runs): trials of one run are compared paired."""
     num, den = np.asarray(num, float), np.asarray(den, float)
     point = float(np.median(num) / np.median(den))
     if len(num) < 2 or len(den) < 2:
@@ -29,6 +158,7 @@ def bootstrap_ratio_ci(num: np.ndarray, den: np.ndarray, level: float = 0.95,
 
 
 def verdict(lo: float, hi: float) -> str:
+    """Direction of a ratio CI without a threshold: faster / slower / no significant difference."""
     if math.isnan(lo) or math.isnan(hi):
         return TOO_FEW
     if lo > 1:
@@ -50,16 +180,41 @@ def _status(statuses: pd.Series) -> str:
     return statuses.mode().iloc[0]
 
 
-def summarise(trials: pd.DataFrame) -> pd.DataFrame:
-    """One row per (model, variant): medians over ok trials, speed-up over the baseline with CI."""
+def _threshold(g: pd.DataFrame) -> float:
+    if "noise_threshold" in g and pd.to_numeric(g["noise_threshold"], errors="coerce").notna().any():
+        return float(pd.to_numeric(g["noise_threshold"], errors="coerce").dropna().iloc[0])
+    return DEFAULT_THRESHOLD
+
+
+def count_comparisons(trials: pd.DataFrame) -> int:
+    """Speed-up comparisons a run makes: each non-baseline (experiment, model, variant) with an
+    ok trial whose baseline has one too. The family every CI of the run is adjusted for."""
+    if trials.empty or "status" not in trials:
+        return 0
+    ok = trials[trials["status"] == "ok"]
+    base = ok[ok["is_baseline"].astype(bool)][["experiment", "model"]].drop_duplicates()
+    others = ok[~ok["is_baseline"].astype(bool)][["experiment", "model", "variant"]]
+    others = others.drop_duplicates().merge(base, on=["experiment", "model"])
+    return len(others)
+
+
+def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL) -> pd.DataFrame:
+    """One row per (model, variant): medians over ok trials, the paired speed-up over the
+    baseline with its family-wise adjusted CI, and the verdict."""
     rows = []
     keys = ["experiment", "model"]
+    key = pair_key(trials)
+    comparisons = count_comparisons(trials)
+    level = comparison_level(comparisons, family)
     for (experiment, model), per_model in trials.groupby(keys, sort=False):
-        base_rows = per_model[per_model["is_baseline"] & (per_model["status"] == "ok")]
-        base_tp = base_rows["samples_per_s"].to_numpy()
+        base_rows = per_model[per_model["is_baseline"].astype(bool)
+                              & (per_model["status"] == "ok")]
         base_loss = base_rows["final_loss"].median() if len(base_rows) else math.nan
         for variant, g in per_model.groupby("variant", sort=False):
             ok = g[g["status"] == "ok"]
+            # A variant stopped as hopeless keeps the step time it measured before it stopped.
+            slow = g[g["status"].astype(str).str.startswith(TOO_SLOW)]
+            threshold = _threshold(g)
             row = {
                 "experiment": experiment, "model": model, "variant": variant,
                 "is_baseline": bool(g["is_baseline"].iloc[0]), "status": _status(g["status"]),
@@ -74,26 +229,47 @@ def summarise(trials: pd.DataFrame) -> pd.DataFrame:
                 "host_rss_mb": ok["host_rss_mb"].median() if len(ok) else math.nan,
                 "final_loss": ok["final_loss"].median() if len(ok) else math.nan,
             }
-            mem, base_mems = ok["peak_mem_mb"].dropna().to_numpy(), base_rows["peak_mem_mb"].dropna().to_numpy()
-            if len(mem) and len(base_mems) and np.median(base_mems) > 0:
-                row["mem_ratio"], row["mem_ratio_lo"], row["mem_ratio_hi"] = \
-                    bootstrap_ratio_ci(mem, base_mems)
-            else:
-                row["mem_ratio"] = row["mem_ratio_lo"] = row["mem_ratio_hi"] = math.nan
+            for col in ("state_mem_mb", "activation_mem_mb"):  # the memory split, when recorded
+                if col in ok:
+                    row[col] = pd.to_numeric(ok[col], errors="coerce").median()
+            if not len(ok) and len(slow):
+                row["samples_per_s"] = pd.to_numeric(slow.get("samples_per_s"), errors="coerce").median()
+                row["step_ms"] = pd.to_numeric(slow.get("step_ms"), errors="coerce").median()
+            row.update(_mem_ratio(ok, base_rows, key, level))
             row["loss_delta"] = row["final_loss"] - base_loss
+            row["rounds"] = 0
+            speed = (math.nan,) * 3
             if row["is_baseline"]:
-                speed = (1.0, math.nan, math.nan) if len(ok) else (math.nan,) * 3
+                speed = (1.0, math.nan, math.nan) if len(ok) else speed
                 row["verdict"] = BASELINE if len(ok) else _short(row["status"])
-            elif len(ok) and len(base_tp):
-                speed = bootstrap_ratio_ci(ok["samples_per_s"].to_numpy(), base_tp)
-                row["verdict"] = verdict(speed[1], speed[2])
+                row["rounds"] = int(ok[key].nunique()) if len(ok) else 0
+            elif len(ok) and len(base_rows):
+                a, b = paired(ok, base_rows, "samples_per_s", key)
+                row["rounds"] = len(paired_log_ratios(a, b))
+                speed = paired_ratio_ci(a, b, level)
+                row["verdict"] = classify(*speed, threshold=threshold)
             else:
-                speed = (math.nan,) * 3
                 row["verdict"] = _short(row["status"]) if not len(ok) else "no baseline"
             row["speedup"], row["speedup_lo"], row["speedup_hi"] = speed
+            row["ci_halfwidth"] = relative_halfwidth(speed[1], speed[2])
+            row["min_detectable"] = (min_detectable(speed[1], speed[2], threshold)
+                                     if row["verdict"] == INCONCLUSIVE else math.nan)
+            row["noise_threshold"] = threshold
+            row["comparisons"], row["family_level"], row["ci_level"] = comparisons, family, level
             row.update(_flops(ok, row["step_ms"]))
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _mem_ratio(ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, level: float) -> dict:
+    """Peak memory over the baseline's, paired by round, at the run's adjusted level."""
+    out = dict.fromkeys(("mem_ratio", "mem_ratio_lo", "mem_ratio_hi"), math.nan)
+    if not len(ok) or not len(base_rows):
+        return out
+    a, b = paired(ok, base_rows, "peak_mem_mb", key)
+    if len(paired_log_ratios(a, b)):
+        out["mem_ratio"], out["mem_ratio_lo"], out["mem_ratio_hi"] = paired_ratio_ci(a, b, level)
+    return out
 
 
 def median_ci(values, level: float = 0.95, resamples: int = 4000, seed: int = 0):
@@ -164,8 +340,8 @@ def spread_warnings(summary: pd.DataFrame) -> list[str]:
     if noisy:
         lines.append(f"WARNING: trial spread (IQR/median of samples/s) over {SPREAD_WARN:.0%}: "
                      + ", ".join(noisy) + ". Something else may be using the machine, or the "
-                     "window is too short: add bench.repeats or bench.steps, or set "
-                     "bench.target_ci.")
+                     "window is too short: add bench.repeats or bench.steps, or raise "
+                     "bench.time_budget_s so that more rounds fit.")
     if unsteady:
         lines.append("WARNING: trials timed before warm-up found a steady step time: "
                      + ", ".join(unsteady)
@@ -173,33 +349,73 @@ def spread_warnings(summary: pd.DataFrame) -> list[str]:
     return lines
 
 
-def speedup_halfwidths(trials: pd.DataFrame) -> dict[str, float]:
-    """Half-width of each non-baseline variant's speed-up CI, from the ok trials so far (NaN
-    when either side has fewer than two trials). Variants with no ok trial are left out."""
+def speedup_halfwidths(trials: pd.DataFrame, comparisons: int | None = None) -> dict[str, float]:
+    """Relative half-width of each non-baseline variant's paired speed-up CI so far, at the
+    Bonferroni level for `comparisons` (default: this frame's own count). NaN below two
+    rounds; variants with no ok trial are left out."""
     if "samples_per_s" not in trials or "status" not in trials:
         return {}
     ok = trials[trials["status"] == "ok"]
-    base = ok[ok["is_baseline"].astype(bool)]["samples_per_s"].to_numpy()
+    key = pair_key(trials)
+    level = comparison_level(comparisons or count_comparisons(trials))
+    base = ok[ok["is_baseline"].astype(bool)]
     out = {}
     for variant, g in ok[~ok["is_baseline"].astype(bool)].groupby("variant", sort=False):
-        _, lo, hi = bootstrap_ratio_ci(g["samples_per_s"].to_numpy(), base) if len(base) else \
-            (math.nan, math.nan, math.nan)
-        out[variant] = (hi - lo) / 2
+        _, lo, hi = paired_ratio_ci(*paired(g, base, "samples_per_s", key), level) \
+            if len(base) else (math.nan,) * 3
+        out[variant] = relative_halfwidth(lo, hi)
     return out
 
 
-def wants_more_rounds(rows: list[dict], bench, rounds: int, elapsed_s: float) -> bool:
-    """Adaptive repetition (bench.target_ci): another interleaved round is wanted while some
-    speed-up CI is wider than the target, and the round, at the mean pace so far, still fits in
-    bench.time_budget_s."""
+def wants_more_rounds(rows: list[dict], bench, rounds: int, elapsed_s: float,
+                      comparisons: int | None = None) -> bool:
+    """Adaptive repetition: after bench.repeats rounds (the caller's minimum), another round of
+    every variant is wanted while some speed-up CI's relative half-width exceeds
+    bench.target_ci, and one more round, at the mean pace so far, still fits in
+    bench.time_budget_s (the per-model budget). target_ci null: no extra rounds."""
     if bench.target_ci is None or not rows or rounds == 0:
         return False
-    widths = speedup_halfwidths(pd.DataFrame(rows))
-    if all(w <= bench.target_ci for w in widths.values()):  # NaN (too few trials) is not narrow
+    widths = speedup_halfwidths(pd.DataFrame(rows), comparisons)
+    if all(w <= bench.target_ci for w in widths.values()):  # NaN (too few rounds) is not narrow
         return False
     return elapsed_s * (rounds + 1) / rounds <= bench.time_budget_s
 
 
+METHOD = ("Speed-up = geometric mean of the per-round ratios of a variant's throughput to the "
+          "baseline's in the same round, with a Student t interval over rounds, "
+          "Bonferroni-adjusted for every comparison of the run. faster / slower: the interval "
+          "excludes 1 and the estimate exceeds the noise threshold; equivalent: the interval "
+          "lies within +-threshold; inconclusive: anything else.")
+
+
+def family_text(summary: pd.DataFrame) -> str:
+    """The report's sentence on error control and on the loss column."""
+    parts = []
+    if summary is not None and "comparisons" in summary and len(summary):
+        m = int(pd.to_numeric(summary["comparisons"], errors="coerce").fillna(0).max())
+        fam = float(pd.to_numeric(summary["family_level"], errors="coerce").dropna().iloc[0]) \
+            if summary["family_level"].notna().any() else FAMILY_LEVEL
+        thr = pd.to_numeric(summary.get("noise_threshold"), errors="coerce").dropna()
+        parts.append(
+            f"{m} comparison{'' if m == 1 else 's'} in this run; each CI is at level {comparison_level(m, fam):.2%} "
+            f"(Bonferroni), so the chance of any false faster/slower call in the whole run is at "
+            f"most {fam:.0%}. Noise threshold: "
+            f"{(thr.iloc[0] if len(thr) else DEFAULT_THRESHOLD):.0%}. An inconclusive row "
+            "gives the smallest effect the run could have detected (min_detectable in "
+            "summary.csv).")
+    parts.append(LOSS_MEANING)
+    return " ".join(parts)
+
+
+# What the loss column means (the quality probe, trial.py: same seed, same optimizer steps and
+# samples seen for every variant, independent of the timing's warm-up).
+LOSS_MEANING = ("Loss = quality at equal work: each variant trains a fresh model from the same "
+                "seed, on the same data in the same order, for the same number of samples seen "
+                "(bench.quality_steps optimizer steps of the baseline), whatever its timed "
+                "warm-up did; the loss is then evaluated on one fixed batch in fp32. Identical "
+                "recipes give identical losses; loss Δ is the difference from the baseline's.")
+
+
 def halfwidth_note(rows: list[dict]) -> str:
     widths = speedup_halfwidths(pd.DataFrame(rows))
-    return ", ".join(f"{v} +-{w:.3f}" for v, w in widths.items()) or "no speed-up to narrow"
+    return ", ".join(f"{v} +-{w:.1%}" for v, w in widths.items()) or "no speed-up to narrow"

@@ -99,16 +99,17 @@ def warm_up(step: Callable[[], None], device: torch.device, min_steps: int, max_
             tol: Optional[float], budget_s: Optional[float] = None) -> tuple[int, Optional[bool]]:
     """Warm up until the step time is steady; (steps run, steady: True/False, None if unchecked).
 
-    The rule: run at least `min_steps`; then stop as soon as the last STEADY_WINDOW step times
-    agree within `tol` (is_steady); never more than `max_steps`, and stop once `budget_s` has
-    passed. Each warm-up step is timed between device synchronisations (warm-up is not
+    The rule: run at least `min_steps` (a floor: the budget never cuts it); then stop as soon
+    as the last STEADY_WINDOW step times agree within `tol` (is_steady); never more than
+    `max_steps`, and stop once `budget_s` has passed. Each warm-up step is timed between
+    device synchronisations (warm-up is not
     measured, so these syncs cost nothing that counts). `tol` None or `min_steps` 0: exactly
     `min_steps` steps, steady state assumed rather than detected.
     """
     if min_steps == 0:
         return 0, None
-    if tol is None:
-        return timed_steps(step, min_steps, device, budget_s)[1], None
+    if tol is None:  # exactly min_steps: no budget cuts below the floor
+        return timed_steps(step, min_steps, device)[1], None
     times: list[float] = []
     started = time.perf_counter()
     while len(times) < max_steps:
@@ -119,14 +120,34 @@ def warm_up(step: Callable[[], None], device: torch.device, min_steps: int, max_
         times.append(time.perf_counter() - t0)
         if len(times) >= min_steps and is_steady(times, tol):
             return len(times), True
-        if budget_s is not None and time.perf_counter() - started > budget_s:
+        # bench.warmup is a floor: the budget only cuts the steps beyond it
+        if budget_s is not None and len(times) >= min_steps \
+                and time.perf_counter() - started > budget_s:
             break
     return len(times), False
 
 
+def proportional_mb(processes) -> Optional[float]:
+    """Memory of these processes together without double-counting shared pages: the sum of
+    their PSS (Linux), else of their USS; None when neither can be read."""
+    import psutil
+
+    total, got = 0, False
+    for p in processes:
+        try:
+            info = p.memory_full_info()
+        except (psutil.Error, OSError):
+            continue
+        value = getattr(info, "pss", None) or getattr(info, "uss", None)
+        if value is not None:
+            total, got = total + value, True
+    return total / 2**20 if got else None
+
+
 class PeakRss:
-    """Peak resident memory (MB) of this process and of its child processes (DataLoader
-    workers), sampled on a background thread while the block runs.
+    """Peak resident memory (MB) of this process (`main_mb`, RSS) and of it with its child
+    processes (DataLoader workers: `total_mb`, PSS summed, see proportional_mb), sampled on a
+    background thread while the block runs.
 
     The thread must stay light (benchmarks/ measures it): finding the children scans every
     process on the machine, so the list is refreshed only every `rescan_s`; reading the known
@@ -141,7 +162,7 @@ class PeakRss:
         self.start_mb = self.main_mb = self.total_mb = 0.0
         self._stop = threading.Event()
         self._children: list = []
-        self._scanned = -math.inf
+        self._scanned = self._pss_at = -math.inf
 
     def sample(self, rescan: bool = False) -> None:
         import psutil
@@ -157,7 +178,20 @@ class PeakRss:
             except psutil.Error:
                 pass  # a worker that just exited
         self.main_mb = max(self.main_mb, main / 2**20)
-        self.total_mb = max(self.total_mb, (main + children) / 2**20)
+        if self._children and (rescan or time.monotonic() - self._pss_at > self.rescan_s):
+            # Forked workers share copy-on-write pages with the main process: summed RSS counts
+            # them once per process. PSS splits each shared page among its sharers (Linux;
+            # elsewhere USS, pages unique to a process, a lower bound). Read every rescan_s
+            # only: it walks /proc/<pid>/smaps.
+            self._pss_at = time.monotonic()
+            total = proportional_mb([self.proc, *self._children])
+            if total is not None:
+                self.total_mb = max(self.total_mb, total)
+                return
+        if not self._children:
+            self.total_mb = max(self.total_mb, main / 2**20)
+        elif self.total_mb == 0:
+            self.total_mb = (main + children) / 2**20
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -202,3 +236,111 @@ def release_host_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass  # not glibc: growth is then a lower bound
+
+
+# ---- memory of the tensors a training step allocates -------------------------------------------
+
+def _storages(tree) -> list:
+    from torch.utils._pytree import tree_flatten
+
+    return [t.untyped_storage() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+class TensorMemory:
+    """Live and peak bytes of the tensors torch allocates on the CPU while the block runs (a
+    TorchDispatchMode: every op's new output storage is counted until it is freed).
+
+    `preexisting` tensors (parameters, gradients, optimizer state) are counted from the start,
+    and their release (gradients set to None) is seen too. The mode slows every op: use it on
+    an untimed step, never in the timed window. Storage made outside torch's ops (a DataLoader
+    worker's batch) is not seen.
+    """
+
+    def __init__(self, preexisting=()):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        tracker = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                inputs = {st.data_ptr() for st in _storages((args, kwargs))}
+                for st in _storages(out):
+                    if st.data_ptr() not in inputs:  # in-place and view outputs are not new
+                        tracker._add(st)
+                return out
+
+        self.live = self.peak = 0
+        self._seen: dict[int, int] = {}
+        self._mode = _Mode()
+        for st in _storages(list(preexisting)):
+            self._add(st)
+
+    def _add(self, storage) -> None:
+        import weakref
+
+        key, n = storage.data_ptr(), storage.nbytes()
+        if n == 0 or key in self._seen or storage.device.type == "meta":
+            return
+        self._seen[key] = n
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._free, key, n)
+
+    def _free(self, key: int, n: int) -> None:
+        if self._seen.pop(key, None) is not None:
+            self.live -= n
+
+    def __enter__(self):
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+
+def state_tensors(model: torch.nn.Module, optimizer=None) -> list[torch.Tensor]:
+    """Parameters, their gradients, and the optimizer's state tensors."""
+    out = [p for p in model.parameters()]
+    out += [p.grad for p in model.parameters() if p.grad is not None]
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            out += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return out
+
+
+def state_mb(model: torch.nn.Module, optimizer=None) -> float:
+    """MB held by parameters + gradients + optimizer state (each storage once)."""
+    sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+             for t in state_tensors(model, optimizer) if t.device.type != "meta"}
+    return sum(sizes.values()) / 2**20
+
+
+def step_memory(step: Callable[[], None], model: torch.nn.Module, optimizer,
+                device: torch.device) -> dict:
+    """Peak tensor memory of one optimizer step, split in two (MB):
+    `state_mem_mb` = parameters + gradients + optimizer state after the step,
+    `activation_mem_mb` = the rest of the peak: activations saved for backward, autocast
+    copies, temporaries; `peak_mem_mb` = their sum at the peak.
+
+    CPU: counted by TensorMemory during the step (untimed: it slows each op). CUDA: the caching
+    allocator's peak (torch.cuda.max_memory_allocated) over the step, less what was allocated
+    before it besides the state. Other devices: NaN.
+    """
+    nan = {"peak_mem_mb": math.nan, "state_mem_mb": math.nan, "activation_mem_mb": math.nan}
+    if device.type == "cpu":
+        with TensorMemory(state_tensors(model, optimizer)) as tracker:
+            step()
+        peak = tracker.peak / 2**20
+    elif device.type == "cuda":
+        synchronize(device)
+        other = torch.cuda.memory_allocated(device) / 2**20 - state_mb(model, optimizer)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) / 2**20 - max(other, 0.0)
+    else:
+        return nan
+    state = state_mb(model, optimizer)
+    return {"peak_mem_mb": peak, "state_mem_mb": state,
+            "activation_mem_mb": max(peak - state, 0.0)}

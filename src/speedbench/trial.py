@@ -22,7 +22,7 @@ from speedbench.data import build_dataset, build_loader
 from speedbench.errors import ConfigError
 from speedbench.techniques import Context
 from speedbench.timing import PeakRss, PhaseClock, device_peak_mb, release_host_memory, \
-    reset_device_peak, timed_steps, warm_up
+    reset_device_peak, step_memory, timed_steps, warm_up
 from speedbench.train import Trainer, build_model
 
 
@@ -141,6 +141,11 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
                 elapsed, steps = timed_steps(trainer.step, window, device,
                                              budget_s=budget and budget * 3 / 4)
                 loss = trainer.meter.mean()
+                reads = trainer.meter.host_reads
+                # One more step, untimed, for the tensor memory split (not under torchrun: the
+                # ranks would all have to take it).
+                memory = step_memory(trainer.step, trainer.model, trainer.optimizer, device) \
+                    if dist_env is None else {}
             dev_peak = device_peak_mb(device)
             if recipe.profile != "off":
                 out = run_dir / "profile" / spec.name / variant if run_dir and trial == 0 else None
@@ -152,10 +157,14 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
             "data_wait_frac": clock.totals["data"] / elapsed,
             "peak_mem_mb": dev_peak if dev_peak is not None else rss.main_mb - rss.start_mb,
             "host_rss_mb": rss.total_mb, "host_rss_main_mb": rss.main_mb,
-            "final_loss": loss, "steps": steps, "warmup_steps": warm, "warmup_steady": steady,
-            "elapsed_s": elapsed, "host_reads": trainer.meter.host_reads, "samples": samples,
+            # final_loss: the timed window's mean until run.py puts the quality probe's there
+            "final_loss": loss, "window_loss": loss, "steps": steps, "warmup_steps": warm,
+            "warmup_steady": steady, "elapsed_s": elapsed, "host_reads": reads,
+            "samples": samples, "noise_threshold": recipe.bench.noise_threshold,
             **techniques.columns(recipe, ctx),
         })
+        if memory.get("peak_mem_mb") == memory.get("peak_mem_mb"):  # measured (not NaN)
+            record.update(memory)  # peak tensor memory of a step, and its split
         if dist_env is not None:
             record = distributed.gather_record(record, dist_env)
     except torch.OutOfMemoryError:

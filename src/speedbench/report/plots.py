@@ -143,7 +143,7 @@ def throughput(trials: pd.DataFrame) -> plt.Figure:
 def peak_memory(trials: pd.DataFrame) -> plt.Figure:
     """Peak memory per variant (MB), one panel per model, ratio to the baseline on each bar."""
     cuda = trials["device"].astype(str).str.startswith("cuda").any()
-    what = "peak CUDA memory (MB)" if cuda else "peak host memory growth (MB)"
+    what = "peak CUDA memory (MB)" if cuda else "peak tensor memory (MB)"
     return _bar_panels(trials, "peak_mem_mb", what,
                        f"{what[0].upper() + what[1:]} per variant: median, 95% CI "
                        "(lower is better; labels: ratio to baseline)", ratio_labels=True)
@@ -226,8 +226,8 @@ def speedup(summary: pd.DataFrame) -> plt.Figure:
         columns={"speedup": "ratio", "speedup_lo": "lo", "speedup_hi": "hi"})
     base = _order(summary.loc[summary["is_baseline"], "variant"])
     return forest(rows, "speed-up over baseline (x, log scale)",
-                  f"Speed-up over the baseline ({', '.join(base) or 'none'}): median ratio, "
-                  "95% bootstrap CI (right of the dashed line = faster)")
+                  f"Speed-up over the baseline ({', '.join(base) or 'none'}): paired rounds, "
+                  "CI adjusted for the run's comparisons (right of the dashed line = faster)")
 
 
 @_styled
@@ -347,16 +347,17 @@ def figures_for(trials: pd.DataFrame, summary: pd.DataFrame,
     when their data is present."""
     out = {}
     if summary.loc[~summary["is_baseline"], "speedup"].notna().any():
-        out["speedup"] = ("Each variant's speed-up over the baseline: the dot is the median ratio, the bar its "
-                          "95% CI, the colour the verdict; right of the dashed line is faster.",
+        out["speedup"] = ("Each variant's speed-up over the baseline: the dot is the geometric mean of its per-round "
+                          "ratios, the bar its CI adjusted for the run's comparisons, the colour the verdict; "
+                          "right of the dashed line is faster.",
                           speedup(summary))
     if len(_ok(trials)):
         out["throughput"] = ("Samples per second of each variant: bar = median of the trials, whisker = "
                              "95% CI, dots = single trials; the dark bar is the baseline.",
                              throughput(trials))
     if _ok(trials)["peak_mem_mb"].notna().any():
-        out["memory"] = ("Peak memory of each variant (on a CPU, the growth of the process's "
-                         "resident memory), with its ratio to the baseline above each bar.",
+        out["memory"] = ("Peak memory of each variant (on a CPU, the peak bytes of tensors torch allocates in a "
+                         "step; on CUDA, the allocator's peak), with its ratio to the baseline above each bar.",
                          peak_memory(trials))
     if phases is not None and len(phases):
         out["phases"] = ("Mean time of one optimizer step split into its phases (data wait, "

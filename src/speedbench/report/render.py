@@ -44,7 +44,7 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame({
         "model": summary["model"], "variant": summary["variant"], "status": summary["status"],
         "samples/s": summary["samples_per_s"].map(_num),
-        "speed-up [95% CI]": [_ci(r.speedup, r.speedup_lo, r.speedup_hi)
+        "speed-up [adj. CI]": [_ci(r.speedup, r.speedup_lo, r.speedup_hi)
                               for r in summary.itertuples()],
         "verdict": summary["verdict"],
         "peak mem MB": summary["peak_mem_mb"].map(_num),
@@ -142,7 +142,8 @@ def _short_ci(x, lo, hi) -> str:
         return "-"
     if lo is None or math.isnan(lo):
         return f"{x:.2f}x"
-    return f"{x:.2f}x [{lo:.2f},{hi:.2f}]"
+    # A CI from two rounds at a Bonferroni level can span many decades: keep it short.
+    return f"{x:.2f}x [{lo:.3g},{hi:.3g}]"
 
 
 def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
@@ -300,9 +301,8 @@ def env_pairs(env: dict) -> list[tuple[str, str]]:
 def method_text(cfg: dict) -> str:
     bench = cfg.get("bench") or {}
     if not bench:
-        return ("Speed-up = ratio of median throughputs over trials, 95% percentile bootstrap CI; "
-                "a difference is called only when the CI excludes 1. (The run's config.yaml is "
-                "missing, so its measurement window is unknown.)")
+        return (stats.METHOD + " (The run's config.yaml is missing, so its measurement window "
+                "is unknown.)")
     warmup = (f"at least {bench.get('warmup')} warm-up steps, continuing until the last 3 step "
               f"times agree within {bench.get('steady_tol')} of their median (at most "
               f"{bench.get('warmup_max')})" if bench.get("steady_tol") and bench.get("warmup")
@@ -314,9 +314,10 @@ def method_text(cfg: dict) -> str:
             f"times up to {bench.get('steps')} optimizer steps in one window synchronised with "
             f"the device only at its ends (capped at {bench.get('max_trial_s')} s per trial). "
             f"{bench.get('repeats')} trials per variant, interleaved across variants{adaptive}. "
-            "Speed-up = ratio of median throughputs, 95% percentile bootstrap CI; a difference is "
-            "called only when the CI excludes 1. Memory on CPU is the growth of the process's "
-            "resident memory during the trial; on CUDA, the allocator's peak. TFLOP/s = FLOPs per "
+            + stats.METHOD + " Memory = the peak bytes of the tensors one untimed optimizer "
+            "step holds (CPU: every tensor torch allocates, tracked op by op; CUDA: the "
+            "allocator's peak), split into parameters + gradients + optimizer state and the "
+            "rest (activations, temporaries); host RSS counts DataLoader workers by PSS. TFLOP/s = FLOPs per "
             "optimizer step (torch FlopCounterMode: matrix products, convolutions, attention; "
             "forward and backward) / median step time; % of peak = that over the best rate of a "
             "large matrix product in the variant's dtype, measured in the run.")
@@ -328,30 +329,32 @@ def at_a_glance(summary: pd.DataFrame) -> str:
     if rows.empty:
         return "No variant besides the baseline was measured."
     counts = rows["verdict"].value_counts()
-    parts = [f"{counts.get(v, 0)} {v}" for v in (stats.FASTER, stats.SLOWER, stats.SAME)
-             if counts.get(v, 0)]
-    others = len(rows) - sum(counts.get(v, 0) for v in (stats.FASTER, stats.SLOWER, stats.SAME))
+    called = (stats.FASTER, stats.SLOWER, stats.EQUIVALENT, stats.INCONCLUSIVE)
+    parts = [f"{counts.get(v, 0)} {v}" for v in called if counts.get(v, 0)]
+    others = len(rows) - sum(counts.get(v, 0) for v in called)
     if others:
-        parts.append(f"{others} not measured or inconclusive")
+        parts.append(f"{others} not measured")
     text = f"Of {len(rows)} (model, variant) pairs: {', '.join(parts)}."
-    ok = rows[rows["speedup"].notna()]
-    if len(ok):
-        best, worst = ok.loc[ok["speedup"].idxmax()], ok.loc[ok["speedup"].idxmin()]
-        text += (f" Best: {best['variant']} on {best['model']}, {best['speedup']:.2f}x "
-                 f"({best['verdict']}).")
-        if worst.name != best.name:
-            text += (f" Worst: {worst['variant']} on {worst['model']}, {worst['speedup']:.2f}x "
-                     f"({worst['verdict']}).")
+    # Only a significant result is crowned (verdict faster / slower, family-wise controlled).
+    faster, slower = rows[rows["verdict"] == stats.FASTER], rows[rows["verdict"] == stats.SLOWER]
+    if len(faster):
+        best = faster.loc[faster["speedup"].idxmax()]
+        text += f" Best: {best['variant']} on {best['model']}, {best['speedup']:.2f}x (faster)."
+    else:
+        text += " No variant is significantly faster than its baseline."
+    if len(slower):
+        worst = slower.loc[slower["speedup"].idxmin()]
+        text += f" Worst: {worst['variant']} on {worst['model']}, {worst['speedup']:.2f}x (slower)."
     return text
 
 
 def claims_table(cfg: dict, summary: pd.DataFrame, trials: pd.DataFrame,
-                 notes: list[str]) -> pd.DataFrame:
+                 notes: list[str], env: Optional[dict] = None) -> pd.DataFrame:
     claims = cfg.get("claims") or []
     if not isinstance(claims, list) or not all(isinstance(c, dict) for c in claims):
         notes.append("the config's claims: is not a list of mappings: claims left out")
         return pd.DataFrame()
-    return claims_mod.evaluate(claims, summary, trials)
+    return claims_mod.evaluate(claims, summary, trials, env)
 
 
 def claim_tally(verdicts: pd.Series) -> str:
@@ -462,11 +465,12 @@ def build_document(run: Run, out_dir: Path) -> Document:
         experiment_section(doc, run, experiment, out_dir)
     _remove_stale_figures(out_dir, {p for b in doc.blocks if b[0] == "figures" for _, p in b[1]})
     notes = list(run.notes)
-    claims = claims_table(run.cfg, run.summary, run.trials, notes)
+    claims = claims_table(run.cfg, run.summary, run.trials, notes, run.env)
     if len(claims):
         doc.heading("The articles' claims, measured")
         doc.para("Each claim of the speed-tip articles, checked on this machine: 'holds' only "
-                 "when the 95% CI of the measured effect supports it.")
+                 "when the measured effect's CI (family-wise adjusted) supports it, 'does not "
+                 "hold' only when the CI excludes it, 'inconclusive' otherwise.")
         for (tip, source, quote), rows in claims.groupby(["tip", "source", "claim"], sort=False):
             doc.quote(quote, f"{tip}: {source}")
             doc.para(claim_tally(rows["verdict"]))
@@ -476,6 +480,7 @@ def build_document(run: Run, out_dir: Path) -> Document:
     doc.pairs(env_pairs(run.env))
     doc.heading("How this was measured")
     doc.para(method_text(run.cfg))
+    doc.para(stats.family_text(run.summary))
     members = run.members
     if members:  # a suite: each member experiment ran with its own settings
         doc.para("Each experiment ran with its own settings: " + "; ".join(

@@ -1,0 +1,137 @@
+"""Quality at equal work, and the first-step check that stops a hopeless variant.
+
+The loss compared across variants cannot come from the timed trials: their warm-up adapts to
+the machine (3 to 10 steps), so a loss taken after it measures how long the warm-up ran. The
+quality probe trains a fresh model from the run's seed, on the same data in the same order, for
+the same number of samples seen: bench.quality_steps optimizer steps of the baseline (a variant
+that takes k times the samples per step, accumulation with accumulate_mode=add, runs 1/k as
+many). Then it evaluates the loss on one fixed batch, the data set's first EVAL_SAMPLES
+samples, in fp32 with the model in eval mode. Identical recipes give identical losses on the
+CPU. The probe runs once per (model, variant), before the first round, untimed.
+
+Its first two steps are timed: a variant whose first step exceeds `first_step_limit_s` (run.py:
+HOPELESS_FACTOR times the baseline's first step, or the trial budget), or whose second step
+(past one-time costs) exceeds STEADY_FACTOR times the baseline's second step, is stopped there
+and recorded as `too slow: ...`, and not measured again.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch.utils.data import default_collate
+
+from speedbench import techniques
+from speedbench.data import build_loader
+from speedbench.techniques import Context
+from speedbench.timing import synchronize
+from speedbench.train import Trainer, build_model, compute_loss
+
+EVAL_SAMPLES = 64
+HOPELESS_FACTOR = 20  # a first step this many times the baseline's: stopped after that step
+BUDGET_FACTOR = 3
+MIN_HOPELESS_S = 1.0
+# A second step this many times the baseline's: hopeless. fp16 on a 2-core AVX-512 CPU runs the
+# small ResNet ~22x slower than fp32 yet its first step stays under the budget; an identical
+# recipe's second step on a loaded machine stayed within 2x.
+STEADY_FACTOR = 10
+
+
+def samples_per_step(spec, recipe, ctx: Context) -> int:
+    micro, k = techniques.micro_batching(recipe.batch_size or spec.batch_size, recipe)
+    return micro * k * techniques.replicas(recipe, ctx)
+
+
+def probe_steps(spec, recipe, baseline, ctx: Context) -> int:
+    """Optimizer steps that see as many samples as bench.quality_steps steps of the baseline."""
+    samples = baseline.bench.quality_steps * samples_per_step(spec, baseline, ctx)
+    return max(1, round(samples / samples_per_step(spec, recipe, ctx))) if samples else 0
+
+
+def first_step_limit(baseline_first_s: float, max_trial_s) -> float:
+    """The first-step time past which a variant is hopeless: HOPELESS_FACTOR times the
+    baseline's first step, or the trial budget if that is smaller, but never under
+    BUDGET_FACTOR times the baseline's first step (on a loaded machine one first step of an
+    identical recipe took twice the baseline's, while fp16 on the CPU took 4x a loaded fp32
+    step) nor under MIN_HOPELESS_S (a step that short cannot stall a run)."""
+    limit = HOPELESS_FACTOR * baseline_first_s
+    if max_trial_s:
+        limit = min(limit, max(max_trial_s, BUDGET_FACTOR * baseline_first_s))
+    return max(limit, MIN_HOPELESS_S)
+
+
+def steady_step_limit(baseline_second_s: float) -> float:
+    """The second-step time past which a variant is hopeless (never under MIN_HOPELESS_S)."""
+    return max(STEADY_FACTOR * baseline_second_s, MIN_HOPELESS_S)
+
+
+def too_slow(step_s: float, baseline_s: float | None, steps_done: int = 1) -> str:
+    which = "first" if steps_done == 1 else "second"
+    ratio = f", {step_s / baseline_s:.0f}x slower than the baseline's {which} step" \
+        if baseline_s else ""
+    plural = "s" if steps_done > 1 else ""
+    return f"too slow: {step_s:.3g} s/step{ratio}, stopped after {steps_done} step{plural}"
+
+
+def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
+                  first_step_limit_s: float | None = None,
+                  baseline_first_s: float | None = None,
+                  second_step_limit_s: float | None = None,
+                  baseline_second_s: float | None = None) -> dict:
+    """{final_loss, quality_steps, quality_samples, first_step_ms} after `steps` optimizer steps
+    from the seed (at least one step runs, to time it); with `status` 'too slow: ...' when the
+    first step exceeded `first_step_limit_s`, or its second `second_step_limit_s` (then no
+    loss)."""
+    device = ctx.device
+    seed = recipe.bench.seed
+    micro, k = techniques.micro_batching(recipe.batch_size or spec.batch_size, recipe)
+    replicas = techniques.replicas(recipe, ctx)
+    trainer = None
+    with techniques.global_state(recipe, ctx):
+        try:
+            ctx.model = build_model(spec, seed)
+            model = techniques.prepare_model(ctx.model.to(device), recipe, ctx)
+            loader = build_loader(dataset, micro * replicas,
+                                  techniques.loader_options(recipe, ctx), seed=seed)
+            trainer = Trainer(spec, recipe, device, loader, model=model, ctx=ctx)
+            ctx.extra["trainer"] = trainer
+            torch.manual_seed(seed)  # dropout, per-step noise: the same stream for every variant
+            synchronize(device)
+            t0 = time.perf_counter()
+            trainer.step()
+            synchronize(device)
+            first_s = time.perf_counter() - t0
+            out = {"first_step_ms": 1000 * first_s, "samples_per_s": micro * k * replicas / first_s,
+                   "step_ms": 1000 * first_s}
+            if first_step_limit_s is not None and first_s > first_step_limit_s:
+                return {**out, "status": too_slow(first_s, baseline_first_s), "steps": 1,
+                        "final_loss": math.nan}
+            if steps > 1:
+                t0 = time.perf_counter()
+                trainer.step()
+                synchronize(device)
+                second_s = time.perf_counter() - t0
+                out = {**out, "second_step_ms": 1000 * second_s}
+                if second_step_limit_s is not None and second_s > second_step_limit_s:
+                    return {**out, "status": too_slow(second_s, baseline_second_s, 2),
+                            "samples_per_s": micro * k * replicas / second_s,
+                            "step_ms": 1000 * second_s, "steps": 2, "final_loss": math.nan}
+            for _ in range(steps - 2):
+                trainer.step()
+            loss = math.nan
+            if steps:
+                n = min(EVAL_SAMPLES, len(dataset))
+                x, y = default_collate([dataset[i] for i in range(n)])
+                model.eval()
+                torch.manual_seed(seed)
+                with torch.no_grad():
+                    loss = float(compute_loss(model, spec.loss, x.to(device), y.to(device)))
+            return {"first_step_ms": 1000 * first_s, "final_loss": loss,
+                    "second_step_ms": out.get("second_step_ms", math.nan),
+                    "quality_steps": steps, "quality_samples": steps * micro * k * replicas}
+        finally:
+            if trainer is not None:
+                trainer.close()
+            ctx.extra.pop("trainer", None)
+            ctx.model = None
