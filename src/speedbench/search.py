@@ -26,7 +26,6 @@ The search:
 """
 from __future__ import annotations
 
-import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -34,7 +33,10 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 
 import numpy as np
 
-FASTER, SLOWER, EQUIVALENT, INCONCLUSIVE = "faster", "slower", "equivalent", "inconclusive"
+from speedbench import stats
+
+FASTER, SLOWER, EQUIVALENT, INCONCLUSIVE = stats.FASTER, stats.SLOWER, stats.EQUIVALENT, \
+    stats.INCONCLUSIVE
 NAIVE = "naive"
 Overrides = dict[str, Any]  # flat recipe keys (dotted for nested ones) -> values
 
@@ -133,24 +135,9 @@ def paired_ratios(arm: Arm, reference: Arm) -> np.ndarray:
     return a[keep] / b[keep]
 
 
-@functools.lru_cache(maxsize=256)
 def t_quantile(p: float, df: int) -> float:
-    """Student-t quantile (p > 0.5) by bisection on a Simpson-integrated density: numpy only."""
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-
-    def cdf(t: float) -> float:
-        x = np.linspace(0.0, t, 2001)
-        y = c * (1 + x * x / df) ** (-(df + 1) / 2)
-        h = t / 2000
-        return 0.5 + h / 3 * (y[0] + y[-1] + 4 * y[1:-1:2].sum() + 2 * y[2:-1:2].sum())
-
-    lo, hi = 0.0, 1.0
-    while cdf(hi) < p:
-        lo, hi = hi, hi * 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
-    return (lo + hi) / 2
+    """Student-t quantile p (> 0.5): stats.py's exact two-sided critical value."""
+    return stats.t_quantile(2 * p - 1, df)
 
 
 TRIM_FROM = 8  # rounds from which the interval is trimmed (then at least 5 degrees of freedom)
@@ -180,17 +167,9 @@ def ratio_ci(ratios: np.ndarray, level: float, trim: float = 0.2) -> tuple[float
 
 
 def classify(speedup: float, lo: float, hi: float, threshold: float) -> str:
-    """faster / slower: the CI excludes 1 and the effect reaches the threshold; equivalent: the
-    CI lies within +-threshold; inconclusive otherwise."""
-    if math.isnan(lo):
-        return INCONCLUSIVE
-    if lo > 1 and speedup >= 1 + threshold:
-        return FASTER
-    if hi < 1 and speedup <= 1 / (1 + threshold):
-        return SLOWER
-    if 1 / (1 + threshold) <= lo and hi <= 1 + threshold:
-        return EQUIVALENT
-    return INCONCLUSIVE
+    """faster / slower: the CI excludes 1 and the effect is beyond the threshold; equivalent:
+    the CI lies within +-threshold; inconclusive otherwise (stats.py's verdicts)."""
+    return stats.classify(speedup, lo, hi, threshold)
 
 
 Comparator = Callable[[dict[str, np.ndarray], float, float], dict[str, tuple[float, float, float, str]]]
