@@ -232,7 +232,8 @@ def test_tips_composes_every_other_experiment_with_the_command_line_winning():
     names = suite.members(cfg, "tips")
     files = suite.experiment_files()
     assert "tips" not in names and set(TIPS) <= set(names)
-    assert set(names) == {n for n in files if n != "tips" and not suite._defines_suite(files[n])}
+    assert set(names) == {n for n in files if n != "tips" and not suite.runs_alone(files[n])}
+    assert "recipe" in files and "recipe" not in names
     plans = suite.member_plans(cfg, "tips", TINY8 + ["+experiment=tips"])
     assert [p.experiment for p in plans] == names
     for plan in plans:

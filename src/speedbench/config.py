@@ -30,7 +30,7 @@ PROFILES = ("off", "simple", "advanced", "pytorch")
 REFERENCE_MODELS = ("resnet", "vae", "transformer")
 # Keys a variant may not change: they define the experiment, not a recipe.
 NOT_PER_VARIANT = ("model", "models", "variants", "baseline", "claims", "experiment", "out_dir",
-                   "suite")
+                   "suite", "recipe")
 
 
 @dataclass
@@ -92,6 +92,22 @@ class SuiteConfig:
 
 
 @dataclass
+class RecipeConfig:
+    # `+experiment=recipe` (recipe.py, search.py): candidate groups, each {naive: overrides of
+    # the articles' before-code, options: {name: overrides}, trades_memory: bool}. Empty: no search.
+    candidates: dict[str, Any] = field(default_factory=dict)
+    budget_s: Optional[float] = 780.0  # per model; the search stops cleanly when it is spent
+    # Techniques that trade speed for memory (trades_memory) are candidates only under a limit;
+    # options whose peak memory exceeds it are not chosen.
+    max_memory_mb: Optional[float] = None
+    min_gain: Optional[float] = None  # smallest gain added; null: bench.noise_threshold
+    skip: list[str] = field(default_factory=list)  # candidate groups left out of the search
+    # A profiled run measures each finding's suggested knob (the variant as run vs with it set)
+    # before the report recommends it.
+    check_findings: bool = True
+
+
+@dataclass
 class SpeedbenchConfig:
     device: str = "auto"
     scale: str = "auto"
@@ -115,6 +131,7 @@ class SpeedbenchConfig:
     baseline: Optional[str] = None
     claims: list[Any] = field(default_factory=list)
     suite: SuiteConfig = field(default_factory=SuiteConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
     out_dir: str = "results"
     run_dir: Optional[str] = None  # None: <out_dir>/<experiment>/<timestamp>
     experiment: Optional[str] = None  # filled from +experiment=NAME
@@ -360,7 +377,7 @@ def _model_entries(model: Any) -> list:
 
 
 # Free-form nodes: their keys are names (models, variants) or claim fields, not schema keys.
-FREE_FORM = ("model", "models", "variants", "claims")
+FREE_FORM = ("model", "models", "variants", "claims", "recipe.candidates")
 
 
 def check_known_keys(cfg: DictConfig, schema: Optional[DictConfig] = None, prefix: str = "") -> None:

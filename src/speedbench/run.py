@@ -228,7 +228,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     A suite (`tips`) measures each member experiment into the same trials.csv; `overrides` are
     the command line's, handed on to every member.
     """
-    from speedbench import suite
+    from speedbench import recipe, suite
     from speedbench.config import build_plan
     from speedbench.report.render import console_lines, report_line, write_report
 
@@ -238,6 +238,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     else:
         plans = [build_plan(cfg, experiment)]
     dist_env = distributed.from_environ()
+    groups = recipe.check(cfg, plans[0], dist_env) if recipe.is_recipe(cfg) else None
     for plan in plans:  # the data too, before the run directory exists
         for spec in plan.models:
             check_data(plan, spec, dist_env.world_size if dist_env else 1)
@@ -268,6 +269,11 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
         if run_dir else None
     book = FlopsBook(device)
     for plan in plans:
+        if groups is not None:  # +experiment=recipe: the search runs the plans (recipe.py)
+            recipe.execute(cfg, plan, groups, run_dir, writer, progress,
+                           lambda *args: execute(*args, book=book),
+                           recipe.cannot_act_for(cfg, not_applicable, dist_env))
+            continue
         execute(plan, run_dir, progress, dist_env, writer, book)
     if writer is None:
         return None
@@ -276,6 +282,12 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     try:
         results.write_summary(summary, run_dir)
         profiled = diagnosis.write_tables(run_dir, writer.rows)  # phases.csv, findings.csv
+        if profiled and cfg.recipe.check_findings:  # each suggested knob measured (recipe.py)
+            recipe.check_findings(plans, run_dir, writer, progress,
+                                  lambda *args: execute(*args, book=book))
+            frame = writer.frame()
+            summary = scaling.add_efficiency(stats.summarise(frame), frame)
+            results.write_summary(summary, run_dir)
         env.record_end(run_dir / "env.json")  # the load average at the end, beside the start's
         write_report(run_dir, cfg=resolved)
     except OSError as exc:  # a full disk: a run is complete with summary.csv and its report
@@ -285,6 +297,8 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     if profiled:
         from speedbench.report.profile_section import console_text
         print("\n" + console_text(run_dir))
+    from speedbench.report import recommend  # the report's first section, in a few lines
+    print("\n" + "\n".join(recommend.console_lines(summary, run_dir)))
     print("\n" + report_line(run_dir, len(writer.rows), time.perf_counter() - started))
     failed = [r for r in writer.rows if schema.parse_status(r["status"]).failed]
     if failed and not any(schema.parse_status(r["status"]).ok for r in writer.rows):

@@ -32,6 +32,12 @@ def _defines_suite(path: Path) -> bool:
     return bool(OmegaConf.select(OmegaConf.load(path), "suite.experiments"))
 
 
+def runs_alone(path: Path) -> bool:
+    """A suite, or the recipe search (it measures plans of its own): never a member of `*`."""
+    return _defines_suite(path) or bool(OmegaConf.select(OmegaConf.load(path),
+                                                         "recipe.candidates"))
+
+
 def members(cfg: DictConfig, suite_name: str) -> list[str]:
     """The experiments a suite runs, in order: `*` expands to every non-suite experiment."""
     files = experiment_files()
@@ -42,12 +48,15 @@ def members(cfg: DictConfig, suite_name: str) -> list[str]:
     names: list[str] = []
     for entry in cfg.suite.experiments:
         if entry == ALL:
-            names += [n for n, p in files.items() if n != suite_name and not _defines_suite(p)]
+            names += [n for n, p in files.items() if n != suite_name and not runs_alone(p)]
         elif entry not in files:
             raise ConfigError(f"suite.experiments: '{entry}' is not an experiment; choose from "
                               f"{ALL}, {', '.join(files)}")
         elif entry == suite_name or _defines_suite(files[entry]):
             raise ConfigError(f"suite.experiments: '{entry}' is itself a suite; suites do not nest")
+        elif runs_alone(files[entry]):
+            raise ConfigError(f"suite.experiments: '{entry}' is the recipe search, which runs "
+                              f"alone: use +experiment={entry}")
         else:
             names.append(entry)
     chosen = [n for n in dict.fromkeys(names) if n not in set(cfg.suite.exclude)]

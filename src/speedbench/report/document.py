@@ -55,6 +55,10 @@ class Document:
     def table(self, df: pd.DataFrame) -> None:
         self.blocks.append(("table", df))
 
+    def code(self, text: str, caption: str = "") -> None:
+        """A block of code, shown as is (Python)."""
+        self.blocks.append(("code", text, caption))
+
     def figures(self, items: list[tuple[str, str]]) -> None:
         """(caption, path relative to the report) of PNG files, shown side by side if they fit."""
         if items:
@@ -107,6 +111,9 @@ def to_markdown(doc: Document) -> str:
             out += [markdown_table(block[1]) if len(block[1]) else "(none)", ""]
         elif kind == "figures":
             out += [f"![{_md_cell(c)}]({p})" for c, p in block[1]] + [""]
+        elif kind == "code":
+            out += ([f"*{_md_cell(block[2])}*", ""] if block[2] else []) + \
+                ["```python", block[1].replace("```", "` ` `"), "```", ""]
     return "\n".join(out)
 
 
@@ -188,6 +195,8 @@ figure{margin:0;flex:1 1 auto}
 figure img{width:100%;height:auto;border:1px solid var(--line);border-radius:6px}
 figcaption{color:var(--muted);font-size:13px;margin-top:4px}
 ul{margin:6px 0 12px}
+pre{background:var(--bg);border:1px solid var(--line);border-radius:6px;padding:8px 12px;
+overflow-x:auto;font-size:13px}
 .lead{background:#eef6f8;border-left:4px solid #2a9d8f;padding:10px 14px;border-radius:4px}
 blockquote{margin:18px 0 4px;padding:8px 16px;border-left:4px solid #8d99ae;background:var(--bg);
 font-style:italic;border-radius:4px}
@@ -225,6 +234,9 @@ def to_html(doc: Document, base: Path, dpi: int) -> str:
                                          for k, v in block[1]) + "</dl>")
         elif kind == "table":
             body.append(html_table(block[1]) if len(block[1]) else "<p>(none)</p>")
+        elif kind == "code":
+            body.append((f"<p><em>{e(block[2])}</em></p>" if block[2] else "")
+                        + f"<pre><code>{e(block[1])}</code></pre>")
         elif kind == "figures":
             body.append('<div class="figs">' + "".join(_img(base, p, c, dpi)
                                                       for c, p in block[1]) + "</div>")

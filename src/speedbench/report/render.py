@@ -20,7 +20,7 @@ import pandas as pd
 from speedbench import atomic
 from speedbench import claims as claims_mod
 from speedbench import stats
-from speedbench.report import capacity_section, plots, profile_section
+from speedbench.report import capacity_section, plots, profile_section, recipe_section, recommend
 from speedbench.report import workers as workers_view
 from speedbench.report.document import Document, slug, write
 from speedbench.report.runs import Run, load_run
@@ -369,8 +369,11 @@ def claim_tally(verdicts: pd.Series) -> str:
 
 
 def findings_table(findings: pd.DataFrame) -> pd.DataFrame:
-    return findings[["model", "variant", "symptom", "figure", "tip", "knob"]].rename(
-        columns={"figure": "measured", "knob": "knob to try"}).fillna("-")
+    cols = ["model", "variant", "symptom", "figure", "tip", "knob"]
+    cols += ["check"] if "check" in findings else []  # the knob measured (recipe.check_findings)
+    return findings[cols].rename(
+        columns={"figure": "measured", "knob": "knob to try", "check": "knob, measured"}
+    ).fillna("-")
 
 
 # The names experiment_section gives its figures: plots/<experiment>-<figure>.png
@@ -441,33 +444,13 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
             doc.para("Clean recipe: no finding, none of the checked symptoms was measured.")
 
 
-def recommendation_lines(summary: pd.DataFrame) -> list[str]:
-    """Per model, what to use: the variants measured faster, best first, or the baseline."""
-    lines = []
-    for (experiment, model), rows in summary.groupby(["experiment", "model"], sort=False):
-        base = rows.loc[rows["is_baseline"], "variant"]
-        faster = rows[(rows["verdict"] == stats.FASTER) & rows["speedup"].notna()]
-        where = f"{model} ({experiment})" if summary["experiment"].nunique() > 1 else model
-        if len(faster):
-            best = faster.sort_values("speedup", ascending=False)
-            lines.append(f"{where}: use " + ", or ".join(
-                f"{r.variant}, {_ci(r.speedup, r.speedup_lo, r.speedup_hi)}"
-                for r in best.head(2).itertuples()))
-        else:
-            lines.append(f"{where}: keep {base.iloc[0] if len(base) else 'the baseline'}: no "
-                         "variant was measured faster")
-    return lines
-
-
-def recommendation_section(doc: Document, run: Run) -> None:
-    """The first section after the title: what to use on this machine. (A recipe run's own
-    recommendation, the recipe helper's section builder, belongs in this slot.)"""
-    lines = recommendation_lines(run.summary)
-    if lines:
-        doc.heading("Recommendation")
-        doc.para("Speed-ups are over the baseline, with their CI; only a variant measured "
-                 "faster (its CI above 1) is recommended.")
-        doc.bullets(lines)
+def recommendation_section(doc: Document, run: Run, out_dir: Optional[Path] = None) -> None:
+    """The first section after the title: per model, use / skip / could not test here
+    (recommend.py); for a recipe search, how it was found follows (recipe_section.py)."""
+    recipe_rows = recommend.load_recipe(run.path)
+    recommend.add_section(doc, run.summary, recipe_rows)
+    if recipe_rows is not None and out_dir is not None:
+        recipe_section.add(doc, recipe_rows, run.path, out_dir)
 
 
 def build_document(run: Run, out_dir: Path) -> Document:
@@ -477,7 +460,7 @@ def build_document(run: Run, out_dir: Path) -> Document:
     devices = ", ".join(dict.fromkeys(run.trials["device"].astype(str)))
     doc = Document(title=f"speedbench report: {', '.join(experiments)}",
                    subtitle=f"{run.path.name} · {devices} · {len(run.trials)} trials")
-    recommendation_section(doc, run)
+    recommendation_section(doc, run, out_dir)
     for experiment in experiments:
         experiment_section(doc, run, experiment, out_dir)
     _remove_stale_figures(out_dir, {p for b in doc.blocks if b[0] == "figures" for _, p in b[1]})

@@ -1,0 +1,373 @@
+"""`+experiment=recipe`: the recipe search (search.py) run through speedbench's own trials.
+
+Per model: the candidate groups of `recipe.candidates` are checked up front (every option is a
+valid recipe, or the run stops before training with one line naming the key); the naive recipe
+is restricted to what can act here; then every search step is one ordinary speedbench plan
+(experiment `recipe-step<N>`, baseline `current`, the step's options as variants) measured by
+run.execute in shuffled, paired rounds, its rows appended to trials.csv like any experiment's;
+the closing measurement is the plan `recipe` (baseline `naive`, each prefix of the stack and
+each leave-one-out recipe). Results: recipe.csv (waterfall, ablation, every step's
+comparisons, the options set aside), recipe.yaml (the final recipe per model, as overrides).
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from speedbench import search
+from speedbench.config import REFERENCE_MODELS, ConfigError, ModelSpec, Plan, build_plan
+
+CLOSING = "recipe"
+RECIPE_COLUMNS = ["model", "table", "step", "label", "option", "group", "speedup", "lo", "hi",
+                  "verdict", "step_gain", "step_lo", "step_hi", "rounds", "status", "overrides"]
+
+
+def is_recipe(cfg: DictConfig) -> bool:
+    return bool(OmegaConf.select(cfg, "recipe.candidates"))
+
+
+# --- config -> candidate groups ------------------------------------------------------------------
+def parse_groups(cfg: DictConfig) -> list[search.Group]:
+    """`recipe.candidates` as search groups: {group: {naive: {...}, options: {name: {...}},
+    trades_memory: bool}}. Raises ConfigError naming the key."""
+    raw = OmegaConf.to_container(cfg.recipe.candidates, resolve=True)
+    groups = []
+    for name, spec in raw.items():
+        where = f"recipe.candidates.{name}"
+        if not isinstance(spec, dict) or not isinstance(spec.get("options"), dict) \
+                or not spec["options"]:
+            raise ConfigError(f"{where}: must be a mapping with `options` (name -> recipe "
+                              "overrides), optional `naive` overrides and `trades_memory`")
+        unknown = set(spec) - {"naive", "options", "trades_memory"}
+        if unknown:
+            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key; known keys: naive, "
+                              "options, trades_memory")
+        options = []
+        for opt, overrides in spec["options"].items():
+            if not isinstance(overrides, dict) or not overrides:
+                raise ConfigError(f"{where}.options.{opt}: must be a non-empty mapping of recipe "
+                                  "keys to values")
+            options.append(search.Option(name, str(opt), _flat(overrides)))
+        groups.append(search.Group(name, options, naive=_flat(spec.get("naive") or {}),
+                                   trades_memory=bool(spec.get("trades_memory", False))))
+    return groups
+
+
+def _flat(mapping: dict, prefix: str = "") -> dict:
+    """{'data': {'num_workers': 2}} -> {'data.num_workers': 2}; dotted keys kept."""
+    out = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def step_plan(cfg: DictConfig, spec_entry: Any, recipes: dict[str, dict], baseline: str,
+              experiment: str) -> Plan:
+    """An ordinary plan for one model whose variants are `recipes` (validated by build_plan)."""
+    step = cfg.copy()
+    OmegaConf.set_struct(step, False)
+    step.variants = {label: dict(overrides) for label, overrides in recipes.items()}
+    step.baseline = baseline
+    step.model = spec_entry
+    step.recipe.candidates = {}
+    OmegaConf.set_struct(step, True)
+    return build_plan(step, experiment)
+
+
+def check(cfg: DictConfig, plan: Plan, dist_env) -> list[search.Group]:
+    """Everything the search could run is a valid recipe: the naive one and every option on top
+    of it (interactions between options are merged key by key and checked as they come).
+    Raises ConfigError before anything trains."""
+    if dist_env is not None:
+        raise ConfigError("recipe: run the recipe search without torchrun; it launches torchrun "
+                          "itself for the candidates that need several processes")
+    budget = cfg.recipe.budget_s
+    if budget is not None and not budget > 0:
+        raise ConfigError(f"recipe.budget_s: {budget} is out of range; it must be > 0, or null")
+    mem = cfg.recipe.max_memory_mb
+    if mem is not None and not mem > 0:
+        raise ConfigError(f"recipe.max_memory_mb: {mem} is out of range; it must be > 0, or null")
+    groups = parse_groups(cfg)
+    unknown = [name for name in cfg.recipe.skip if name not in {g.name for g in groups}]
+    if unknown:
+        raise ConfigError(f"recipe.skip: '{unknown[0]}' is not a candidate group; choose from "
+                          + ", ".join(g.name for g in groups))
+    naive = {k: v for g in groups for k, v in g.naive.items()}
+    recipes = {"naive": naive}
+    for g in groups:
+        for o in g.options:
+            recipes[f"{g.name}.{o.name}"] = {**naive, **o.overrides}
+    try:
+        step_plan(cfg, _entry(cfg, plan.models[0]), recipes, "naive", CLOSING)
+    except ConfigError as exc:
+        raise ConfigError(f"recipe.candidates: {exc}") from None
+    return groups
+
+
+def _entry(cfg: DictConfig, spec: ModelSpec) -> Any:
+    """The `model` entry that names this spec (a reference name or a `_target_` mapping)."""
+    entry = cfg.model
+    if entry is None or isinstance(entry, str):
+        return spec.name
+    entries = list(entry) if OmegaConf.is_list(entry) else [entry]
+    for i, e in enumerate(entries):
+        if (isinstance(e, str) and e == spec.name) or (not isinstance(e, str) and spec.name in (
+                "custom", f"custom{i}")):
+            return e if isinstance(e, str) else OmegaConf.to_container(e)
+    return spec.name
+
+
+# --- the measurer: a search step as an ordinary plan ----------------------------------------------
+class TrialMeasurer:
+    """search.Measurer over run.execute: rows go to the run's trials.csv as they end."""
+
+    def __init__(self, cfg: DictConfig, spec: ModelSpec, run_dir: Path, writer, progress: bool,
+                 execute):
+        self.cfg, self.spec, self.run_dir, self.writer = cfg, spec, run_dir, writer
+        self.progress, self.execute = progress, execute
+
+    def __call__(self, recipes: dict[str, dict], *, step: str,
+                 time_left_s: Optional[float]) -> dict[str, search.Arm]:
+        baseline = next(iter(recipes))
+        experiment = CLOSING if step == "closing" else f"recipe-{step.replace(' ', '')}"
+        plan = step_plan(self.cfg, _entry(self.cfg, self.spec), recipes, baseline, experiment)
+        plan.models = [next(m for m in plan.models if m.name == self.spec.name)]
+        if time_left_s is not None:  # adaptive rounds may not outrun the search's budget
+            for recipe in plan.variants.values():
+                recipe.bench.time_budget_s = max(1.0, min(recipe.bench.time_budget_s,
+                                                          time_left_s / 2))
+        start = len(self.writer.rows)
+        self.execute(plan, self.run_dir, self.progress, None, self.writer)
+        return arms_from_rows(self.writer.rows[start:], list(recipes))
+
+
+def arms_from_rows(rows: list[dict], labels: list[str]) -> dict[str, search.Arm]:
+    """trials.csv rows of one plan -> per variant: status and throughput per round."""
+    frame = pd.DataFrame(rows)
+    key = "round" if "round" in frame and frame["round"].notna().any() else "trial"
+    arms = {}
+    for label in labels:
+        g = frame[frame["variant"] == label] if len(frame) else frame
+        if g.empty:
+            arms[label] = search.Arm("error: not measured")
+            continue
+        ok = g[g["status"] == "ok"]
+        if ok.empty:
+            arms[label] = search.Arm(str(g["status"].iloc[0]))
+            continue
+        rounds = int(pd.to_numeric(frame[key], errors="coerce").max()) + 1
+        per_round = [math.nan] * rounds
+        for r, tp in zip(pd.to_numeric(ok[key], errors="coerce"), ok["samples_per_s"]):
+            if math.isfinite(r):
+                per_round[int(r)] = float(tp)
+        mem = pd.to_numeric(ok.get("peak_mem_mb", pd.Series(dtype=float)), errors="coerce")
+        arms[label] = search.Arm("ok", per_round, float(mem.median()) if len(mem) else math.nan)
+    return arms
+
+
+# --- the whole search for one plan ------------------------------------------------------------------
+def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Path, writer,
+            progress: bool, execute_plan, cannot_act_for) -> dict[str, search.SearchResult]:
+    """The search for every model of the plan; recipe.csv and recipe.yaml written as each model
+    ends. `execute_plan` is run.execute; `cannot_act_for(spec)` returns the n/a check."""
+    results = {}
+    min_gain = cfg.recipe.min_gain
+    if min_gain is None:
+        min_gain = OmegaConf.select(cfg, "bench.noise_threshold", default=0.02)
+    skipped = [g for g in groups if g.name in cfg.recipe.skip]
+    for spec in plan.models:
+        naive, kept, notes = search.restrict_naive(groups, cannot_act_for(spec))
+        kept = [g for g in kept if g not in skipped]
+        if skipped:
+            notes.append("not candidates (recipe.skip): " + ", ".join(g.name for g in skipped)
+                         + "; their naive setting stays")
+
+        def say(msg: str, model: str = spec.name) -> None:
+            if progress:
+                print(f"recipe {model}: {msg}", file=sys.stderr, flush=True)
+
+        measurer = TrialMeasurer(cfg, spec, run_dir, writer, progress, execute_plan)
+        result = search.search(kept, naive, measurer, budget_s=cfg.recipe.budget_s,
+                               max_memory_mb=cfg.recipe.max_memory_mb, min_gain=min_gain,
+                               progress=say)
+        result.notes[:0] = notes
+        say(f"done in {result.elapsed_s:.0f} s: {result.stopped}")
+        results[spec.name] = result
+        write_outputs(run_dir, results)
+    return results
+
+
+def result_rows(model: str, r: search.SearchResult) -> list[dict]:
+    """One SearchResult as recipe.csv rows (tables: waterfall, ablation, step, excluded, note)."""
+    rows = []
+    for i, w in enumerate(r.waterfall):
+        rows.append({"model": model, "table": "waterfall", "step": i, **{
+            k: w.get(k, math.nan) for k in ("label", "option", "speedup", "lo", "hi", "verdict",
+                                            "step_gain", "step_lo", "step_hi")}})
+    for a in r.ablation:
+        rows.append({"model": model, "table": "ablation", "label": f"without {a['option']}",
+                     "option": a["option"], "group": a["group"], "speedup": a["marginal"],
+                     "lo": a["lo"], "hi": a["hi"], "verdict": a["verdict"],
+                     "step_gain": a["step_gain"], "overrides": _yaml_inline(a["overrides"])})
+    for s in r.steps:
+        for c in s.comparisons.values():
+            rows.append({"model": model, "table": "step", "step": s.index, "label": c.label,
+                         "option": c.label, "speedup": c.speedup, "lo": c.lo, "hi": c.hi,
+                         "verdict": ("chosen" if c.label == s.chosen else c.verdict),
+                         "rounds": c.rounds, "status": "ok"})
+    for label, status in r.excluded.items():
+        rows.append({"model": model, "table": "excluded", "label": label, "option": label,
+                     "status": status})
+    for o in r.chosen:
+        rows.append({"model": model, "table": "chosen", "label": o.label, "option": o.label,
+                     "group": o.group, "overrides": _yaml_inline(dict(o.overrides))})
+    rows.append({"model": model, "table": "stopped", "label": r.stopped,
+                 "speedup": r.elapsed_s})
+    for note in r.notes:
+        rows.append({"model": model, "table": "note", "label": note})
+    return rows
+
+
+def _yaml_inline(d: dict) -> str:
+    return yaml.safe_dump(d, default_flow_style=True, sort_keys=False).strip()
+
+
+def write_outputs(run_dir: Path, results: dict[str, search.SearchResult]) -> None:
+    rows = [row for model, r in results.items() for row in result_rows(model, r)]
+    pd.DataFrame(rows, columns=RECIPE_COLUMNS).to_csv(run_dir / "recipe.csv", index=False)
+    (run_dir / "recipe.yaml").write_text(recipe_yaml(results))
+
+
+def recipe_yaml(results: dict[str, search.SearchResult]) -> str:
+    """The final recipe per model as overrides speedbench accepts back, with the command."""
+    lines = ["# The best recipe found per model on this machine (speedbench +experiment=recipe).",
+             "# Re-run one with:  python -m speedbench model=<model> <its overrides>"]
+    doc = {}
+    for model, r in results.items():
+        last = r.waterfall[-1]
+        args = [f"{k}={_cli(v)}" for k, v in r.final.items()]
+        doc[model] = {
+            "overrides": dict(r.final),
+            "chosen": [o.label for o in r.chosen],
+            "speedup_over_naive": _num(last.get("speedup")),
+            "ci": [_num(last.get("lo")), _num(last.get("hi"))],
+            # a user's _target_ model is named `custom`: give its model= config yourself
+            "command": "python -m speedbench " + " ".join(
+                [f"model={model}" if model in REFERENCE_MODELS else "model=<your model config>"]
+                + args),
+        }
+    return "\n".join(lines) + "\n" + yaml.safe_dump(doc, sort_keys=False)
+
+
+def _cli(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _num(x) -> Optional[float]:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return round(x, 4) if math.isfinite(x) else None
+
+
+def cannot_act_for(cfg: DictConfig, not_applicable, dist_env=None):
+    """spec -> (overrides -> 'n/a: ...' or None): whether a recipe can act on this model here,
+    asked of a freshly built model by `not_applicable` (run.not_applicable, as before a plan's
+    first round)."""
+    def for_spec(spec: ModelSpec):
+        def cannot(overrides: dict) -> Optional[str]:
+            plan = step_plan(cfg, _entry(cfg, spec), {"probe": overrides}, "probe", "probe")
+            plan.models = [m for m in plan.models if m.name == spec.name]
+            return not_applicable(plan, plan.models[0], dist_env).get("probe")
+        return cannot
+    return for_spec
+
+
+# --- diagnosis that closes the loop: a finding's knob measured before it is recommended ---------
+CHECK_BUDGET_S = 60.0  # per finding checked: the rounds beyond bench.repeats stop there
+
+
+def parse_knob(knob: str) -> dict:
+    """'data.num_workers=2 data.persistent_workers=true' -> overrides (YAML-typed values)."""
+    out = {}
+    for part in str(knob).split():
+        if "=" in part:
+            key, value = part.split("=", 1)
+            out[key] = yaml.safe_load(value)
+    return out
+
+
+def check_findings(plans: list[Plan], run_dir: Path, writer, progress: bool, execute_plan,
+                   alpha: float = 0.05) -> Optional[pd.DataFrame]:
+    """For every finding of findings.csv that suggests a knob: the variant as it ran vs the same
+    with the knob set, side by side in paired rounds (experiment `check-<experiment>`, profile
+    off), the suggestion's effect with a CI Bonferroni-adjusted over the run's checks. The
+    finding gets a `check` column: "measured 0.82x [0.75, 0.90] here, not recommended"."""
+    path = Path(run_dir) / "findings.csv"
+    if not path.is_file():
+        return None
+    findings = pd.read_csv(path)
+    todo = findings[findings["knob"].fillna("-").astype(str).str.contains("=")]
+    if todo.empty:
+        return findings
+    by_experiment = {p.experiment: p for p in plans}
+    keys = list(dict.fromkeys(zip(todo["experiment"], todo["model"], todo["variant"],
+                                  todo["knob"])))
+    ratios: dict[tuple, Any] = {}
+    status: dict[tuple, str] = {}
+    for experiment, model, variant, knob in keys:
+        plan = by_experiment.get(experiment)
+        spec = next((m for m in plan.models if m.name == model), None) if plan else None
+        if spec is None or variant not in (plan.config.variants or {"default": {}}):
+            status[(experiment, model, variant, knob)] = "not checked: its plan is unknown"
+            continue
+        raw = OmegaConf.to_container((plan.config.variants or {}).get(variant) or {},
+                                     resolve=True)
+        # unprofiled; adaptive rounds capped, so that checks stay a small part of the run
+        ran = {**_flat(raw), "profile": "off", "bench.time_budget_s": CHECK_BUDGET_S}
+        recipes = {"as run": ran, "suggested": {**ran, **parse_knob(knob)}}
+        if progress:
+            print(f"checking the finding's suggestion {knob} on {model}/{variant}",
+                  file=sys.stderr, flush=True)
+        try:
+            step = step_plan(plan.config, _entry(plan.config, spec), recipes, "as run",
+                             f"check-{experiment}")
+        except ConfigError as exc:
+            status[(experiment, model, variant, knob)] = f"not checked: {exc}"
+            continue
+        step.models = [m for m in step.models if m.name == model]
+        start = len(writer.rows)
+        execute_plan(step, run_dir, progress, None, writer)
+        arms = arms_from_rows(writer.rows[start:], list(recipes))
+        if arms["suggested"].status != "ok" or arms["as run"].status != "ok":
+            bad = arms["suggested"] if arms["suggested"].status != "ok" else arms["as run"]
+            status[(experiment, model, variant, knob)] = f"not measured here ({bad.status})"
+            continue
+        ratios[(experiment, model, variant, knob)] = search.paired_ratios(arms["suggested"],
+                                                                          arms["as run"])
+    threshold = float(OmegaConf.select(plans[0].config, "bench.noise_threshold", default=0.02))
+    compared = search.bonferroni_compare(ratios, alpha, threshold)
+    for key, (s, lo, hi, verdict) in compared.items():
+        effect = f"{s:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else "")
+        status[key] = f"measured {effect} here, " + {
+            search.FASTER: "recommended", search.SLOWER: "slower here, not recommended",
+            search.EQUIVALENT: "no difference here, not recommended"}.get(
+                verdict, "not settled by this check")
+    findings["check"] = [
+        status.get((r.experiment, r.model, r.variant, r.knob), "-") for r in findings.itertuples()]
+    findings.to_csv(path, index=False)
+    return findings

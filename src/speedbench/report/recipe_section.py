@@ -1,0 +1,113 @@
+"""The recipe search's section of a report (from recipe.csv and recipe.yaml; no torch).
+
+Per model: the waterfall (figure and table), the ablation, what to change in your own loop,
+the command that re-runs the final recipe, and how the search went step by step.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from speedbench.report import plots, snippets, waterfall
+from speedbench.report.document import Document, slug
+
+METHOD = ("The search starts from the naive recipe (the articles' before-code, where it can act "
+          "here) and adds, step by step, the option with the largest significant gain on top of "
+          "what it has: every remaining option and the current recipe are measured side by side "
+          "in shuffled, paired rounds; each option's gain is the geometric mean of its per-round "
+          "ratios to the current recipe, with a t interval Bonferroni-adjusted over that step's "
+          "options. It stops when no option is significantly faster, or when the time budget "
+          "would not cover the next step. A closing measurement then runs naive, each stage of "
+          "the stack and each leave-one-out recipe side by side: the cumulative speed-ups over "
+          "naive and each technique's contribution in the presence of the others. (The "
+          "experiment tables further down, recipe-step<N> and recipe, hold the same trials with "
+          "intervals adjusted over all of the run's comparisons at once: wider than those the "
+          "search decided each step with.)")
+
+
+def _ci(x, lo, hi) -> str:
+    try:
+        x, lo, hi = float(x), float(lo), float(hi)
+    except (TypeError, ValueError):
+        return "-"
+    if not math.isfinite(x):
+        return "-"
+    return f"{x:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
+
+
+def _text(value) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def add(doc: Document, recipe: pd.DataFrame, run_path: Path, out_dir: Path) -> None:
+    doc.heading("The best recipe for this machine")
+    doc.para(METHOD)
+    yaml_doc = {}
+    path = Path(run_path) / "recipe.yaml"
+    if path.is_file():
+        yaml_doc = yaml.safe_load(path.read_text()) or {}
+    for model, rows in recipe.groupby("model", sort=False):
+        tables = {name: g for name, g in rows.groupby("table", sort=False)}
+        doc.heading(f"Recipe: {model}", 3)
+        wf = tables.get("waterfall")
+        if wf is not None and len(wf):
+            fig_path = f"plots/recipe-{slug(model)}-waterfall.png"
+            plots.save(waterfall.figure(wf, str(model)), out_dir / fig_path)
+            doc.figures([(f"{model}: naive, then each technique the search added, then the "
+                          "final recipe: cumulative speed-up over naive with its adjusted CI.",
+                          fig_path)])
+            doc.table(pd.DataFrame({
+                "stage": wf["label"],
+                "speed-up over naive [CI]": [_ci(r.speedup, r.lo, r.hi) for r in wf.itertuples()],
+                "gain when added [CI]": [_ci(r.step_gain, r.step_lo, r.step_hi)
+                                         for r in wf.itertuples()],
+            }))
+        ab = tables.get("ablation")
+        if ab is not None and len(ab):
+            doc.para("Leave one out: the final recipe over the final recipe without each "
+                     "technique, i.e. what each contributes in the presence of the others.")
+            doc.table(pd.DataFrame({
+                "technique": ab["option"],
+                "contribution [CI]": [_ci(r.speedup, r.lo, r.hi) for r in ab.itertuples()],
+                "verdict": ab["verdict"].map(_text),
+                "gain when added": [_ci(r.step_gain, math.nan, math.nan) for r in ab.itertuples()],
+            }))
+        chosen = tables.get("chosen")
+        if chosen is not None and len(chosen):
+            doc.para("What to change in your own training loop:")
+            for r in chosen.itertuples():
+                overrides = yaml.safe_load(r.overrides) if isinstance(r.overrides, str) else {}
+                for title, code in snippets.for_overrides(overrides or {}):
+                    doc.code(code, f"{r.option}: {title}")
+        entry = yaml_doc.get(str(model)) if isinstance(yaml_doc, dict) else None
+        if isinstance(entry, dict) and entry.get("command"):
+            doc.para("Re-run the final recipe (recipe.yaml holds its overrides): "
+                     f"{entry['command']}")
+        steps = tables.get("step")
+        if steps is not None and len(steps):
+            log = steps.pivot_table(index="option", columns="step", values="speedup",
+                                    aggfunc="first", sort=False)
+            verdicts = steps.pivot_table(index="option", columns="step", values="verdict",
+                                         aggfunc="first", sort=False)
+            table = pd.DataFrame({"option": log.index})
+            for step in log.columns:
+                table[f"step {int(step)}"] = [
+                    "-" if pd.isna(log.loc[o, step]) else
+                    f"{log.loc[o, step]:.2f}x {verdicts.loc[o, step]}" for o in log.index]
+            doc.para("The search, step by step: each option's gain over the recipe of that step "
+                     "(chosen: added at that step).")
+            doc.table(table)
+        stopped = tables.get("stopped")
+        lines = []
+        if stopped is not None and len(stopped):
+            r = stopped.iloc[0]
+            lines.append(f"search stopped: {r['label']} (after {float(r['speedup']):.0f} s)")
+        for r in (tables.get("excluded") if tables.get("excluded") is not None
+                  else pd.DataFrame()).itertuples():
+            lines.append(f"set aside, not retried: {r.option}: {r.status}")
+        lines += [str(n) for n in (tables.get("note") if tables.get("note") is not None
+                                   else pd.DataFrame(columns=["label"]))["label"]]
+        doc.bullets(lines)

@@ -1,0 +1,287 @@
+"""The answer first: per model, what to use, what to skip, and what could not be tested here.
+
+Built from a run's summary (summary.csv rows) alone, so it works for every report, old runs
+included. Rules:
+- **use**: only variants whose verdict is `faster` (significant after the run's error control);
+  one per experiment (its variants are alternatives: fp16 or bf16, 1 or 2 workers), the
+  largest gain; never a non-significant result;
+- **skip**: slower ("0.82x, slower here"), equivalent or not significant ("no difference
+  here"), not settled by this run ("not settled here: 1.05x [0.91, 1.21]"), or stopped as
+  hopeless;
+- **could not test here**: n/a (with its reason), failures (oom, error, diverged), no baseline.
+Each `use` gain was measured alone against that experiment's plain-PyTorch baseline; stacking
+them is what `+experiment=recipe` measures.
+
+Never imports torch: report layer.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+# Verdict words: today's and those of the paired, error-controlled verdicts.
+FASTER, SLOWER = "faster", "slower"
+NO_DIFFERENCE = ("equivalent", "no significant difference")
+# Experiments whose variants are not training recipes (the profilers): nothing to advise.
+NOT_ADVICE = ("profile",)
+# Measurements made for something else: the recipe search's steps (advised from recipe.csv)
+# and the findings' checks (shown with the findings).
+MEASURED_FOR = ("recipe", "check-")
+
+
+@dataclass
+class Item:
+    technique: str
+    text: str
+    speedup: float = math.nan
+    effect: str = ""  # the speed-up with its CI, for the console
+    part: bool = False  # one technique of a recipe search's stack (the report lists it)
+
+
+@dataclass
+class Advice:
+    model: str
+    use: list[Item] = field(default_factory=list)
+    skip: list[Item] = field(default_factory=list)
+    untested: list[Item] = field(default_factory=list)
+    also_faster: dict[str, list[str]] = field(default_factory=dict)  # technique -> other variants
+    notes: list[str] = field(default_factory=list)  # what a recipe search set aside, and why
+
+
+def _ci(x: float, lo: float, hi: float) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    if lo is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"{x:.2f}x"
+    return f"{x:.2f}x [{lo:.2f}, {hi:.2f}]"
+
+
+def _get(row, name: str, default=math.nan):
+    value = row.get(name, default)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def technique_name(experiment: str, variant: str) -> str:
+    """`amp: bf16`; the variant alone when there is no experiment to name."""
+    if experiment in ("", "default", variant) or not isinstance(experiment, str):
+        return str(variant)
+    return f"{experiment}: {variant}"
+
+
+def memory_text(row: dict, baseline: dict | None) -> str:
+    """The memory cost of a variant: its peak over the baseline's, as a ratio."""
+    ratio = _get(row, "mem_ratio")
+    if not math.isfinite(ratio) and baseline is not None:
+        mine, base = _get(row, "peak_mem_mb"), _get(baseline, "peak_mem_mb")
+        if math.isfinite(mine) and math.isfinite(base) and base > 0:
+            ratio = mine / base
+    if not math.isfinite(ratio):
+        return "memory not measured"
+    if abs(ratio - 1) < 0.05:
+        return "same memory"
+    return f"memory {ratio:.2f}x"
+
+
+def _classify(row: dict) -> tuple[str, str]:
+    """(kind, text) of one non-baseline row: kind is use / skip / untested."""
+    status = str(row.get("status", "ok"))
+    verdict = str(row.get("verdict", ""))
+    effect = _ci(_get(row, "speedup"), _get(row, "speedup_lo"), _get(row, "speedup_hi"))
+    if status.startswith("n/a"):
+        return "untested", status.removeprefix("n/a:").strip() or "n/a"
+    if status != "ok":
+        if "slower" in status or status.startswith(("too slow", "hopeless", "stopped")):
+            return "skip", status
+        return "untested", f"failed here: {status}"
+    if verdict == FASTER:
+        return "use", effect
+    if verdict == SLOWER:
+        return "skip", f"{effect}, slower here"
+    if verdict in NO_DIFFERENCE:
+        return "skip", f"no difference here ({effect})"
+    if verdict == "no baseline":
+        return "untested", "no baseline to compare with"
+    return "skip", f"not settled here: {effect}" if effect != "-" else "not settled here"
+
+
+def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None) -> list[Advice]:
+    """One Advice per model of the summary, models in order of appearance. With a recipe
+    search's table (recipe.csv), its models are advised from the search instead."""
+    if summary is None or summary.empty:
+        return []
+    out: dict[str, Advice] = {}
+    searched = set()
+    if recipe is not None and len(recipe):
+        for model, rows in recipe.groupby("model", sort=False):
+            out[str(model)] = advise_recipe(str(model), rows, summary)
+            searched.add(str(model))
+    rows = [r for r in summary.to_dict("records") if str(r["model"]) not in searched]
+    baselines = {(r["experiment"], r["model"]): r for r in rows if _truthy(r.get("is_baseline"))}
+    per_technique: dict[tuple, list[tuple[dict, str, str]]] = {}
+    for r in rows:
+        advice = out.setdefault(str(r["model"]), Advice(str(r["model"])))
+        if r["experiment"] in NOT_ADVICE or str(r["experiment"]).startswith(MEASURED_FOR):
+            continue
+        base = baselines.get((r["experiment"], r["model"]))
+        if base is not None and str(base.get("status", "ok")) != "ok":
+            # no baseline: the whole experiment could not be measured; said once
+            if _truthy(r.get("is_baseline")):
+                advice.untested.append(Item(str(r["experiment"]), _classify(r)[1]))
+            continue
+        if _truthy(r.get("is_baseline")):
+            continue
+        kind, text = _classify(r)
+        per_technique.setdefault((r["model"], r["experiment"]), []).append((r, kind, text))
+    for (model, experiment), items in per_technique.items():
+        advice = out[str(model)]
+        winners = sorted([(r, t) for r, k, t in items if k == "use"],
+                         key=lambda x: -_get(x[0], "speedup"))
+        if winners:
+            best, text = winners[0]
+            name = technique_name(experiment, best["variant"])
+            memory = memory_text(best, baselines.get((experiment, model)))
+            advice.use.append(Item(name, f"{text}, {memory}", _get(best, "speedup"), text))
+            if len(winners) > 1:
+                advice.also_faster[name] = [f"{r['variant']} {_get(r, 'speedup'):.2f}x"
+                                            for r, _ in winners[1:]]
+        for r, kind, text in items:
+            name = technique_name(experiment, r["variant"])
+            if kind == "skip":
+                advice.skip.append(Item(name, text, _get(r, "speedup")))
+            elif kind == "untested":
+                advice.untested.append(Item(name, text))
+    for name, advice in out.items():
+        if name not in searched:  # a search's advice keeps its order: the recipe, then its parts
+            advice.use.sort(key=lambda i: -i.speedup)
+            advice.skip.sort(key=lambda i: i.speedup if math.isfinite(i.speedup) else math.inf)
+    return list(out.values())
+
+
+def advise_recipe(model: str, rows: pd.DataFrame, summary: pd.DataFrame) -> Advice:
+    """Advice from a recipe search: use the final stack (each technique with its marginal
+    contribution in the presence of the others), skip what the last step it was measured in
+    found not faster, could-not-test what was n/a or failed."""
+    advice = Advice(model)
+    table = {name: g for name, g in rows.groupby("table", sort=False)}
+    waterfall = table.get("waterfall", pd.DataFrame())
+    chosen = list(table.get("chosen", pd.DataFrame()).get("option", []))
+    if chosen and len(waterfall):
+        last = waterfall.iloc[-1].to_dict()
+        memory = "memory not measured"
+        closing = summary[(summary["experiment"] == "recipe") & (summary["model"] == model)] \
+            if "experiment" in summary else pd.DataFrame()
+        final = closing[closing["variant"] == " + ".join(chosen)]
+        naive = closing[closing["variant"] == "naive"]
+        if len(final):
+            memory = memory_text(final.iloc[0].to_dict(),
+                                 naive.iloc[0].to_dict() if len(naive) else None)
+        effect = _ci(_get(last, "speedup"), _get(last, "lo"), _get(last, "hi"))
+        advice.use.append(Item("the recipe " + " + ".join(chosen),
+                               f"{effect} over naive, {memory}", _get(last, "speedup"), effect))
+        ablation = {r["option"]: r for r in table.get("ablation", pd.DataFrame()).to_dict("records")}
+        for option in chosen:
+            a = ablation.get(option)
+            if a is not None and math.isfinite(_get(a, "speedup")):
+                effect = _ci(_get(a, "speedup"), _get(a, "lo"), _get(a, "hi"))
+                text = f"{effect} with the others ({a.get('verdict')})"
+            else:
+                w = waterfall[waterfall["option"] == option]
+                w = w.iloc[0].to_dict() if len(w) else {}
+                effect = _ci(_get(w, "step_gain"), _get(w, "step_lo"), _get(w, "step_hi"))
+                text = f"{effect} when added"
+            advice.use.append(Item(f"  {option}", text, math.inf, effect, part=True))
+    steps = table.get("step", pd.DataFrame())
+    if len(steps):
+        for option, g in steps.groupby("option", sort=False):
+            if option in chosen:
+                continue
+            last = g.sort_values("step").iloc[-1].to_dict()
+            kind, text = _classify({**last, "status": "ok", "speedup_lo": last.get("lo"),
+                                    "speedup_hi": last.get("hi")})
+            where = f" (step {int(last['step'])})"
+            advice.skip.append(Item(str(option), (text if kind != "use" else
+                                                  f"{text}, smaller than the option chosen")
+                                    + where, _get(last, "speedup")))
+    for r in table.get("excluded", pd.DataFrame()).to_dict("records"):
+        kind, text = _classify({"status": r.get("status"), "verdict": ""})
+        (advice.skip if kind == "skip" else advice.untested).append(Item(str(r["option"]), text))
+    advice.skip.sort(key=lambda i: i.speedup if math.isfinite(i.speedup) else math.inf)
+    advice.notes = [str(n) for n in table.get("note", pd.DataFrame()).get("label", [])]
+    return advice
+
+
+def _truthy(value) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
+STACKING = ("Each gain above was measured alone, against plain PyTorch; gains do not simply "
+            "multiply. `+experiment=recipe` measures the best combination on this machine.")
+
+
+def lines(advice: Advice) -> list[str]:
+    """The recommendation for one model as report bullets."""
+    out = []
+    for item in advice.use:
+        also = advice.also_faster.get(item.technique)
+        out.append(f"use: {item.technique}, {item.text}"
+                   + (f" (also faster: {', '.join(also)})" if also else ""))
+    if not advice.use:
+        out.append("use: nothing measured here was significantly faster than plain PyTorch")
+    out += [f"skip: {i.technique}, {i.text}" for i in advice.skip]
+    out += [f"could not test here: {i.technique}, {i.text}" for i in advice.untested]
+    out += [f"note: {n}" for n in advice.notes]
+    return out
+
+
+def add_section(doc, summary: pd.DataFrame, recipe: pd.DataFrame | None = None,
+                title: str = "Recommendation") -> None:
+    """The report's first section: per model, use / skip / could not test here."""
+    advice = advise(summary, recipe)
+    if not advice:
+        return
+    doc.heading(title)
+    for a in advice:
+        if len(advice) > 1:
+            doc.heading(f"{a.model}", 3)
+        doc.bullets(lines(a))
+    if any(len(a.use) > 1 and not a.notes and not a.use[0].technique.startswith("the recipe")
+           for a in advice):
+        doc.para(STACKING)
+
+
+def load_recipe(run_dir) -> pd.DataFrame | None:
+    """recipe.csv of a run directory (a recipe search), or None."""
+    from pathlib import Path
+
+    path = Path(run_dir) / "recipe.csv" if run_dir is not None else None
+    return pd.read_csv(path) if path is not None and path.is_file() else None
+
+
+def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3) -> list[str]:
+    """The same recommendation in a few lines: per model, the `use` list in full and the first
+    `width` skips and untested techniques, the rest counted."""
+    out = []
+    for a in advise(summary, load_recipe(run_dir)):
+        use = "; ".join(f"{i.technique} {i.effect}" for i in a.use if not i.part) or \
+            "nothing significantly faster"
+        out.append(f"{a.model}: use {use}")
+        for label, items in (("skip", a.skip), ("could not test", a.untested)):
+            if items:
+                shown = [f"{i.technique} ({_short(i.text)})" for i in items[:width]]
+                more = f" and {len(items) - width} more" if len(items) > width else ""
+                out.append(f"  {label}: {', '.join(shown)}{more}")
+    return (["Recommendation:"] + ["  " + line for line in out]) if out else []
+
+
+def _short(text: str) -> str:
+    """`0.82x, slower here` -> `0.82x slower`; reasons cut to their first clause."""
+    if text.startswith("no difference here"):
+        return "no difference"
+    if text.endswith("slower here"):
+        return text.split(" [")[0].split(",")[0] + " slower"
+    return text.split(" (")[0][:60]

@@ -1,0 +1,420 @@
+"""The best recipe for this machine: greedy forward selection, then leave-one-out ablation.
+
+Pure logic, no torch: everything it knows about training comes from a *measurer*, a callable
+that takes recipes (label -> overrides) and measures them side by side in shuffled rounds,
+returning per-round throughput per label (see `Measurer`). The real one runs speedbench's
+trials; the tests use a synthetic one with known effects and noise.
+
+The search:
+1. starts from the naive recipe (the "before" code of the speed-tip articles, restricted to
+   what can act here: see `restrict_naive`);
+2. each step measures every remaining candidate option on top of the current recipe, together
+   with the current recipe itself, in one measurement (paired rounds); per-round ratios to the
+   current recipe give each option's gain, with confidence intervals Bonferroni-adjusted over
+   that step's comparisons (family-wise error control);
+3. adds the option with the largest significant gain (the CI excludes 1 and the gain is at
+   least `min_gain`); options of one group are mutually exclusive, so the group leaves the pool;
+4. an option that was n/a, failed or was hopeless (its own measurer's verdict, or a CI
+   entirely below `hopeless_below`, 0.5x) is dropped for good, never retried;
+5. stops when no option is significantly faster, when the pool is empty, or when the next step
+   (and the closing measurement) would not fit in the time budget: it then keeps what it has
+   and says so;
+6. a closing measurement runs the naive recipe, each prefix of the chosen stack and each
+   leave-one-out recipe side by side, giving the waterfall (cumulative speed-up over naive,
+   paired, with CI) and the ablation (each chosen option's marginal contribution in the
+   presence of the others: final over final-without-it, with CI).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Protocol
+
+import numpy as np
+
+from speedbench import stats
+
+FASTER, SLOWER, EQUIVALENT, INCONCLUSIVE = stats.FASTER, stats.SLOWER, stats.EQUIVALENT, \
+    stats.INCONCLUSIVE
+NAIVE = "naive"
+Overrides = dict[str, Any]  # flat recipe keys (dotted for nested ones) -> values
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to apply a technique, e.g. group `precision`, name `bf16`."""
+
+    group: str
+    name: str
+    overrides: Mapping[str, Any]
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name.startswith(self.group) else f"{self.group}={self.name}"
+
+
+@dataclass
+class Group:
+    """Mutually exclusive options of one technique (fp16 vs bf16; 1, 2 or 4 workers).
+
+    `naive` holds the group's keys in the articles' "before" code; `trades_memory` marks
+    techniques that buy memory with time (checkpointing, accumulation): they are candidates
+    only when the user sets a memory limit.
+    """
+
+    name: str
+    options: list[Option]
+    naive: Mapping[str, Any] = field(default_factory=dict)
+    trades_memory: bool = False
+
+
+@dataclass
+class Arm:
+    """What a measurer returns per label: status and one throughput per round (NaN where that
+    round has none). Rounds are aligned across the labels of one measurement: that is the
+    pairing."""
+
+    status: str  # "ok", or why not: "n/a: ...", "error: ...", "oom", "hopeless: ..."
+    samples_per_s: list[float] = field(default_factory=list)
+    peak_mem_mb: float = math.nan
+
+
+class Measurer(Protocol):
+    def __call__(self, recipes: dict[str, Overrides], *, step: str,
+                 time_left_s: Optional[float]) -> dict[str, Arm]:
+        """Measure the recipes side by side, in rounds shuffled per round. `step` names the
+        search step (for progress and records); `time_left_s` may cut the rounds short."""
+
+
+@dataclass
+class Comparison:
+    label: str
+    speedup: float
+    lo: float
+    hi: float
+    verdict: str
+    rounds: int
+
+
+@dataclass
+class StepRecord:
+    """One step of the forward selection: every option's gain over the current recipe."""
+
+    index: int
+    base: Overrides
+    comparisons: dict[str, Comparison]  # option label -> its gain on top of `base`
+    chosen: Optional[str]
+    excluded: dict[str, str]  # option label -> status, found in this step
+    elapsed_s: float
+    level: float  # the per-comparison CI level after Bonferroni adjustment
+
+
+@dataclass
+class SearchResult:
+    naive: Overrides
+    chosen: list[Option]
+    final: Overrides
+    steps: list[StepRecord]
+    waterfall: list[dict]  # label, option, speedup, lo, hi (cumulative over naive), step_gain...
+    ablation: list[dict]  # option, marginal, lo, hi, verdict
+    excluded: dict[str, str]  # option label -> why it was dropped
+    stopped: str  # why forward selection ended
+    notes: list[str]
+    elapsed_s: float
+
+
+# --- statistics on paired rounds ---------------------------------------------------------------
+def paired_ratios(arm: Arm, reference: Arm) -> np.ndarray:
+    """Per-round ratios arm/reference, rounds where both measured."""
+    a = np.asarray(arm.samples_per_s, float)
+    b = np.asarray(reference.samples_per_s, float)
+    n = min(len(a), len(b))
+    a, b = a[:n], b[:n]
+    keep = np.isfinite(a) & np.isfinite(b) & (b > 0) & (a > 0)
+    return a[keep] / b[keep]
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student-t quantile p (> 0.5): stats.py's exact two-sided critical value."""
+    return stats.t_quantile(2 * p - 1, df)
+
+
+TRIM_FROM = 8  # rounds from which the interval is trimmed (then at least 5 degrees of freedom)
+
+
+def ratio_ci(ratios: np.ndarray, level: float, trim: float = 0.2) -> tuple[float, float, float]:
+    """Trimmed geometric mean of per-round ratios with Yuen's trimmed t interval on their logs
+    (NaN below 2 rounds).
+
+    A t interval rather than a bootstrap: a search step has few rounds, where a percentile
+    bootstrap is too narrow. Trimmed (20 % of the rounds each side, Tukey-McLaughlin / Yuen)
+    rather than plain: one stalled trial, in the reference's arm, moves every ratio of its
+    round, and a plain mean and variance would let that one round decide. Below TRIM_FROM
+    rounds trimming would cost too many degrees of freedom: plain t interval (as stats.py's)."""
+    logs = np.sort(np.log(np.asarray(ratios, float)))
+    n = len(logs)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    k = int(math.floor(trim * n)) if n >= TRIM_FROM else 0
+    centre = float(logs[k:n - k].mean())
+    if n < 2 or n - 2 * k < 2:
+        return float(np.exp(centre)), math.nan, math.nan
+    winsorized = np.clip(logs, logs[k], logs[n - k - 1])
+    se = winsorized.std(ddof=1) / ((1 - 2 * k / n) * math.sqrt(n))
+    half = t_quantile((1 + level) / 2, n - 2 * k - 1) * se
+    return float(np.exp(centre)), float(np.exp(centre - half)), float(np.exp(centre + half))
+
+
+def classify(speedup: float, lo: float, hi: float, threshold: float) -> str:
+    """faster / slower: the CI excludes 1 and the effect is beyond the threshold; equivalent:
+    the CI lies within +-threshold; inconclusive otherwise (stats.py's verdicts)."""
+    return stats.classify(speedup, lo, hi, threshold)
+
+
+Comparator = Callable[[dict[str, np.ndarray], float, float], dict[str, tuple[float, float, float, str]]]
+
+
+def bonferroni_compare(ratios: dict[str, np.ndarray], alpha: float,
+                       threshold: float) -> dict[str, tuple[float, float, float, str]]:
+    """Each label's (speed-up, lo, hi, verdict), CIs at level 1 - alpha/m over the m labels:
+    the family-wise error rate of the step's calls stays at most alpha."""
+    level = 1 - alpha / max(len(ratios), 1)
+    out = {}
+    for label, r in ratios.items():
+        s, lo, hi = ratio_ci(r, level)
+        out[label] = (s, lo, hi, classify(s, lo, hi, threshold))
+    return out
+
+
+# --- the candidates ---------------------------------------------------------------------------------
+def restrict_naive(groups: list[Group], cannot_act: Callable[[Overrides], Optional[str]],
+                   ) -> tuple[Overrides, list[Group], list[str]]:
+    """The naive recipe from the groups' "before" keys, each kept only where it can act here.
+
+    A group whose before-code cannot act here (tensors created on the host when host and device
+    are one) starts from its first option that can; the group is then no candidate. Returns the
+    naive overrides, the groups still searchable, and a note per group set aside."""
+    naive: Overrides = {}
+    kept, notes = [], []
+    for g in groups:
+        reason = cannot_act(dict(g.naive)) if g.naive else None
+        if reason is None:
+            naive.update(g.naive)
+            kept.append(g)
+            continue
+        usable = next((o for o in g.options if cannot_act(dict(o.overrides)) is None), None)
+        if usable is not None:
+            naive.update(usable.overrides)
+        notes.append(f"{g.name}: the before-code ({_fmt(g.naive)}) cannot act here "
+                     f"({reason.removeprefix('n/a: ')}); the naive recipe uses "
+                     + (_fmt(usable.overrides) if usable else "speedbench's default") + " instead")
+    return naive, kept, notes
+
+
+def eligible_groups(groups: list[Group], max_memory_mb: Optional[float]) -> list[Group]:
+    """Speed-for-memory techniques enter only under a memory limit."""
+    return [g for g in groups if not g.trades_memory or max_memory_mb is not None]
+
+
+def _fmt(overrides: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "nothing"
+
+
+def _apply(base: Overrides, *options: Option) -> Overrides:
+    out = dict(base)
+    for o in options:
+        out.update(o.overrides)
+    return out
+
+
+# --- the search ---------------------------------------------------------------------------------------
+@dataclass
+class Budget:
+    """The search's time budget and the cost model that keeps it: one recipe measured in one
+    measurement call costs about the mean seen so far."""
+
+    total_s: Optional[float]
+    clock: Callable[[], float] = time.monotonic
+    started: float = 0.0
+    spent_per_recipe: list[float] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.started = self.clock()
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def left(self) -> Optional[float]:
+        return None if self.total_s is None else self.total_s - self.elapsed()
+
+    def record(self, seconds: float, recipes: int) -> None:
+        self.spent_per_recipe.append(seconds / max(recipes, 1))
+
+    def estimate(self, recipes: int) -> float:
+        per = float(np.mean(self.spent_per_recipe)) if self.spent_per_recipe else 0.0
+        return per * recipes
+
+    def fits(self, recipes: int) -> bool:
+        left = self.left()
+        return left is None or self.estimate(recipes) <= left
+
+
+def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
+           budget_s: Optional[float] = None, max_memory_mb: Optional[float] = None,
+           alpha: float = 0.05, min_gain: float = 0.02, hopeless_below: float = 0.5,
+           compare: Comparator = bonferroni_compare,
+           progress: Callable[[str], None] = lambda msg: None,
+           clock: Callable[[], float] = time.monotonic) -> SearchResult:
+    """Greedy forward selection from `naive`, then the closing waterfall/ablation measurement."""
+    budget = Budget(budget_s, clock)
+    budget.start()
+    pool = {g.name: list(g.options) for g in eligible_groups(groups, max_memory_mb)}
+    excluded: dict[str, str] = {}
+    chosen: list[Option] = []
+    steps: list[StepRecord] = []
+    notes: list[str] = []
+    if max_memory_mb is None and any(g.trades_memory for g in groups):
+        notes.append("techniques that trade speed for memory ("
+                     + ", ".join(g.name for g in groups if g.trades_memory)
+                     + ") were not candidates: set recipe.max_memory_mb to let them in")
+    stopped = "no candidate left"
+    while any(pool.values()):
+        current = _apply(naive, *chosen)
+        options = [o for opts in pool.values() for o in opts]
+        # this step, then the closing measurement (naive, prefixes, leave-one-outs) must fit
+        closing = 2 * (len(chosen) + 1) + 1
+        if steps and not budget.fits(len(options) + 1 + closing):
+            stopped = (f"time budget: step {len(steps) + 1} ({len(options)} options) would need "
+                       f"about {budget.estimate(len(options) + 1):.0f} s plus "
+                       f"{budget.estimate(closing):.0f} s to close, "
+                       f"{max(budget.left(), 0):.0f} s were left")
+            break
+        progress(f"step {len(steps) + 1}: {len(options)} options on top of "
+                 f"{' + '.join(o.label for o in chosen) or 'naive'}")
+        recipes = {"current": current, **{o.label: _apply(current, o) for o in options}}
+        t0 = clock()
+        arms = measure(recipes, step=f"step {len(steps) + 1}", time_left_s=budget.left())
+        # cost per recipe measured (n/a ones cost nothing and are not measured again)
+        budget.record(clock() - t0, sum(a.status == "ok" for a in arms.values()))
+        ref = arms.get("current")
+        if ref is None or ref.status != "ok":
+            stopped = (f"the current recipe could not be measured in step {len(steps) + 1} "
+                       f"({ref.status if ref else 'missing'})")
+            break
+        found = {}
+        for o in options:
+            arm = arms.get(o.label)
+            if arm is None or arm.status != "ok":
+                found[o.label] = arm.status if arm else "error: not measured"
+        for label, status in found.items():
+            excluded[label] = status
+        for name in pool:
+            pool[name] = [o for o in pool[name] if o.label not in found]
+        ok = [o for o in options if o.label not in found]
+        fits = {o.label for o in ok if _fits_memory(arms[o.label], max_memory_mb)}
+        results = compare({o.label: paired_ratios(arms[o.label], ref) for o in ok}, alpha,
+                          min_gain)
+        comparisons = {lab: Comparison(lab, s, lo, hi, v, len(paired_ratios(arms[lab], ref)))
+                       for lab, (s, lo, hi, v) in results.items()}
+        # hopeless: surely less than half as fast; not worth another step's time
+        for c in comparisons.values():
+            if c.hi < hopeless_below:
+                excluded[c.label] = (f"hopeless: {c.speedup:.2f}x [{c.lo:.2f}, {c.hi:.2f}] "
+                                     f"in step {len(steps) + 1}, not retried")
+                found[c.label] = excluded[c.label]
+        for name in pool:
+            pool[name] = [o for o in pool[name] if o.label not in found]
+        winners = [c for c in comparisons.values() if c.verdict == FASTER and c.label in fits]
+        best = max(winners, key=lambda c: c.speedup, default=None)
+        steps.append(StepRecord(len(steps) + 1, current, comparisons, best and best.label, found,
+                                clock() - t0, 1 - alpha / max(len(comparisons), 1)))
+        if best is None:
+            stopped = "no remaining option was significantly faster"
+            break
+        option = next(o for o in ok if o.label == best.label)
+        chosen.append(option)
+        pool.pop(option.group)
+        progress(f"step {len(steps)}: added {option.label} ({best.speedup:.2f}x "
+                 f"[{best.lo:.2f}, {best.hi:.2f}])")
+    final = _apply(naive, *chosen)
+    waterfall, ablation = _close(naive, chosen, steps, measure, budget, alpha, min_gain, compare,
+                                 notes, progress)
+    return SearchResult(naive=naive, chosen=chosen, final=final, steps=steps,
+                        waterfall=waterfall, ablation=ablation, excluded=excluded,
+                        stopped=stopped, notes=notes, elapsed_s=budget.elapsed())
+
+
+def _fits_memory(arm: Arm, max_memory_mb: Optional[float]) -> bool:
+    return max_memory_mb is None or not (arm.peak_mem_mb > max_memory_mb)
+
+
+def _close(naive: Overrides, chosen: list[Option], steps: list[StepRecord], measure: Measurer,
+           budget: Budget, alpha: float, min_gain: float, compare: Comparator,
+           notes: list[str], progress) -> tuple[list[dict], list[dict]]:
+    """Waterfall and ablation from one closing measurement; the step gains stand in when it
+    cannot run (nothing chosen, or no time left)."""
+    step_gain = {s.chosen: s.comparisons[s.chosen] for s in steps if s.chosen}
+    waterfall = [{"label": NAIVE, "option": "", "speedup": 1.0, "lo": math.nan, "hi": math.nan,
+                  "step_gain": math.nan, "step_lo": math.nan, "step_hi": math.nan}]
+    for o in chosen:
+        g = step_gain[o.label]
+        waterfall.append({"label": f"+ {o.label}", "option": o.label, "speedup": math.nan,
+                          "lo": math.nan, "hi": math.nan, "step_gain": g.speedup,
+                          "step_lo": g.lo, "step_hi": g.hi})
+    if not chosen:
+        return waterfall, []
+    # labels people read in trials.csv: "naive", "bf16", "bf16 + workers=2", "without bf16"
+    prefix = [NAIVE] + [" + ".join(o.label for o in chosen[:i]) for i in range(1, len(chosen) + 1)]
+    without = {o.label: f"without {o.label}" for o in chosen}
+    recipes = {prefix[i]: _apply(naive, *chosen[:i]) for i in range(len(chosen) + 1)}
+    for o in chosen:
+        recipes[without[o.label]] = _apply(naive, *[c for c in chosen if c is not o])
+    unique = _unique(recipes)  # a prefix equals a leave-one-out (the last option's): once
+    if not budget.fits(len(set(unique.values()))):
+        notes.append("the closing measurement (cumulative speed-ups over naive and the ablation) "
+                     "did not fit in the time budget: the waterfall shows the products of the step "
+                     "gains, without CI, and there is no ablation")
+        cumulative = 1.0
+        for row in waterfall[1:]:
+            cumulative *= row["step_gain"]
+            row["speedup"] = cumulative
+        return waterfall, []
+    progress(f"closing: naive, {len(chosen)} prefixes and {len(chosen)} leave-one-out recipes")
+    t0 = budget.clock()
+    measured = measure({lab: recipes[lab] for lab in dict.fromkeys(unique.values())},
+                       step="closing", time_left_s=budget.left())
+    budget.record(budget.clock() - t0, len(measured))
+    arms = {lab: measured.get(unique[lab], Arm("error: not measured")) for lab in recipes}
+    base, final = arms[NAIVE], arms[prefix[-1]]
+    if not (base.status == "ok" and final.status == "ok"):
+        notes.append("the closing measurement failed for the naive or the final recipe: "
+                     "no cumulative speed-ups, no ablation")
+        return waterfall, []
+    cum = compare({prefix[i]: paired_ratios(arms[prefix[i]], base)
+                   for i in range(1, len(chosen) + 1) if arms[prefix[i]].status == "ok"},
+                  alpha, min_gain)
+    for i, row in enumerate(waterfall[1:], start=1):
+        if prefix[i] in cum:
+            row["speedup"], row["lo"], row["hi"], row["verdict"] = cum[prefix[i]]
+    # marginal contribution: final / final-without-it, paired
+    marg = compare({o.label: paired_ratios(final, arms[without[o.label]]) for o in chosen
+                    if arms[without[o.label]].status == "ok"}, alpha, min_gain)
+    ablation = []
+    for o in chosen:
+        s, lo, hi, v = marg.get(o.label, (math.nan, math.nan, math.nan,
+                                         arms[without[o.label]].status))
+        ablation.append({"option": o.label, "group": o.group, "marginal": s, "lo": lo, "hi": hi,
+                         "verdict": v, "step_gain": step_gain[o.label].speedup,
+                         "overrides": dict(o.overrides)})
+    return waterfall, ablation
+
+
+def _unique(recipes: dict[str, Overrides]) -> dict[str, str]:
+    """label -> the first label with identical overrides (measured once, in its place)."""
+    first: dict[tuple, str] = {}
+    out = {}
+    for label, overrides in recipes.items():
+        key = tuple(sorted((k, repr(v)) for k, v in overrides.items()))
+        out[label] = first.setdefault(key, label)
+    return out

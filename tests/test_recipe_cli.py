@@ -1,0 +1,128 @@
+"""`+experiment=recipe` through the CLI on the tiny transformer, and its config checks."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import TINY, compose_cfg, only_run_dir, run_cli
+from speedbench import recipe
+from speedbench.config import ConfigError, build_plan
+
+# Two cheap candidate groups are enough to exercise the search, the closing measurement and
+# the outputs; the others are deleted from the experiment (Hydra's ~key).
+FEW = [f"~recipe.candidates.{group}" for group in (
+    "parallel", "workers", "accumulation", "pinning", "memory_format", "optimizer",
+    "matmul_precision", "cudnn_benchmark", "attention", "compile", "checkpointing")] + \
+    ["recipe.skip=[]"]
+
+
+def _check(*overrides: str):
+    cfg = compose_cfg(*TINY, "model=transformer", *overrides, experiment="recipe")
+    return recipe.check(cfg, build_plan(cfg, "recipe"), None)
+
+
+def test_candidates_are_checked_before_anything_runs():
+    groups = _check()
+    assert {"precision", "workers", "sync"} <= {g.name for g in groups}
+    assert next(g for g in groups if g.name == "accumulation").trades_memory
+    with pytest.raises(ConfigError, match=r"recipe.budget_s: -1.0 is out of range"):
+        _check("recipe.budget_s=-1")
+    with pytest.raises(ConfigError, match=r"recipe.candidates: variants.precision.fp8.precision: "
+                                          r"'fp8' is not allowed"):
+        _check("+recipe.candidates.precision.options.fp8.precision=fp8")
+    with pytest.raises(ConfigError, match=r"recipe.candidates.sync.colour: unknown key"):
+        _check("+recipe.candidates.sync.colour=red")
+    with pytest.raises(ConfigError, match=r"recipe.skip: 'colour' is not a candidate group"):
+        _check("recipe.skip=[colour]")
+
+
+def test_bad_candidate_fails_in_one_line(tmp_path):
+    out = run_cli(*TINY, "+experiment=recipe", "model=transformer", f"out_dir={tmp_path}",
+                  "+recipe.candidates.precision.options.fp8.precision=fp8", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "fp8" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.rglob("trials.csv"))
+
+
+@pytest.mark.slow
+def test_recipe_run_end_to_end(tmp_path):
+    out = run_cli(*TINY, "+experiment=recipe", "model=transformer", "bench.repeats=3",
+                  "recipe.budget_s=240", f"out_dir={tmp_path}", *FEW, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    table = pd.read_csv(run_dir / "recipe.csv")
+    assert {"waterfall", "step", "stopped"} <= set(table["table"])
+    assert table[table["table"] == "waterfall"]["label"].iloc[0] == "naive"
+    steps = table[table["table"] == "step"]
+    assert set(steps["option"]) >= {"precision=bf16", "sync=deferred"}
+    assert steps["speedup"].notna().all()
+    chosen = list(table[table["table"] == "chosen"]["option"])
+    if chosen:  # the closing measurement ran: cumulative speed-ups and the ablation
+        assert set(table[table["table"] == "ablation"]["option"]) == set(chosen)
+        assert (run_dir / "plots" / "recipe-transformer-waterfall.png").is_file()
+    trials = pd.read_csv(run_dir / "trials.csv")
+    assert trials["experiment"].iloc[0] == "recipe-step1"
+    # the report leads with the recommendation; the console ends with it and the html path
+    md = (run_dir / "report.md").read_text()
+    assert md.split("\n## ")[1].startswith("Recommendation")
+    assert "## The best recipe for this machine" in md
+    assert "Recommendation:" in out.stdout
+    assert out.stdout.strip().splitlines()[-1].endswith(f"report: {(run_dir / 'report.html').resolve()}")
+    # recipe.yaml's overrides are accepted back by speedbench
+    final = yaml.safe_load((run_dir / "recipe.yaml").read_text())["transformer"]
+    assert final["overrides"]["precision"] in ("fp32", "bf16", "fp16")
+    args = [f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+            for k, v in final["overrides"].items()]
+    again = run_cli(*TINY, "model=transformer", "bench.repeats=1", *args,
+                    f"out_dir={tmp_path / 'again'}", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    rerun = pd.read_csv(only_run_dir(tmp_path / "again") / "trials.csv")
+    assert rerun["status"].eq("ok").all()
+    assert rerun["precision"].iloc[0] == final["overrides"]["precision"]
+
+
+def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
+    from speedbench import results, run
+
+    cfg = compose_cfg(*TINY, "model=transformer", experiment="sync")
+    plan = build_plan(cfg, "sync")
+    pd.DataFrame([{"experiment": "sync", "model": "transformer", "variant": "item",
+                   "symptom": "host reads of device values every step", "figure": "1 per step",
+                   "tip": "read the loss every K steps", "knob": "sync=deferred"},
+                  {"experiment": "sync", "model": "transformer", "variant": "item",
+                   "symptom": "model syncs", "figure": "-", "tip": "-", "knob": "-"}]
+                 ).to_csv(tmp_path / "findings.csv", index=False)
+    writer = results.TrialWriter(tmp_path / "trials.csv")
+    findings = recipe.check_findings([plan], tmp_path, writer, False, run.execute)
+    assert findings["check"].iloc[0].startswith("measured ")
+    assert findings["check"].iloc[0].endswith(("recommended", "not settled by this check"))
+    assert findings["check"].iloc[1] == "-"
+    rows = pd.DataFrame(writer.rows)
+    assert set(rows["experiment"]) == {"check-sync"}
+    assert set(rows["variant"]) == {"as run", "suggested"}
+    assert set(rows[rows["variant"] == "suggested"]["status"]) == {"ok"}
+    assert "check" in pd.read_csv(tmp_path / "findings.csv")
+    assert recipe.parse_knob("data.num_workers=2 data.persistent_workers=true") == \
+        {"data.num_workers": 2, "data.persistent_workers": True}
+
+
+def test_recipe_on_a_user_model_does_not_retry_what_failed(tmp_path):
+    """A `_target_` model that breaks under autocast: both precision options fail in step 1 and
+    are never measured again; the search goes on with the rest."""
+    from speedbench.run import run
+
+    model = ("model={_target_: fault_models.Tiny, fail: error_in_autocast, "
+             "dataset: {kind: images, image_size: 32, num_classes: 10}}")
+    cfg = compose_cfg(*TINY, model, "bench.repeats=3", "recipe.budget_s=120",
+                      f"out_dir={tmp_path}", *FEW, experiment="recipe")
+    run_dir = run(cfg, "recipe", progress=False)
+    table = pd.read_csv(run_dir / "recipe.csv")
+    excluded = table[table["table"] == "excluded"].set_index("option")["status"]
+    assert excluded["precision=bf16"].startswith("error: RuntimeError: this model breaks")
+    trials = pd.read_csv(run_dir / "trials.csv")
+    tried = trials[trials["variant"].str.startswith("precision")]
+    assert set(tried["experiment"]) == {"recipe-step1"}
+    final = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+    assert list(final) == ["custom"] and final["custom"]["overrides"]["precision"] == "fp32"

@@ -1,0 +1,191 @@
+"""The recommendation section from hand-made summaries: use / skip / could not test here."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pandas as pd
+
+from speedbench.report import recommend
+from speedbench.report.document import Document, to_markdown
+
+NAN = math.nan
+
+
+def row(experiment, model, variant, verdict, speedup=NAN, lo=NAN, hi=NAN, status="ok",
+        baseline=False, mem=100.0):
+    return {"experiment": experiment, "model": model, "variant": variant,
+            "is_baseline": baseline, "status": status, "samples_per_s": 10.0,
+            "speedup": speedup, "speedup_lo": lo, "speedup_hi": hi, "verdict": verdict,
+            "peak_mem_mb": mem}
+
+
+def summary() -> pd.DataFrame:
+    return pd.DataFrame([
+        row("amp", "vae", "fp32", "baseline", 1.0, baseline=True),
+        row("amp", "vae", "fp16", "slower", 0.02, 0.01, 0.03),
+        row("amp", "vae", "bf16", "faster", 1.28, 1.15, 1.40, mem=60.0),
+        row("workers", "vae", "w0", "baseline", 1.0, baseline=True),
+        row("workers", "vae", "w1", "faster", 1.10, 1.02, 1.20),
+        row("workers", "vae", "w2", "slower", 0.82, 0.75, 0.90),
+        row("workers", "vae", "w4", "inconclusive", 1.31, 0.95, 1.80),  # big but not significant
+        row("sync", "vae", "item", "baseline", 1.0, baseline=True),
+        row("sync", "vae", "deferred", "equivalent", 1.01, 0.99, 1.03),
+        row("pinning", "vae", "pageable", "baseline", 1.0, baseline=True),
+        row("pinning", "vae", "pinned", "n/a", status="n/a: pin_memory needs CUDA"),
+        row("tensor_creation", "vae", "host", "n/a", baseline=True,
+            status="n/a: tensor_creation=host needs an accelerator"),
+        row("tensor_creation", "vae", "device", "n/a", status="n/a: no baseline to compare with"),
+        row("accumulation", "vae", "k1", "baseline", 1.0, baseline=True),
+        row("accumulation", "vae", "k2", "oom", status="oom"),
+        row("profile", "vae", "simple", "baseline", 1.0, baseline=True),
+        row("profile", "vae", "pytorch", "faster", 1.5, 1.2, 1.8),
+        row("amp", "resnet", "fp32", "baseline", 1.0, baseline=True),
+        row("amp", "resnet", "bf16", "no significant difference", 1.27, 0.9, 1.6),
+    ])
+
+
+def test_use_only_significant_best_per_experiment():
+    by_model = {a.model: a for a in recommend.advise(summary())}
+    vae = by_model["vae"]
+    assert [i.technique for i in vae.use] == ["amp: bf16", "workers: w1"]
+    assert vae.use[0].text == "1.28x [1.15, 1.40], memory 0.60x"
+    # w4's 1.31x is larger than w1's but not significant: never called best
+    assert all("w4" not in i.technique for i in vae.use)
+    assert by_model["resnet"].use == []
+
+
+def test_skip_and_untested_say_why():
+    vae = {a.model: a for a in recommend.advise(summary())}["vae"]
+    skip = {i.technique: i.text for i in vae.skip}
+    assert skip["workers: w2"] == "0.82x [0.75, 0.90], slower here"
+    assert skip["sync: deferred"].startswith("no difference here")
+    assert skip["workers: w4"].startswith("not settled here: 1.31x")
+    untested = {i.technique: i.text for i in vae.untested}
+    assert untested["pinning: pinned"] == "pin_memory needs CUDA"
+    assert untested["tensor_creation"] == "tensor_creation=host needs an accelerator"
+    assert "tensor_creation: device" not in untested  # said once, for the experiment
+    assert untested["accumulation: k2"] == "failed here: oom"
+    assert not any(i.technique.startswith("profile") for i in vae.use + vae.skip + vae.untested)
+
+
+def test_section_and_console():
+    doc = Document("t")
+    recommend.add_section(doc, summary())
+    md = to_markdown(doc)
+    assert md.index("## Recommendation") < md.index("### vae") < md.index("use: amp: bf16")
+    assert "use: nothing measured here was significantly faster" in md  # resnet
+    assert "measured alone" in md
+    console = recommend.console_lines(summary())
+    assert console[0] == "Recommendation:"
+    assert any(line.strip().startswith("vae: use amp: bf16 1.28x [1.15, 1.40]") for line in console)
+    assert any("w2 (0.82x slower)" in line for line in console)
+    assert len(console) <= 8
+
+
+def test_old_verdict_words_and_empty():
+    assert recommend.advise(pd.DataFrame()) == []
+    old = pd.DataFrame([row("amp", "m", "fp32", "baseline", 1.0, baseline=True),
+                        row("amp", "m", "bf16", "too few trials", 1.3)])
+    a = recommend.advise(old)[0]
+    assert a.use == [] and a.skip[0].text == "not settled here: 1.30x"
+
+
+def test_report_layer_does_not_import_torch():
+    code = ("import sys; import speedbench.report.recommend, speedbench.report.waterfall, "
+            "speedbench.report.snippets; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_waterfall_figure(tmp_path):
+    from speedbench.report import waterfall
+    rows = pd.DataFrame([
+        {"model": "vae", "label": "naive", "speedup": 1.0, "lo": NAN, "hi": NAN, "step_gain": NAN},
+        {"model": "vae", "label": "+ precision=bf16", "speedup": 1.3, "lo": 1.2, "hi": 1.4,
+         "step_gain": 1.3},
+        {"model": "vae", "label": "+ workers=2", "speedup": 1.55, "lo": 1.4, "hi": 1.7,
+         "step_gain": 1.2},
+        {"model": "t", "label": "naive", "speedup": 1.0, "lo": NAN, "hi": NAN, "step_gain": NAN},
+        {"model": "t", "label": "+ sync=deferred", "speedup": NAN, "lo": NAN, "hi": NAN,
+         "step_gain": 1.1},  # closing measurement missing: drawn from the step gain
+    ])
+    figs = waterfall.figures(rows)
+    assert set(figs) == {"vae", "t"}
+    ax = figs["vae"].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()][-1] == "final"
+    assert any("1.55x" in t.get_text() for t in ax.texts)
+    assert any("1.10x" in t.get_text() for t in figs["t"].axes[0].texts)
+    from speedbench.report.plots import save
+    save(figs["vae"], tmp_path / "w.png")
+    assert (tmp_path / "w.png").stat().st_size > 1000
+
+
+def test_snippets_per_override():
+    from speedbench.report import snippets
+    got = snippets.for_overrides({"precision": "bf16", "data.num_workers": 2,
+                                  "data.persistent_workers": True, "sync": "deferred"})
+    titles = [t for t, _ in got]
+    assert titles[0].startswith("bf16") and "torch.bfloat16" in got[0][1]
+    assert "num_workers=2" in got[1][1] and "detach" in got[2][1]
+    assert snippets.for_overrides({"precision": "fp32", "data.num_workers": 0}) == []
+    values = {"precision": ["bf16", "fp16"], "data.num_workers": [1, 4], "data.pin_memory": [True],
+              "data.non_blocking": [True], "sync": ["deferred"], "tensor_creation": ["device"],
+              "empty_cache": [False], "accumulate": [4], "parallel": ["ddp", "fsdp"],
+              "compile": [True, "max-autotune"], "memory_format": ["channels_last"],
+              "matmul_precision": ["high"], "cudnn_benchmark": [True],
+              "optimizer.impl": ["foreach", "fused"], "checkpointing": ["blocks"],
+              "attention": ["flash"]}
+    assert set(values) == set(snippets.SNIPPETS)
+    for key, make in snippets.SNIPPETS.items():  # every snippet is Python
+        for value in values[key]:
+            title, code = make(value)
+            compile(code.replace("...", "pass"), key, "exec")
+
+
+def test_a_recipe_search_is_advised_from_recipe_csv():
+    rec = pd.DataFrame([
+        {"model": "vae", "table": "waterfall", "step": 0, "label": "naive", "speedup": 1.0},
+        {"model": "vae", "table": "waterfall", "step": 1, "label": "+ precision=bf16",
+         "option": "precision=bf16", "speedup": 1.3, "lo": 1.2, "hi": 1.4, "step_gain": 1.3},
+        {"model": "vae", "table": "waterfall", "step": 2, "label": "+ workers=w2",
+         "option": "workers=w2", "speedup": 1.5, "lo": 1.4, "hi": 1.6, "step_gain": 1.15},
+        {"model": "vae", "table": "ablation", "option": "precision=bf16", "speedup": 1.45,
+         "lo": 1.3, "hi": 1.6, "verdict": "faster"},
+        {"model": "vae", "table": "ablation", "option": "workers=w2", "speedup": 1.15,
+         "lo": 1.05, "hi": 1.25, "verdict": "faster"},
+        {"model": "vae", "table": "step", "step": 1, "option": "sync=deferred", "speedup": 1.2,
+         "lo": 0.9, "hi": 1.5, "verdict": "inconclusive"},
+        {"model": "vae", "table": "step", "step": 2, "option": "sync=deferred", "speedup": 0.8,
+         "lo": 0.7, "hi": 0.9, "verdict": "slower"},
+        {"model": "vae", "table": "step", "step": 1, "option": "precision=bf16", "speedup": 1.3,
+         "lo": 1.2, "hi": 1.4, "verdict": "chosen"},
+        {"model": "vae", "table": "excluded", "option": "pinning=pinned",
+         "status": "n/a: pin_memory needs CUDA"},
+        {"model": "vae", "table": "excluded", "option": "precision=fp16",
+         "status": "too slow: 38 s/step, 100x slower, stopped after 1 step"},
+        {"model": "vae", "table": "chosen", "option": "precision=bf16"},
+        {"model": "vae", "table": "chosen", "option": "workers=w2"},
+        {"model": "vae", "table": "note", "label": "accumulation was not a candidate"},
+    ])
+    summ = pd.concat([summary(), pd.DataFrame([
+        row("recipe", "vae", "naive", "baseline", 1.0, baseline=True, mem=100.0),
+        row("recipe", "vae", "precision=bf16 + workers=w2", "faster", 1.5, 1.4, 1.6, mem=70.0),
+        row("recipe-step1", "vae", "current", "baseline", 1.0, baseline=True)])])
+    advice = {a.model: a for a in recommend.advise(summ, rec)}
+    vae, resnet = advice["vae"], advice["resnet"]
+    assert vae.use[0].technique == "the recipe precision=bf16 + workers=w2"
+    assert vae.use[0].text == "1.50x [1.40, 1.60] over naive, memory 0.70x"
+    assert [i.technique.strip() for i in vae.use[1:]] == ["precision=bf16", "workers=w2"]
+    assert vae.use[1].text.startswith("1.45x [1.30, 1.60] with the others")
+    skip = {i.technique: i.text for i in vae.skip}
+    assert skip["sync=deferred"] == "0.80x [0.70, 0.90], slower here (step 2)"  # its last step
+    assert skip["precision=fp16"].startswith("too slow")
+    assert {i.technique: i.text for i in vae.untested} == {"pinning=pinned": "pin_memory needs CUDA"}
+    assert vae.notes == ["accumulation was not a candidate"]
+    assert resnet.use == []  # models outside the search keep the per-experiment advice
+    doc = Document("t")
+    recommend.add_section(doc, summ, rec)
+    md = to_markdown(doc)
+    assert "use: the recipe precision=bf16 + workers=w2" in md and "recipe-step1" not in md

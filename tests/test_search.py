@@ -1,0 +1,262 @@
+"""The recipe search against a synthetic measurer: known multiplicative effects, an interaction,
+paired rounds with drift, log-normal noise with heavy-tailed stalls. No training, no timing of
+this machine: every figure here is simulated, so the rates below are properties of the search."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from speedbench import search as S
+
+BASE_TP = 100.0
+
+
+class World:
+    """True throughput of a recipe = base x the product of its options' effects; `workers` only
+    helps once `precision=bf16` is in (data loading becomes the bottleneck). Each round draws a
+    drift shared by all arms (what pairing removes) and per-trial noise with occasional stalls."""
+
+    def __init__(self, effects: dict[tuple, float], seed: int, rounds: int = 8,
+                 sigma: float = 0.02, drift: float = 0.05, stall_p: float = 0.05,
+                 statuses: dict[tuple, str] | None = None, memory: dict[tuple, float] | None = None,
+                 interaction: bool = True, cost_s: float = 1.0):
+        self.effects, self.rounds, self.sigma, self.drift = effects, rounds, sigma, drift
+        self.stall_p, self.statuses, self.memory = stall_p, statuses or {}, memory or {}
+        self.interaction, self.cost_s = interaction, cost_s
+        self.rng = np.random.default_rng(seed)
+        self.now = 0.0
+        self.calls: list[dict] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def truth(self, recipe: dict) -> float:
+        tp = BASE_TP
+        for item in recipe.items():
+            key = (item[0], item[1])
+            effect = self.effects.get(key, 1.0)
+            if self.interaction and key[0] == "data.num_workers" and key[1] > 0 \
+                    and recipe.get("precision") != "bf16":
+                effect = 1.0  # workers pay only once compute got faster
+            tp *= effect
+        return tp
+
+    def __call__(self, recipes, *, step, time_left_s):
+        self.calls.append(dict(recipes))
+        arms = {}
+        drifts = np.exp(self.rng.normal(0, self.drift, self.rounds))
+        for label, recipe in recipes.items():
+            bad = next((s for k, s in self.statuses.items() if recipe.get(k[0]) == k[1]), None)
+            if bad:
+                arms[label] = S.Arm(bad)
+                self.now += 0.1
+                continue
+            noise = np.exp(self.rng.normal(0, self.sigma, self.rounds))
+            stalls = np.where(self.rng.random(self.rounds) < self.stall_p,
+                              self.rng.uniform(0.5, 0.9, self.rounds), 1.0)
+            tp = self.truth(recipe) * drifts * noise * stalls
+            mem = max([m for k, m in self.memory.items() if recipe.get(k[0]) == k[1]] or [100.0])
+            arms[label] = S.Arm("ok", list(tp), peak_mem_mb=mem)
+            self.now += self.cost_s * self.rounds
+        return arms
+
+
+def groups(*extra: S.Group) -> list[S.Group]:
+    return [
+        S.Group("precision", [S.Option("precision", "bf16", {"precision": "bf16"}),
+                              S.Option("precision", "fp16", {"precision": "fp16"})],
+                naive={"precision": "fp32"}),
+        S.Group("workers", [S.Option("workers", f"workers={n}", {"data.num_workers": n})
+                            for n in (1, 2, 4)], naive={"data.num_workers": 0}),
+        S.Group("sync", [S.Option("sync", "deferred", {"sync": "deferred"})],
+                naive={"sync": "item"}),
+        *extra,
+    ]
+
+
+NAIVE = {"precision": "fp32", "data.num_workers": 0, "sync": "item"}
+EFFECTS = {("precision", "bf16"): 1.3, ("precision", "fp16"): 0.6,
+           ("data.num_workers", 1): 1.1, ("data.num_workers", 2): 1.2,
+           ("data.num_workers", 4): 0.9, ("sync", "deferred"): 1.08}
+
+
+def run(world: World, grp=None, **kw) -> S.SearchResult:
+    return S.search(grp or groups(), NAIVE, world, clock=world.clock, **kw)
+
+
+@pytest.mark.parametrize("stall_p, rounds, rate", [(0.0, 8, 0.95), (0.05, 8, 0.7),
+                                                   (0.0, 5, 0.8)])
+def test_finds_the_recipe_with_an_interaction(stall_p, rounds, rate):
+    """Trials stall (run at 50-90 % speed) with probability stall_p: the trimmed interval
+    keeps most searches right; without stalls nearly all are; 5 rounds (plain t) suffice for
+    effects of 8 % and more when the machine is quiet."""
+    right = 0
+    for seed in range(40):
+        result = run(World(EFFECTS, seed, stall_p=stall_p, rounds=rounds))
+        labels = [o.label for o in result.chosen]
+        if set(labels) == {"precision=bf16", "workers=2", "sync=deferred"} and \
+                labels.index("precision=bf16") < labels.index("workers=2"):
+            right += 1
+    print(f"\nstalls {stall_p:.0%}, {rounds} rounds: right recipe, workers after bf16, "
+          f"in {right}/40 searches")
+    assert right >= rate * 40
+
+
+def test_interaction_workers_useless_before_bf16():
+    world = World(EFFECTS, seed=1, stall_p=0)
+    result = run(world)
+    first = result.steps[0].comparisons
+    assert first["workers=2"].verdict != S.FASTER  # no effect before bf16
+    assert result.chosen[0].label == "precision=bf16"
+    assert result.final == {"precision": "bf16", "data.num_workers": 2, "sync": "deferred"}
+
+
+def test_waterfall_and_ablation_bracket_the_truth():
+    covered_final, covered_marginal, n = 0, 0, 30
+    for seed in range(n):
+        world = World(EFFECTS, seed)
+        result = run(world)
+        if len(result.chosen) != 3:
+            continue
+        assert [w["label"] for w in result.waterfall][0] == S.NAIVE
+        last = result.waterfall[-1]
+        truth = world.truth(result.final) / world.truth(NAIVE)
+        covered_final += last["lo"] <= truth <= last["hi"]
+        for row in result.ablation:
+            without = {k: v for k, v in result.final.items()}
+            for o in result.chosen:
+                if o.label == row["option"]:
+                    without.update({k: NAIVE[k] for k in o.overrides})
+            covered_marginal += row["lo"] <= world.truth(result.final) / world.truth(without) \
+                <= row["hi"]
+    print(f"\nfinal CI covers the true {1.3 * 1.2 * 1.08:.3f}x: {covered_final}/{n}; "
+          f"marginal CIs cover the truth: {covered_marginal}/{3 * n}")
+    assert covered_final >= 0.85 * n
+    assert covered_marginal >= 0.85 * 3 * n
+    # bf16's marginal in the presence of workers includes the workers it unlocked
+    result = run(World(EFFECTS, seed=3))
+    marg = {r["option"]: r for r in result.ablation}
+    assert marg["precision=bf16"]["marginal"] > marg["precision=bf16"]["step_gain"]
+
+
+def null_groups(k: int) -> list[S.Group]:
+    return [S.Group(f"null{i}", [S.Option(f"null{i}", "on", {f"null{i}": True})],
+                    naive={f"null{i}": False}) for i in range(k)]
+
+
+@pytest.mark.parametrize("stall_p, rounds", [(0.0, 8), (0.15, 8), (0.0, 5), (0.05, 5)])
+def test_null_techniques_are_rarely_added(stall_p, rounds):
+    """Five techniques with no effect next to one real one: how often does the search add any
+    null one? Family-wise control per step keeps it near alpha (0.05)."""
+    runs, added, real = 300, 0, 0
+    grp = [groups()[2], *null_groups(5)]
+    for seed in range(runs):
+        world = World({("sync", "deferred"): 1.08}, seed, stall_p=stall_p, rounds=rounds)
+        result = S.search(grp, {"sync": "item", **{f"null{i}": False for i in range(5)}}, world,
+                          clock=world.clock)
+        added += any(o.group.startswith("null") for o in result.chosen)
+        real += any(o.group == "sync" for o in result.chosen)
+    print(f"\nstalls {stall_p:.0%}, {rounds} rounds: a null technique added in {added}/{runs} searches "
+          f"({added / runs:.1%}); the real 1.08x found in {real}/{runs}")
+    assert added / runs <= 0.05
+    if stall_p == 0:  # a quiet machine: the real effect is found in most searches
+        assert real / runs >= 0.8
+
+
+def test_failed_and_na_options_are_never_retried():
+    statuses = {("precision", "fp16"): "hopeless: 38 s/step, 100x slower, stopped after 1 step",
+                ("data.num_workers", 4): "error: RuntimeError: worker died",
+                ("pin", True): "n/a: pin_memory needs CUDA"}
+    pin = S.Group("pin", [S.Option("pin", "pin", {"pin": True})], naive={"pin": False})
+    world = World(EFFECTS, seed=2, statuses=statuses)
+    result = run(world, grp=groups(pin))
+    assert len(result.steps) >= 3
+    for label, key in (("precision=fp16", "precision"), ("workers=4", "data.num_workers"),
+                       ("pin", "pin")):
+        tried = sum(label in call for call in world.calls)
+        assert tried == 1, f"{label} measured in {tried} steps"
+        assert label in result.excluded
+    assert result.excluded["pin"].startswith("n/a")
+    assert "precision=fp16" not in [o.label for o in result.chosen]
+
+
+def test_hopeless_option_dropped_after_one_step():
+    effects = {**EFFECTS, ("precision", "fp16"): 0.05}  # fp16 on a CPU: 20x slower
+    world = World(effects, seed=4, stall_p=0)
+    result = run(world)
+    assert result.excluded["precision=fp16"].startswith("hopeless: 0.05x")
+    assert sum("precision=fp16" in call for call in world.calls) == 1
+
+
+def test_budget_is_respected_and_the_stop_said():
+    # each recipe costs 6 s (6 rounds x 1 s); step 1 measures 7 recipes = 42 s
+    world = World(EFFECTS, seed=0)
+    result = run(world, budget_s=80)
+    assert result.elapsed_s <= 80
+    assert result.stopped.startswith("time budget")
+    assert len(result.steps) == 1
+    # no closing measurement fitted either: the waterfall is the product of step gains, said so
+    assert any("did not fit" in n for n in result.notes) or result.ablation
+    messages = []
+    run(World(EFFECTS, seed=0), progress=messages.append)
+    assert messages[0].startswith("step 1:") and any(m.startswith("closing") for m in messages)
+
+
+def test_budget_large_enough_runs_to_the_end():
+    world = World(EFFECTS, seed=0)
+    result = run(world, budget_s=10_000)
+    assert result.stopped in ("no remaining option was significantly faster", "no candidate left")
+    assert result.ablation and result.elapsed_s <= 10_000
+
+
+def test_memory_trading_needs_a_limit():
+    ckpt = S.Group("checkpointing", [S.Option("checkpointing", "on", {"checkpointing": True})],
+                   naive={"checkpointing": False}, trades_memory=True)
+    effects = {**EFFECTS, ("checkpointing", True): 1.25}  # pretend it were faster
+    result = run(World(effects, seed=0), grp=groups(ckpt))
+    assert "checkpointing" not in {o.group for o in result.chosen}
+    assert any("recipe.max_memory_mb" in n for n in result.notes)
+    result = run(World(effects, seed=0), grp=groups(ckpt), max_memory_mb=500)
+    assert "checkpointing" in {o.group for o in result.chosen}
+    # an option over the memory limit is not chosen however fast
+    heavy = World(effects, seed=0, memory={("precision", "bf16"): 900})
+    result = run(heavy, grp=groups(ckpt), max_memory_mb=500)
+    assert "precision=bf16" not in [o.label for o in result.chosen]
+
+
+def test_naive_restricted_to_what_acts_here():
+    tc = S.Group("tensor_creation", [S.Option("tensor_creation", "device",
+                                              {"tensor_creation": "device"})],
+                 naive={"tensor_creation": "host"})
+
+    def cannot_act(overrides):
+        if overrides.get("tensor_creation") == "host":
+            return "n/a: host and device are one here"
+        return None
+
+    naive, kept, notes = S.restrict_naive(groups(tc), cannot_act)
+    assert naive["tensor_creation"] == "device"
+    assert "tensor_creation" not in [g.name for g in kept]
+    assert len(kept) == 3 and naive["sync"] == "item"
+    assert "host and device are one" in notes[0]
+
+
+def test_ratio_ci_and_t_quantile():
+    assert S.t_quantile(0.975, 4) == pytest.approx(2.7764, abs=1e-3)
+    assert S.t_quantile(0.975, 30) == pytest.approx(2.0423, abs=1e-3)
+    s, lo, hi = S.ratio_ci(np.array([1.1, 1.2, 1.15, 1.18]), 0.95)
+    assert lo < s < hi and s == pytest.approx(math.exp(np.log([1.1, 1.2, 1.15, 1.18]).mean()))
+    assert math.isnan(S.ratio_ci(np.array([1.1]), 0.95)[1])
+    assert S.classify(1.2, 1.1, 1.3, 0.02) == S.FASTER
+    assert S.classify(0.8, 0.7, 0.9, 0.02) == S.SLOWER
+    assert S.classify(1.0, 0.99, 1.01, 0.02) == S.EQUIVALENT
+    assert S.classify(1.05, 0.95, 1.15, 0.02) == S.INCONCLUSIVE
+
+
+def test_nothing_significant_keeps_naive():
+    world = World({}, seed=0)
+    result = run(world)
+    assert result.chosen == [] and result.final == NAIVE
+    assert result.waterfall == [result.waterfall[0]] and result.ablation == []
