@@ -335,8 +335,9 @@ def check_findings(plans: list[Plan], run_dir: Path, writer, progress: bool, exe
         if spec is None or variant not in (plan.config.variants or {"default": {}}):
             status[(experiment, model, variant, knob)] = "not checked: its plan is unknown"
             continue
-        raw = OmegaConf.to_container((plan.config.variants or {}).get(variant) or {},
-                                     resolve=True)
+        node = (plan.config.variants or {}).get(variant)  # an empty variant is falsy: {}
+        raw = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) \
+            else dict(node or {})
         # unprofiled; adaptive rounds capped, so that checks stay a small part of the run
         ran = {**_flat(raw), "profile": "off", "bench.time_budget_s": CHECK_BUDGET_S}
         recipes = {"as run": ran, "suggested": {**ran, **parse_knob(knob)}}

@@ -227,7 +227,7 @@ def speedup(summary: pd.DataFrame) -> plt.Figure:
     base = _order(summary.loc[summary["is_baseline"], "variant"])
     return forest(rows, "speed-up over baseline (x, log scale)",
                   f"Speed-up over the baseline ({', '.join(base) or 'none'}): paired rounds, "
-                  "CI adjusted for the run's comparisons (right of the dashed line = faster)")
+                  "adjusted CI (right of dashed line = faster)")
 
 
 @_styled

@@ -17,9 +17,13 @@ Never imports torch: report layer.
 from __future__ import annotations
 
 import math
+import shutil
+import textwrap
 from dataclasses import dataclass, field
 
 import pandas as pd
+
+from speedbench.report.numbers import ratio_ci
 
 # Verdict words: today's and those of the paired, error-controlled verdicts.
 FASTER, SLOWER = "faster", "slower"
@@ -50,12 +54,7 @@ class Advice:
     notes: list[str] = field(default_factory=list)  # what a recipe search set aside, and why
 
 
-def _ci(x: float, lo: float, hi: float) -> str:
-    if x is None or not math.isfinite(x):
-        return "-"
-    if lo is None or not (math.isfinite(lo) and math.isfinite(hi)):
-        return f"{x:.2f}x"
-    return f"{x:.2f}x [{lo:.2f}, {hi:.2f}]"
+_ci = ratio_ci
 
 
 def _get(row, name: str, default=math.nan):
@@ -275,7 +274,16 @@ def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3) -> list[s
                 shown = [f"{i.technique} ({_short(i.text)})" for i in items[:width]]
                 more = f" and {len(items) - width} more" if len(items) > width else ""
                 out.append(f"  {label}: {', '.join(shown)}{more}")
-    return (["Recommendation:"] + ["  " + line for line in out]) if out else []
+    if not out:
+        return []
+    # within the console table's width (100 columns, or the terminal's when narrower)
+    columns = max(60, min(100, shutil.get_terminal_size((100, 24)).columns))
+    wrapped = ["Recommendation:"]
+    for line in out:
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        wrapped += textwrap.wrap("  " + line, columns, subsequent_indent=indent,
+                                 break_long_words=True, break_on_hyphens=False)
+    return wrapped
 
 
 def _short(text: str) -> str:

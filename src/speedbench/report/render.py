@@ -23,15 +23,11 @@ from speedbench import stats
 from speedbench.report import capacity_section, plots, profile_section, recipe_section, recommend
 from speedbench.report import workers as workers_view
 from speedbench.report.document import Document, slug, write
+from speedbench.report.numbers import ratio_ci
 from speedbench.report.runs import Run, load_run
 
 
-def _ci(x, lo, hi, unit="x") -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    if lo is None or math.isnan(lo):
-        return f"{x:.2f}{unit}"
-    return f"{x:.2f}{unit} [{lo:.2f}, {hi:.2f}]"
+_ci = ratio_ci
 
 
 def _num(x, fmt="{:.1f}") -> str:
