@@ -37,9 +37,14 @@ def test_amp_trials_are_complete_and_consistent(amp_run):
     _, run_dir = amp_run
     trials = pd.read_csv(run_dir / "trials.csv")
     assert set(TRIAL_CONTRACT) <= set(trials.columns)
-    # 3 models x 3 variants x 2 trials, all measured on the CPU
-    assert len(trials) == 18
-    assert set(trials["status"]) == {"ok"}, trials[["model", "variant", "status"]]
+    # 3 models x 3 variants x 2 trials, measured on the CPU; fp16, tens of times slower than fp32
+    # on most CPUs, may be stopped as too slow after its probe's first steps: then one row
+    ok = trials[trials["variant"] != "fp16"]
+    assert len(ok) == 12 and set(ok["status"]) == {"ok"}, trials[["model", "variant", "status"]]
+    for _, fp16 in trials[trials["variant"] == "fp16"].groupby("model"):
+        assert list(fp16["status"]) == ["ok", "ok"] or \
+            (len(fp16) == 1 and fp16["status"].iloc[0].startswith("too slow: ")), fp16["status"]
+    trials = trials[trials["status"] == "ok"]
     assert set(trials["variant"]) == {"fp32", "fp16", "bf16"}
     assert (trials["samples_per_s"] > 0).all() and trials["final_loss"].notna().all()
     assert (trials["data_wait_frac"].between(0, 1)).all()
@@ -47,9 +52,11 @@ def test_amp_trials_are_complete_and_consistent(amp_run):
     per_step = trials["batch_size"] * trials["accumulate"]
     assert ((per_step / (trials["step_ms"] / 1000)) / trials["samples_per_s"]).sub(1).abs().max() < 1e-6
     # rounds: within a model, each round runs every variant once, in an order shuffled per round
-    for _, one in trials[trials["model"] == "resnet"].groupby("round"):
-        assert sorted(one["variant"]) == ["bf16", "fp16", "fp32"]
-        assert sorted(one["position"]) == [0, 1, 2]
+    for _, model in trials.groupby("model"):
+        names = sorted(set(model["variant"]))
+        assert {"bf16", "fp32"} <= set(names)
+        for _, one in model.groupby("round"):
+            assert sorted(one["variant"]) == names and one["position"].is_unique
     assert (trials["trial"] == trials["round"]).all()
 
 
@@ -60,9 +67,10 @@ def test_amp_summary_has_speedup_with_ci_and_verdicts(amp_run):
     assert len(summary) == 9
     base = summary[summary["is_baseline"]]
     assert (base["speedup"] == 1).all() and (base["verdict"] == "baseline").all()
-    other = summary[~summary["is_baseline"]]
+    other = summary[~summary["is_baseline"] & (summary["verdict"] != "too slow")]
     assert (other["speedup_lo"] <= other["speedup"]).all() and (other["speedup"] <= other["speedup_hi"]).all()
     assert set(other["verdict"]) <= {"faster", "slower", "equivalent", "inconclusive"}
+    assert len(other) >= 3  # bf16 on every model at least
     # whatever order the rounds ran in, each model lists its baseline first, then the file's order
     for _, one in summary.groupby("model", sort=False):
         assert list(one["variant"]) == ["fp32", "fp16", "bf16"]

@@ -10,7 +10,8 @@ samples, in fp32 with the model in eval mode. Identical recipes give identical l
 CPU. The probe runs once per (model, variant), before the first round, untimed.
 
 Its first two steps are timed: a variant whose first step exceeds `first_step_limit_s` (run.py:
-HOPELESS_FACTOR times the baseline's first step, or the trial budget), or whose second step
+HOPELESS_FACTOR times the baseline's first step, or the trial budget; only when the experiment
+sets a trial budget, bench.max_trial_s: compile's first step is its compilation), or whose second step
 (past one-time costs) exceeds STEADY_FACTOR times the baseline's second step, is stopped there
 and recorded as `too slow: ...`, and not measured again.
 """

@@ -184,7 +184,9 @@ def _quality_probes(plan: Plan, spec: ModelSpec, dataset, ctx, skip: dict, bar) 
             continue
         bar.set_postfix_str(f"{spec.name} {name}: quality probe")
         limit = limit2 = None
-        if name != plan.baseline and base_first:
+        # The first-step rule needs a trial budget: an experiment that sets none (compile,
+        # whose first step is the compilation) has said that a slow first step is expected.
+        if name != plan.baseline and base_first and recipe.bench.max_trial_s:
             limit = quality.first_step_limit(base_first, recipe.bench.max_trial_s)
         if name != plan.baseline and base_second:
             limit2 = quality.steady_step_limit(base_second)
