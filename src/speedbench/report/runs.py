@@ -22,7 +22,7 @@ from speedbench.schema import PHASE_COLUMNS as PHASES_COLUMNS
 
 # Without these a run cannot be summarised, plotted or compared at all.
 REQUIRED = ("experiment", "model", "variant", "is_baseline", "status", "samples_per_s")
-# The rest of the trials.csv contract (DESIGN.md section 2) plus what stats.summarise reads.
+# The rest of the trials.csv contract (docs/outputs.md) plus what stats.summarise reads.
 OPTIONAL_NUMERIC = ("trial", "world_size", "step_ms", "data_wait_frac", "peak_mem_mb",
                     "final_loss", "host_rss_mb")
 SUMMARY_CONTRACT = ("experiment", "model", "variant", "is_baseline", "status", "samples_per_s",
