@@ -311,12 +311,38 @@ def test_tensor_memory_counts_new_storage_only_while_alive():
     del a
 
 
-def test_worker_memory_is_proportional_not_summed_rss():
+def test_worker_memory_counts_unique_pages_not_summed_rss():
     import psutil
 
     me = psutil.Process()
-    pss = timing.proportional_mb([me])
-    assert pss is not None and 0 < pss <= me.memory_info().rss / 2**20 * 1.01
+    uss = timing.unique_mb([me])
+    assert uss is not None and 0 < uss <= me.memory_info().rss / 2**20 * 1.01
+
+
+def test_host_memory_with_a_child_is_main_rss_plus_the_childs_own_pages():
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    ready, done = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_hold_memory, args=(ready, done))
+    child.start()
+    try:
+        assert ready.wait(30)
+        with timing.PeakRss(rescan_s=0.0) as rss:
+            pass
+    finally:
+        done.set()
+        child.join(30)
+    # the child wrote 64 MB of its own: counted once, on top of the main process
+    assert rss.total_mb >= rss.main_mb + 60
+
+
+def _hold_memory(ready, done):
+    block = bytearray(64 * 2**20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    ready.set()
+    done.wait(30)
 
 
 # --- verdicts branch: quality at equal work, hopeless variants, the memory split in trials ----

@@ -127,31 +127,34 @@ def warm_up(step: Callable[[], None], device: torch.device, min_steps: int, max_
     return len(times), False
 
 
-def proportional_mb(processes) -> Optional[float]:
-    """Memory of these processes together without double-counting shared pages: the sum of
-    their PSS (Linux), else of their USS; None when neither can be read."""
+def unique_mb(processes) -> Optional[float]:
+    """Memory only these processes hold (their USS summed: pages no other process maps), in
+    MB; None when it cannot be read on this platform."""
     import psutil
 
     total, got = 0, False
     for p in processes:
         try:
-            info = p.memory_full_info()
-        except (psutil.Error, OSError):
-            continue
-        value = getattr(info, "pss", None) or getattr(info, "uss", None)
-        if value is not None:
-            total, got = total + value, True
+            total, got = total + p.memory_full_info().uss, True
+        except (psutil.Error, OSError, AttributeError):
+            continue  # a worker that just exited, or no USS here
     return total / 2**20 if got else None
 
 
 class PeakRss:
     """Peak resident memory (MB) of this process (`main_mb`, RSS) and of it with its child
-    processes (DataLoader workers: `total_mb`, PSS summed, see proportional_mb), sampled on a
-    background thread while the block runs.
+    processes (DataLoader workers: `total_mb`), sampled on a background thread while the
+    block runs.
+
+    A forked worker shares copy-on-write pages with the main process, so summing RSS counts
+    them once per process. What the workers add is the memory only they hold: `total_mb` is
+    the main process's RSS plus the workers' USS (see unique_mb), or their RSS where USS
+    cannot be read (an upper bound). Both terms are in the same unit (resident pages), so
+    the total is never below the main process alone.
 
     The thread must stay light (benchmarks/ measures it): finding the children scans every
-    process on the machine, so the list is refreshed only every `rescan_s`; reading the known
-    processes' RSS is cheap and done every `interval_s`.
+    process on the machine and USS walks /proc/<pid>/smaps, so both are refreshed only every
+    `rescan_s`; reading the main process's RSS is cheap and done every `interval_s`.
     """
 
     def __init__(self, interval_s: float = 0.05, rescan_s: float = 1.0):
@@ -161,37 +164,31 @@ class PeakRss:
         self.interval, self.rescan_s = interval_s, rescan_s
         self.start_mb = self.main_mb = self.total_mb = 0.0
         self._stop = threading.Event()
-        self._children: list = []
-        self._scanned = self._pss_at = -math.inf
+        self._children_mb = 0.0
+        self._scanned = -math.inf
 
-    def sample(self, rescan: bool = False) -> None:
+    def _workers_mb(self) -> float:
         import psutil
 
-        main = self.proc.memory_info().rss
-        if rescan or time.monotonic() - self._scanned > self.rescan_s:
-            self._children = self.proc.children(recursive=True)
-            self._scanned = time.monotonic()
-        children = 0
-        for child in self._children:
+        children = self.proc.children(recursive=True)
+        unique = unique_mb(children)
+        if unique is not None or not children:
+            return unique or 0.0
+        rss = 0
+        for child in children:
             try:
-                children += child.memory_info().rss
+                rss += child.memory_info().rss
             except psutil.Error:
                 pass  # a worker that just exited
-        self.main_mb = max(self.main_mb, main / 2**20)
-        if self._children and (rescan or time.monotonic() - self._pss_at > self.rescan_s):
-            # Forked workers share copy-on-write pages with the main process: summed RSS counts
-            # them once per process. PSS splits each shared page among its sharers (Linux;
-            # elsewhere USS, pages unique to a process, a lower bound). Read every rescan_s
-            # only: it walks /proc/<pid>/smaps.
-            self._pss_at = time.monotonic()
-            total = proportional_mb([self.proc, *self._children])
-            if total is not None:
-                self.total_mb = max(self.total_mb, total)
-                return
-        if not self._children:
-            self.total_mb = max(self.total_mb, main / 2**20)
-        elif self.total_mb == 0:
-            self.total_mb = (main + children) / 2**20
+        return rss / 2**20
+
+    def sample(self, rescan: bool = False) -> None:
+        main = self.proc.memory_info().rss / 2**20
+        if rescan or time.monotonic() - self._scanned > self.rescan_s:
+            self._children_mb = self._workers_mb()
+            self._scanned = time.monotonic()
+        self.main_mb = max(self.main_mb, main)
+        self.total_mb = max(self.total_mb, main + self._children_mb)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

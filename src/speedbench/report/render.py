@@ -313,7 +313,8 @@ def method_text(cfg: dict) -> str:
             + stats.METHOD + " Memory = the peak bytes of the tensors one untimed optimizer "
             "step holds (CPU: every tensor torch allocates, tracked op by op; CUDA: the "
             "allocator's peak), split into parameters + gradients + optimizer state and the "
-            "rest (activations, temporaries); host RSS counts DataLoader workers by PSS. TFLOP/s = FLOPs per "
+            "rest (activations, temporaries); host RSS adds the pages only the DataLoader "
+            "workers hold (USS). TFLOP/s = FLOPs per "
             "optimizer step (torch FlopCounterMode: matrix products, convolutions, attention; "
             "forward and backward) / median step time; % of peak = that over the best rate of a "
             "large matrix product in the variant's dtype, measured in the run.")
