@@ -101,6 +101,11 @@ class RecipeConfig:
     # options whose peak memory exceeds it are not chosen.
     max_memory_mb: Optional[float] = None
     min_gain: Optional[float] = None  # smallest gain added; null: bench.noise_threshold
+    # Each step screens every option in `screen_rounds` paired rounds, then measures the
+    # `confirm_top` best again, afresh, in bench.repeats rounds or more (bench.target_ci):
+    # only that measurement decides.
+    screen_rounds: int = 3
+    confirm_top: int = 2
     skip: list[str] = field(default_factory=list)  # candidate groups left out of the search
     # A profiled run measures each finding's suggested knob (the variant as run vs with it set)
     # before the report recommends it.

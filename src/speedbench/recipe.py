@@ -90,6 +90,11 @@ def check(cfg: DictConfig, plan: Plan, dist_env) -> list[search.Group]:
     if dist_env is not None:
         raise ConfigError("recipe: run the recipe search without torchrun; it launches torchrun "
                           "itself for the candidates that need several processes")
+    for key in ("screen_rounds", "confirm_top"):
+        value = cfg.recipe[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"recipe.{key}: {value!r} is out of range; it must be an integer "
+                              ">= 1")
     budget = cfg.recipe.budget_s
     if budget is not None and not budget > 0:
         raise ConfigError(f"recipe.budget_s: {budget} is out of range; it must be > 0, or null")
@@ -127,6 +132,14 @@ def _entry(cfg: DictConfig, spec: ModelSpec) -> Any:
 
 
 # --- the measurer: a search step as an ordinary plan ----------------------------------------------
+def experiment_name(step: str) -> str:
+    """trials.csv's experiment for a search measurement: "step 2" -> recipe-step2 (the
+    screen), "step 2 confirm" -> recipe-step2-confirm, "closing" -> recipe."""
+    if step == "closing":
+        return CLOSING
+    return "recipe-" + step.replace("step ", "step").replace(" ", "-")
+
+
 class TrialMeasurer:
     """search.Measurer over run.execute: rows go to the run's trials.csv as they end."""
 
@@ -136,13 +149,16 @@ class TrialMeasurer:
         self.progress, self.execute = progress, execute
 
     def __call__(self, recipes: dict[str, dict], *, step: str,
-                 time_left_s: Optional[float]) -> dict[str, search.Arm]:
+                 time_left_s: Optional[float], rounds: Optional[int] = None,
+                 ) -> dict[str, search.Arm]:
         baseline = next(iter(recipes))
-        experiment = CLOSING if step == "closing" else f"recipe-{step.replace(' ', '')}"
-        plan = step_plan(self.cfg, _entry(self.cfg, self.spec), recipes, baseline, experiment)
+        plan = step_plan(self.cfg, _entry(self.cfg, self.spec), recipes, baseline,
+                         experiment_name(step))
         plan.models = [next(m for m in plan.models if m.name == self.spec.name)]
-        if time_left_s is not None:  # adaptive rounds may not outrun the search's budget
-            for recipe in plan.variants.values():
+        for recipe in plan.variants.values():
+            if rounds is not None:  # a screen: exactly that many rounds
+                recipe.bench.repeats, recipe.bench.target_ci = rounds, None
+            if time_left_s is not None:  # adaptive rounds may not outrun the search's budget
                 recipe.bench.time_budget_s = max(1.0, min(recipe.bench.time_budget_s,
                                                           time_left_s / 2))
         start = len(self.writer.rows)
@@ -198,6 +214,8 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
         measurer = TrialMeasurer(cfg, spec, run_dir, writer, progress, execute_plan)
         result = search.search(kept, naive, measurer, budget_s=cfg.recipe.budget_s,
                                max_memory_mb=cfg.recipe.max_memory_mb, min_gain=min_gain,
+                               screen_rounds=cfg.recipe.screen_rounds,
+                               confirm_top=cfg.recipe.confirm_top,
                                progress=say)
         result.notes[:0] = notes
         say(f"done in {result.elapsed_s:.0f} s: {result.stopped}")
@@ -207,7 +225,8 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
 
 
 def result_rows(model: str, r: search.SearchResult) -> list[dict]:
-    """One SearchResult as recipe.csv rows (tables: waterfall, ablation, step, excluded, note)."""
+    """One SearchResult as recipe.csv rows (tables: waterfall, ablation, step (the screens),
+    confirm (the confirmations), excluded, chosen, stopped, note)."""
     rows = []
     for i, w in enumerate(r.waterfall):
         rows.append({"model": model, "table": "waterfall", "step": i, **{
@@ -219,11 +238,17 @@ def result_rows(model: str, r: search.SearchResult) -> list[dict]:
                      "lo": a["lo"], "hi": a["hi"], "verdict": a["verdict"],
                      "step_gain": a["step_gain"], "overrides": _yaml_inline(a["overrides"])})
     for s in r.steps:
-        for c in s.comparisons.values():
+        for c in s.comparisons.values():  # the screen: ranks
             rows.append({"model": model, "table": "step", "step": s.index, "label": c.label,
                          "option": c.label, "speedup": c.speedup, "lo": c.lo, "hi": c.hi,
-                         "verdict": ("chosen" if c.label == s.chosen else c.verdict),
-                         "rounds": c.rounds, "status": "ok"})
+                         "verdict": c.verdict, "rounds": c.rounds, "status": "ok"})
+        for c in s.confirmations.values():  # the fresh measurement: decides
+            failed = not math.isfinite(c.speedup)
+            rows.append({"model": model, "table": "confirm", "step": s.index, "label": c.label,
+                         "option": c.label, "speedup": c.speedup, "lo": c.lo, "hi": c.hi,
+                         "verdict": ("chosen" if c.label == s.chosen else
+                                     "" if failed else c.verdict),
+                         "rounds": c.rounds, "status": c.verdict if failed else "ok"})
     for label, status in r.excluded.items():
         rows.append({"model": model, "table": "excluded", "label": label, "option": label,
                      "status": status})
@@ -361,7 +386,7 @@ def check_findings(plans: list[Plan], run_dir: Path, writer, progress: bool, exe
         ratios[(experiment, model, variant, knob)] = search.paired_ratios(arms["suggested"],
                                                                           arms["as run"])
     threshold = float(OmegaConf.select(plans[0].config, "bench.noise_threshold", default=0.02))
-    compared = search.bonferroni_compare(ratios, alpha, threshold)
+    compared = search.compare_at(ratios, search.bonferroni_level(alpha, len(ratios)), threshold)
     for key, (s, lo, hi, verdict) in compared.items():
         effect = f"{s:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else "")
         status[key] = f"measured {effect} here, " + {

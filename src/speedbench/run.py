@@ -108,7 +108,9 @@ def execute(plan: Plan, run_dir: Path | None, progress: bool = True,
                 recipe = plan.variants[name]
                 if repeats > round_ >= recipe.bench.repeats:
                     continue
-                bar.set_postfix_str(f"{spec.name} {name} round {round_ + 1}/{recipe.bench.repeats}")
+                # past the minimum, rounds go on while a CI is wide: no fixed total to show
+                of = f"/{repeats}" if round_ < repeats else " (extra: a CI is still wide)"
+                bar.set_postfix_str(f"{spec.name} {name} round {round_ + 1}{of}")
                 if name in skip:
                     if round_ == 0 and writer:
                         writer.append({**header(plan, spec, name, recipe, round_, dist_env),
@@ -280,7 +282,8 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     if writer is None:
         return None
     frame = _in_plan_order(writer.frame(), plans)
-    summary = scaling.add_efficiency(stats.summarise(frame), frame)
+    summary = scaling.add_efficiency(
+        stats.summarise(frame, per_experiment=groups is not None), frame)
     try:
         results.write_summary(summary, run_dir)
         profiled = diagnosis.write_tables(run_dir, writer.rows)  # phases.csv, findings.csv
@@ -288,14 +291,15 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
             recipe.check_findings(plans, run_dir, writer, progress,
                                   lambda *args: execute(*args, book=book))
             frame = writer.frame()
-            summary = scaling.add_efficiency(stats.summarise(frame), frame)
+            summary = scaling.add_efficiency(
+                stats.summarise(frame, per_experiment=groups is not None), frame)
             results.write_summary(summary, run_dir)
         env.record_end(run_dir / "env.json")  # the load average at the end, beside the start's
         write_report(run_dir, cfg=resolved)
     except OSError as exc:  # a full disk: a run is complete with summary.csv and its report
         (run_dir / "summary.csv").unlink(missing_ok=True)
         raise results.write_failed(exc, run_dir) from None
-    print("\n".join(console_lines(summary, experiment, overrides)))
+    print("\n".join(console_lines(summary, experiment, overrides, table=groups is None)))
     if profiled:
         from speedbench.report.profile_section import console_text
         print("\n" + console_text(run_dir))

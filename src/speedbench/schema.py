@@ -42,7 +42,7 @@ SUMMARY_COLUMNS = [
     # verdicts (stats.py): paired rounds, the CI's relative half-width, the smallest effect an
     # inconclusive row could have shown, the threshold, and the family the CIs are adjusted for
     "rounds", "ci_halfwidth", "min_detectable", "noise_threshold", "comparisons",
-    "family_level", "ci_level", "state_mem_mb", "activation_mem_mb",
+    "family_level", "ci_level", "family_scope", "state_mem_mb", "activation_mem_mb",
 ]
 # The parts of one optimizer step the phase clock times (train.Trainer.step), in step order.
 PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")

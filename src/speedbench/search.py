@@ -8,21 +8,32 @@ trials; the tests use a synthetic one with known effects and noise.
 The search:
 1. starts from the naive recipe (the "before" code of the speed-tip articles, restricted to
    what can act here: see `restrict_naive`);
-2. each step measures every remaining candidate option on top of the current recipe, together
-   with the current recipe itself, in one measurement (paired rounds); per-round ratios to the
-   current recipe give each option's gain, with confidence intervals Bonferroni-adjusted over
-   that step's comparisons (family-wise error control);
-3. adds the option with the largest significant gain (the CI excludes 1 and the gain is at
-   least `min_gain`); options of one group are mutually exclusive, so the group leaves the pool;
-4. an option that was n/a, failed or was hopeless (its own measurer's verdict, or a CI
-   entirely below `hopeless_below`, 0.5x) is dropped for good, never retried;
-5. stops when no option is significantly faster, when the pool is empty, or when the next step
+2. each step first *screens*: every remaining candidate option on top of the current recipe,
+   together with the current recipe itself, in one measurement of a few paired rounds
+   (`screen_rounds`); per-round ratios to the current recipe rank the options;
+3. then *confirms*: the `confirm_top` best-ranked options (2) are measured again against the
+   current recipe, in a fresh paired measurement with rounds added until the CIs are narrow
+   (the measurer's adaptive rounds). Their gains are that fresh measurement's, so picking the
+   screen's winners does not bias them; the CIs are Bonferroni-adjusted over the options
+   confirmed together, so a step adds an option with no real gain with probability at most
+   alpha. The fastest option whose CI excludes 1 and whose gain reaches `min_gain` is added.
+   (Screening and deciding in one measurement, Bonferroni over every option of the step, needed
+   a t quantile of ~24 at 3 rounds and ~7 at 5: on a 2-core CPU it found nothing beyond bf16);
+4. options of one group are mutually exclusive, so the group leaves the pool once chosen; an
+   option that was n/a, failed or was hopeless (its own measurer's verdict, or a screening CI,
+   Bonferroni-adjusted over the step's options, entirely below `hopeless_below`, 0.5x) is
+   dropped for good, never retried;
+5. stops when no option is confirmed faster, when the pool is empty, or when the next step
    (and the closing measurement) would not fit in the time budget: it then keeps what it has
    and says so;
 6. a closing measurement runs the naive recipe, each prefix of the chosen stack and each
    leave-one-out recipe side by side, giving the waterfall (cumulative speed-up over naive,
    paired, with CI) and the ablation (each chosen option's marginal contribution in the
    presence of the others: final over final-without-it, with CI).
+
+Every interval is a t interval on the logs of per-round ratios, trimmed from 8 rounds on
+(see ratio_ci); each measurement's family is its own, as summary.csv's rows of a recipe run
+are (stats.summarise with per_experiment).
 """
 from __future__ import annotations
 
@@ -82,9 +93,11 @@ class Arm:
 
 class Measurer(Protocol):
     def __call__(self, recipes: dict[str, Overrides], *, step: str,
-                 time_left_s: Optional[float]) -> dict[str, Arm]:
+                 time_left_s: Optional[float], rounds: Optional[int] = None) -> dict[str, Arm]:
         """Measure the recipes side by side, in rounds shuffled per round. `step` names the
-        search step (for progress and records); `time_left_s` may cut the rounds short."""
+        search step (for progress and records); `time_left_s` may cut the rounds short;
+        `rounds` asks for exactly that many (a screen), None for the measurer's own rule
+        (a minimum, then more while a CI is wide)."""
 
 
 @dataclass
@@ -103,11 +116,12 @@ class StepRecord:
 
     index: int
     base: Overrides
-    comparisons: dict[str, Comparison]  # option label -> its gain on top of `base`
+    comparisons: dict[str, Comparison]  # option label -> its screened gain on top of `base`
     chosen: Optional[str]
     excluded: dict[str, str]  # option label -> status, found in this step
     elapsed_s: float
-    level: float  # the per-comparison CI level after Bonferroni adjustment
+    level: float  # the screen's per-comparison CI level after Bonferroni adjustment
+    confirmations: dict[str, Comparison] = field(default_factory=dict)  # fresh measurements
 
 
 @dataclass
@@ -150,8 +164,10 @@ def ratio_ci(ratios: np.ndarray, level: float, trim: float = 0.2) -> tuple[float
     A t interval rather than a bootstrap: a search step has few rounds, where a percentile
     bootstrap is too narrow. Trimmed (20 % of the rounds each side, Tukey-McLaughlin / Yuen)
     rather than plain: one stalled trial, in the reference's arm, moves every ratio of its
-    round, and a plain mean and variance would let that one round decide. Below TRIM_FROM
-    rounds trimming would cost too many degrees of freedom: plain t interval (as stats.py's)."""
+    round, and a plain mean and variance would let that one round decide (simulated in
+    tests/test_search.py: with 5 % of trials stalled, the plain interval finds the right recipe
+    in 13 of 40 searches, the trimmed one in most). Below TRIM_FROM rounds trimming would cost
+    too many degrees of freedom: plain t interval, stats.py's rule."""
     logs = np.sort(np.log(np.asarray(ratios, float)))
     n = len(logs)
     if n == 0:
@@ -172,19 +188,20 @@ def classify(speedup: float, lo: float, hi: float, threshold: float) -> str:
     return stats.classify(speedup, lo, hi, threshold)
 
 
-Comparator = Callable[[dict[str, np.ndarray], float, float], dict[str, tuple[float, float, float, str]]]
-
-
-def bonferroni_compare(ratios: dict[str, np.ndarray], alpha: float,
-                       threshold: float) -> dict[str, tuple[float, float, float, str]]:
-    """Each label's (speed-up, lo, hi, verdict), CIs at level 1 - alpha/m over the m labels:
-    the family-wise error rate of the step's calls stays at most alpha."""
-    level = 1 - alpha / max(len(ratios), 1)
+def compare_at(ratios: dict[str, np.ndarray], level: float,
+               threshold: float) -> dict[str, tuple[float, float, float, str]]:
+    """Each label's (speed-up, lo, hi, verdict), every CI at `level`."""
     out = {}
     for label, r in ratios.items():
         s, lo, hi = ratio_ci(r, level)
         out[label] = (s, lo, hi, classify(s, lo, hi, threshold))
     return out
+
+
+def bonferroni_level(alpha: float, comparisons: int) -> float:
+    """Per-comparison level that keeps the family-wise error of `comparisons` calls at most
+    alpha (stats.comparison_level's rule)."""
+    return 1 - alpha / max(comparisons, 1)
 
 
 # --- the candidates ---------------------------------------------------------------------------------
@@ -231,13 +248,15 @@ def _apply(base: Overrides, *options: Option) -> Overrides:
 # --- the search ---------------------------------------------------------------------------------------
 @dataclass
 class Budget:
-    """The search's time budget and the cost model that keeps it: one recipe measured in one
-    measurement call costs about the mean seen so far."""
+    """The search's time budget and the cost model that keeps it: a recipe in a screen (or in
+    the closing measurement) costs about the mean seen so far per recipe; a confirmation about
+    the mean confirmation so far (before the first, as much as two screened recipes)."""
 
     total_s: Optional[float]
     clock: Callable[[], float] = time.monotonic
     started: float = 0.0
-    spent_per_recipe: list[float] = field(default_factory=list)
+    per_recipe: list[float] = field(default_factory=list)
+    per_confirmation: list[float] = field(default_factory=list)
 
     def start(self) -> None:
         self.started = self.clock()
@@ -249,24 +268,29 @@ class Budget:
         return None if self.total_s is None else self.total_s - self.elapsed()
 
     def record(self, seconds: float, recipes: int) -> None:
-        self.spent_per_recipe.append(seconds / max(recipes, 1))
+        self.per_recipe.append(seconds / max(recipes, 1))
 
-    def estimate(self, recipes: int) -> float:
-        per = float(np.mean(self.spent_per_recipe)) if self.spent_per_recipe else 0.0
-        return per * recipes
+    def record_confirmation(self, seconds: float) -> None:
+        self.per_confirmation.append(seconds)
 
-    def fits(self, recipes: int) -> bool:
+    def estimate(self, recipes: int, confirmations: int = 0) -> float:
+        per = float(np.mean(self.per_recipe)) if self.per_recipe else 0.0
+        confirm = float(np.mean(self.per_confirmation)) if self.per_confirmation else 2 * per
+        return per * recipes + confirm * confirmations
+
+    def fits(self, recipes: int, confirmations: int = 0) -> bool:
         left = self.left()
-        return left is None or self.estimate(recipes) <= left
+        return left is None or self.estimate(recipes, confirmations) <= left
 
 
 def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
            budget_s: Optional[float] = None, max_memory_mb: Optional[float] = None,
            alpha: float = 0.05, min_gain: float = 0.02, hopeless_below: float = 0.5,
-           compare: Comparator = bonferroni_compare,
+           screen_rounds: Optional[int] = 3, confirm_top: int = 2,
            progress: Callable[[str], None] = lambda msg: None,
            clock: Callable[[], float] = time.monotonic) -> SearchResult:
-    """Greedy forward selection from `naive`, then the closing waterfall/ablation measurement."""
+    """Greedy forward selection from `naive` (screen, then confirm the best), then the closing
+    waterfall/ablation measurement."""
     budget = Budget(budget_s, clock)
     budget.start()
     pool = {g.name: list(g.options) for g in eligible_groups(groups, max_memory_mb)}
@@ -280,26 +304,28 @@ def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
                      + ") were not candidates: set recipe.max_memory_mb to let them in")
     stopped = "no candidate left"
     while any(pool.values()):
+        n = len(steps) + 1
         current = _apply(naive, *chosen)
         options = [o for opts in pool.values() for o in opts]
         # this step, then the closing measurement (naive, prefixes, leave-one-outs) must fit
         closing = 2 * (len(chosen) + 1) + 1
-        if steps and not budget.fits(len(options) + 1 + closing):
-            stopped = (f"time budget: step {len(steps) + 1} ({len(options)} options) would need "
-                       f"about {budget.estimate(len(options) + 1):.0f} s plus "
+        if steps and not budget.fits(len(options) + 1 + closing, 1):
+            stopped = (f"time budget: step {n} ({len(options)} options) would need about "
+                       f"{budget.estimate(len(options) + 1, 1):.0f} s plus "
                        f"{budget.estimate(closing):.0f} s to close, "
                        f"{max(budget.left(), 0):.0f} s were left")
             break
-        progress(f"step {len(steps) + 1}: {len(options)} options on top of "
+        progress(f"step {n}: screening {len(options)} options on top of "
                  f"{' + '.join(o.label for o in chosen) or 'naive'}")
         recipes = {"current": current, **{o.label: _apply(current, o) for o in options}}
         t0 = clock()
-        arms = measure(recipes, step=f"step {len(steps) + 1}", time_left_s=budget.left())
+        arms = measure(recipes, step=f"step {n}", time_left_s=budget.left(),
+                       rounds=screen_rounds)
         # cost per recipe measured (n/a ones cost nothing and are not measured again)
         budget.record(clock() - t0, sum(a.status == "ok" for a in arms.values()))
         ref = arms.get("current")
         if ref is None or ref.status != "ok":
-            stopped = (f"the current recipe could not be measured in step {len(steps) + 1} "
+            stopped = (f"the current recipe could not be measured in step {n} "
                        f"({ref.status if ref else 'missing'})")
             break
         found = {}
@@ -307,42 +333,89 @@ def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
             arm = arms.get(o.label)
             if arm is None or arm.status != "ok":
                 found[o.label] = arm.status if arm else "error: not measured"
-        for label, status in found.items():
-            excluded[label] = status
-        for name in pool:
-            pool[name] = [o for o in pool[name] if o.label not in found]
         ok = [o for o in options if o.label not in found]
         fits = {o.label for o in ok if _fits_memory(arms[o.label], max_memory_mb)}
-        results = compare({o.label: paired_ratios(arms[o.label], ref) for o in ok}, alpha,
-                          min_gain)
+        screen_level = bonferroni_level(alpha, len(ok))
+        results = compare_at({o.label: paired_ratios(arms[o.label], ref) for o in ok},
+                             screen_level, min_gain)
         comparisons = {lab: Comparison(lab, s, lo, hi, v, len(paired_ratios(arms[lab], ref)))
                        for lab, (s, lo, hi, v) in results.items()}
         # hopeless: surely less than half as fast; not worth another step's time
         for c in comparisons.values():
             if c.hi < hopeless_below:
-                excluded[c.label] = (f"hopeless: {c.speedup:.2f}x [{c.lo:.2f}, {c.hi:.2f}] "
-                                     f"in step {len(steps) + 1}, not retried")
-                found[c.label] = excluded[c.label]
+                found[c.label] = (f"hopeless: {c.speedup:.2f}x [{c.lo:.2f}, {c.hi:.2f}] "
+                                  f"in step {n}, not retried")
+        excluded.update(found)
         for name in pool:
             pool[name] = [o for o in pool[name] if o.label not in found]
-        winners = [c for c in comparisons.values() if c.verdict == FASTER and c.label in fits]
-        best = max(winners, key=lambda c: c.speedup, default=None)
-        steps.append(StepRecord(len(steps) + 1, current, comparisons, best and best.label, found,
-                                clock() - t0, 1 - alpha / max(len(comparisons), 1)))
+        # the screen ranks; only a fresh measurement decides
+        ranked = sorted((c for c in comparisons.values()
+                         if c.label in fits and c.label not in found
+                         and c.speedup > 1 + min_gain), key=lambda c: -c.speedup)
+        record = StepRecord(n, current, comparisons, None, found, 0.0, screen_level)
+        steps.append(record)
+        best, why = None, "no remaining option was faster in the screen"
+        top = ranked[:confirm_top]
+        if top and not budget.fits(closing, 1):
+            why = f"time budget: confirming step {n}'s best would not leave time to close"
+            top = []
+        if top:
+            progress(f"step {n}: confirming " + ", ".join(
+                f"{c.label} (screened {c.speedup:.2f}x)" for c in top))
+            t1 = clock()
+            pair = measure({"current": current, **{c.label: recipes[c.label] for c in top}},
+                           step=f"step {n} confirm", time_left_s=budget.left())
+            budget.record_confirmation(clock() - t1)
+            best, why = _confirm(pair, top, record, alpha, min_gain, max_memory_mb, excluded,
+                                 pool)
+        record.elapsed_s = clock() - t0
         if best is None:
-            stopped = "no remaining option was significantly faster"
+            stopped = why
             break
+        record.chosen = best.label
         option = next(o for o in ok if o.label == best.label)
         chosen.append(option)
         pool.pop(option.group)
-        progress(f"step {len(steps)}: added {option.label} ({best.speedup:.2f}x "
+        progress(f"step {n}: added {option.label} ({best.speedup:.2f}x "
                  f"[{best.lo:.2f}, {best.hi:.2f}])")
     final = _apply(naive, *chosen)
-    waterfall, ablation = _close(naive, chosen, steps, measure, budget, alpha, min_gain, compare,
+    waterfall, ablation = _close(naive, chosen, steps, measure, budget, alpha, min_gain,
                                  notes, progress)
     return SearchResult(naive=naive, chosen=chosen, final=final, steps=steps,
                         waterfall=waterfall, ablation=ablation, excluded=excluded,
                         stopped=stopped, notes=notes, elapsed_s=budget.elapsed())
+
+
+def _confirm(arms: dict[str, Arm], top: list[Comparison], record: StepRecord, alpha: float,
+             min_gain: float, max_memory_mb: Optional[float], excluded: dict[str, str],
+             pool: dict[str, list[Option]]) -> tuple[Optional[Comparison], str]:
+    """The confirmation measurement's verdicts (fresh rounds, CIs Bonferroni-adjusted over
+    the options confirmed together) and the option to add: the fastest one confirmed."""
+    ref = arms.get("current") or Arm("error: not measured")
+    if ref.status != "ok":
+        for c in top:
+            record.confirmations[c.label] = Comparison(c.label, math.nan, math.nan, math.nan,
+                                                       ref.status, 0)
+        return None, f"the current recipe could not be measured ({ref.status})"
+    level = bonferroni_level(alpha, len(top))
+    winners = []
+    for c in top:
+        arm = arms.get(c.label) or Arm("error: not measured")
+        if arm.status != "ok":  # failed on its own: never retried
+            record.confirmations[c.label] = Comparison(c.label, math.nan, math.nan, math.nan,
+                                                       arm.status, 0)
+            excluded[c.label] = record.excluded[c.label] = arm.status
+            for name in pool:
+                pool[name] = [o for o in pool[name] if o.label != c.label]
+            continue
+        r = paired_ratios(arm, ref)
+        s, lo, hi = ratio_ci(r, level)
+        confirmed = Comparison(c.label, s, lo, hi, classify(s, lo, hi, min_gain), len(r))
+        record.confirmations[c.label] = confirmed
+        if confirmed.verdict == FASTER and _fits_memory(arm, max_memory_mb):
+            winners.append(confirmed)
+    best = max(winners, key=lambda c: c.speedup, default=None)
+    return best, "no remaining option was significantly faster"
 
 
 def _fits_memory(arm: Arm, max_memory_mb: Optional[float]) -> bool:
@@ -350,11 +423,10 @@ def _fits_memory(arm: Arm, max_memory_mb: Optional[float]) -> bool:
 
 
 def _close(naive: Overrides, chosen: list[Option], steps: list[StepRecord], measure: Measurer,
-           budget: Budget, alpha: float, min_gain: float, compare: Comparator,
-           notes: list[str], progress) -> tuple[list[dict], list[dict]]:
+           budget: Budget, alpha: float, min_gain: float, notes: list[str], progress) -> tuple[list[dict], list[dict]]:
     """Waterfall and ablation from one closing measurement; the step gains stand in when it
     cannot run (nothing chosen, or no time left)."""
-    step_gain = {s.chosen: s.comparisons[s.chosen] for s in steps if s.chosen}
+    step_gain = {s.chosen: s.confirmations[s.chosen] for s in steps if s.chosen}
     waterfall = [{"label": NAIVE, "option": "", "speedup": 1.0, "lo": math.nan, "hi": math.nan,
                   "step_gain": math.nan, "step_lo": math.nan, "step_hi": math.nan}]
     for o in chosen:
@@ -391,15 +463,18 @@ def _close(naive: Overrides, chosen: list[Option], steps: list[StepRecord], meas
         notes.append("the closing measurement failed for the naive or the final recipe: "
                      "no cumulative speed-ups, no ablation")
         return waterfall, []
-    cum = compare({prefix[i]: paired_ratios(arms[prefix[i]], base)
-                   for i in range(1, len(chosen) + 1) if arms[prefix[i]].status == "ok"},
-                  alpha, min_gain)
+    # the family of summary.csv's rows for this measurement: every recipe against naive
+    against_naive = sum(a.status == "ok" for lab, a in measured.items() if lab != NAIVE)
+    cum = compare_at({prefix[i]: paired_ratios(arms[prefix[i]], base)
+                      for i in range(1, len(chosen) + 1) if arms[prefix[i]].status == "ok"},
+                     bonferroni_level(alpha, against_naive), min_gain)
     for i, row in enumerate(waterfall[1:], start=1):
         if prefix[i] in cum:
             row["speedup"], row["lo"], row["hi"], row["verdict"] = cum[prefix[i]]
     # marginal contribution: final / final-without-it, paired
-    marg = compare({o.label: paired_ratios(final, arms[without[o.label]]) for o in chosen
-                    if arms[without[o.label]].status == "ok"}, alpha, min_gain)
+    marg = compare_at({o.label: paired_ratios(final, arms[without[o.label]]) for o in chosen
+                       if arms[without[o.label]].status == "ok"},
+                      bonferroni_level(alpha, len(chosen)), min_gain)
     ablation = []
     for o in chosen:
         s, lo, hi, v = marg.get(o.label, (math.nan, math.nan, math.nan,

@@ -198,15 +198,22 @@ def count_comparisons(trials: pd.DataFrame) -> int:
     return len(others)
 
 
-def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL) -> pd.DataFrame:
+def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
+              per_experiment: bool = False) -> pd.DataFrame:
     """One row per (model, variant): medians over ok trials, the paired speed-up over the
-    baseline with its family-wise adjusted CI, and the verdict."""
+    baseline with its family-wise adjusted CI, and the verdict.
+
+    The family is the whole run (a suite's members together), or with `per_experiment` each
+    experiment alone: a recipe search's measurements (screens, confirmations, the closing
+    one) are separate decisions, each adjusted over its own comparisons, as the search is."""
     rows = []
     keys = ["experiment", "model"]
     key = pair_key(trials)
-    comparisons = count_comparisons(trials)
-    level = comparison_level(comparisons, family)
+    run_comparisons = count_comparisons(trials)
     for (experiment, model), per_model in trials.groupby(keys, sort=False):
+        comparisons = count_comparisons(trials[trials["experiment"] == experiment]) \
+            if per_experiment else run_comparisons
+        level = comparison_level(comparisons, family)
         base_rows = per_model[per_model["is_baseline"].astype(bool)
                               & (per_model["status"] == "ok")]
         base_loss = base_rows["final_loss"].median() if len(base_rows) else math.nan
@@ -256,6 +263,7 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL) -> pd.DataFram
                                      if row["verdict"] == INCONCLUSIVE else math.nan)
             row["noise_threshold"] = threshold
             row["comparisons"], row["family_level"], row["ci_level"] = comparisons, family, level
+            row["family_scope"] = "experiment" if per_experiment else "run"
             row.update(_flops(ok, row["step_ms"]))
             rows.append(row)
     return pd.DataFrame(rows)
@@ -396,10 +404,18 @@ def family_text(summary: pd.DataFrame) -> str:
         fam = float(pd.to_numeric(summary["family_level"], errors="coerce").dropna().iloc[0]) \
             if summary["family_level"].notna().any() else FAMILY_LEVEL
         thr = pd.to_numeric(summary.get("noise_threshold"), errors="coerce").dropna()
+        scope = summary["family_scope"].dropna() if "family_scope" in summary else pd.Series()
+        if len(scope) and (scope == "experiment").all():
+            family = (f"Each experiment of this run is its own family (a recipe search's "
+                      f"measurements are separate decisions; up to {m} comparisons in one): its "
+                      f"CIs are Bonferroni-adjusted over its own comparisons, so the chance of "
+                      f"any false faster/slower call in one experiment is at most {fam:.0%}. ")
+        else:
+            family = (f"{m} comparison{'' if m == 1 else 's'} in this run; each CI is at level "
+                      f"{comparison_level(m, fam):.2%} (Bonferroni), so the chance of any false "
+                      f"faster/slower call in the whole run is at most {fam:.0%}. ")
         parts.append(
-            f"{m} comparison{'' if m == 1 else 's'} in this run; each CI is at level {comparison_level(m, fam):.2%} "
-            f"(Bonferroni), so the chance of any false faster/slower call in the whole run is at "
-            f"most {fam:.0%}. Noise threshold: "
+            family + "Noise threshold: "
             f"{(thr.iloc[0] if len(thr) else DEFAULT_THRESHOLD):.0%}. An inconclusive row "
             "gives the smallest effect the run could have detected (min_detectable in "
             "summary.csv).")

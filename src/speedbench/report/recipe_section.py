@@ -15,17 +15,21 @@ from speedbench.report import plots, snippets, waterfall
 from speedbench.report.document import Document, slug
 
 METHOD = ("The search starts from the naive recipe (the articles' before-code, where it can act "
-          "here) and adds, step by step, the option with the largest significant gain on top of "
-          "what it has: every remaining option and the current recipe are measured side by side "
-          "in shuffled, paired rounds; each option's gain is the geometric mean of its per-round "
-          "ratios to the current recipe, with a t interval Bonferroni-adjusted over that step's "
-          "options. It stops when no option is significantly faster, or when the time budget "
-          "would not cover the next step. A closing measurement then runs naive, each stage of "
-          "the stack and each leave-one-out recipe side by side: the cumulative speed-ups over "
-          "naive and each technique's contribution in the presence of the others. (The "
-          "experiment tables further down, recipe-step<N> and recipe, hold the same trials with "
-          "intervals adjusted over all of the run's comparisons at once: wider than those the "
-          "search decided each step with.)")
+          "here) and adds techniques step by step. Each step first screens every remaining "
+          "option on top of what it has: all of them and the current recipe side by side, in a "
+          "few shuffled, paired rounds, which rank them. Then it confirms the two best in a "
+          "fresh measurement against the current recipe, with rounds added until their "
+          "intervals are narrow: each gain is the geometric mean of its per-round ratios to the "
+          "current recipe (trimmed from 8 rounds on), with a t interval Bonferroni-adjusted over "
+          "the two. The fastest option confirmed faster is added; because the deciding figures "
+          "come from a measurement the ranking did not see, a step adds a technique with no "
+          "real gain with probability at most 5 %. It stops when no option is confirmed "
+          "faster, or when the time budget would not cover the next step. A closing "
+          "measurement then runs naive, each stage of the stack and each leave-one-out recipe "
+          "side by side: the cumulative speed-ups over naive and each technique's contribution "
+          "in the presence of the others. (The experiment tables further down, recipe-step<N>, "
+          "recipe-step<N>-confirm and recipe, hold the same trials; each is adjusted over its "
+          "own comparisons, with the untrimmed mean.)")
 
 
 def _ci(x, lo, hi) -> str:
@@ -90,16 +94,26 @@ def add(doc: Document, recipe: pd.DataFrame, run_path: Path, out_dir: Path) -> N
         if steps is not None and len(steps):
             log = steps.pivot_table(index="option", columns="step", values="speedup",
                                     aggfunc="first", sort=False)
-            verdicts = steps.pivot_table(index="option", columns="step", values="verdict",
-                                         aggfunc="first", sort=False)
             table = pd.DataFrame({"option": log.index})
             for step in log.columns:
                 table[f"step {int(step)}"] = [
-                    "-" if pd.isna(log.loc[o, step]) else
-                    f"{log.loc[o, step]:.2f}x {verdicts.loc[o, step]}" for o in log.index]
-            doc.para("The search, step by step: each option's gain over the recipe of that step "
-                     "(chosen: added at that step).")
+                    "-" if pd.isna(log.loc[o, step]) else f"{log.loc[o, step]:.2f}x"
+                    for o in log.index]
+            doc.para("The screens, step by step: each option's gain over the recipe of that "
+                     "step, from a few rounds; they rank the options, the confirmations below "
+                     "decide.")
             doc.table(table)
+        confirm = tables.get("confirm")
+        if confirm is not None and len(confirm):
+            doc.para("The confirmations: the screen's two best, measured afresh against the "
+                     "recipe of that step (chosen: added at that step).")
+            doc.table(pd.DataFrame({
+                "step": confirm["step"].map(lambda x: f"{int(x)}" if pd.notna(x) else "-"),
+                "option": confirm["option"],
+                "gain [CI]": [_ci(r.speedup, r.lo, r.hi) for r in confirm.itertuples()],
+                "rounds": confirm["rounds"].map(lambda x: f"{int(x)}" if pd.notna(x) else "-"),
+                "verdict": [_text(r.verdict) or _text(r.status) for r in confirm.itertuples()],
+            }))
         stopped = tables.get("stopped")
         lines = []
         if stopped is not None and len(stopped):

@@ -194,12 +194,16 @@ def advise_recipe(model: str, rows: pd.DataFrame, summary: pd.DataFrame) -> Advi
                 effect = _ci(_get(w, "step_gain"), _get(w, "step_lo"), _get(w, "step_hi"))
                 text = f"{effect} when added"
             advice.use.append(Item(f"  {option}", text, math.inf, effect, part=True))
-    steps = table.get("step", pd.DataFrame())
+    # per option, its latest figure: a confirmation outranks the screen of its step
+    steps = pd.concat([table.get("step", pd.DataFrame()).assign(_confirmed=0),
+                       table.get("confirm", pd.DataFrame()).assign(_confirmed=1)])
+    if len(steps) and "status" in steps:
+        steps = steps[steps["status"].fillna("ok") == "ok"]
     if len(steps):
         for option, g in steps.groupby("option", sort=False):
             if option in chosen:
                 continue
-            last = g.sort_values("step").iloc[-1].to_dict()
+            last = g.sort_values(["step", "_confirmed"]).iloc[-1].to_dict()
             kind, text = _classify({**last, "status": "ok", "speedup_lo": last.get("lo"),
                                     "speedup_hi": last.get("hi")})
             where = f" (step {int(last['step'])})"

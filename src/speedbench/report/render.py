@@ -252,10 +252,12 @@ def _listing(items: list[str], most: int = 4) -> str:
 
 
 def console_lines(summary: pd.DataFrame, experiment: Optional[str] = None,
-                  overrides: Optional[list[str]] = None) -> list[str]:
+                  overrides: Optional[list[str]] = None, table: bool = True) -> list[str]:
     """What a run prints at its end, before the path of its report: the table and the
-    warnings, each line within the terminal's width (at most 100 columns)."""
-    return [console_table(summary)] + console_warnings(summary, experiment, overrides)
+    warnings, each line within the terminal's width (at most 100 columns). A recipe search
+    prints no table: its recommendation, which follows, gives the search's own figures."""
+    return ([console_table(summary)] if table else []) + \
+        console_warnings(summary, experiment, overrides)
 
 
 def report_line(run_dir: Path, trials: int, seconds: float) -> str:

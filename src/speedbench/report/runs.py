@@ -217,7 +217,8 @@ def _summary(path: Path, trials: pd.DataFrame, notes: list[str]) -> pd.DataFrame
                 reason = "summary.csv does not match trials.csv: summary recomputed from trials.csv"
     if reason:
         notes.append(reason)
-        summary = stats.summarise(trials)
+        # a recipe search (recipe.csv beside) adjusts each of its measurements on its own
+        summary = stats.summarise(trials, per_experiment=(path / "recipe.csv").is_file())
     if "scaling_efficiency" in summary.columns and "devices" not in summary.columns:
         summary = summary.drop(columns=[c for c in summary.columns
                                         if c.startswith("scaling_efficiency")])
