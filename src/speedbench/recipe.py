@@ -24,6 +24,7 @@ from speedbench import search
 from speedbench.config import REFERENCE_MODELS, ConfigError, ModelSpec, Plan, build_plan
 
 CLOSING = "recipe"
+SEARCH_PROBE_STEPS = 2  # quality-probe steps in screens and confirmations (first + second)
 RECIPE_COLUMNS = ["model", "table", "step", "label", "option", "group", "speedup", "lo", "hi",
                   "verdict", "step_gain", "step_lo", "step_hi", "rounds", "status", "overrides"]
 
@@ -158,6 +159,10 @@ class TrialMeasurer:
         for recipe in plan.variants.values():
             if rounds is not None:  # a screen: exactly that many rounds
                 recipe.bench.repeats, recipe.bench.target_ci = rounds, None
+            if step != "closing":
+                # The search decides on speed alone: its probes need only the two steps that
+                # tell a hopeless option (quality.py); the closing one gives the losses.
+                recipe.bench.quality_steps = min(recipe.bench.quality_steps, SEARCH_PROBE_STEPS)
             if time_left_s is not None:  # adaptive rounds may not outrun the search's budget
                 recipe.bench.time_budget_s = max(1.0, min(recipe.bench.time_budget_s,
                                                           time_left_s / 2))
