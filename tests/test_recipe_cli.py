@@ -35,6 +35,10 @@ def test_candidates_are_checked_before_anything_runs():
         _check("+recipe.candidates.sync.colour=red")
     with pytest.raises(ConfigError, match=r"recipe.skip: 'colour' is not a candidate group"):
         _check("recipe.skip=[colour]")
+    with pytest.raises(ConfigError, match=r"recipe.screen_rounds: 0 is out of range"):
+        _check("recipe.screen_rounds=0")
+    with pytest.raises(ConfigError, match=r"recipe.confirm_top: -2 is out of range"):
+        _check("recipe.confirm_top=-2")
 
 
 def test_bad_candidate_fails_in_one_line(tmp_path):
@@ -64,6 +68,13 @@ def test_recipe_run_end_to_end(tmp_path):
         assert (run_dir / "plots" / "recipe-transformer-waterfall.png").is_file()
     trials = pd.read_csv(run_dir / "trials.csv")
     assert trials["experiment"].iloc[0] == "recipe-step1"
+    # the screen ran its rounds; a confirmation, when there was one, is its own experiment
+    screen = trials[trials["experiment"] == "recipe-step1"]
+    assert pd.to_numeric(screen["round"]).max() + 1 == 3  # recipe.screen_rounds
+    for r in table[table["table"] == "confirm"].itertuples():
+        assert f"recipe-step{int(r.step)}-confirm" in set(trials["experiment"])
+    assert set(table[table["table"] == "chosen"]["option"]) <= set(
+        table[table["table"] == "confirm"]["option"])
     # the report leads with the recommendation; the console ends with it and the html path
     md = (run_dir / "report.md").read_text()
     assert md.split("\n## ")[1].startswith("Recommendation")
