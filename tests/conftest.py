@@ -62,3 +62,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+def default_sigint() -> None:
+    """preexec_fn for a child the test will Ctrl-C: a shell starts background jobs with SIGINT
+    ignored, the child would inherit that, and Python then installs no KeyboardInterrupt."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

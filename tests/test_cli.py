@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from conftest import TINY, only_run_dir, run_cli
+from conftest import TINY, default_sigint, only_run_dir, run_cli
 
 TRIAL_CONTRACT = ["experiment", "model", "variant", "is_baseline", "trial", "status", "device",
                   "world_size", "samples_per_s", "step_ms", "data_wait_frac", "peak_mem_mb",

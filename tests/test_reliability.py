@@ -27,7 +27,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import TINY, compose_cfg, run_cli
+from conftest import TINY, compose_cfg, default_sigint, run_cli
 from test_report import make_run
 
 from speedbench.config import ConfigError, build_plan
@@ -594,7 +594,8 @@ def test_signal_to_the_parent_mid_ddp_trial_leaves_no_process_and_no_temp_folder
     parent = subprocess.Popen(
         [sys.executable, "-m", "speedbench", *DDP_RUN, "dist_timeout_s=300",
          f"out_dir={tmp_path / 'results'}"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, env={**os.environ, **DDP_ENV, "TMPDIR": str(tmp)})
+        stderr=subprocess.DEVNULL, env={**os.environ, **DDP_ENV, "TMPDIR": str(tmp)},
+        preexec_fn=default_sigint)
     try:
         ranks = lambda: [c for c in _processes_mentioning(str(tmp)) if "--torchrun" not in c]
         assert _wait_until(lambda: len(ranks()) >= 2, 240), "the DDP ranks never started"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -135,23 +136,35 @@ def _hydra_main(cfg: DictConfig) -> None:
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: say it once
             print(f"speedbench: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if os.environ.get("RANK", "0") == "0":
             print("\n" + interrupted_line(cfg, experiment, started), file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(128 + signal.SIGTERM if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, taken like Ctrl-C: a launched DDP trial's processes are killed and its temp
+    folder removed on the way out (by default SIGTERM ends Python with no cleanup at all)."""
+
+
+def _on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends at once
+    raise Terminated()
 
 
 def main() -> None:
+    if "RANK" not in os.environ:  # not a torchrun rank: those stop the way torchrun expects
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         problem = command_line_problem(sys.argv[1:])
         if problem:
             print(f"speedbench: error: {problem}", file=sys.stderr)
             sys.exit(EXIT_USAGE)
         _hydra_main()
-    except KeyboardInterrupt:  # before the run started (composing, importing torch)
+    except KeyboardInterrupt as exc:  # before the run started (composing, importing torch)
         print("\nspeedbench: interrupted before the run started; nothing was written",
               file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(128 + signal.SIGTERM if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

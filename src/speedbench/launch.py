@@ -105,7 +105,7 @@ def torchrun_main(job: Path, args: list[str]) -> None:
     def remove_job_when_orphaned():  # first thing, whatever torchrun's shutdown does next
         while os.getppid() == parent:
             time.sleep(0.2)
-        shutil.rmtree(job, ignore_errors=True)
+        _remove(job)
 
     if parent:  # (launch_trial always sets it)
         threading.Thread(target=remove_job_when_orphaned, daemon=True).start()
@@ -115,9 +115,29 @@ def torchrun_main(job: Path, args: list[str]) -> None:
         from torch.distributed.run import main as torchrun
 
         torchrun(args)
+    except BaseException as exc:
+        # A signal here is speedbench's death (PDEATHSIG). It comes when the thread that started
+        # torchrun ends, while the rest of speedbench may still be exiting and getppid() still
+        # names it: wait for it to be gone, so that the job folder is removed below.
+        if type(exc).__name__ == "SignalException" or (
+                isinstance(exc, SystemExit) and exc.code == 128 + signal.SIGTERM):
+            deadline = time.monotonic() + 5
+            while os.getppid() == parent and time.monotonic() < deadline:
+                time.sleep(0.05)
+        raise
     finally:
         if parent and os.getppid() != parent:
-            shutil.rmtree(job, ignore_errors=True)
+            _remove(job)
+
+
+def _remove(job: Path, tries: int = 50) -> None:
+    """Remove the job folder, again while the stopping ranks and torchrun's log writers still
+    create files in it (one rmtree can then fail on a directory that is no longer empty)."""
+    for _ in range(tries):
+        shutil.rmtree(job, ignore_errors=True)
+        if not job.exists():
+            return
+        time.sleep(0.1)
 
 
 def _launch_failure(job: Path, returncode: int, output: str, nproc: int) -> str:
