@@ -157,7 +157,8 @@ def test_ctrl_c_keeps_the_finished_trials_in_one_line_exit_130(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "speedbench", "+experiment=amp", *TINY, "model=resnet",
          "bench.repeats=50", f"out_dir={out}"], cwd=tmp_path, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=default_sigint)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not any(
             len(p.read_text().splitlines()) > 1 for p in out.rglob("trials.csv")):
