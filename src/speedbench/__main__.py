@@ -23,7 +23,7 @@ from speedbench.config import FREE_FORM, ConfigError, config_dir, register_schem
 
 register_schema()
 
-EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 130, 128 + signal.SIGTERM
 
 
 def experiment_names() -> list[str]:
@@ -139,7 +139,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     except KeyboardInterrupt as exc:
         if os.environ.get("RANK", "0") == "0":
             print("\n" + interrupted_line(cfg, experiment, started), file=sys.stderr)
-        sys.exit(128 + signal.SIGTERM if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
+        sys.exit(EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
 
 
 class Terminated(KeyboardInterrupt):
@@ -164,7 +164,7 @@ def main() -> None:
     except KeyboardInterrupt as exc:  # before the run started (composing, importing torch)
         print("\nspeedbench: interrupted before the run started; nothing was written",
               file=sys.stderr)
-        sys.exit(128 + signal.SIGTERM if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
+        sys.exit(EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

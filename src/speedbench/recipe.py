@@ -20,7 +20,7 @@ import pandas as pd
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from speedbench import search
+from speedbench import search, stats
 from speedbench.config import REFERENCE_MODELS, ConfigError, ModelSpec, Plan, build_plan
 
 CLOSING = "recipe"
@@ -391,7 +391,8 @@ def check_findings(plans: list[Plan], run_dir: Path, writer, progress: bool, exe
         ratios[(experiment, model, variant, knob)] = search.paired_ratios(arms["suggested"],
                                                                           arms["as run"])
     threshold = float(OmegaConf.select(plans[0].config, "bench.noise_threshold", default=0.02))
-    compared = search.compare_at(ratios, search.bonferroni_level(alpha, len(ratios)), threshold)
+    level = stats.comparison_level(len(ratios), alpha)  # Bonferroni over the findings checked
+    compared = search.compare_at(ratios, level, threshold)
     for key, (s, lo, hi, verdict) in compared.items():
         effect = f"{s:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else "")
         status[key] = f"measured {effect} here, " + {

@@ -198,12 +198,6 @@ def compare_at(ratios: dict[str, np.ndarray], level: float,
     return out
 
 
-def bonferroni_level(alpha: float, comparisons: int) -> float:
-    """Per-comparison level that keeps the family-wise error of `comparisons` calls at most
-    alpha (stats.comparison_level's rule)."""
-    return 1 - alpha / max(comparisons, 1)
-
-
 # --- the candidates ---------------------------------------------------------------------------------
 def restrict_naive(groups: list[Group], cannot_act: Callable[[Overrides], Optional[str]],
                    ) -> tuple[Overrides, list[Group], list[str]]:
@@ -335,7 +329,7 @@ def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
                 found[o.label] = arm.status if arm else "error: not measured"
         ok = [o for o in options if o.label not in found]
         fits = {o.label for o in ok if _fits_memory(arms[o.label], max_memory_mb)}
-        screen_level = bonferroni_level(alpha, len(ok))
+        screen_level = stats.comparison_level(len(ok), alpha)
         results = compare_at({o.label: paired_ratios(arms[o.label], ref) for o in ok},
                              screen_level, min_gain)
         comparisons = {lab: Comparison(lab, s, lo, hi, v, len(paired_ratios(arms[lab], ref)))
@@ -399,7 +393,7 @@ def _confirm(arms: dict[str, Arm], top: list[Comparison], record: StepRecord, al
             record.confirmations[c.label] = Comparison(c.label, math.nan, math.nan, math.nan,
                                                        ref.status, 0)
         return None, f"the current recipe could not be measured ({ref.status})"
-    level = bonferroni_level(alpha, len(top))
+    level = stats.comparison_level(len(top), alpha)
     winners = []
     for c in top:
         arm = arms.get(c.label) or Arm("error: not measured")
@@ -425,7 +419,8 @@ def _fits_memory(arm: Arm, max_memory_mb: Optional[float]) -> bool:
 
 
 def _close(naive: Overrides, chosen: list[Option], steps: list[StepRecord], measure: Measurer,
-           budget: Budget, alpha: float, min_gain: float, notes: list[str], progress) -> tuple[list[dict], list[dict]]:
+           budget: Budget, alpha: float, min_gain: float, notes: list[str],
+           progress) -> tuple[list[dict], list[dict]]:
     """Waterfall and ablation from one closing measurement; the step gains stand in when it
     cannot run (nothing chosen, or no time left)."""
     step_gain = {s.chosen: s.confirmations[s.chosen] for s in steps if s.chosen}
@@ -469,14 +464,14 @@ def _close(naive: Overrides, chosen: list[Option], steps: list[StepRecord], meas
     against_naive = sum(a.status == "ok" for lab, a in measured.items() if lab != NAIVE)
     cum = compare_at({prefix[i]: paired_ratios(arms[prefix[i]], base)
                       for i in range(1, len(chosen) + 1) if arms[prefix[i]].status == "ok"},
-                     bonferroni_level(alpha, against_naive), min_gain)
+                     stats.comparison_level(against_naive, alpha), min_gain)
     for i, row in enumerate(waterfall[1:], start=1):
         if prefix[i] in cum:
             row["speedup"], row["lo"], row["hi"], row["verdict"] = cum[prefix[i]]
     # marginal contribution: final / final-without-it, paired
     marg = compare_at({o.label: paired_ratios(final, arms[without[o.label]]) for o in chosen
                        if arms[without[o.label]].status == "ok"},
-                      bonferroni_level(alpha, len(chosen)), min_gain)
+                      stats.comparison_level(len(chosen), alpha), min_gain)
     ablation = []
     for o in chosen:
         s, lo, hi, v = marg.get(o.label, (math.nan, math.nan, math.nan,
