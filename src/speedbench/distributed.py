@@ -33,7 +33,6 @@ import torch
 import torch.distributed as dist
 
 from speedbench import schema
-from speedbench.timing import timed_steps
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -181,12 +180,9 @@ def _agree(value: float, device: torch.device, op) -> float:
     return float(t.item())
 
 
-def warm_up(step: Callable[[], None], max_steps: int, device: torch.device,
-            budget_s: Optional[float]) -> tuple[float, int]:
-    """Untimed warm-up steps, stopping on every rank as soon as one rank is over the budget
-    (one small all-reduce per step: harmless here, as nothing is being timed)."""
-    return timed_steps(step, max_steps, device, budget_s,
-                       agree=lambda over: bool(_agree(over, device, dist.ReduceOp.MAX)))
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank as soon as one rank says so (one small all-reduce)."""
+    return bool(_agree(flag, device, dist.ReduceOp.MAX))
 
 
 def agree_steps(wanted: int, warm_s: float, warm_steps: int, budget_s: Optional[float],

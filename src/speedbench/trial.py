@@ -131,8 +131,9 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
                                            b.steady_tol, budget_s=budget and budget / 4)
                     window = b.steps
                 else:  # the ranks must agree on every step count, or one waits forever
-                    warm_s, warm = distributed.warm_up(trainer.step, b.warmup, device,
-                                                       budget and budget / 4)
+                    # untimed warm-up steps that stop on every rank once one is over budget
+                    warm_s, warm = timed_steps(trainer.step, b.warmup, device, budget and budget / 4,
+                                               agree=lambda over: distributed.any_rank(over, device))
                     window = distributed.agree_steps(b.steps, warm_s, warm,
                                                      budget and budget * 3 / 4, device)
                     budget, steady = None, None
