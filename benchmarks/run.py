@@ -38,11 +38,13 @@ from hydra.utils import instantiate  # noqa: E402
 from torch.utils.benchmark import Timer  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from speedbench import env, run, stats  # noqa: E402
+from speedbench.measure import env  # noqa: E402
+from speedbench import run
+from speedbench.analysis import stats
 from speedbench.config import build_plan, config_dir, register_schema  # noqa: E402
-from speedbench.data import build_dataset, build_loader  # noqa: E402
-from speedbench.timing import PhaseClock, synchronize, timed_steps, warm_up  # noqa: E402
-from speedbench.train import Trainer, build_model  # noqa: E402
+from speedbench.measure.data import build_dataset, build_loader  # noqa: E402
+from speedbench.measure.timing import PhaseClock, synchronize, timed_steps, warm_up  # noqa: E402
+from speedbench.measure.train import Trainer, build_model  # noqa: E402
 
 # --quick: tiny shapes (as tests/conftest.py's TINY), so every figure is produced in seconds.
 TINY = ["batch_size=4", "models.resnet.small.dataset.image_size=32",

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from speedbench import stats  # noqa: E402
+from speedbench.analysis import stats  # noqa: E402
 
 # Noise model, all on the log scale of throughput (0.03 ~ 3 %).
 TRIAL_SD = 0.04        # per-trial noise, Student t with 3 degrees of freedom scaled to this sd

@@ -95,7 +95,8 @@ for i in "${!passes[@]}"; do
       python - "$run_dir" >> "$log" 2>&1 <<'PY' && say "summary and report rebuilt in $run_dir" | tee -a "$log"
 import sys
 from pathlib import Path
-from speedbench import results, stats
+from speedbench import results
+from speedbench.analysis import stats
 from speedbench.report.render import write_report
 run_dir = Path(sys.argv[1])
 results.write_summary(stats.summarise(results.load_trials(run_dir)), run_dir)

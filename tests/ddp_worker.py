@@ -16,10 +16,10 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 
 from speedbench import distributed, techniques
 from speedbench.config import ModelSpec, Schema
-from speedbench.data import MarkovTokens, build_loader
+from speedbench.measure.data import MarkovTokens, build_loader
 from speedbench.techniques import Context
 from speedbench.techniques.parallel import wrap
-from speedbench.train import Trainer, build_model
+from speedbench.measure.train import Trainer, build_model
 
 from dist_models import SEQ, TINY_LM, VOCAB
 

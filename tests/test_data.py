@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from speedbench.data import JpegImages, MarkovTokens, TextBytes, build_dataset, image_folder
+from speedbench.measure.data import JpegImages, MarkovTokens, TextBytes, build_dataset, image_folder
 
 
 def test_jpeg_images_are_decoded_and_augmented_per_sample():

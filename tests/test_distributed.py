@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 
 import speedbench
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
-from speedbench import claims, distributed, scaling, stats, techniques
+from speedbench.analysis import claims, scaling, stats
+from speedbench import distributed, techniques
 from speedbench.config import ConfigError, Schema, build_plan
 from speedbench.techniques import Context
 from speedbench.report import plots

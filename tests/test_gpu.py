@@ -14,12 +14,13 @@ import pytest
 import torch
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
 
-from speedbench import flops, run, techniques
+from speedbench.measure import flops
+from speedbench import run, techniques
 from speedbench.techniques import Context
 from speedbench.config import build_plan
-from speedbench.data import build_dataset, build_loader
-from speedbench.timing import device_peak_mb, reset_device_peak
-from speedbench.train import Trainer
+from speedbench.measure.data import build_dataset, build_loader
+from speedbench.measure.timing import device_peak_mb, reset_device_peak
+from speedbench.measure.train import Trainer
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +122,7 @@ def test_cli_amp_on_cuda(tmp_path):
 
 
 def test_largest_batch_search_finds_the_out_of_memory_edge():
-    from speedbench import capacity
+    from speedbench.measure import capacity
 
     plan, spec, recipe, dataset = setup(model="resnet")
     device = torch.device(plan.device)

@@ -14,7 +14,9 @@ import torch
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
 from omegaconf import OmegaConf
 
-from speedbench import env, flops, run, stats, timing
+from speedbench.measure import env, flops, timing
+from speedbench import run
+from speedbench.analysis import stats
 from speedbench.config import ConfigError, ModelSpec, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -347,9 +349,9 @@ def _hold_memory(ready, done):
 
 # --- verdicts branch: quality at equal work, hopeless variants, the memory split in trials ----
 def _probe(plan, name, steps=None, **kw):
-    from speedbench import quality
-    from speedbench.data import build_dataset
-    from speedbench.trial import context
+    from speedbench.measure import quality
+    from speedbench.measure.data import build_dataset
+    from speedbench.measure.trial import context
 
     spec = plan.models[0]
     recipe, baseline = plan.variants[name], plan.variants[plan.baseline]
@@ -378,7 +380,7 @@ def test_quality_probe_compares_accumulation_at_equal_samples():
 
 
 def test_first_step_limit_spares_a_loaded_machine():
-    from speedbench import quality
+    from speedbench.measure import quality
 
     assert quality.first_step_limit(0.1, 6.0) == pytest.approx(2.0)  # 20x the baseline
     assert quality.first_step_limit(1.0, 6.0) == 6.0  # the trial budget comes first
@@ -389,7 +391,7 @@ def test_first_step_limit_spares_a_loaded_machine():
 
 
 def test_a_hopeless_variant_is_stopped_once_and_keeps_its_step_time(tmp_path, monkeypatch):
-    from speedbench import quality
+    from speedbench.measure import quality
 
     cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=2",
                       "+variants={base:{},slow:{}}", "baseline=base")
@@ -410,7 +412,7 @@ def test_a_hopeless_variant_is_stopped_once_and_keeps_its_step_time(tmp_path, mo
 
 def test_a_variant_many_times_slower_at_its_second_step_is_stopped(tmp_path, monkeypatch):
     # fp16 on a CPU: a first step under the trial budget, but every step ~20x the baseline's
-    from speedbench import quality
+    from speedbench.measure import quality
 
     assert quality.steady_step_limit(0.25) == pytest.approx(2.5)
     assert quality.steady_step_limit(0.01) == 1.0  # a step that short cannot stall a run

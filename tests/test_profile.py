@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
-from speedbench import diagnosis, profile
+from speedbench.measure import diagnosis, profile
 from speedbench.config import ConfigError, build_plan
 from speedbench.run import run
 

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
-from speedbench import recipe
+from speedbench.search import driver as recipe
 from speedbench.config import ConfigError, build_plan
 
 # Two cheap candidate groups are enough to exercise the search, the closing measurement and

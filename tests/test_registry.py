@@ -16,10 +16,10 @@ import torch
 from conftest import compose_cfg
 from speedbench import results, techniques
 from speedbench.config import ConfigError, build_plan
-from speedbench.data import build_dataset
+from speedbench.measure.data import build_dataset
 from speedbench.techniques import REGISTRY, Context, Technique
 from speedbench.techniques.base import get_key, global_snapshot
-from speedbench.trial import dataset_length, measure_trial
+from speedbench.measure.trial import dataset_length, measure_trial
 
 IDS = [t.name for t in REGISTRY]
 # A transformer small enough that a trial takes well under a second of compute.
@@ -122,7 +122,7 @@ def test_acts_on_cpu_or_says_why_not_and_leaves_global_state_as_it_was(tech: Tec
 
 
 def _model(plan):
-    from speedbench.train import build_model
+    from speedbench.measure.train import build_model
 
     return build_model(plan.models[0], 0)
 
@@ -160,7 +160,7 @@ def test_columns_appear_in_trials_csv(tech: Technique, tmp_path, default_record)
 
 def test_build_loader_still_takes_a_recipes_data_node():
     """Callers written before the registry pass `recipe.data`; it gives the loader's options."""
-    from speedbench.data import build_loader
+    from speedbench.measure.data import build_loader
 
     recipe = build_plan(compose_cfg(*SMALL, "data.num_workers=1", "data.prefetch_factor=3",
                                     "data.persistent_workers=true"), None).variants["default"]

@@ -151,8 +151,9 @@ def _overrides(row, folder: Path) -> list[str]:
 def _validate(overrides: list[str]) -> None:
     """What run() checks before it writes anything, in its order: compose, build every plan,
     check the data, make the run directory."""
-    from speedbench import results, suite
-    from speedbench.trial import check_data
+    from speedbench import results
+    from speedbench.config import suite
+    from speedbench.measure.trial import check_data
 
     experiment = next((o.split("=", 1)[1] for o in overrides if o.startswith("+experiment=")),
                       None)
@@ -263,7 +264,8 @@ def _scaling_with_mathtext(run: Path) -> None:
     t = pd.read_csv(run / "trials.csv")
     t["devices"] = t["variant"].map({"fp32": 1, name: 2, "bf16": 4})
     t.to_csv(run / "trials.csv", index=False)
-    from speedbench import results, scaling, stats
+    from speedbench import results
+    from speedbench.analysis import scaling, stats
     t["is_baseline"] = t["is_baseline"].astype(bool)
     results.write_summary(scaling.add_efficiency(stats.summarise(t), t), run)
 
@@ -422,7 +424,7 @@ def test_a_full_disk_leaves_the_old_report_whole_and_no_temp_files(tmp_path):
 # --- atomic writes -------------------------------------------------------------------------
 
 def test_atomic_write_replaces_a_link_not_its_target(tmp_path):
-    from speedbench import atomic
+    from speedbench.results import atomic
 
     (tmp_path / "elsewhere.txt").write_text("not ours")
     os.symlink(tmp_path / "elsewhere.txt", tmp_path / "report.md")
@@ -439,7 +441,7 @@ def test_atomic_write_replaces_a_link_not_its_target(tmp_path):
 
 
 def test_atomic_write_of_several_files_is_all_or_nothing(tmp_path):
-    from speedbench import atomic
+    from speedbench.results import atomic
 
     (tmp_path / "report.md").write_text("old md")
     with pytest.raises(OSError):  # the second file cannot be written: the first is not replaced

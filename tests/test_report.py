@@ -16,11 +16,12 @@ import pytest
 import yaml
 from conftest import TINY, only_run_dir, run_cli
 
-from speedbench import results, stats
+from speedbench import results
+from speedbench.analysis import stats
 from speedbench.report.__main__ import main as report_main
 from speedbench.report.compare import comparison_rows, config_differences, env_differences
 from speedbench.report.render import write_report
-from speedbench.report.runs import label_runs, load_run
+from speedbench.results.runs import label_runs, load_run
 
 HOSTILE = "<script>alert(1)</script>"
 ENV = {"device": "cpu", "device_name": "Test CPU", "cpu_model": "Test CPU", "cpu_count": 2,

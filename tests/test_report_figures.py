@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from speedbench import stats
+from speedbench.analysis import stats
 from speedbench.report import plots
 
 
@@ -216,9 +216,9 @@ def test_gflops_use_three_significant_digits_and_peaks_are_compared_per_precisio
 def test_cpu_flags_are_read_and_their_differences_compared(tmp_path):
     from test_report import ENV, make_run
 
-    from speedbench import env
+    from speedbench.measure import env
     from speedbench.report.compare import flag_differences
-    from speedbench.report.runs import label_runs, load_run
+    from speedbench.results.runs import label_runs, load_run
 
     xeon = "processor: 0\nflags\t\t: fpu sse4_2 avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_tile\n"
     epyc = "processor: 0\nflags\t\t: fpu sse4_2 avx2 avx512f avx512_bf16\n"
@@ -236,7 +236,7 @@ def test_cpu_flags_are_read_and_their_differences_compared(tmp_path):
 def test_load_average_at_the_end_is_added_to_env_json(tmp_path):
     import json
 
-    from speedbench import env
+    from speedbench.measure import env
 
     path = tmp_path / "env.json"
     path.write_text(json.dumps({"device": "cpu"}))

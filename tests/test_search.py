@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from speedbench import search as S
+from speedbench.search import selection as S
 
 BASE_TP = 100.0
 

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from speedbench import stats
+from speedbench.analysis import stats
 
 
 def test_clear_speedup_is_called_faster():

@@ -13,13 +13,13 @@ import torchvision.models as tvm
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
 from speedbench import results
 from speedbench.config import build_plan
-from speedbench.data import build_dataset
+from speedbench.measure.data import build_dataset
 from speedbench.models import resnet, transformer, vae
 from speedbench.techniques import Context, by_name, global_snapshot, global_state, \
     optimizer_options
 from speedbench.techniques import compile as compile_technique
 from speedbench.techniques.attention import BACKENDS
-from speedbench.trial import dataset_length, measure_trial
+from speedbench.measure.trial import dataset_length, measure_trial
 
 CPU = torch.device("cpu")
 SMALL_LM = [

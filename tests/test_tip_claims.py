@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from speedbench import claims, stats
+from speedbench.analysis import claims, stats
 
 
 def _trials(values: dict, device: str = "cpu") -> pd.DataFrame:

@@ -11,15 +11,16 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
-from speedbench import suite, sweeps, techniques
+from speedbench.config import suite, sweeps
+from speedbench import techniques
 from speedbench.config import ConfigError, build_plan, micro_batch
 from speedbench.techniques import Context
 from speedbench.techniques.sync import LossMeter
 from speedbench.techniques.tensor_creation import set_tensor_creation
-from speedbench.data import build_dataset, build_loader
+from speedbench.measure.data import build_dataset, build_loader
 from speedbench.models.transformer import TransformerLM
 from speedbench.models.vae import ConvVAE
-from speedbench.train import Trainer
+from speedbench.measure.train import Trainer
 
 TIPS = ["workers", "pinning", "tensor_creation", "sync", "empty_cache", "accumulation"]
 # accumulation splits the batch into up to 8 micro-batches: the batch must divide by 8.

@@ -9,9 +9,9 @@ import torch
 from conftest import compose_cfg
 from speedbench import techniques
 from speedbench.config import build_plan
-from speedbench.data import build_dataset, build_loader
+from speedbench.measure.data import build_dataset, build_loader
 from speedbench.techniques import Context
-from speedbench.train import Trainer, build_model
+from speedbench.measure.train import Trainer, build_model
 
 
 def _plan(*overrides):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from speedbench import stats
+from speedbench.analysis import stats
 
 _path = Path(__file__).resolve().parents[1] / "benchmarks" / "verdict_sim.py"
 _spec = importlib.util.spec_from_file_location("verdict_sim", _path)

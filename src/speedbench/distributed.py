@@ -5,7 +5,7 @@ A variant runs as DDP in one of two ways:
 - the user starts speedbench under torchrun (`torchrun --nproc_per_node=N -m speedbench ...`):
   every rank runs the whole experiment, each variant as DDP over the N ranks, and rank 0 alone
   writes the run directory (the ranks' clocks may disagree on its timestamp);
-- a variant sets `parallel=ddp` in a plain `python -m speedbench` run: speedbench.launch starts
+- a variant sets `parallel=ddp` in a plain `python -m speedbench` run: speedbench.measure.launch starts
   each of its trials under torchrun.
 Wrapping the model (DDP, DataParallel) is the parallel technique's (techniques/parallel.py).
 
@@ -32,7 +32,7 @@ from typing import Callable, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from speedbench import schema
+from speedbench.results import schema
 
 @dataclass(frozen=True)
 class DistEnv:

@@ -7,8 +7,8 @@ records `round` and `position` (the trial's place in its round, 0 first); `trial
 `round` for older readers. After `bench.repeats` rounds, more follow while a speed-up CI is
 wider than `bench.target_ci` (stats.wants_more_rounds), within the model's time budget.
 
-One trial (build -> warm up -> time -> record) is speedbench.trial's; a trial that needs
-several processes is launched through torchrun by speedbench.launch.
+One trial (build -> warm up -> time -> record) is speedbench.measure.trial's; a trial that needs
+several processes is launched through torchrun by speedbench.measure.launch.
 """
 from __future__ import annotations
 
@@ -23,13 +23,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from speedbench import atomic, capacity, diagnosis, distributed, env, launch, quality, results, \
-    scaling, schema, stats, techniques
+from speedbench.results import atomic, schema
+from speedbench.measure import capacity, diagnosis, env, launch, quality
+from speedbench import distributed, results, techniques
+from speedbench.analysis import scaling, stats
 from speedbench.config import ModelSpec, Plan
-from speedbench.data import build_dataset
-from speedbench.flops import FlopsBook
-from speedbench.trial import check_data, context, dataset_length, header, measure_trial  # noqa: F401
-from speedbench.train import build_model
+from speedbench.measure.data import build_dataset
+from speedbench.measure.flops import FlopsBook
+from speedbench.measure.trial import (check_data, context, dataset_length, header,  # noqa: F401
+                                      measure_trial)
+from speedbench.measure.train import build_model
 
 
 def round_order(names: list[str], seed: int, round_: int) -> list[str]:
@@ -232,7 +235,8 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     A suite (`tips`) measures each member experiment into the same trials.csv; `overrides` are
     the command line's, handed on to every member.
     """
-    from speedbench import recipe, suite
+    from speedbench.search import driver as recipe
+    from speedbench.config import suite
     from speedbench.config import build_plan
     from speedbench.report.render import console_lines, report_line, write_report
 

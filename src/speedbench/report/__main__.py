@@ -11,7 +11,7 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from speedbench.report.runs import ReportError
+from speedbench.results.runs import ReportError
 
 
 def main(argv=None) -> int:

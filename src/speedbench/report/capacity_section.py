@@ -1,11 +1,11 @@
-"""The report's "largest batch that fits" part, from capacity.csv (see speedbench.capacity)."""
+"""The report's "largest batch that fits" part, from capacity.csv (see speedbench.measure.capacity)."""
 from __future__ import annotations
 
 import math
 
 import pandas as pd
 
-from speedbench.schema import CAPACITY_LIMIT_FACTOR as LIMIT_FACTOR
+from speedbench.results.schema import CAPACITY_LIMIT_FACTOR as LIMIT_FACTOR
 
 STOPPED = {"limit": f"still fitting at the search's limit ({LIMIT_FACTOR} x the model's batch)",
            "time": "the search ran out of bench.largest_batch_s"}

@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from speedbench import atomic, stats
+from speedbench.results import atomic
+from speedbench.analysis import stats
 from speedbench.report import plots
 from speedbench.report.document import Document, slug, write
 from speedbench.report.render import _ci, _num
-from speedbench.report.runs import KEYS, ReportError, Run, label_runs, load_run
+from speedbench.results.runs import KEYS, ReportError, Run, label_runs, load_run
 
 # env.json entries that differ between any two runs anyway and explain nothing.
 ENV_IGNORED = ("hostname", "cpu_flags")  # CPU flags get their own table (flag_differences)

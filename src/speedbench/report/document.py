@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from speedbench import atomic
+from speedbench.results import atomic
 
 # Verdict words → the colour class of their table cell.
 GOOD = ("faster", "holds")

@@ -19,7 +19,8 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
-from speedbench import atomic, stats  # noqa: E402
+from speedbench.results import atomic  # noqa: E402
+from speedbench.analysis import stats
 
 VERDICT_COLOURS = {stats.FASTER: "#2a9d8f", stats.SLOWER: "#e76f51", stats.SAME: "#8d99ae",
                    stats.BASELINE: "#264653"}

@@ -1,6 +1,6 @@
 """The profiling tables (phases, profiler overhead) for the report, and the console text with
 the findings, read back from a run's phases.csv, findings.csv and trials.csv (written when
-some variant ran with `profile` on; see speedbench/profile.py)."""
+some variant ran with `profile` on; see speedbench/measure/profile.py)."""
 from __future__ import annotations
 
 import math

@@ -17,14 +17,14 @@ from typing import Optional
 
 import pandas as pd
 
-from speedbench import atomic
-from speedbench import claims as claims_mod
-from speedbench import stats
+from speedbench.results import atomic
+from speedbench.analysis import claims as claims_mod
+from speedbench.analysis import stats
 from speedbench.report import capacity_section, plots, profile_section, recipe_section, recommend
 from speedbench.report import workers as workers_view
 from speedbench.report.document import Document, slug, write
 from speedbench.report.numbers import ratio_ci
-from speedbench.report.runs import Run, load_run
+from speedbench.results.runs import Run, load_run
 
 
 _ci = ratio_ci

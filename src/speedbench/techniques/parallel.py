@@ -2,7 +2,7 @@
 FSDP2 (`fully_shard`: parameters, gradients and optimizer state sharded over the processes).
 
 This module wraps the model and says how many processes a trial needs; joining the process
-group is speedbench.distributed's job and launching torchrun is speedbench.launch's.
+group is speedbench.distributed's job and launching torchrun is speedbench.measure.launch's.
 """
 from __future__ import annotations
 

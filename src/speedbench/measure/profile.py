@@ -38,10 +38,10 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from speedbench.diagnosis import TrialProfile
-from speedbench.schema import PHASES
+from speedbench.measure.diagnosis import TrialProfile
+from speedbench.results.schema import PHASES
 from speedbench.models.per_step import PerStepTensors
-from speedbench.timing import PhaseClock, synchronize, timed_steps
+from speedbench.measure.timing import PhaseClock, synchronize, timed_steps
 
 SYNC_WARNING = "synchronizing CUDA operation"  # what torch.cuda.set_sync_debug_mode("warn") says
 TORCH_WAIT, TORCH_WARMUP = 1, 1  # torch.profiler schedule; the active span is bench.steps

@@ -16,9 +16,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from speedbench import results, stats
-from speedbench.schema import FINDING_COLUMNS as FINDINGS_COLUMNS
-from speedbench.schema import PHASE_COLUMNS as PHASES_COLUMNS
+from speedbench import results
+from speedbench.analysis import stats
+from speedbench.results.schema import FINDING_COLUMNS as FINDINGS_COLUMNS
+from speedbench.results.schema import PHASE_COLUMNS as PHASES_COLUMNS
 
 # Without these a run cannot be summarised, plotted or compared at all.
 REQUIRED = ("experiment", "model", "variant", "is_baseline", "status", "samples_per_s")

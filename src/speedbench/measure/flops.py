@@ -28,8 +28,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from speedbench import techniques
 from speedbench.techniques.tensor_creation import set_tensor_creation
 from speedbench.config import ModelSpec
-from speedbench.timing import synchronize
-from speedbench.train import build_model, compute_loss
+from speedbench.measure.timing import synchronize
+from speedbench.measure.train import build_model, compute_loss
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PEAK_TOL = 0.02  # the best three windows of the peak measurement agree within 2 %

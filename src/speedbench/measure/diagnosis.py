@@ -16,7 +16,7 @@ from typing import Optional
 import pandas as pd
 
 from speedbench import techniques
-from speedbench.schema import FINDING_COLUMNS, PHASE_COLUMNS, PHASES
+from speedbench.results.schema import FINDING_COLUMNS, PHASE_COLUMNS, PHASES
 from speedbench.techniques.base import Finding
 
 # A tip is said to pay when its symptom costs at least this much (each technique's own

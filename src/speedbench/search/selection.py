@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 
 import numpy as np
 
-from speedbench import stats
+from speedbench.analysis import stats
 
 FASTER, SLOWER, EQUIVALENT, INCONCLUSIVE = stats.FASTER, stats.SLOWER, stats.EQUIVALENT, \
     stats.INCONCLUSIVE

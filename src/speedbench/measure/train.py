@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from speedbench import techniques
 from speedbench.config import ModelSpec
 from speedbench.techniques import Context
-from speedbench.timing import NullClock
+from speedbench.measure.timing import NullClock
 
 
 def build_model(spec: ModelSpec, seed: int) -> nn.Module:

@@ -33,7 +33,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from speedbench import stats
+from speedbench.analysis import stats
 
 HOLDS, FAILS, PARTLY, INCONCLUSIVE = "holds", "does not hold", "partly", "inconclusive"
 COLUMNS = ["tip", "source", "claim", "experiment", "model", "variant", "measured", "memory",

@@ -16,14 +16,16 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from speedbench import distributed, profile, schema, techniques
+from speedbench import distributed, techniques
+from speedbench.measure import profile
+from speedbench.results import schema
 from speedbench.config import ModelSpec, Plan, micro_batch
-from speedbench.data import build_dataset, build_loader
+from speedbench.measure.data import build_dataset, build_loader
 from speedbench.errors import ConfigError
 from speedbench.techniques import Context
-from speedbench.timing import PeakRss, PhaseClock, device_peak_mb, release_host_memory, \
+from speedbench.measure.timing import PeakRss, PhaseClock, device_peak_mb, release_host_memory, \
     reset_device_peak, step_memory, timed_steps, warm_up
-from speedbench.train import Trainer, build_model
+from speedbench.measure.train import Trainer, build_model
 
 
 def dataset_length(plan: Plan, spec: ModelSpec, world_size: int = 1) -> int:

@@ -20,7 +20,8 @@ import pandas as pd
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from speedbench import search, stats
+from speedbench.search import selection as search
+from speedbench.analysis import stats
 from speedbench.config import REFERENCE_MODELS, ConfigError, ModelSpec, Plan, build_plan
 
 CLOSING = "recipe"

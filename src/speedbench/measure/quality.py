@@ -24,10 +24,10 @@ import torch
 from torch.utils.data import default_collate
 
 from speedbench import techniques
-from speedbench.data import build_loader
+from speedbench.measure.data import build_loader
 from speedbench.techniques import Context
-from speedbench.timing import synchronize
-from speedbench.train import Trainer, build_model, compute_loss
+from speedbench.measure.timing import synchronize
+from speedbench.measure.train import Trainer, build_model, compute_loss
 
 EVAL_SAMPLES = 64
 HOPELESS_FACTOR = 20  # a first step this many times the baseline's: stopped after that step

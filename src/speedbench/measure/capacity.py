@@ -24,9 +24,9 @@ import torch
 from omegaconf import OmegaConf
 
 from speedbench.config import micro_batch
-from speedbench.schema import CAPACITY_COLUMNS, CAPACITY_LIMIT_FACTOR, na
-from speedbench.timing import device_peak_mb, reset_device_peak
-from speedbench.train import Trainer
+from speedbench.results.schema import CAPACITY_COLUMNS, CAPACITY_LIMIT_FACTOR, na
+from speedbench.measure.timing import device_peak_mb, reset_device_peak
+from speedbench.measure.train import Trainer
 
 COLUMNS = CAPACITY_COLUMNS
 LIMIT_FACTOR = CAPACITY_LIMIT_FACTOR  # no search past this many times the model's batch

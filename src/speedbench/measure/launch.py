@@ -1,7 +1,7 @@
 """Launching torchrun from inside speedbench, for a trial that needs several processes.
 
 A variant with `parallel=ddp` in a plain `python -m speedbench` run has each of its trials
-launched as `python -m torch.distributed.run --standalone -m speedbench.launch JOB_DIR` (`main`
+launched as `python -m torch.distributed.run --standalone -m speedbench.measure.launch JOB_DIR` (`main`
 below is each rank's entry point), and rank 0's record comes back as a JSON file. One launch
 per trial keeps the variants interleaved; the launch itself is outside the timed window.
 """
@@ -23,10 +23,10 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
-from speedbench.data import build_dataset
+from speedbench.measure.data import build_dataset
 from speedbench.distributed import (DistEnv, blame, exit_cleanly, failure_status, from_environ,
                                     init_process_group, is_main, rank_device, report_failure)
-from speedbench.trial import dataset_length, measure_trial
+from speedbench.measure.trial import dataset_length, measure_trial
 
 
 def launch_timeout_s(recipe) -> Optional[float]:
@@ -40,7 +40,7 @@ def launch_timeout_s(recipe) -> Optional[float]:
 def launch_trial(plan, spec, variant: str, recipe, trial: int, nproc: int) -> dict:
     """One trial over `nproc` processes started through torchrun; rank 0's combined record,
     or a record whose status says which rank failed and why."""
-    package_root = str(Path(__file__).resolve().parents[1])  # the speedbench the parent runs
+    package_root = str(Path(__file__).resolve().parents[2])  # the speedbench the parent runs
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
     with tempfile.TemporaryDirectory(prefix="speedbench-ddp-") as tmp:
@@ -48,9 +48,10 @@ def launch_trial(plan, spec, variant: str, recipe, trial: int, nproc: int) -> di
         (job / "job.pkl").write_bytes(pickle.dumps(
             {"plan": plan, "spec": spec, "variant": variant, "recipe": recipe, "trial": trial}))
         # torchrun, through this module's --torchrun (see torchrun_main): it dies with us
-        cmd = [sys.executable, "-m", "speedbench.launch", TORCHRUN, str(job), "--standalone",
+        cmd = [sys.executable, "-m", "speedbench.measure.launch", TORCHRUN, str(job),
+               "--standalone",
                f"--nproc_per_node={nproc}", f"--log-dir={job / 'logs'}",  # not a temp folder
-               "-m", "speedbench.launch", str(job)]
+               "-m", "speedbench.measure.launch", str(job)]
         limit = launch_timeout_s(recipe)
         # A session of its own, so that a timeout kills torchrun and all its workers.
         proc = subprocess.Popen(cmd, env={**env, PARENT_PID: str(os.getpid())},
@@ -171,7 +172,8 @@ def _worker(job: Path) -> None:
     """One rank of a launched trial (run by torchrun)."""
     env = from_environ()
     if env is None:
-        raise SystemExit("speedbench.launch: run me through torchrun (speedbench does this)")
+        raise SystemExit("speedbench.measure.launch: run me through torchrun "
+                         "(speedbench does this)")
     die_with_parent(signal.SIGKILL, LAUNCHER_PID)
     job_data = pickle.loads((job / "job.pkl").read_bytes())
     plan, spec, recipe = job_data["plan"], job_data["spec"], job_data["recipe"]
@@ -198,7 +200,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     if len(args) > 2 and args[0] == TORCHRUN:
         return torchrun_main(Path(args[1]), args[2:])
     if len(args) != 1:
-        raise SystemExit("usage: torchrun ... -m speedbench.launch JOB_DIR (run by speedbench)")
+        raise SystemExit("usage: torchrun ... -m speedbench.measure.launch JOB_DIR "
+                         "(run by speedbench)")
     record(_worker)(Path(args[0]))
 
 

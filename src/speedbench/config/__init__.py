@@ -147,7 +147,7 @@ def config_dir() -> str:
     top-level configs/ (editable install or PYTHONPATH=src)."""
     from pathlib import Path
 
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the speedbench package
     for candidate in (here / "configs", here.parents[1] / "configs"):
         if (candidate / "config.yaml").is_file():
             return str(candidate)
@@ -181,7 +181,7 @@ Schema = _with_fields(SpeedbenchConfig, "Schema", techniques.fields())
 
 
 def register_schema() -> None:
-    from speedbench.sweeps import register_resolvers
+    from speedbench.config.sweeps import register_resolvers
 
     ConfigStore.instance().store(name="speedbench_schema", node=Schema)
     register_resolvers()  # machine-dependent variants, e.g. ${speedbench.worker_variants:...}

@@ -11,9 +11,9 @@ from typing import Iterable, Optional
 
 import pandas as pd
 
-from speedbench import atomic
+from speedbench.results import atomic
 from speedbench.errors import ConfigError
-from speedbench.schema import SUMMARY_COLUMNS, TRIAL_COLUMNS, trial_columns  # noqa: F401
+from speedbench.results.schema import SUMMARY_COLUMNS, TRIAL_COLUMNS, trial_columns  # noqa: F401
 
 
 class OutputError(ConfigError):

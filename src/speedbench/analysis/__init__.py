@@ -1,0 +1,1 @@
+"""Decide: paired statistics, summaries, claims. pandas/numpy only, no torch."""

@@ -1,0 +1,1 @@
+"""The recipe search: the pure selection algorithm and the driver that runs real trials."""
