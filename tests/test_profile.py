@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pstats
+from typing import Optional
 
 import pandas as pd
 import pytest
@@ -14,7 +15,8 @@ import torch
 import torch.nn as nn
 
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
-from speedbench.measure import diagnosis, profile
+from speedbench.measure import diagnosis
+from speedbench.techniques import parallel
 from speedbench.config import ConfigError, build_plan
 from speedbench.run import run
 
@@ -189,7 +191,7 @@ def test_ddp_forwards_outside_no_sync_are_counted(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         model, x = DistributedDataParallel(nn.Linear(4, 2)), torch.randn(3, 4)
-        with profile.counting_synced_forwards(model) as synced:
+        with parallel.counting_synced_forwards(model) as synced:
             with model.no_sync():
                 model(x).sum().backward()
             model(x).sum().backward()
@@ -199,24 +201,32 @@ def test_ddp_forwards_outside_no_sync_are_counted(tmp_path):
         dist.destroy_process_group()
 
 
-def measured(**kw) -> diagnosis.TrialProfile:
-    """A clean measurement on a GPU with tensor cores, changed by `kw`."""
+SETTINGS = {"precision": "bf16", "matmul_precision": "default", "sync": "deferred",
+            "accumulate": 1, "num_workers": 4, "parallel": "none"}
+
+
+def measured(settings: Optional[dict] = None, counters: Optional[dict] = None,
+             **kw) -> diagnosis.TrialProfile:
+    """A clean measurement on a GPU with tensor cores, changed by `kw`, with `settings` (the
+    techniques' columns) and `counters` (theirs) over a clean recipe's."""
     base = dict(mode="simple", steps=10, window_s=1.0, device="cuda", device_name="GPU",
-                capability=(9, 0), precision="bf16", batch_pinned=True, num_workers=4, cpus=8,
-                cuda_syncs=0, model_syncs=0,
+                capability=(9, 0), batch_pinned=True, cpus=8, cuda_syncs=0, model_syncs=0,
                 phase_s={"data": 0.01, "h2d": 0.05, "forward": 0.3, "backward": 0.5,
-                         "optimizer": 0.1, "other": 0.01})
+                         "optimizer": 0.1, "other": 0.01},
+                settings={**SETTINGS, **(settings or {})},
+                counters={"empty_cache_calls": 0, **(counters or {})})
     return diagnosis.TrialProfile(**{**base, **kw})
 
 
 @pytest.mark.parametrize("change, knob", [
-    ({"precision": "fp32"}, "precision=bf16"),
-    ({"precision": "fp32", "capability": (7, 0)}, "precision=fp16"),
+    ({"settings": {"precision": "fp32"}}, "precision=bf16"),
+    ({"settings": {"precision": "fp32"}, "capability": (7, 0)}, "precision=fp16"),
     ({"batch_pinned": False}, "data.pin_memory=true data.non_blocking=true"),
     ({"host_creations": 20, "model_syncs": 20}, "tensor_creation=device"),
     ({"model_syncs": 10}, "-"),
-    ({"synced_forwards": 20, "accumulate": 2}, "-"),
-    ({"empty_cache_calls": 10}, "empty_cache=false"),
+    ({"counters": {"synced_forwards": 20}, "settings": {"accumulate": 2}}, "-"),
+    ({"counters": {"empty_cache_calls": 10}}, "empty_cache=false"),
+    ({"counters": {"data_parallel": "parallel=dp"}}, "parallel=ddp"),
     ({"host_reads": 10}, "sync=deferred"),
 ])
 def test_diagnosis_rules(change, knob):
@@ -226,7 +236,25 @@ def test_diagnosis_rules(change, knob):
 
 
 def test_accumulation_with_no_sync_is_clean():
-    assert diagnosis.diagnose(measured(synced_forwards=10, accumulate=4)) == []
+    assert diagnosis.diagnose(measured(counters={"synced_forwards": 10},
+                                       settings={"accumulate": 4})) == []
+
+
+def test_fp32_finding_says_whether_tf32_was_on():
+    fp32 = {"precision": "fp32"}
+    for matmul, tf32 in (("default", "off"), ("highest", "off"), ("high", "on")):
+        found = diagnosis.diagnose(measured(settings={**fp32, "matmul_precision": matmul}))
+        assert f"TF32 matmuls {tf32}" in found[0].figure
+
+
+def test_pooling_adds_counts_and_keeps_descriptions():
+    one = measured(host_reads=3, model_syncs=None,
+                   counters={"empty_cache_calls": 2, "data_parallel": "parallel=dp"})
+    pooled = diagnosis.pool([one, measured(host_reads=4, model_syncs=None,
+                                           counters={"empty_cache_calls": 5})])
+    assert (pooled.steps, pooled.host_reads, pooled.model_syncs) == (20, 7, None)
+    assert pooled.counters == {"empty_cache_calls": 7, "data_parallel": "parallel=dp"}
+    assert one.counters["empty_cache_calls"] == 2  # the trial's own figures are left as they were
 
 
 @pytest.mark.gpu

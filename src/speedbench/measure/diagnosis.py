@@ -3,8 +3,8 @@ phase table (phases.csv) and turn the measurements into findings (findings.csv).
 
 A finding is a symptom with the figure that shows it, the tip that addresses it and the knob
 to set. Each rule fires on what profile.py measured (shares of the step, counts of host
-reads, host-born tensors, empty_cache calls, CUDA synchronisations, synced DDP forwards),
-never on the recipe alone; a clean recipe yields none.
+reads, host-born tensors, CUDA synchronisations, and each technique's own counters), never
+on the recipe alone; a clean recipe yields none.
 """
 from __future__ import annotations
 
@@ -34,23 +34,18 @@ class TrialProfile:
     phase_s: dict = field(default_factory=dict)  # phase -> seconds in the window
     host_reads: int = 0  # LossMeter reads of the loss (sync knob)
     host_creations: int = 0  # per-step tensors born on the host, then copied
-    empty_cache_calls: int = 0
     cuda_syncs: Optional[int] = None  # all synchronising CUDA calls; None off CUDA
     model_syncs: Optional[int] = None  # of those, inside forward/backward
-    synced_forwards: Optional[int] = None  # DDP forwards that all-reduce; None without DDP
     batch_pinned: Optional[bool] = None  # the loader's batches are in pinned memory
     batch_mb: float = 0.0  # host-to-device bytes per optimizer step
     # What the run was, the same for every trial of one (model, variant).
     device: str = "cpu"
     device_name: str = ""
     capability: Optional[tuple] = None  # CUDA compute capability
-    precision: str = "fp32"
-    matmul_precision: str = "highest"
-    sync: str = "deferred"
-    accumulate: int = 1
-    num_workers: int = 0
     cpus: int = 1
-    data_parallel: Optional[str] = None  # how DataParallel was seen, None when not in use
+    settings: dict = field(default_factory=dict)  # the techniques' columns of the trial's row
+    # What the techniques counted in the phase window (Technique.profile_counters).
+    counters: dict = field(default_factory=dict)
 
     def share(self, phase: str) -> float:
         return self.phase_s.get(phase, 0.0) / self.window_s if self.window_s else 0.0
@@ -66,17 +61,28 @@ class TrialProfile:
 
 def pool(profiles: list[TrialProfile]) -> TrialProfile:
     """All trials of one (model, variant) as one long window: times and counts add up."""
-    out = dataclasses.replace(profiles[0], phase_s=dict(profiles[0].phase_s))
+    out = dataclasses.replace(profiles[0], phase_s=dict(profiles[0].phase_s),
+                              counters=dict(profiles[0].counters))
     for p in profiles[1:]:
         out.steps += p.steps
         out.window_s += p.window_s
         for phase, s in p.phase_s.items():
             out.phase_s[phase] = out.phase_s.get(phase, 0.0) + s
-        for name in ("host_reads", "host_creations", "empty_cache_calls", "cuda_syncs",
-                     "model_syncs", "synced_forwards"):
-            a, b = getattr(out, name), getattr(p, name)
-            setattr(out, name, None if a is None and b is None else (a or 0) + (b or 0))
+        for name in ("host_reads", "host_creations", "cuda_syncs", "model_syncs"):
+            setattr(out, name, _add(getattr(out, name), getattr(p, name)))
+        for name, value in p.counters.items():
+            out.counters[name] = _add(out.counters.get(name), value) \
+                if _is_count(value) else out.counters.get(name, value)
     return out
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _add(a, b):
+    """Counts add up; None (not measured) only where neither trial measured it."""
+    return None if a is None and b is None else (a or 0) + (b or 0)
 
 
 # Tips for symptoms no technique owns: the fix is in the user's code.

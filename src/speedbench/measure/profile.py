@@ -8,8 +8,8 @@ the same number of steps:
    end, so device work is charged to the phase that queued it. That changes the step (it
    removes all overlap), which is why it happens here and never in the timed window. Counters
    run alongside: the loop's host reads of the loss, per-step tensors born on the host,
-   torch.cuda.empty_cache calls, CUDA synchronisations inside forward/backward (counted with
-   torch.cuda.set_sync_debug_mode), and under DDP the forwards that all-reduce.
+   CUDA synchronisations inside forward/backward (counted with
+   torch.cuda.set_sync_debug_mode), and each technique's own (Technique.profile_counters).
 2. `advanced`: a window under cProfile, one profile per phase: cprofile.txt, cprofile_<phase>.prof.
 3. `pytorch`: a window under torch.profiler (wait, warm-up, active): trace.json (Chrome /
    Perfetto), tensorboard/ (TensorBoard trace files), torch_ops.txt (key_averages by self
@@ -38,6 +38,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from speedbench import techniques
 from speedbench.measure.diagnosis import TrialProfile
 from speedbench.results.schema import PHASES
 from speedbench.models.per_step import PerStepTensors
@@ -103,24 +104,6 @@ class LabelClock:
 
 # --- counters -------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def counting_empty_cache():
-    """Counts torch.cuda.empty_cache() calls made while the block runs, by anyone (speedbench's
-    empty_cache knob or the user's model): yields a one-element list."""
-    calls = [0]
-    original = torch.cuda.empty_cache
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return original(*args, **kwargs)
-
-    torch.cuda.empty_cache = counted
-    try:
-        yield calls
-    finally:
-        torch.cuda.empty_cache = original
-
-
-@contextlib.contextmanager
 def cuda_sync_log(device: torch.device):
     """On CUDA, records a warning for every synchronising call (torch.cuda.set_sync_debug_mode);
     yields the list of warnings, or None elsewhere."""
@@ -137,47 +120,8 @@ def cuda_sync_log(device: torch.device):
             torch.cuda.set_sync_debug_mode(previous)
 
 
-@contextlib.contextmanager
-def counting_synced_forwards(model: nn.Module):
-    """Under DDP, counts forwards that will all-reduce their gradients (outside no_sync());
-    yields a one-element list, or None when the model is not DDP."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    if not isinstance(model, DistributedDataParallel):
-        yield None
-        return
-    count = [0]
-
-    def before_forward(module, args):
-        count[0] += bool(module.require_backward_grad_sync)
-
-    handle = model.register_forward_pre_hook(before_forward)
-    try:
-        yield count
-    finally:
-        handle.remove()
-
-
 def host_creations(model: nn.Module) -> int:
     return sum(m.host_creations for m in model.modules() if isinstance(m, PerStepTensors))
-
-
-def data_parallel(model: nn.Module, recipe) -> Optional[str]:
-    """How DataParallel shows itself: the model's wrapper, or a `parallel=dp` recipe."""
-    if isinstance(model, nn.DataParallel):
-        gpus = len(model.device_ids or [])
-        return f"torch.nn.DataParallel over {gpus} GPU(s)" if gpus else \
-            "torch.nn.DataParallel (no GPU here, so it only calls the module)"
-    if _get(recipe, "parallel") == "dp":
-        return "parallel=dp"
-    return None
-
-
-def _get(recipe, key: str, default=None):
-    try:
-        return recipe.get(key, default)
-    except Exception:  # a struct config without that key
-        return default
 
 
 # --- the windows ---------------------------------------------------------------------------------
@@ -186,8 +130,8 @@ def _phase_window(trainer, device: torch.device, steps: int, budget_s: Optional[
     """Times `steps` steps with the counting clock; fills tp; returns the window's seconds."""
     trainer.meter.reset()
     born = host_creations(trainer.model)
-    with counting_empty_cache() as calls, cuda_sync_log(device) as log, \
-            counting_synced_forwards(trainer.model) as forwards:
+    with cuda_sync_log(device) as log, \
+            techniques.profile_counters(trainer, trainer.ctx) as counters:
         clock = CountingClock(device, log)
         trainer.clock = clock
         elapsed, done = timed_steps(trainer.step, steps, device, budget_s=budget_s)
@@ -195,11 +139,10 @@ def _phase_window(trainer, device: torch.device, steps: int, budget_s: Optional[
     tp.phase_s = {p: clock.totals.get(p, 0.0) for p in PHASES}
     tp.host_reads = trainer.meter.host_reads
     tp.host_creations = host_creations(trainer.model) - born
-    tp.empty_cache_calls = calls[0]
+    tp.counters = counters
     if log is not None:
         tp.cuda_syncs = sum(clock.syncs.values())
         tp.model_syncs = clock.syncs["forward"] + clock.syncs["backward"]
-    tp.synced_forwards = forwards[0] if forwards is not None else None
     return elapsed / done
 
 
@@ -291,12 +234,10 @@ def profile_trial(trainer, recipe, device: torch.device, steps: int,
     budget = recipe.bench.max_trial_s
     if int(os.environ.get("RANK", "0")) != 0:
         out = None  # under torchrun, rank 0 alone writes
-    tp = TrialProfile(mode=recipe.profile, device=device.type, precision=recipe.precision,
-                      matmul_precision=torch.get_float32_matmul_precision(), sync=recipe.sync,
-                      accumulate=recipe.accumulate, num_workers=recipe.data.num_workers,
+    tp = TrialProfile(mode=recipe.profile, device=device.type,
                       cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                       else os.cpu_count() or 1,
-                      data_parallel=data_parallel(trainer.model, recipe))
+                      settings=techniques.columns(recipe, trainer.ctx))
     if device.type == "cuda":
         tp.device_name = torch.cuda.get_device_name(device)
         tp.capability = torch.cuda.get_device_capability(device)
@@ -317,10 +258,7 @@ def profile_trial(trainer, recipe, device: torch.device, steps: int,
         trainer.clock = clock
     tensors = [t for t in batch if isinstance(t, torch.Tensor)]
     tp.batch_pinned = all(t.is_pinned() for t in tensors)
-    tp.batch_mb = sum(t.nbytes for t in tensors) * recipe.accumulate / 2**20
+    tp.batch_mb = sum(t.nbytes for t in tensors) * trainer.micro_steps / 2**20
     return {"profile": recipe.profile, "reference_step_ms": 1000 * plain_s,
             "phase_step_ms": 1000 * phase_s, "profiled_step_ms": 1000 * profiled_s,
             "profile_overhead": profiled_s / plain_s - 1, "profile_data": tp}
-
-
-# --- pooling and diagnosis ----------------------------------------------------------------------

@@ -45,7 +45,7 @@ __all__ = ["REGISTRY", "Technique", "Field", "Context", "Finding", "ConfigError"
            "normalise", "check_plan", "not_applicable", "processes", "global_state",
            "micro_batching", "replicas", "loader_options", "prepare_model", "copy_options",
            "step_context", "grad_scaler", "loss_meter", "optimizer_options", "after_step",
-           "columns", "column_names", "diagnose"]
+           "columns", "column_names", "profile_counters", "diagnose"]
 
 
 def by_name(name: str) -> Technique:
@@ -202,6 +202,18 @@ def columns(recipe: Any, ctx: Context) -> dict:
     for t in REGISTRY:
         row.update(t.columns(recipe, ctx))
     return row
+
+
+@contextlib.contextmanager
+def profile_counters(trainer: Any, ctx: Context):
+    """Every technique's counters around a profile window: yields one dict, filled with all
+    of them once the block has run."""
+    counters: dict = {}
+    with contextlib.ExitStack() as stack:
+        parts = [stack.enter_context(t.profile_counters(trainer, ctx)) for t in REGISTRY]
+        yield counters
+    for part in parts:
+        counters.update(part)
 
 
 def diagnose(tp: Any) -> list[Finding]:

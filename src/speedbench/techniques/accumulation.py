@@ -46,11 +46,12 @@ all-reduces per sample (with `no_sync`).
         return {"accumulate": recipe.accumulate, "accumulate_mode": recipe.accumulate_mode}
 
     def diagnose(self, tp) -> list[Finding]:
-        if tp.synced_forwards is None or tp.accumulate <= 1 or not tp.steps:
+        forwards, k = tp.counters.get("synced_forwards"), tp.settings.get("accumulate", 1)
+        if forwards is None or k <= 1 or not tp.steps:
             return []
-        synced = tp.synced_forwards / tp.steps
+        synced = forwards / tp.steps
         if synced <= 1 + 1e-9:
             return []
         return [Finding("gradient accumulation without no_sync under DDP",
-                        f"{synced:.1f} of {tp.accumulate} micro-batches per optimizer step "
+                        f"{synced:.1f} of {k} micro-batches per optimizer step "
                         "all-reduce their gradients", TIP, "-")]

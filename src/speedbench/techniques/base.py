@@ -24,6 +24,7 @@ Who calls what, in this order (the registry is sorted by `order`, lowest first):
                       grad_scaler(), loss_meter(), optimizer_options(): once, at construction
                       after_step()       after each optimizer step
   trial (record)      columns()          the technique's columns of the trials.csv row
+  profile window      profile_counters() entered around a profiled trial's phase window
   diagnosis           diagnose()         findings from a profiled trial (profile != off)
 
 Config typing: a choice is declared as `typing.Literal[...]` on its Field. OmegaConf's
@@ -287,6 +288,13 @@ class Technique:
         """This technique's columns of a trials.csv row (also for n/a rows): its settings, and
         what it observed (ctx.extra["trainer"] is the Trainer once the trial has run)."""
         return {}
+
+    def profile_counters(self, trainer: Any, ctx: Context) -> contextlib.AbstractContextManager:
+        """Entered around a profiled trial's phase window; yields a dict this technique fills
+        with what it saw there, under keys of its own (e.g. {"empty_cache_calls": 3}). They
+        reach `diagnose` as `tp.counters`, pooled over trials: numbers add up, anything else
+        keeps the first trial's value."""
+        return contextlib.nullcontext({})
 
     def diagnose(self, tp: Any) -> list[Finding]:
         """Findings from a pooled profile (diagnosis.TrialProfile); a clean recipe gives none."""

@@ -1,6 +1,7 @@
 """torch.cuda.empty_cache() after every optimizer step (an anti-pattern, measured)."""
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -35,9 +36,27 @@ allocator's free blocks back to the driver.
     def columns(self, recipe, ctx: Context) -> dict:
         return {"empty_cache": recipe.empty_cache}
 
+    @contextlib.contextmanager
+    def profile_counters(self, trainer, ctx: Context):
+        """Counts torch.cuda.empty_cache() calls made in the window, by anyone (this knob or
+        the user's model)."""
+        counters = {"empty_cache_calls": 0}
+        original = torch.cuda.empty_cache
+
+        def counted(*args, **kwargs):
+            counters["empty_cache_calls"] += 1
+            return original(*args, **kwargs)
+
+        torch.cuda.empty_cache = counted
+        try:
+            yield counters
+        finally:
+            torch.cuda.empty_cache = original
+
     def diagnose(self, tp) -> list[Finding]:
-        if not tp.empty_cache_calls:
+        calls = tp.counters.get("empty_cache_calls")
+        if not calls:
             return []
         return [Finding("empty_cache called in the loop",
-                        f"torch.cuda.empty_cache() called {tp.empty_cache_calls} times in "
-                        f"{tp.steps} steps", TIP, "empty_cache=false")]
+                        f"torch.cuda.empty_cache() called {calls} times in {tp.steps} steps",
+                        TIP, "empty_cache=false")]

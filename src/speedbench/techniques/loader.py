@@ -75,11 +75,12 @@ training process for CPUs."""
     def diagnose(self, tp) -> list[Finding]:
         found = []
         if tp.share("data") >= DATA_WAIT_SHARE:
+            workers = tp.settings.get("num_workers", 0)
             figure = (f"the loop waits for data {100 * tp.share('data'):.0f}% of the step "
                       f"({tp.ms('data'):.1f} of {tp.step_ms:.1f} ms), "
-                      f"data.num_workers={tp.num_workers}")
-            if tp.num_workers < tp.cpus:
-                more = min(tp.cpus, 4) if tp.num_workers == 0 else min(tp.cpus, 2 * tp.num_workers)
+                      f"data.num_workers={workers}")
+            if workers < tp.cpus:
+                more = min(tp.cpus, 4) if workers == 0 else min(tp.cpus, 2 * workers)
                 found.append(Finding("data wait share high", figure, TIPS["workers"],
                                      f"data.num_workers={more} data.persistent_workers=true"))
             else:

@@ -6,6 +6,7 @@ group is speedbench.distributed's job and launching torchrun is speedbench.measu
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Literal, Optional
 
 import torch
@@ -74,6 +75,37 @@ def shard(model: nn.Module) -> nn.Module:
     for block in list(_blocks(model)):
         fully_shard(block)
     return fully_shard(model)
+
+
+def data_parallel(model: nn.Module, parallel: str) -> Optional[str]:
+    """How DataParallel shows itself: the model's wrapper (a user's model may wrap itself), or
+    `parallel=dp`; None when it is not in use."""
+    if isinstance(model, nn.DataParallel):
+        gpus = len(model.device_ids or [])
+        return f"torch.nn.DataParallel over {gpus} GPU(s)" if gpus else \
+            "torch.nn.DataParallel (no GPU here, so it only calls the module)"
+    return "parallel=dp" if parallel == "dp" else None
+
+
+@contextlib.contextmanager
+def counting_synced_forwards(model: nn.Module):
+    """Under DDP, counts forwards that will all-reduce their gradients (outside no_sync());
+    yields a one-element list, or None when the model is not DDP."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        yield None
+        return
+    count = [0]
+
+    def before_forward(module, args):
+        count[0] += bool(module.require_backward_grad_sync)
+
+    handle = model.register_forward_pre_hook(before_forward)
+    try:
+        yield count
+    finally:
+        handle.remove()
 
 
 class Parallel(Technique):
@@ -145,6 +177,19 @@ a reduce-scatter of its gradients."""
     def columns(self, recipe, ctx: Context) -> dict:
         return {"parallel": effective(recipe, ctx.dist_env)}
 
+    @contextlib.contextmanager
+    def profile_counters(self, trainer, ctx: Context):
+        """DataParallel as the window saw it; under DDP, the forwards that all-reduce their
+        gradients (accumulation's diagnosis reads them)."""
+        counters = {}
+        seen = data_parallel(trainer.model, effective(trainer.recipe, ctx.dist_env))
+        if seen:
+            counters["data_parallel"] = seen
+        with counting_synced_forwards(trainer.model) as synced:
+            yield counters
+        if synced is not None:
+            counters["synced_forwards"] = synced[0]
+
     def diagnose(self, tp) -> list[Finding]:
-        return [Finding("DataParallel in use", tp.data_parallel, TIP, "parallel=ddp")] \
-            if tp.data_parallel else []
+        seen = tp.counters.get("data_parallel")
+        return [Finding("DataParallel in use", seen, TIP, "parallel=ddp")] if seen else []

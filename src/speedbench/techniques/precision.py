@@ -42,9 +42,11 @@ range needs the scaler (bf16 has fp32's range and does not)."""
     def diagnose(self, tp) -> list[Finding]:
         cores = tp.device == "cuda" and tp.capability is not None and tp.capability >= (7, 0)
         compute = tp.share("forward") + tp.share("backward")
-        if not (cores and tp.precision == "fp32" and compute >= FP32_COMPUTE_SHARE):
+        fp32 = tp.settings.get("precision") == "fp32"
+        if not (cores and fp32 and compute >= FP32_COMPUTE_SHARE):
             return []
-        tf32 = "off" if tp.matmul_precision == "highest" else "on"
+        # matmul_precision's column: "default" is PyTorch's, full fp32
+        tf32 = "on" if tp.settings.get("matmul_precision") in ("high", "medium") else "off"
         major, minor = tp.capability
         return [Finding("fp32 matrix work on a GPU with tensor cores",
                         f"forward+backward take {100 * compute:.0f}% of the step in fp32 on "

@@ -86,7 +86,8 @@ and so stops it queueing work ahead.
         reads = tp.host_reads / tp.steps if tp.steps else 0.0
         if reads < PER_STEP:
             return []
-        figure = (f"{reads:.1f} host reads of the loss per step (sync={tp.sync}), "
+        figure = (f"{reads:.1f} host reads of the loss per step "
+                  f"(sync={tp.settings.get('sync')}), "
                   f"{tp.ms('other'):.2f} ms per step in them")
         if tp.cuda_syncs is not None:
             figure += f"; {tp.cuda_syncs / tp.steps:.1f} synchronising CUDA calls per step in all"
