@@ -4,7 +4,9 @@ Writers (results.py, diagnosis.py, capacity.py), loaders and the report all take
 from here. Pure Python, no torch: the report imports it.
 
 trials.csv: TRIAL_COLUMNS (the contract columns first, then more), then the columns the
-techniques add (`trial_columns(extra)`; speedbench.techniques.column_names()).
+techniques add (`trial_columns(extra)`; speedbench.techniques.column_names()). TRIAL_COLUMNS
+are generic: identity and measurements that every trial has, whatever its recipe; a
+technique's settings are its own columns.
 """
 from __future__ import annotations
 
@@ -15,12 +17,12 @@ from typing import Iterable
 TRIAL_COLUMNS = [
     "experiment", "model", "variant", "is_baseline", "trial", "status", "device", "world_size",
     "samples_per_s", "step_ms", "data_wait_frac", "peak_mem_mb", "final_loss",
-    "host_rss_mb", "host_rss_main_mb", "steps", "warmup_steps", "batch_size", "accumulate",
-    "precision", "num_workers", "elapsed_s", "host_reads", "omp_num_threads", "torch_threads",
+    "host_rss_mb", "host_rss_main_mb", "steps", "warmup_steps", "batch_size",
+    "elapsed_s", "host_reads", "omp_num_threads", "torch_threads",
     # profile != off (profile.py): the mode; step times in an unprofiled reference window, with
     # phase syncs, and under the mode's profiler; that profiler's overhead over the reference
     "profile", "reference_step_ms", "phase_step_ms", "profiled_step_ms", "profile_overhead",
-    "parallel", "devices", "rank_step_ms",
+    "devices", "rank_step_ms",
     "warmup_steady", "flops_per_step", "achieved_tflops", "peak_tflops",
     # rounds (run.py): `round` runs every variant of a model once, in a shuffled order;
     # `position` is the trial's place in its round (0 first). `trial` == `round`.
