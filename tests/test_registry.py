@@ -144,6 +144,23 @@ def test_global_state_is_restored_after_a_trial_that_changes_it():
 
 
 # --- trials.csv ------------------------------------------------------------------------------------
+# The techniques' trials.csv columns as they were declared by hand, before they were derived
+# from the fields: readers of older runs depend on these names and this order.
+DECLARED_COLUMNS = [
+    "precision", "accumulate", "accumulate_mode", "num_workers", "pin_memory", "non_blocking",
+    "persistent_workers", "prefetch_factor", "tensor_creation", "sync", "sync_every",
+    "empty_cache", "memory_format", "checkpointing", "attention", "matmul_precision",
+    "cudnn_tf32", "cudnn_benchmark", "first_step_s", "optimizer_impl", "optimizer_ms",
+    "parallel", "compile", "compile_s", "compile_eager_step_ms", "compile_step_ms",
+    "compile_breakeven_steps", "recompiles", "graph_breaks", "compile_cache",
+]
+
+
+def test_derived_columns_keep_the_declared_names_and_order():
+    """A new technique may add columns anywhere; the existing ones keep their names and order."""
+    assert [c for c in techniques.column_names() if c in DECLARED_COLUMNS] == DECLARED_COLUMNS
+
+
 @pytest.mark.parametrize("tech", REGISTRY, ids=IDS)
 def test_columns_appear_in_trials_csv(tech: Technique, tmp_path, default_record):
     writer = results.TrialWriter(tmp_path / "trials.csv", techniques.column_names())

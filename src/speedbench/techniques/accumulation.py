@@ -25,7 +25,6 @@ all-reduces per sample (with `no_sync`).
               "add: each micro-batch is batch_size samples; split: the batch is cut into them"),
     )
     example = {"accumulate": 2}
-    column_names = ("accumulate", "accumulate_mode")
 
     def micro_batching(self, batch: int, recipe):
         k = recipe.accumulate
@@ -41,9 +40,6 @@ all-reduces per sample (with `no_sync`).
                         f"{where}accumulate: {recipe.accumulate} does not divide the batch of "
                         f"model {spec.name} ({batch}); with accumulate_mode=split the batch is "
                         "cut into `accumulate` equal micro-batches")
-
-    def columns(self, recipe, ctx) -> dict:
-        return {"accumulate": recipe.accumulate, "accumulate_mode": recipe.accumulate_mode}
 
     def diagnose(self, tp) -> list[Finding]:
         forwards, k = tp.counters.get("synced_forwards"), tp.settings.get("accumulate", 1)

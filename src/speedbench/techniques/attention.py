@@ -69,7 +69,6 @@ read and write far less memory. On GPUs flash and cudnn need fp16/bf16.
     fields = (Field("attention", Literal[("auto", *BACKENDS)], "auto",
                     "auto (PyTorch chooses) | math | flash | efficient | cudnn (SDPA backend)"),)
     example = {"attention": "math"}
-    column_names = ("attention",)
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
         if recipe.attention == "auto" or ctx.model is None:
@@ -101,6 +100,3 @@ read and write far less memory. On GPUs flash and cudnn need fp16/bf16.
             for module in attention_modules(model):
                 module.causal = "is_causal"
         return model
-
-    def columns(self, recipe, ctx: Context) -> dict:
-        return {"attention": recipe.attention}

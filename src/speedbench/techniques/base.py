@@ -57,7 +57,9 @@ class Field:
     key: flat (`precision`) or grouped (`data.num_workers`; the group must exist in the schema).
     type: int, float, bool, str, Optional[...] or Literal[...] (choices, validated here).
     low: smallest allowed value (ints); positive: value must be > 0 (floats). None passes both.
-    doc: one line, shown in docs and in the schema's comments.
+    doc: one line, shown in the generated docs and `--help`.
+    column: its trials.csv column; "" (the default): the key with `.` -> `_`
+    (`optimizer.impl` -> `optimizer_impl`); None: not recorded.
     """
 
     key: str
@@ -66,6 +68,13 @@ class Field:
     doc: str = ""
     low: Optional[int] = None
     positive: bool = False
+    column: Optional[str] = ""
+
+    @property
+    def column_name(self) -> Optional[str]:
+        if self.column is None:
+            return None
+        return self.column or self.key.replace(".", "_")
 
     @property
     def choices(self) -> Optional[tuple]:
@@ -208,8 +217,14 @@ class Technique:
     # A small non-default setting of this technique's keys that makes it act (the generic
     # registry tests train one trial with it): e.g. {"precision": "bf16"}.
     example: ClassVar[dict] = {}
-    # trials.csv columns this technique adds (the values come from `columns`).
-    column_names: ClassVar[tuple[str, ...]] = ()
+    # trials.csv columns after the fields' own: figures observed in a trial (`columns` fills them).
+    extra_columns: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        """The trials.csv columns this technique adds: its fields', then `extra_columns`."""
+        own = tuple(f.column_name for f in self.fields if f.column_name is not None)
+        return own + self.extra_columns
 
     # -- config ---------------------------------------------------------------------------------
     def validate(self, recipe: Any, where: str = "") -> None:
@@ -286,8 +301,10 @@ class Technique:
     # -- what it records ---------------------------------------------------------------------------
     def columns(self, recipe: Any, ctx: Context) -> dict:
         """This technique's columns of a trials.csv row (also for n/a rows): its settings, and
-        what it observed (ctx.extra["trainer"] is the Trainer once the trial has run)."""
-        return {}
+        what it observed (ctx.extra["trainer"] is the Trainer once the trial has run).
+        By default each recorded field's value; override to add `extra_columns`."""
+        return {f.column_name: get_key(recipe, f.key) for f in self.fields
+                if f.column_name is not None}
 
     def profile_counters(self, trainer: Any, ctx: Context) -> contextlib.AbstractContextManager:
         """Entered around a profiled trial's phase window; yields a dict this technique fills

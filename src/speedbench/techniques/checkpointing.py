@@ -32,7 +32,6 @@ training step's arithmetic). BatchNorm's running statistics see the recomputed b
     fields = (Field("checkpointing", Literal["off", "blocks"], "off",
                     "off | blocks (recompute each block's activations in backward)"),)
     example = {"checkpointing": "blocks"}
-    column_names = ("checkpointing",)
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
         if recipe.checkpointing != "off" and ctx.model is not None \
@@ -46,6 +45,3 @@ training step's arithmetic). BatchNorm's running statistics see the recomputed b
             for module in checkpointable(model):
                 module.checkpoint_blocks = True
         return model
-
-    def columns(self, recipe, ctx: Context) -> dict:
-        return {"checkpointing": recipe.checkpointing}

@@ -32,8 +32,8 @@ from speedbench.techniques.base import Context, Field, Technique, global_flag
 MODES = ("off", "default", "max-autotune", "reduce-overhead")
 BACKEND = "inductor"  # torch.compile's backend (tests use aot_eager: same capture, no codegen)
 EAGER_STEPS = 2  # eager reference steps before the compiling one (fewer if warm-up is shorter)
-COLUMNS = ("compile", "compile_s", "compile_eager_step_ms", "compile_step_ms",
-           "compile_breakeven_steps", "recompiles", "graph_breaks", "compile_cache")
+OBSERVED = ("compile_s", "compile_eager_step_ms", "compile_step_ms", "compile_breakeven_steps",
+            "recompiles", "graph_breaks", "compile_cache")
 
 
 def eager_steps(recipe) -> int:
@@ -125,7 +125,7 @@ when it pays back), recompilations on new shapes, memory for the compiler."""
     fields = (Field("compile", Literal[MODES], "off",
                     "off | default | max-autotune | reduce-overhead (torch.compile mode)"),)
     example = {"compile": "default"}
-    column_names = COLUMNS
+    extra_columns = OBSERVED
 
     def normalise(self, recipe) -> None:
         # The trial's time cap also cuts the warm-up short, which would push compilation into
@@ -163,8 +163,7 @@ when it pays back), recompilations on new shapes, memory for the compiler."""
             record.step_done()
 
     def columns(self, recipe, ctx: Context) -> dict:
-        row = dict.fromkeys(COLUMNS[1:], math.nan)
-        row["compile"] = recipe.compile
+        row = {**super().columns(recipe, ctx), **dict.fromkeys(OBSERVED, math.nan)}
         record = ctx.extra.get("compile")
         if record is not None and record.times:
             row.update(record.columns())

@@ -36,7 +36,7 @@ new shape; algorithms may differ from run to run (not bit-reproducible). CUDA on
     fields = (Field("cudnn_benchmark", bool, False,
                     "torch.backends.cudnn.benchmark (autotune convolutions; CUDA only)"),)
     example = {"cudnn_benchmark": True}
-    column_names = ("cudnn_benchmark", "first_step_s")
+    extra_columns = ("first_step_s",)
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
         if recipe.cudnn_benchmark and not ctx.cuda:
@@ -59,7 +59,7 @@ new shape; algorithms may differ from run to run (not bit-reproducible). CUDA on
 
     def columns(self, recipe, ctx: Context) -> dict:
         first = ctx.extra.get("first_step")
-        return {"cudnn_benchmark": recipe.cudnn_benchmark,
+        return {**super().columns(recipe, ctx),
                 "first_step_s": first.seconds if first is not None else math.nan}
 
 

@@ -22,7 +22,6 @@ allocator's free blocks back to the driver.
 **Costs**: the next step must `cudaMalloc` again, which synchronises; often a visible slow-down."""
     fields = (Field("empty_cache", bool, False, "torch.cuda.empty_cache() after every step"),)
     example = {"empty_cache": True}
-    column_names = ("empty_cache",)
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
         if recipe.empty_cache and not ctx.cuda:
@@ -32,9 +31,6 @@ allocator's free blocks back to the driver.
     def after_step(self, recipe, ctx: Context) -> None:
         if recipe.empty_cache and ctx.cuda:
             torch.cuda.empty_cache()
-
-    def columns(self, recipe, ctx: Context) -> dict:
-        return {"empty_cache": recipe.empty_cache}
 
     @contextlib.contextmanager
     def profile_counters(self, trainer, ctx: Context):

@@ -30,16 +30,16 @@ host-to-device copies take a visible share of the step (CUDA only).
 training process for CPUs."""
     fields = (
         Field("data.num_workers", int, 0, "DataLoader worker processes (0: load in the loop)",
-              low=0),
-        Field("data.pin_memory", bool, False, "page-locked batches (CUDA)"),
-        Field("data.non_blocking", bool, False, "asynchronous host-to-device copies (CUDA)"),
-        Field("data.persistent_workers", bool, False, "keep workers across epochs"),
+              low=0, column="num_workers"),
+        Field("data.pin_memory", bool, False, "page-locked batches (CUDA)", column="pin_memory"),
+        Field("data.non_blocking", bool, False, "asynchronous host-to-device copies (CUDA)",
+              column="non_blocking"),
+        Field("data.persistent_workers", bool, False, "keep workers across epochs",
+              column="persistent_workers"),
         Field("data.prefetch_factor", Optional[int], None, "batches loaded ahead per worker",
-              low=1),
+              low=1, column="prefetch_factor"),
     )
     example = {"data.num_workers": 1}
-    column_names = ("num_workers", "pin_memory", "non_blocking", "persistent_workers",
-                    "prefetch_factor")
 
     def normalise(self, recipe) -> None:
         """DataLoader refuses prefetch_factor/persistent_workers without workers: drop them."""
@@ -65,12 +65,6 @@ training process for CPUs."""
 
     def copy_options(self, opts: dict, recipe, ctx: Context) -> dict:
         return {**opts, "non_blocking": recipe.data.non_blocking}
-
-    def columns(self, recipe, ctx: Context) -> dict:
-        d = recipe.data
-        return {"num_workers": d.num_workers, "pin_memory": d.pin_memory,
-                "non_blocking": d.non_blocking, "persistent_workers": d.persistent_workers,
-                "prefetch_factor": d.prefetch_factor}
 
     def diagnose(self, tp) -> list[Finding]:
         found = []

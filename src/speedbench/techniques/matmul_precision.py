@@ -37,7 +37,7 @@ which computes in bf16 only where the CPU has bf16 matrix units.
     fields = (Field("matmul_precision", Optional[Literal["highest", "high", "medium"]], None,
                     "null (PyTorch's defaults) | highest | high (TF32) | medium (bf16 allowed)"),)
     example = {"matmul_precision": "medium"}
-    column_names = ("matmul_precision", "cudnn_tf32")
+    extra_columns = ("cudnn_tf32",)
 
     def global_state(self, recipe, ctx: Context):
         if recipe.matmul_precision is None:

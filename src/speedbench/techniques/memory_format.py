@@ -34,7 +34,6 @@ Convolution models only: n/a for the transformer."""
     fields = (Field("memory_format", Literal["contiguous", "channels_last"], "contiguous",
                     "contiguous | channels_last (convolution models)"),)
     example = {"memory_format": "channels_last"}
-    column_names = ("memory_format",)
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
         if recipe.memory_format == "channels_last" and ctx.model is not None \
@@ -49,6 +48,3 @@ Convolution models only: n/a for the transformer."""
         model = model.to(memory_format=torch.channels_last)
         model.register_forward_pre_hook(_inputs_channels_last)
         return model
-
-    def columns(self, recipe, ctx: Context) -> dict:
-        return {"memory_format": recipe.memory_format}

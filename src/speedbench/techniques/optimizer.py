@@ -41,7 +41,7 @@ a device torch has the kernel for."""
     fields = (Field("optimizer.impl", Literal[tuple(IMPL_OPTIONS)], "default",
                     "default | for-loop | foreach | fused (AdamW's implementation)"),)
     example = {"optimizer.impl": "fused"}
-    column_names = ("optimizer_impl", "optimizer_ms")
+    extra_columns = ("optimizer_ms",)
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
         if recipe.optimizer.impl == "fused":
@@ -61,4 +61,4 @@ a device torch has the kernel for."""
         clock = getattr(trainer, "clock", None)
         if clock is not None and getattr(clock, "counts", {}).get("optimizer"):
             ms = 1000 * clock.totals["optimizer"] / clock.counts["optimizer"]
-        return {"optimizer_impl": recipe.optimizer.impl, "optimizer_ms": ms}
+        return {**super().columns(recipe, ctx), "optimizer_ms": ms}

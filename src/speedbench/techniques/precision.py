@@ -26,7 +26,6 @@ range needs the scaler (bf16 has fp32's range and does not)."""
     fields = (Field("precision", Literal["fp32", "fp16", "bf16"], "fp32",
                     "fp32 | fp16 | bf16 (autocast; fp16 adds a GradScaler)"),)
     example = {"precision": "bf16"}
-    column_names = ("precision",)
 
     def step_context(self, recipe, ctx: Context):
         if recipe.precision == "fp32":
@@ -35,9 +34,6 @@ range needs the scaler (bf16 has fp32's range and does not)."""
 
     def grad_scaler(self, recipe, ctx: Context):
         return torch.amp.GradScaler(ctx.device.type) if recipe.precision == "fp16" else None
-
-    def columns(self, recipe, ctx: Context) -> dict:
-        return {"precision": recipe.precision}
 
     def diagnose(self, tp) -> list[Finding]:
         cores = tp.device == "cuda" and tp.capability is not None and tp.capability >= (7, 0)

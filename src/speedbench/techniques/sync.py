@@ -74,13 +74,9 @@ and so stops it queueing work ahead.
               low=1),
     )
     example = {"sync": "item"}
-    column_names = ("sync", "sync_every")
 
     def loss_meter(self, recipe, ctx: Context) -> LossMeter:
         return LossMeter(recipe.sync, recipe.sync_every, ctx.device)
-
-    def columns(self, recipe, ctx: Context) -> dict:
-        return {"sync": recipe.sync, "sync_every": recipe.sync_every}
 
     def diagnose(self, tp) -> list[Finding]:
         reads = tp.host_reads / tp.steps if tp.steps else 0.0

@@ -35,7 +35,6 @@ tensor per step.
     fields = (Field("tensor_creation", Literal["host", "device"], "device",
                     "where per-step tensors are born"),)
     example = {"tensor_creation": "host"}
-    column_names = ("tensor_creation",)
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
         if recipe.tensor_creation != "host":
@@ -49,9 +48,6 @@ tensor per step.
     def prepare_model(self, model, recipe, ctx: Context):
         set_tensor_creation(model, recipe.tensor_creation)
         return model
-
-    def columns(self, recipe, ctx: Context) -> dict:
-        return {"tensor_creation": recipe.tensor_creation}
 
     def diagnose(self, tp) -> list[Finding]:
         born = tp.host_creations / tp.steps if tp.steps else 0.0
