@@ -94,7 +94,7 @@ def test_old_verdict_words_and_empty():
 
 def test_report_layer_does_not_import_torch():
     code = ("import sys; import speedbench.report.recommend, speedbench.report.waterfall, "
-            "speedbench.report.snippets; print('torch' in sys.modules)")
+            "speedbench.report.recipe_section; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -122,26 +122,64 @@ def test_waterfall_figure(tmp_path):
     assert (tmp_path / "w.png").stat().st_size > 1000
 
 
-def test_snippets_per_override():
-    from speedbench.report import snippets
-    got = snippets.for_overrides({"precision": "bf16", "data.num_workers": 2,
-                                  "data.persistent_workers": True, "sync": "deferred"})
-    titles = [t for t, _ in got]
-    assert titles[0].startswith("bf16") and "torch.bfloat16" in got[0][1]
-    assert "num_workers=2" in got[1][1] and "detach" in got[2][1]
-    assert snippets.for_overrides({"precision": "fp32", "data.num_workers": 0}) == []
-    values = {"precision": ["bf16", "fp16"], "data.num_workers": [1, 4], "data.pin_memory": [True],
-              "data.non_blocking": [True], "sync": ["deferred"], "tensor_creation": ["device"],
-              "empty_cache": [False], "accumulate": [4], "parallel": ["ddp", "fsdp"],
-              "compile": [True, "max-autotune"], "memory_format": ["channels_last"],
-              "matmul_precision": ["high"], "cudnn_benchmark": [True],
-              "optimizer.impl": ["foreach", "fused"], "checkpointing": ["blocks"],
-              "attention": ["flash"]}
-    assert set(values) == set(snippets.SNIPPETS)
-    for key, make in snippets.SNIPPETS.items():  # every snippet is Python
-        for value in values[key]:
-            title, code = make(value)
-            compile(code.replace("...", "pass"), key, "exec")
+def _techniques_json(run_dir):
+    from speedbench import results, techniques
+    results.write_json(techniques.metadata(), run_dir / "techniques.json")
+    return run_dir
+
+
+def test_snippets_come_from_the_runs_techniques_json(tmp_path):
+    from speedbench.report.recipe_section import load_snippets, snippets_for
+    snippets = load_snippets(_techniques_json(tmp_path))
+    got = snippets_for({"precision": "bf16", "data.num_workers": 2,
+                        "data.persistent_workers": True, "sync": "deferred"}, snippets)
+    assert [t for t, _ in got] == ["bf16 autocast (no loss scaling needed)",
+                                   "2 DataLoader workers",
+                                   "no host read every step: accumulate the loss on the device"]
+    assert "torch.bfloat16" in got[0][1] and "num_workers=2," in got[1][1] \
+        and "detach" in got[2][1]
+    assert snippets_for({"precision": "fp32", "data.num_workers": 0, "accumulate": 1},
+                        snippets) == []
+    assert load_snippets(tmp_path / "old-run") is None
+
+
+def _a_value(field, listed):
+    """A value of `field` that the snippets list under ANY: not the default, not listed."""
+    others = [c for c in field.choices or () if c != field.default and c not in listed]
+    return others[0] if others else field.default + 3
+
+
+def test_every_snippet_is_python_and_is_found_for_its_value(tmp_path):
+    from speedbench.report.recipe_section import ANY, load_snippets, snippets_for
+    from speedbench.techniques import REGISTRY
+    snippets = load_snippets(_techniques_json(tmp_path))
+    checked = 0
+    for tech in REGISTRY:
+        fields = {f.key: f for f in tech.fields}
+        for key, by_value in tech.snippets.items():
+            for value in by_value:
+                if value == ANY:
+                    value = _a_value(fields[key], by_value)
+                fields[key].validate(value)
+                [(title, code)] = snippets_for({key: value}, snippets)
+                assert title == by_value.get(value, by_value.get(ANY))[0].replace(
+                    "{value}", str(value)) and "{value}" not in code
+                compile(code.replace("...", "pass"), f"{key}={value}", "exec")
+                checked += 1
+    assert checked == sum(len(v) for t in REGISTRY for v in t.snippets.values()) >= 16
+
+
+def test_a_run_without_techniques_json_shows_no_snippets_and_says_so(tmp_path):
+    from speedbench.report import recipe_section
+    chosen = pd.DataFrame([{"model": "vae", "table": "chosen", "option": "precision=bf16",
+                            "overrides": "{precision: bf16}"}])
+    for run_dir, shown in ((tmp_path / "old", False), (_techniques_json(tmp_path), True)):
+        run_dir.mkdir(exist_ok=True)
+        doc = Document("t")
+        recipe_section.add(doc, chosen, run_dir, tmp_path)
+        md = to_markdown(doc)
+        assert ("torch.bfloat16" in md) is shown
+        assert ("no techniques.json" in md) is not shown
 
 
 def test_a_recipe_search_is_advised_from_recipe_csv():

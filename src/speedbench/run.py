@@ -267,6 +267,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
             machine = env.collect(plans[0].device)
             machine["distributed"] = distributed.describe(dist_env, device)
             results.write_json(machine, run_dir / "env.json")
+            results.write_json(techniques.metadata(), run_dir / "techniques.json")
         except OSError as exc:  # nothing measured yet: leave no folder behind
             shutil.rmtree(run_dir, ignore_errors=True)
             raise results.write_failed(exc, None) from None

@@ -1,18 +1,23 @@
 """The recipe search's section of a report (from recipe.csv and recipe.yaml; no torch).
 
-Per model: the waterfall (figure and table), the ablation, what to change in your own loop,
-the command that re-runs the final recipe, and how the search went step by step.
+Per model: the waterfall (figure and table), the ablation, what to change in your own loop
+(the snippets of the run's techniques.json), the command that re-runs the final recipe, and how
+the search went step by step.
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
+from typing import Optional
 
 import pandas as pd
 import yaml
 
-from speedbench.report import plots, snippets, waterfall
+from speedbench.report import plots, waterfall
 from speedbench.report.document import Document, slug
+
+ANY = "*"  # a snippet for any value but the key's default (speedbench.techniques.base.ANY)
 
 METHOD = ("The search starts from the naive recipe (the articles' before-code, where it can act "
           "here) and adds techniques step by step. Each step first screens every remaining "
@@ -49,79 +54,135 @@ def _text(value) -> str:
 def add(doc: Document, recipe: pd.DataFrame, run_path: Path, out_dir: Path) -> None:
     doc.heading("The best recipe for this machine")
     doc.para(METHOD)
-    yaml_doc = {}
-    path = Path(run_path) / "recipe.yaml"
-    if path.is_file():
-        yaml_doc = yaml.safe_load(path.read_text()) or {}
+    yaml_doc = _read_yaml(Path(run_path) / "recipe.yaml")
+    snippets = load_snippets(Path(run_path))
     for model, rows in recipe.groupby("model", sort=False):
         tables = {name: g for name, g in rows.groupby("table", sort=False)}
         doc.heading(f"Recipe: {model}", 3)
-        wf = tables.get("waterfall")
-        if wf is not None and len(wf):
-            fig_path = f"plots/recipe-{slug(model)}-waterfall.png"
-            plots.save(waterfall.figure(wf, str(model)), out_dir / fig_path)
-            doc.figures([(f"{model}: naive, then each technique the search added, then the "
-                          "final recipe: cumulative speed-up over naive with its adjusted CI.",
-                          fig_path)])
-            doc.table(pd.DataFrame({
-                "stage": wf["label"],
-                "speed-up over naive [CI]": [_ci(r.speedup, r.lo, r.hi) for r in wf.itertuples()],
-                "gain when added [CI]": [_ci(r.step_gain, r.step_lo, r.step_hi)
-                                         for r in wf.itertuples()],
-            }))
-        ab = tables.get("ablation")
-        if ab is not None and len(ab):
-            doc.para("Leave one out: the final recipe over the final recipe without each "
-                     "technique, i.e. what each contributes in the presence of the others.")
-            doc.table(pd.DataFrame({
-                "technique": ab["option"],
-                "contribution [CI]": [_ci(r.speedup, r.lo, r.hi) for r in ab.itertuples()],
-                "verdict": ab["verdict"].map(_text),
-                "gain when added": [_ci(r.step_gain, math.nan, math.nan) for r in ab.itertuples()],
-            }))
-        chosen = tables.get("chosen")
-        if chosen is not None and len(chosen):
-            doc.para("What to change in your own training loop:")
-            for r in chosen.itertuples():
-                overrides = yaml.safe_load(r.overrides) if isinstance(r.overrides, str) else {}
-                for title, code in snippets.for_overrides(overrides or {}):
-                    doc.code(code, f"{r.option}: {title}")
+        _waterfall(doc, tables.get("waterfall"), str(model), out_dir)
+        _ablation(doc, tables.get("ablation"))
+        _snippets(doc, tables.get("chosen"), snippets)
         entry = yaml_doc.get(str(model)) if isinstance(yaml_doc, dict) else None
         if isinstance(entry, dict) and entry.get("command"):
             doc.para("Re-run the final recipe (recipe.yaml holds its overrides): "
                      f"{entry['command']}")
-        steps = tables.get("step")
-        if steps is not None and len(steps):
-            log = steps.pivot_table(index="option", columns="step", values="speedup",
-                                    aggfunc="first", sort=False)
-            table = pd.DataFrame({"option": log.index})
-            for step in log.columns:
-                table[f"step {int(step)}"] = [
-                    "-" if pd.isna(log.loc[o, step]) else f"{log.loc[o, step]:.2f}x"
-                    for o in log.index]
-            doc.para("The screens, step by step: each option's gain over the recipe of that "
-                     "step, from a few rounds; they rank the options, the confirmations below "
-                     "decide.")
-            doc.table(table)
-        confirm = tables.get("confirm")
-        if confirm is not None and len(confirm):
-            doc.para("The confirmations: the screen's two best, measured afresh against the "
-                     "recipe of that step (chosen: added at that step).")
-            doc.table(pd.DataFrame({
-                "step": confirm["step"].map(lambda x: f"{int(x)}" if pd.notna(x) else "-"),
-                "option": confirm["option"],
-                "gain [CI]": [_ci(r.speedup, r.lo, r.hi) for r in confirm.itertuples()],
-                "rounds": confirm["rounds"].map(lambda x: f"{int(x)}" if pd.notna(x) else "-"),
-                "verdict": [_text(r.verdict) or _text(r.status) for r in confirm.itertuples()],
-            }))
-        stopped = tables.get("stopped")
-        lines = []
-        if stopped is not None and len(stopped):
-            r = stopped.iloc[0]
-            lines.append(f"search stopped: {r['label']} (after {float(r['speedup']):.0f} s)")
-        for r in (tables.get("excluded") if tables.get("excluded") is not None
-                  else pd.DataFrame()).itertuples():
-            lines.append(f"set aside, not retried: {r.option}: {r.status}")
-        lines += [str(n) for n in (tables.get("note") if tables.get("note") is not None
-                                   else pd.DataFrame(columns=["label"]))["label"]]
-        doc.bullets(lines)
+        _screens(doc, tables.get("step"))
+        _confirmations(doc, tables.get("confirm"))
+        doc.bullets(_log(tables))
+
+
+def _read_yaml(path: Path):
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+def _present(table) -> bool:
+    return table is not None and len(table) > 0
+
+
+def _waterfall(doc: Document, wf, model: str, out_dir: Path) -> None:
+    if not _present(wf):
+        return
+    fig_path = f"plots/recipe-{slug(model)}-waterfall.png"
+    plots.save(waterfall.figure(wf, model), out_dir / fig_path)
+    doc.figures([(f"{model}: naive, then each technique the search added, then the "
+                  "final recipe: cumulative speed-up over naive with its adjusted CI.", fig_path)])
+    doc.table(pd.DataFrame({
+        "stage": wf["label"],
+        "speed-up over naive [CI]": [_ci(r.speedup, r.lo, r.hi) for r in wf.itertuples()],
+        "gain when added [CI]": [_ci(r.step_gain, r.step_lo, r.step_hi) for r in wf.itertuples()],
+    }))
+
+
+def _ablation(doc: Document, ab) -> None:
+    if not _present(ab):
+        return
+    doc.para("Leave one out: the final recipe over the final recipe without each "
+             "technique, i.e. what each contributes in the presence of the others.")
+    doc.table(pd.DataFrame({
+        "technique": ab["option"],
+        "contribution [CI]": [_ci(r.speedup, r.lo, r.hi) for r in ab.itertuples()],
+        "verdict": ab["verdict"].map(_text),
+        "gain when added": [_ci(r.step_gain, math.nan, math.nan) for r in ab.itertuples()],
+    }))
+
+
+def load_snippets(run_path: Path) -> Optional[list[dict]]:
+    """Every technique's snippets from the run's techniques.json, or None when it has none
+    (a run from before the file, or an unreadable one)."""
+    try:
+        data = json.loads((run_path / "techniques.json").read_text())
+        return [s for t in data["techniques"] for s in t["snippets"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def snippets_for(overrides: dict, snippets: list[dict]) -> list[tuple[str, str]]:
+    """(title, code) for each override with a snippet: its own value's, else the key's ANY
+    one for a value other than the default."""
+    out = []
+    for key, value in overrides.items():
+        mine = [s for s in snippets if s["key"] == key]
+        match = [s for s in mine if s["value"] == value] \
+            or [s for s in mine if s["value"] == ANY and value != s["default"]]
+        if match:
+            out.append(tuple(match[0][part].replace("{value}", str(value))
+                             for part in ("title", "code")))
+    return out
+
+
+def _snippets(doc: Document, chosen, snippets: Optional[list[dict]]) -> None:
+    if not _present(chosen):
+        return
+    if snippets is None:
+        doc.para("This run has no techniques.json, so the code to change in your own loop "
+                 "is not shown.")
+        return
+    doc.para("What to change in your own training loop:")
+    for r in chosen.itertuples():
+        overrides = yaml.safe_load(r.overrides) if isinstance(r.overrides, str) else {}
+        for title, code in snippets_for(overrides or {}, snippets):
+            doc.code(code, f"{r.option}: {title}")
+
+
+def _screens(doc: Document, steps) -> None:
+    if not _present(steps):
+        return
+    log = steps.pivot_table(index="option", columns="step", values="speedup",
+                            aggfunc="first", sort=False)
+    table = pd.DataFrame({"option": log.index})
+    for step in log.columns:
+        table[f"step {int(step)}"] = [
+            "-" if pd.isna(log.loc[o, step]) else f"{log.loc[o, step]:.2f}x" for o in log.index]
+    doc.para("The screens, step by step: each option's gain over the recipe of that "
+             "step, from a few rounds; they rank the options, the confirmations below "
+             "decide.")
+    doc.table(table)
+
+
+def _confirmations(doc: Document, confirm) -> None:
+    if not _present(confirm):
+        return
+    doc.para("The confirmations: the screen's two best, measured afresh against the "
+             "recipe of that step (chosen: added at that step).")
+    doc.table(pd.DataFrame({
+        "step": confirm["step"].map(lambda x: f"{int(x)}" if pd.notna(x) else "-"),
+        "option": confirm["option"],
+        "gain [CI]": [_ci(r.speedup, r.lo, r.hi) for r in confirm.itertuples()],
+        "rounds": confirm["rounds"].map(lambda x: f"{int(x)}" if pd.notna(x) else "-"),
+        "verdict": [_text(r.verdict) or _text(r.status) for r in confirm.itertuples()],
+    }))
+
+
+def _log(tables: dict) -> list[str]:
+    """How the search ended, what it set aside, and its notes."""
+    lines = []
+    stopped = tables.get("stopped")
+    if _present(stopped):
+        r = stopped.iloc[0]
+        lines.append(f"search stopped: {r['label']} (after {float(r['speedup']):.0f} s)")
+    excluded = tables.get("excluded")
+    for r in (excluded.itertuples() if excluded is not None else []):
+        lines.append(f"set aside, not retried: {r.option}: {r.status}")
+    notes = tables.get("note")
+    lines += [str(n) for n in (notes["label"] if notes is not None else [])]
+    return lines

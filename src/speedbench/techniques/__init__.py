@@ -45,7 +45,7 @@ __all__ = ["REGISTRY", "Technique", "Field", "Context", "Finding", "ConfigError"
            "normalise", "check_plan", "not_applicable", "processes", "global_state",
            "micro_batching", "replicas", "loader_options", "prepare_model", "copy_options",
            "step_context", "grad_scaler", "loss_meter", "optimizer_options", "after_step",
-           "columns", "column_names", "profile_counters", "diagnose"]
+           "columns", "column_names", "profile_counters", "diagnose", "metadata"]
 
 
 def by_name(name: str) -> Technique:
@@ -218,3 +218,8 @@ def profile_counters(trainer: Any, ctx: Context):
 
 def diagnose(tp: Any) -> list[Finding]:
     return [f for t in REGISTRY for f in t.diagnose(tp)]
+
+
+def metadata() -> dict:
+    """Every technique's metadata, in registry order: what the run writes to techniques.json."""
+    return {"techniques": [t.metadata() for t in REGISTRY]}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from speedbench.techniques.base import ConfigError, Field, Finding, Technique
+from speedbench.techniques.base import ANY, ConfigError, Field, Finding, Technique
 
 TIP = ("run forward and backward of the first k-1 micro-batches inside model.no_sync(), "
        "so gradients are all-reduced once per optimizer step")
@@ -25,6 +25,12 @@ all-reduces per sample (with `no_sync`).
               "add: each micro-batch is batch_size samples; split: the batch is cut into them"),
     )
     example = {"accumulate": 2}
+    snippets = {"accumulate": {ANY: ("gradient accumulation over {value} micro-batches", """\
+for i, (x, y) in enumerate(loader):
+    loss = loss_fn(model(x), y) / {value}
+    loss.backward()
+    if (i + 1) % {value} == 0:
+        opt.step(); opt.zero_grad(set_to_none=True)""")}}
 
     def micro_batching(self, batch: int, recipe):
         k = recipe.accumulate

@@ -69,6 +69,11 @@ read and write far less memory. On GPUs flash and cudnn need fp16/bf16.
     fields = (Field("attention", Literal[("auto", *BACKENDS)], "auto",
                     "auto (PyTorch chooses) | math | flash | efficient | cudnn (SDPA backend)"),)
     example = {"attention": "math"}
+    snippets = {"attention": {
+        name: (f"SDPA {name} attention backend", f"""\
+from torch.nn.attention import SDPBackend, sdpa_kernel
+with sdpa_kernel(SDPBackend.{backend.name}):
+    loss = loss_fn(model(x), y)""") for name, backend in BACKENDS.items()}}
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
         if recipe.attention == "auto" or ctx.model is None:

@@ -3,12 +3,14 @@
 A technique is everything speedbench knows about one speed-up knob: the recipe keys it owns
 (typed, with defaults and choices), when it cannot act here (`n/a: <reason>`), how it acts (on
 global state, the model, the loader, the batch copies, around the forward pass, on the optimizer,
-after the step), the columns it adds to trials.csv, its diagnosis rule and a method card.
+after the step), the columns it adds to trials.csv, its diagnosis rule, a method card and the
+code a user changes in their own loop to use it (its snippets).
 Every hook has a no-op default, so a technique implements only what it needs.
 
 Who calls what, in this order (the registry is sorted by `order`, lowest first):
 
   config.build_plan   fields -> the Hydra schema; validate(); check(); normalise(); check_plan()
+  run (start)         metadata()         card, fields, columns, snippets -> techniques.json
   run (orchestration) not_applicable()   asked once per model before the rounds; the first
                                          reason makes the variant's row `n/a: <reason>`
                       processes()        a number: the trial runs under torchrun (launch.py)
@@ -47,6 +49,10 @@ import torch
 
 
 from speedbench.errors import ConfigError  # noqa: F401  (re-exported for technique modules)
+
+
+# A `snippets` value that stands for any value but the key's default.
+ANY = "*"
 
 
 # --- typed recipe keys -----------------------------------------------------------------------------
@@ -217,6 +223,10 @@ class Technique:
     # A small non-default setting of this technique's keys that makes it act (the generic
     # registry tests train one trial with it): e.g. {"precision": "bf16"}.
     example: ClassVar[dict] = {}
+    # What to change in a user's own loop when a recipe sets a key (the report shows it):
+    # {key: {value: (title, code)}}. ANY stands for any other value than the key's default;
+    # "{value}" in a title or code is replaced by the value.
+    snippets: ClassVar[dict[str, dict[Any, tuple[str, str]]]] = {}
     # trials.csv columns after the fields' own: figures observed in a trial (`columns` fills them).
     extra_columns: ClassVar[tuple[str, ...]] = ()
 
@@ -316,6 +326,23 @@ class Technique:
     def diagnose(self, tp: Any) -> list[Finding]:
         """Findings from a pooled profile (diagnosis.TrialProfile); a clean recipe gives none."""
         return []
+
+    # -- what the run writes down about it -----------------------------------------------------------
+    def metadata(self) -> dict:
+        """Plain data (JSON) about this technique: the run's techniques.json, which the report
+        reads for the snippets."""
+        defaults = {f.key: f.default for f in self.fields}
+        return {
+            "name": self.name, "card": self.card,
+            "fields": [{"key": f.key, "doc": f.doc, "default": f.default,
+                        "choices": list(f.choices) if f.choices else None,
+                        "column": f.column_name} for f in self.fields],
+            "columns": list(self.column_names),
+            "snippets": [{"key": key, "value": value, "default": defaults[key],
+                          "title": title, "code": code}
+                         for key, by_value in self.snippets.items()
+                         for value, (title, code) in by_value.items()],
+        }
 
     def __repr__(self) -> str:
         return f"<technique {self.name}>"

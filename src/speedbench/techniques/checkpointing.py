@@ -32,6 +32,13 @@ training step's arithmetic). BatchNorm's running statistics see the recomputed b
     fields = (Field("checkpointing", Literal["off", "blocks"], "off",
                     "off | blocks (recompute each block's activations in backward)"),)
     example = {"checkpointing": "blocks"}
+    snippets = {"checkpointing": {"blocks": (
+        "activation checkpointing per block (less memory, more compute)", """\
+from torch.utils.checkpoint import checkpoint
+def forward(self, x):
+    for block in self.blocks:
+        x = checkpoint(block, x, use_reentrant=False)
+    return self.head(x)""")}}
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
         if recipe.checkpointing != "off" and ctx.model is not None \

@@ -36,6 +36,8 @@ new shape; algorithms may differ from run to run (not bit-reproducible). CUDA on
     fields = (Field("cudnn_benchmark", bool, False,
                     "torch.backends.cudnn.benchmark (autotune convolutions; CUDA only)"),)
     example = {"cudnn_benchmark": True}
+    snippets = {"cudnn_benchmark": {True: ("cuDNN autotuning for fixed input shapes",
+                                           "torch.backends.cudnn.benchmark = True")}}
     extra_columns = ("first_step_s",)
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:

@@ -22,6 +22,8 @@ allocator's free blocks back to the driver.
 **Costs**: the next step must `cudaMalloc` again, which synchronises; often a visible slow-down."""
     fields = (Field("empty_cache", bool, False, "torch.cuda.empty_cache() after every step"),)
     example = {"empty_cache": True}
+    snippets = {"empty_cache": {False: ("never call torch.cuda.empty_cache() in the loop", """\
+# delete: torch.cuda.empty_cache()   # it frees the allocator's cache, which the next step refills""")}}
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
         if recipe.empty_cache and not ctx.cuda:

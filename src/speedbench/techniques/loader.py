@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from speedbench.techniques.base import Context, Field, Finding, Technique
+from speedbench.techniques.base import ANY, Context, Field, Finding, Technique
 
 DATA_WAIT_SHARE = 0.10  # of the step spent waiting for the next batch
 H2D_SHARE = 0.02  # of the step spent copying the batch from pageable memory
@@ -15,6 +15,10 @@ TIPS = {
     "pinning": "pin the DataLoader's memory and copy with non_blocking=True: pinned copies are "
                "faster and overlap with compute",
 }
+WORKERS = """\
+loader = torch.utils.data.DataLoader(
+    dataset, batch_size=batch_size, shuffle=True,
+    num_workers={value}, persistent_workers=True)  # workers survive the epoch's end"""
 
 
 class Loader(Technique):
@@ -40,6 +44,17 @@ training process for CPUs."""
               low=1, column="prefetch_factor"),
     )
     example = {"data.num_workers": 1}
+    snippets = {
+        "data.num_workers": {
+            1: ("1 DataLoader worker", WORKERS.replace("{value}", "1")),
+            ANY: ("{value} DataLoader workers", WORKERS),
+        },
+        "data.pin_memory": {True: ("pinned host memory", """\
+loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, pin_memory=True)""")},
+        "data.non_blocking": {True: ("asynchronous host-to-device copies (with pinned memory)", """\
+x = x.to(device, non_blocking=True)
+y = y.to(device, non_blocking=True)""")},
+    }
 
     def normalise(self, recipe) -> None:
         """DataLoader refuses prefetch_factor/persistent_workers without workers: drop them."""

@@ -37,6 +37,10 @@ which computes in bf16 only where the CPU has bf16 matrix units.
     fields = (Field("matmul_precision", Optional[Literal["highest", "high", "medium"]], None,
                     "null (PyTorch's defaults) | highest | high (TF32) | medium (bf16 allowed)"),)
     example = {"matmul_precision": "medium"}
+    snippets = {"matmul_precision": {
+        value: (f"float32 matmul precision '{value}' (TF32 on Ampere+ GPUs)",
+                f'torch.set_float32_matmul_precision("{value}")')
+        for value in ("high", "medium")}}
     extra_columns = ("cudnn_tf32",)
 
     def global_state(self, recipe, ctx: Context):

@@ -34,6 +34,10 @@ Convolution models only: n/a for the transformer."""
     fields = (Field("memory_format", Literal["contiguous", "channels_last"], "contiguous",
                     "contiguous | channels_last (convolution models)"),)
     example = {"memory_format": "channels_last"}
+    snippets = {"memory_format": {"channels_last": (
+        "channels_last memory format (convolutional models)", """\
+model = model.to(memory_format=torch.channels_last)
+x = x.to(device, memory_format=torch.channels_last)""")}}
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
         if recipe.memory_format == "channels_last" and ctx.model is not None \

@@ -41,6 +41,10 @@ a device torch has the kernel for."""
     fields = (Field("optimizer.impl", Literal[tuple(IMPL_OPTIONS)], "default",
                     "default | for-loop | foreach | fused (AdamW's implementation)"),)
     example = {"optimizer.impl": "fused"}
+    snippets = {"optimizer.impl": {
+        value: (f"{value} optimizer kernels",
+                f"opt = torch.optim.AdamW(model.parameters(), lr=lr, {value}=True)")
+        for value in ("foreach", "fused")}}
     extra_columns = ("optimizer_ms",)
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:

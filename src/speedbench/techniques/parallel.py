@@ -132,6 +132,18 @@ a reduce-scatter of its gradients."""
               column=None),
     )
     example = {"parallel": "dp"}
+    snippets = {"parallel": {
+        "ddp": ("DistributedDataParallel (launch with torchrun --nproc_per_node=N train.py)", """\
+torch.distributed.init_process_group("nccl")     # "gloo" on CPUs
+model = torch.nn.parallel.DistributedDataParallel(model.to(device))
+sampler = torch.utils.data.DistributedSampler(dataset)
+loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler)"""),
+        "fsdp": ("FSDP2: shard parameters, gradients and optimizer state over ranks", """\
+from torch.distributed.fsdp import fully_shard
+for block in model.blocks:
+    fully_shard(block)
+fully_shard(model)"""),
+    }}
 
     def check_plan(self, plan, dist_env) -> None:
         kind = plan.device.split(":")[0]

@@ -26,6 +26,20 @@ range needs the scaler (bf16 has fp32's range and does not)."""
     fields = (Field("precision", Literal["fp32", "fp16", "bf16"], "fp32",
                     "fp32 | fp16 | bf16 (autocast; fp16 adds a GradScaler)"),)
     example = {"precision": "bf16"}
+    snippets = {"precision": {
+        "bf16": ("bf16 autocast (no loss scaling needed)", """\
+device_type = "cuda" if x.is_cuda else "cpu"
+with torch.autocast(device_type, dtype=torch.bfloat16):
+    loss = loss_fn(model(x), y)
+loss.backward()
+opt.step(); opt.zero_grad(set_to_none=True)"""),
+        "fp16": ("fp16 autocast with a GradScaler", """\
+scaler = torch.amp.GradScaler("cuda")           # once, before the loop
+with torch.autocast("cuda", dtype=torch.float16):
+    loss = loss_fn(model(x), y)
+scaler.scale(loss).backward()
+scaler.step(opt); scaler.update(); opt.zero_grad(set_to_none=True)"""),
+    }}
 
     def step_context(self, recipe, ctx: Context):
         if recipe.precision == "fp32":

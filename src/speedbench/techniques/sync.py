@@ -74,6 +74,12 @@ and so stops it queueing work ahead.
               low=1),
     )
     example = {"sync": "item"}
+    snippets = {"sync": {"deferred": ("no host read every step: accumulate the loss on the device", """\
+running = torch.zeros((), device=device)        # before the loop
+...
+running += loss.detach()                        # instead of loss.item()
+if step % 10 == 0:
+    print(running.item() / 10); running.zero_()  # one host read per 10 steps""")}}
 
     def loss_meter(self, recipe, ctx: Context) -> LossMeter:
         return LossMeter(recipe.sync, recipe.sync_every, ctx.device)

@@ -35,6 +35,9 @@ tensor per step.
     fields = (Field("tensor_creation", Literal["host", "device"], "device",
                     "where per-step tensors are born"),)
     example = {"tensor_creation": "host"}
+    snippets = {"tensor_creation": {"device": ("create per-step tensors on the device", """\
+noise = torch.randn(shape, device=x.device)     # not torch.randn(shape).to(device)
+mask = torch.ones(n, n, device=x.device, dtype=torch.bool).tril()""")}}
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
         if recipe.tensor_creation != "host":
