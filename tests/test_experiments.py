@@ -10,7 +10,8 @@ import torch
 
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
 from speedbench import results
-from speedbench.config import ConfigError, build_plan, suite, sweeps
+from speedbench.config import ConfigError, build_plan, suite
+from speedbench.techniques import loader as loader_technique
 
 TIPS = ["workers", "pinning", "tensor_creation", "sync", "empty_cache", "accumulation"]
 # accumulation splits the batch into up to 8 micro-batches: the batch must divide by 8.
@@ -33,20 +34,20 @@ def _one_thread():
     (64, 8, [0, 1, 2, 4, 8, 32, 64]),
 ])
 def test_worker_sweep_follows_the_machine(monkeypatch, cpus, gpus, expected):
-    monkeypatch.setattr(sweeps, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(loader_technique, "cpu_count", lambda: cpus)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     entries = [0, 1, 2, 4, 8, "4xGPU", "CPUs"]
-    assert sweeps.worker_counts(entries) == expected
-    variants = sweeps.worker_variants(entries)
+    assert loader_technique.worker_counts(entries) == expected
+    variants = loader_technique.worker_variants(entries)
     assert list(variants) == [f"w{n}" for n in expected]
     assert variants["w0"] == {"data.num_workers": 0, "data.persistent_workers": False}
     assert variants[f"w{expected[-1]}"]["data.persistent_workers"] is True
-    assert sweeps.workers_variant("4xGPU") == f"w{min(4 * gpus, cpus)}"
+    assert loader_technique.workers_variant("4xGPU") == f"w{min(4 * gpus, cpus)}"
 
 
 def test_workers_experiment_resolves_on_this_machine():
     plan = build_plan(compose_cfg(*TINY, experiment="workers"), "workers")
-    counts = sweeps.worker_counts([0, 1, 2, 4, 8, "4xGPU", "CPUs"])
+    counts = loader_technique.worker_counts([0, 1, 2, 4, 8, "4xGPU", "CPUs"])
     assert plan.baseline == "w0" and list(plan.variants) == [f"w{n}" for n in counts]
     for n in counts:
         data = plan.variants[f"w{n}"].data

@@ -181,10 +181,11 @@ Schema = _with_fields(SpeedbenchConfig, "Schema", techniques.fields())
 
 
 def register_schema() -> None:
-    from speedbench.config.sweeps import register_resolvers
-
     ConfigStore.instance().store(name="speedbench_schema", node=Schema)
-    register_resolvers()  # machine-dependent variants, e.g. ${speedbench.worker_variants:...}
+    # the techniques' resolvers: machine-dependent variants, e.g. ${speedbench.worker_variants:...}
+    for name, fn in techniques.resolvers().items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
 
 
 @dataclass

@@ -41,7 +41,7 @@ _ALL: list[Technique] = [
 REGISTRY: list[Technique] = sorted(_ALL, key=lambda t: t.order)
 
 __all__ = ["REGISTRY", "Technique", "Field", "Context", "Finding", "ConfigError", "GLOBAL_FLAGS",
-           "global_snapshot", "restored_global_state", "by_name", "fields", "validate",
+           "global_snapshot", "restored_global_state", "by_name", "fields", "resolvers", "validate",
            "normalise", "check_plan", "not_applicable", "processes", "global_state",
            "micro_batching", "replicas", "loader_options", "prepare_model", "copy_options",
            "step_context", "grad_scaler", "loss_meter", "optimizer_options", "after_step",
@@ -61,6 +61,11 @@ def fields() -> list[Field]:
 
 
 # --- config --------------------------------------------------------------------------------------
+def resolvers() -> dict:
+    """Every technique's OmegaConf resolvers, by name."""
+    return {name: fn for t in REGISTRY for name, fn in t.resolvers().items()}
+
+
 def validate(recipe: Any, where: str = "") -> None:
     for t in REGISTRY:
         t.validate(recipe, where)

@@ -9,7 +9,8 @@ Every hook has a no-op default, so a technique implements only what it needs.
 
 Who calls what, in this order (the registry is sorted by `order`, lowest first):
 
-  config.build_plan   fields -> the Hydra schema; validate(); check(); normalise(); check_plan()
+  config              fields -> the Hydra schema; resolvers() -> OmegaConf's resolvers
+  config.build_plan   validate(); check(); normalise(); check_plan()
   run (start)         metadata()         card, fields, columns, snippets -> techniques.json
   run (orchestration) not_applicable()   asked once per model before the rounds; the first
                                          reason makes the variant's row `n/a: <reason>`
@@ -237,6 +238,10 @@ class Technique:
         return own + self.extra_columns
 
     # -- config ---------------------------------------------------------------------------------
+    def resolvers(self) -> dict[str, Callable]:
+        """OmegaConf resolvers an experiment file may use (`${name:args}`), by name."""
+        return {}
+
     def validate(self, recipe: Any, where: str = "") -> None:
         """Types' rules (choices, bounds) of every field, then `check`."""
         for f in self.fields:

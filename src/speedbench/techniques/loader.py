@@ -1,7 +1,20 @@
-"""The DataLoader's knobs: worker processes, pinned memory, asynchronous copies."""
+"""The DataLoader's knobs: worker processes, pinned memory, asynchronous copies.
+
+An experiment cannot hard-code "4 x GPUs" or "all CPUs" workers: the loader's resolvers (Hydra
+resolvers, registered by the config) turn such settings into variants when it is resolved:
+
+    variants: ${speedbench.worker_variants:[0, 1, 2, 4, 8, 4xGPU, CPUs]}
+    baseline: w0
+
+gives one variant `w<N>` per distinct worker count, capped by the CPU count, each with
+persistent workers. `${speedbench.workers_variant:4xGPU}` names the variant a rule picks.
+"""
 from __future__ import annotations
 
-from typing import Optional
+import os
+from typing import Callable, Optional
+
+import torch
 
 from speedbench.techniques.base import ANY, Context, Field, Finding, Technique
 
@@ -14,6 +27,11 @@ TIPS = {
                  "pre-decode the data, or decode on the GPU",
     "pinning": "pin the DataLoader's memory and copy with non_blocking=True: pinned copies are "
                "faster and overlap with compute",
+}
+# Symbolic worker counts an experiment may list next to plain integers.
+RULES = {
+    "4xGPU": lambda: 4 * torch.cuda.device_count(),  # the articles' rule of thumb
+    "CPUs": lambda: cpu_count(),  # "the more CPU cores you have, the higher the number"
 }
 WORKERS = """\
 loader = torch.utils.data.DataLoader(
@@ -55,6 +73,10 @@ loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, pin_memory=
 x = x.to(device, non_blocking=True)
 y = y.to(device, non_blocking=True)""")},
     }
+
+    def resolvers(self) -> dict[str, Callable]:
+        return {"speedbench.worker_variants": worker_variants,
+                "speedbench.workers_variant": workers_variant}
 
     def normalise(self, recipe) -> None:
         """DataLoader refuses prefetch_factor/persistent_workers without workers: drop them."""
@@ -102,3 +124,37 @@ y = y.to(device, non_blocking=True)""")},
                                  f"({tp.ms('h2d'):.2f} ms)",
                                  TIPS["pinning"], "data.pin_memory=true data.non_blocking=true"))
         return found
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (the affinity mask, which containers and SLURM narrow)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def worker_count(entry) -> int:
+    """One entry of a worker list (an integer or a rule name), capped by the CPU count."""
+    if isinstance(entry, str):
+        if entry not in RULES:
+            raise ValueError(f"'{entry}' is not a worker count; use an integer or one of "
+                             f"{', '.join(RULES)}")
+        n = RULES[entry]()
+    else:
+        n = int(entry)
+    return max(0, min(n, cpu_count()))
+
+
+def worker_counts(entries) -> list[int]:
+    """The distinct worker counts the entries give on this machine, in ascending order."""
+    return sorted({worker_count(e) for e in entries})
+
+
+def workers_variant(entry) -> str:
+    return f"w{worker_count(entry)}"
+
+
+def worker_variants(entries) -> dict:
+    """{`w<N>`: recipe overrides} for each distinct worker count on this machine."""
+    return {f"w{n}": {"data.num_workers": n, "data.persistent_workers": n > 0}
+            for n in worker_counts(entries)}
