@@ -17,7 +17,7 @@ from conftest import compose_cfg
 from speedbench import results, techniques
 from speedbench.config import ConfigError, build_plan
 from speedbench.measure.data import build_dataset
-from speedbench.techniques import REGISTRY, Context, Technique
+from speedbench.techniques import REGISTRY, Context, Technique, in_order
 from speedbench.techniques.base import get_key, global_snapshot
 from speedbench.measure.trial import dataset_length, measure_trial
 
@@ -58,11 +58,43 @@ def default_record() -> dict:
 
 
 # --- the declaration ---------------------------------------------------------------------------
-def test_names_keys_and_columns_are_unique_and_the_order_is_total():
+def test_names_and_keys_are_unique():
     names = [t.name for t in REGISTRY]
     keys = [f.key for t in REGISTRY for f in t.fields]
     assert len(set(names)) == len(names) and len(set(keys)) == len(keys)
-    assert [t.order for t in REGISTRY] == sorted(t.order for t in REGISTRY)
+
+
+# The application order the registry had when it was sorted by hand-set integers.
+NUMBERED_ORDER = ["precision", "accumulation", "loader", "tensor_creation", "sync", "empty_cache",
+                  "memory_format", "checkpointing", "attention", "matmul_precision",
+                  "cudnn_benchmark", "optimizer", "parallel", "compile"]
+
+
+def test_the_declared_relations_keep_the_numbered_order():
+    """A new technique may go anywhere; the existing ones keep their relative order."""
+    names = [t.name for t in REGISTRY]
+    assert [n for n in names if n in NUMBERED_ORDER] == NUMBERED_ORDER
+
+
+def test_every_technique_comes_after_the_ones_it_names_whatever_the_registration_order():
+    assert any(t.after for t in REGISTRY)
+    for techs in (REGISTRY, in_order(list(reversed(REGISTRY)))):
+        seen: set = set()
+        for t in techs:
+            assert set(t.after) <= seen, f"{t.name} comes before one of {t.after}"
+            seen.add(t.name)
+
+
+def _named(name: str, *after: str) -> Technique:
+    return type(name, (Technique,), {"name": name, "after": after})()
+
+
+def test_a_cycle_or_an_unknown_name_in_after_is_refused():
+    with pytest.raises(ValueError, match="cycle among: a, b$"):
+        in_order([_named("a", "b"), _named("b", "a"), _named("c")])
+    with pytest.raises(ValueError, match="a.after names no technique: z"):
+        in_order([_named("a", "z")])
+    assert [t.name for t in in_order([_named("a", "b"), _named("b")])] == ["b", "a"]
 
 
 @pytest.mark.parametrize("tech", REGISTRY, ids=IDS)

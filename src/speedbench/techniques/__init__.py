@@ -4,7 +4,8 @@ To add a technique: write one module here with a `Technique` subclass (see base.
 docs/adding-a-technique.md), add an instance to `_ALL` below, and write its experiment YAML.
 The schema, validation, the trial, the Trainer, trials.csv and diagnosis pick it up from here.
 
-The helpers below apply every technique's hook in `REGISTRY` order (lowest `order` first).
+The helpers below apply every technique's hook in `REGISTRY` order: `_ALL`'s, sorted so that
+each technique comes after the ones its `after` names.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from speedbench.techniques.base import (GLOBAL_FLAGS, ConfigError, Context, Fiel
 # flops.py (owned by another branch) still calls these two by their knobs.py names.
 from speedbench.techniques.tensor_creation import set_tensor_creation  # noqa: E402,F401
 
+# Registration order; it also breaks ties where no `after` relation decides.
 _ALL: list[Technique] = [
     precision.Precision(),
     accumulation.Accumulation(),
@@ -29,19 +31,43 @@ _ALL: list[Technique] = [
     tensor_creation.TensorCreation(),
     sync.Sync(),
     empty_cache.EmptyCache(),
-    parallel.Parallel(),
     memory_format.MemoryFormat(),
     checkpointing.Checkpointing(),
     attention.Attention(),
     matmul_precision.MatmulPrecision(),
     cudnn_benchmark.CudnnBenchmark(),
     optimizer.Optimizer(),
+    parallel.Parallel(),
     compile.Compile(),
 ]
-REGISTRY: list[Technique] = sorted(_ALL, key=lambda t: t.order)
+
+
+def in_order(techs: list[Technique]) -> list[Technique]:
+    """`techs` sorted so that each comes after those its `after` names: a stable topological
+    sort (of the techniques ready to go, the first in `techs` goes first). Raises ValueError
+    on an unknown name or a cycle."""
+    names = {t.name for t in techs}
+    for t in techs:
+        unknown = sorted(set(t.after) - names)
+        if unknown:
+            raise ValueError(f"{t.name}.after names no technique: {', '.join(unknown)}")
+    done: set[str] = set()
+    out, pending = [], list(techs)
+    while pending:
+        ready = next((t for t in pending if done.issuperset(t.after)), None)
+        if ready is None:
+            raise ValueError("the techniques' `after` relations form a cycle among: "
+                             + ", ".join(t.name for t in pending))
+        pending.remove(ready)
+        out.append(ready)
+        done.add(ready.name)
+    return out
+
+
+REGISTRY: list[Technique] = in_order(_ALL)
 
 __all__ = ["REGISTRY", "Technique", "Field", "Context", "Finding", "ConfigError", "GLOBAL_FLAGS",
-           "global_snapshot", "restored_global_state", "by_name", "fields", "resolvers", "validate",
+           "global_snapshot", "restored_global_state", "in_order", "by_name", "fields", "resolvers", "validate",
            "normalise", "check_plan", "not_applicable", "processes", "global_state",
            "micro_batching", "replicas", "loader_options", "prepare_model", "copy_options",
            "step_context", "grad_scaler", "loss_meter", "optimizer_options", "after_step",

@@ -11,7 +11,6 @@ TIP = ("run forward and backward of the first k-1 micro-batches inside model.no_
 
 class Accumulation(Technique):
     name = "accumulation"
-    order = 20
     card = """\
 **What**: sums the gradients of `accumulate` micro-batches before one optimizer step (the
 loss is divided by `accumulate`). `accumulate_mode=add`: each micro-batch holds `batch_size`

@@ -57,7 +57,6 @@ def kernel_missing(backend: str, device: torch.device, dtype: torch.dtype,
 
 class Attention(Technique):
     name = "attention"
-    order = 70  # changes the bare model: before parallel (90) and compile (95)
     card = """\
 **What**: chooses `F.scaled_dot_product_attention`'s kernel with
 `torch.nn.attention.sdpa_kernel`: `math` (plain matmul + softmax, materialises the T x T

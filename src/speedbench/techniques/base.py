@@ -7,7 +7,7 @@ after the step), the columns it adds to trials.csv, its diagnosis rule, a method
 code a user changes in their own loop to use it (its snippets).
 Every hook has a no-op default, so a technique implements only what it needs.
 
-Who calls what, in this order (the registry is sorted by `order`, lowest first):
+Who calls what, in this order (each hook is called in registry order: see `Technique.after`):
 
   config              fields -> the Hydra schema; resolvers() -> OmegaConf's resolvers
   config.build_plan   validate(); check(); normalise(); check_plan()
@@ -20,8 +20,8 @@ Who calls what, in this order (the registry is sorted by `order`, lowest first):
                       micro_batching()   micro-batch size and micro-batches per optimizer step
                       replicas()         devices one process drives (the loader's batch)
                       loader_options()   DataLoader kwargs
-                      prepare_model()    the model, once, on its device; `parallel` (order 90)
-                                         wraps it last, so a later technique sees the wrapper
+                      prepare_model()    the model, once, on its device; `parallel` wraps it
+                                         after the techniques that change the bare model
   Trainer (per step)  copy_options()     kwargs of tensor.to(device, ...) for every batch
                       step_context()     entered around each forward pass
                       grad_scaler(), loss_meter(), optimizer_options(): once, at construction
@@ -217,7 +217,9 @@ class Technique:
     """Base class: every hook is a no-op. Subclass, set the class attributes, override hooks."""
 
     name: ClassVar[str] = ""
-    order: ClassVar[int] = 100  # application order: lower first (see the module docstring)
+    # Names of the techniques whose hooks must run before this one's (torchtitan's run_after):
+    # the registry is sorted so that they do.
+    after: ClassVar[tuple[str, ...]] = ()
     # Method card: what it does, when it helps, what it costs (markdown, a few lines).
     card: ClassVar[str] = ""
     fields: ClassVar[tuple[Field, ...]] = ()

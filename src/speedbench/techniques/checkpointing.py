@@ -20,7 +20,6 @@ def checkpointable(model: nn.Module) -> list[nn.Module]:
 
 class Checkpointing(Technique):
     name = "checkpointing"
-    order = 70  # changes the bare model: before parallel (90) and compile (95)
     card = """\
 **What**: `torch.utils.checkpoint` (non-reentrant) around each block: the forward pass keeps
 only the blocks' inputs; backward runs each block's forward again to get its activations.

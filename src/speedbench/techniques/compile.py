@@ -113,7 +113,7 @@ class CompileRecord:
 
 class Compile(Technique):
     name = "compile"
-    order = 95  # after parallel (90): torch.compile wraps the DDP module, as PyTorch advises
+    after = ("parallel",)  # torch.compile wraps the DDP module, as PyTorch advises
     card = """\
 **What**: `torch.compile(model, mode=...)`: TorchDynamo captures the forward pass (and
 AOTAutograd the backward) as graphs; Inductor fuses them into generated kernels (Triton on

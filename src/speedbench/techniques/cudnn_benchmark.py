@@ -26,7 +26,6 @@ class FirstStep:
 
 class CudnnBenchmark(Technique):
     name = "cudnn_benchmark"
-    order = 80
     card = """\
 **What**: `torch.backends.cudnn.benchmark = True`: for every new input shape cuDNN tries its
 convolution algorithms and keeps the fastest (PyTorch's default is a heuristic choice).

@@ -14,7 +14,6 @@ TIP = ("do not empty the caching allocator during training: the next step has to
 
 class EmptyCache(Technique):
     name = "empty_cache"
-    order = 60
     card = """\
 **What**: calls `torch.cuda.empty_cache()` after every optimizer step, handing the caching
 allocator's free blocks back to the driver.

@@ -41,7 +41,6 @@ loader = torch.utils.data.DataLoader(
 
 class Loader(Technique):
     name = "loader"
-    order = 30
     card = """\
 **What**: `data.num_workers` loads batches in worker processes (`persistent_workers` keeps
 them across epochs, `prefetch_factor` batches ahead per worker); `data.pin_memory` puts batches

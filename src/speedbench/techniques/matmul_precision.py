@@ -25,7 +25,6 @@ if _MKLDNN is not None and hasattr(_MKLDNN, "fp32_precision"):
 
 class MatmulPrecision(Technique):
     name = "matmul_precision"
-    order = 75
     card = """\
 **What**: `torch.set_float32_matmul_precision`: `highest` (full fp32; here also cuDNN TF32
 off), `high` (TF32 tensor cores for fp32 matmuls on Ampere+ GPUs; cuDNN TF32 on), `medium`

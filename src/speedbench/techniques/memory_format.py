@@ -23,7 +23,6 @@ def _inputs_channels_last(module: nn.Module, args: tuple) -> tuple:
 
 class MemoryFormat(Technique):
     name = "memory_format"
-    order = 70  # changes the bare model: before parallel (90) and compile (95)
     card = """\
 **What**: `model.to(memory_format=torch.channels_last)` and each image batch converted the
 same way (NHWC: channels innermost), so convolutions run without layout conversions.

@@ -29,7 +29,6 @@ def fused_unsupported(device: torch.device) -> Optional[str]:
 
 class Optimizer(Technique):
     name = "optimizer"
-    order = 85
     card = """\
 **What**: how AdamW updates the parameters: `for-loop` (one small kernel per tensor per
 operation), `foreach` (`_foreach_*` multi-tensor ops: fewer launches), `fused` (one fused

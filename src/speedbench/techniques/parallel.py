@@ -110,7 +110,8 @@ def counting_synced_forwards(model: nn.Module):
 
 class Parallel(Technique):
     name = "parallel"
-    order = 90  # wraps the model: after every technique that changes the bare model
+    # It wraps the model: after every technique that changes the bare model.
+    after = ("tensor_creation", "memory_format", "checkpointing", "attention")
     card = """\
 **What**: `dp` wraps the model in `nn.DataParallel` over every visible GPU (one process);
 `ddp` runs one process per device under `DistributedDataParallel` (speedbench launches

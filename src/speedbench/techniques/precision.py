@@ -15,7 +15,6 @@ TIP = "train in mixed precision, so matrix work runs on the tensor cores"
 
 class Precision(Technique):
     name = "precision"
-    order = 10
     card = """\
 **What**: runs the forward pass (and so its backward) under `torch.amp.autocast` in fp16 or
 bf16; fp16 also scales the loss with `torch.amp.GradScaler` against gradient underflow.

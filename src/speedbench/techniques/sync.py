@@ -59,7 +59,6 @@ class LossMeter:
 
 class Sync(Technique):
     name = "sync"
-    order = 50
     card = """\
 **What**: how the training loop reads the loss: `item` (`loss.item()` every step), `numpy`
 (`loss.cpu().numpy()` every step) or `deferred` (`loss.detach()` summed on the device, read

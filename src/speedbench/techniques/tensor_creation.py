@@ -25,7 +25,6 @@ def set_tensor_creation(model, where: str) -> int:
 
 class TensorCreation(Technique):
     name = "tensor_creation"
-    order = 40
     card = """\
 **What**: models that make tensors every step (the VAE's noise, the transformer's mask) create
 them directly on the device (`device`, the default) or on the host and copy them (`host`).
