@@ -96,3 +96,41 @@ def test_data_path_must_fit_the_model(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         build_plan(compose_cfg("model=transformer", f"data.path={tmp_path / 'nope.txt'}"), None)
     assert build_plan(compose_cfg("model=transformer", f"data.path={text}"), None).models
+
+
+def _leaf_keys(node, prefix: str = "") -> list[str]:
+    from omegaconf import DictConfig
+
+    from speedbench.config import FREE_FORM
+    keys = []
+    for key in node.keys():
+        full, child = f"{prefix}{key}", node._get_node(key)
+        keys += _leaf_keys(child, f"{full}.") if isinstance(child, DictConfig) \
+            and full not in FREE_FORM else [full]
+    return keys
+
+
+def test_every_key_of_the_schema_has_a_doc_for_the_generated_docs():
+    from omegaconf import OmegaConf
+
+    from speedbench import techniques
+    from speedbench.config import Schema, docs
+    documented = {k.key: k.doc for k in docs.run_keys()}
+    documented |= {k.key: k.doc for t in techniques.REGISTRY for k in docs.technique_keys(t)}
+    assert sorted(documented) == sorted(_leaf_keys(OmegaConf.structured(Schema)))
+    assert [key for key, doc in documented.items() if not doc] == []
+
+
+def test_the_help_shows_the_schemas_defaults():
+    from speedbench.config import BenchConfig, docs
+    knobs = docs.help_knobs()
+    assert f"bench.repeats=N [{BenchConfig().repeats}]" in knobs
+    assert "precision=fp32|fp16|bf16 [fp32]" in knobs and "compile=off|" in knobs
+
+
+def test_dist_timeout_s_is_a_run_level_key():
+    from speedbench.techniques import fields
+    assert "dist_timeout_s" not in {f.key for f in fields()}
+    assert compose_cfg(*TINY, "dist_timeout_s=60").dist_timeout_s == 60
+    with pytest.raises(ConfigError, match=r"^dist_timeout_s: -5.0 is out of range"):
+        build_plan(compose_cfg(*TINY, "dist_timeout_s=-5"), None)

@@ -99,7 +99,7 @@ def test_a_cycle_or_an_unknown_name_in_after_is_refused():
 
 @pytest.mark.parametrize("tech", REGISTRY, ids=IDS)
 def test_declaration_is_complete(tech: Technique):
-    assert tech.name and tech.fields and tech.column_names
+    assert tech.name and tech.fields and tech.column_names and all(f.doc for f in tech.fields)
     for part in ("**What**", "**Helps**", "**Costs**"):
         assert part in tech.card, f"{tech.name}'s method card lacks {part}"
     own = {f.key: f for f in tech.fields}

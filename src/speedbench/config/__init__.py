@@ -33,48 +33,56 @@ NOT_PER_VARIANT = ("model", "models", "variants", "baseline", "claims", "experim
                    "suite", "recipe")
 
 
+def setting(default: Any = None, doc: str = "", *, values: str = "", factory: Any = None) -> Any:
+    """A schema key with its one-line doc and, for a choice, its values (`a|b|c`): what the
+    generated docs and `--help` show (speedbench.config.docs)."""
+    meta = {"doc": doc, "values": values}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass
 class DataConfig:
     # The loader technique adds its keys here (num_workers, pin_memory, ...: see Schema).
-    # Real data instead of the synthetic sets: an ImageFolder directory (image models) or a
-    # plain text file (token models).
-    path: Optional[str] = None
-    # Size of the synthetic data set; None sizes it so that no trial crosses an epoch end.
-    samples: Optional[int] = None
+    path: Optional[str] = setting(None, "real data: an ImageFolder directory (image models) or a "
+                                        "text file (token models); null: synthetic data")
+    samples: Optional[int] = setting(None, "size of the synthetic data set; null: sized so that no "
+                                           "trial crosses an epoch end")
 
 
 @dataclass
 class BenchConfig:
-    warmup: int = 3  # optimizer steps run before the timed window, at least (0: no warm-up)
+    warmup: int = setting(3, "optimizer steps run before the timed window, at least "
+                             "(0: no warm-up)")
     # Warm-up continues past `warmup` until the step time is steady: the last 3 step times lie
     # within `steady_tol` of their median (see timing.warm_up); at most max(warmup, warmup_max).
-    # steady_tol null: exactly `warmup` steps, steady state assumed.
-    warmup_max: int = 10
-    steady_tol: Optional[float] = 0.1
-    steps: int = 10  # optimizer steps in the timed window
-    # Rounds (every variant once, interleaved) before adaptive repetition may stop: the paired,
-    # Bonferroni-adjusted CIs (stats.py) need about 5 to call a 1.3x effect in most runs.
-    repeats: int = 5
-    # Adaptive repetition: after `repeats` rounds, add rounds until each speed-up CI's relative
-    # half-width is at most `target_ci` (0.03 = +-3 %) or `time_budget_s` of wall time has gone
-    # on that model. null: exactly `repeats` rounds.
-    target_ci: Optional[float] = 0.03
-    # Smallest speed-up that counts (0.05 = 5 %): faster/slower needs the estimate beyond it,
-    # `equivalent` needs the whole CI within +-noise_threshold.
-    noise_threshold: float = 0.05
-    # Quality at equal work: the loss compared across variants comes from a probe that trains a
-    # fresh model from `seed` for this many optimizer steps of the baseline (the same samples
-    # seen for every variant), untimed, once per (model, variant). 0: no probe.
-    quality_steps: int = 12
-    time_budget_s: float = 600.0
-    # Cap on one trial's wall time: a quarter for warm-up, the rest for the timed window.
-    # A very slow variant (fp16 on a CPU) then times fewer steps; `steps` in trials.csv says how many.
-    max_trial_s: Optional[float] = 6.0
-    seed: int = 0
-    # After a model's trials, search the largest micro-batch that fits in device memory at the
-    # baseline's precision (CUDA only; capacity.csv), for at most largest_batch_s seconds.
-    find_largest_batch: bool = False
-    largest_batch_s: float = 60.0
+    warmup_max: int = setting(10, "warm-up steps at most, while the step time is not yet steady")
+    steady_tol: Optional[float] = setting(0.1, "steady: the last 3 warm-up steps within this of "
+                                               "their median; null: exactly `warmup` steps")
+    steps: int = setting(10, "optimizer steps in the timed window")
+    # The paired, Bonferroni-adjusted CIs need about 5 rounds to call a 1.3x effect in most runs.
+    repeats: int = setting(5, "rounds (every variant once, interleaved) before adaptive rounds "
+                              "may stop")
+    target_ci: Optional[float] = setting(0.03, "add rounds until each speed-up CI's relative "
+                                               "half-width is at most this; null: exactly "
+                                               "`repeats`")
+    noise_threshold: float = setting(0.05, "smallest speed-up that counts: faster/slower need the "
+                                           "estimate beyond it, equivalent the whole CI within it")
+    # The quality probe trains a fresh model from `seed` for this many optimizer steps of the
+    # baseline (the same samples seen for every variant), untimed, once per (model, variant).
+    quality_steps: int = setting(12, "optimizer steps of the quality probe whose loss is compared "
+                                     "(0: no probe)")
+    time_budget_s: float = setting(600.0, "wall time per model that adaptive rounds may not "
+                                          "overrun")
+    # A very slow variant (fp16 on a CPU) then times fewer steps; trials.csv's `steps` says so.
+    max_trial_s: Optional[float] = setting(6.0, "cap on one trial's wall time (a quarter warm-up, "
+                                                "the rest timed); null: no cap")
+    seed: int = setting(0, "seed of the models' weights, the data and the rounds' shuffled order")
+    find_largest_batch: bool = setting(False, "search the largest micro-batch that fits in "
+                                              "device memory at the baseline's precision "
+                                              "(CUDA; capacity.csv)")
+    largest_batch_s: float = setting(60.0, "time limit of that search, per model")
 
 
 @dataclass
@@ -84,62 +92,69 @@ class OptimizerConfig:
 
 @dataclass
 class SuiteConfig:
-    # Experiments run one after another into one run directory and one report (the `tips`
-    # experiment). Empty: this experiment is not a suite. "*" stands for every file in
-    # configs/experiment/ that is not itself a suite.
-    experiments: list[str] = field(default_factory=list)
-    exclude: list[str] = field(default_factory=list)  # names left out of "*"
+    # A suite (the `tips` experiment) runs experiments one after another into one run
+    # directory and one report.
+    experiments: list[str] = setting(doc="experiments this suite runs; \"*\": every file in "
+                                         "configs/experiment/ that is not a suite; empty: no suite",
+                                     factory=list)
+    exclude: list[str] = setting(doc="experiments left out of \"*\"", factory=list)
 
 
 @dataclass
 class RecipeConfig:
-    # `+experiment=recipe` (recipe.py, search.py): candidate groups, each {naive: overrides of
-    # the articles' before-code, options: {name: overrides}, trades_memory: bool}. Empty: no search.
-    candidates: dict[str, Any] = field(default_factory=dict)
-    budget_s: Optional[float] = 780.0  # per model; the search stops cleanly when it is spent
-    # Techniques that trade speed for memory (trades_memory) are candidates only under a limit;
-    # options whose peak memory exceeds it are not chosen.
-    max_memory_mb: Optional[float] = None
-    min_gain: Optional[float] = None  # smallest gain added; null: bench.noise_threshold
-    # Each step screens every option in `screen_rounds` paired rounds, then measures the
-    # `confirm_top` best again, afresh, in bench.repeats rounds or more (bench.target_ci):
-    # only that measurement decides.
-    screen_rounds: int = 3
-    confirm_top: int = 2
-    skip: list[str] = field(default_factory=list)  # candidate groups left out of the search
-    # A profiled run measures each finding's suggested knob (the variant as run vs with it set)
-    # before the report recommends it.
-    check_findings: bool = True
+    # `+experiment=recipe` (search/): each candidate group is {naive: overrides of the
+    # articles' before-code, options: {name: overrides}, trades_memory: bool}.
+    candidates: dict[str, Any] = setting(doc="the recipe search's candidate groups; empty: no "
+                                             "search", factory=dict)
+    budget_s: Optional[float] = setting(780.0, "the search's time budget per model; it stops "
+                                               "cleanly when it is spent")
+    max_memory_mb: Optional[float] = setting(None, "memory limit: techniques that trade speed for "
+                                                    "memory are candidates only under one")
+    min_gain: Optional[float] = setting(None, "smallest gain the search adds; null: "
+                                              "bench.noise_threshold")
+    screen_rounds: int = setting(3, "paired rounds in which each step screens every option")
+    confirm_top: int = setting(2, "the best options of a screen measured again, afresh, to decide")
+    skip: list[str] = setting(doc="candidate groups left out of the search", factory=list)
+    check_findings: bool = setting(True, "a profiled run measures each finding's suggested knob "
+                                         "before the report recommends it")
 
 
 @dataclass
 class SpeedbenchConfig:
-    device: str = "auto"
-    scale: str = "auto"
-    # A model name from `models`, a list of them, or a model config with `_target_`.
-    # null (the default) means the three reference models. (A list default could not be
-    # overridden with a `_target_` mapping on the command line.)
-    model: Any = None
-    models: dict[str, Any] = field(default_factory=dict)
-    batch_size: Optional[int] = None  # None: the model's default for the scale
-    lr: float = 1e-3
-    # off | simple (phase table) | advanced (+ cProfile per phase) | pytorch (+ torch.profiler
-    # trace). Profiling runs in extra windows after the timed one, so throughput stays unprofiled.
-    profile: str = "off"
+    device: str = setting("auto", "where to train; auto: CUDA, then MPS, else the CPU",
+                          values="|".join(DEVICES))
+    scale: str = setting("auto", "model and batch sizes; auto: full on CUDA, else small",
+                         values="|".join(SCALES))
+    # (A list default could not be overridden with a `_target_` mapping on the command line.)
+    model: Any = setting(None, "a model name from `models`, a list of them, or a config with "
+                               "`_target_`; null: the three reference models",
+                         values="|".join(REFERENCE_MODELS) + "|[a,b]|{_target_: ...}")
+    models: dict[str, Any] = setting(doc="the models by name (configs/models/)", factory=dict)
+    batch_size: Optional[int] = setting(None, "samples per micro-batch per process; null: the "
+                                              "model's, per scale")
+    lr: float = setting(1e-3, "AdamW's learning rate")
+    # Profiling runs in extra windows after the timed one, so throughput stays unprofiled.
+    profile: str = setting("off", "simple: phase table; advanced: + cProfile per phase; pytorch: "
+                                  "+ torch.profiler trace", values="|".join(PROFILES))
+    dist_timeout_s: float = setting(300.0, "a rank waiting this long on its peers fails the run, "
+                                           "no hang")
     # The techniques' keys (precision, accumulate, sync, parallel, data.num_workers, ...) are
     # declared in their modules under speedbench/techniques/ and added by `Schema` below.
     data: DataConfig = field(default_factory=DataConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
-    # Set by experiment files: variant name -> overrides of the recipe above.
-    variants: dict[str, Any] = field(default_factory=dict)
-    baseline: Optional[str] = None
-    claims: list[Any] = field(default_factory=list)
+    variants: dict[str, Any] = setting(doc="set by experiment files: variant name -> overrides of "
+                                           "the recipe", factory=dict)
+    baseline: Optional[str] = setting(None, "the variant the others are compared with; null: the "
+                                            "first")
+    claims: list[Any] = setting(doc="set by experiment files: the articles' claims this "
+                                    "experiment checks", factory=list)
     suite: SuiteConfig = field(default_factory=SuiteConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
-    out_dir: str = "results"
-    run_dir: Optional[str] = None  # None: <out_dir>/<experiment>/<timestamp>
-    experiment: Optional[str] = None  # filled from +experiment=NAME
+    out_dir: str = setting("results", "where runs go")
+    run_dir: Optional[str] = setting(None, "this run's directory; null: "
+                                           "`<out_dir>/<experiment>/<timestamp>`")
+    experiment: Optional[str] = setting(None, "filled from +experiment=NAME")
 
 
 def config_dir() -> str:
@@ -297,8 +312,9 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
     if recipe.bench.max_trial_s is not None and not recipe.bench.max_trial_s > 0:
         raise ConfigError(f"{p}bench.max_trial_s: {recipe.bench.max_trial_s} is out of range; "
                           "it must be > 0, or null for no cap")
-    if not recipe.lr > 0:
-        raise ConfigError(f"{p}lr: {recipe.lr} is out of range; it must be > 0")
+    for key in ("lr", "dist_timeout_s"):
+        if not recipe[key] > 0:
+            raise ConfigError(f"{p}{key}: {recipe[key]} is out of range; it must be > 0")
     if recipe.data.path is not None and not _exists(recipe.data.path):
         raise ConfigError(f"{p}data.path: '{recipe.data.path}' does not exist; give an ImageFolder "
                           "directory (image models) or a text file (token models)")

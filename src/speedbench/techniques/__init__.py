@@ -67,11 +67,11 @@ def in_order(techs: list[Technique]) -> list[Technique]:
 REGISTRY: list[Technique] = in_order(_ALL)
 
 __all__ = ["REGISTRY", "Technique", "Field", "Context", "Finding", "ConfigError", "GLOBAL_FLAGS",
-           "global_snapshot", "restored_global_state", "in_order", "by_name", "fields", "resolvers", "validate",
-           "normalise", "check_plan", "not_applicable", "processes", "global_state",
-           "micro_batching", "replicas", "loader_options", "prepare_model", "copy_options",
-           "step_context", "grad_scaler", "loss_meter", "optimizer_options", "after_step",
-           "columns", "column_names", "profile_counters", "diagnose", "metadata"]
+           "global_snapshot", "restored_global_state", "in_order", "by_name", "fields",
+           "resolvers", "validate", "normalise", "check_plan", "not_applicable", "processes",
+           "global_state", "micro_batching", "replicas", "loader_options", "prepare_model",
+           "copy_options", "step_context", "grad_scaler", "loss_meter", "optimizer_options",
+           "after_step", "columns", "column_names", "profile_counters", "diagnose", "metadata"]
 
 
 def by_name(name: str) -> Technique:

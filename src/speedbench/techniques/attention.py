@@ -66,7 +66,7 @@ scores), `flash` (FlashAttention: tiled, never stores the scores), `efficient`
 read and write far less memory. On GPUs flash and cudnn need fp16/bf16.
 **Costs**: nothing when a kernel fits; a backend without a kernel for these inputs is n/a."""
     fields = (Field("attention", Literal[("auto", *BACKENDS)], "auto",
-                    "auto (PyTorch chooses) | math | flash | efficient | cudnn (SDPA backend)"),)
+                    "scaled_dot_product_attention's backend; auto: PyTorch chooses"),)
     example = {"attention": "math"}
     snippets = {"attention": {
         name: (f"SDPA {name} attention backend", f"""\

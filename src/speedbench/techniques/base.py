@@ -334,7 +334,7 @@ class Technique:
         """Findings from a pooled profile (diagnosis.TrialProfile); a clean recipe gives none."""
         return []
 
-    # -- what the run writes down about it -----------------------------------------------------------
+    # -- what the run writes down about it ----------------------------------------------------
     def metadata(self) -> dict:
         """Plain data (JSON) about this technique: the run's techniques.json, which the report
         reads for the snippets."""

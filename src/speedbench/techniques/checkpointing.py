@@ -29,7 +29,7 @@ batch or model fits (the capacity search says how much larger, on CUDA).
 training step's arithmetic). BatchNorm's running statistics see the recomputed batch twice
 (the training loss is unchanged)."""
     fields = (Field("checkpointing", Literal["off", "blocks"], "off",
-                    "off | blocks (recompute each block's activations in backward)"),)
+                    "blocks: recompute each block's activations in backward"),)
     example = {"checkpointing": "blocks"}
     snippets = {"checkpointing": {"blocks": (
         "activation checkpointing per block (less memory, more compute)", """\

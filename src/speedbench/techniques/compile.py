@@ -123,7 +123,7 @@ compile); `reduce-overhead` (also CUDA graphs, against launch overhead: CUDA onl
 **Costs**: compile time before the first step (`compile_s`; `compile_breakeven_steps` says
 when it pays back), recompilations on new shapes, memory for the compiler."""
     fields = (Field("compile", Literal[MODES], "off",
-                    "off | default | max-autotune | reduce-overhead (torch.compile mode)"),)
+                    "torch.compile's mode; off: eager"),)
     example = {"compile": "default"}
     snippets = {"compile": {
         "default": ("torch.compile", """\

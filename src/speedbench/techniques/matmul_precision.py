@@ -34,7 +34,7 @@ A100's fp32 rate) without autocast. On CPUs it selects oneDNN's reduced-precisio
 which computes in bf16 only where the CPU has bf16 matrix units.
 **Costs**: TF32 keeps 10 mantissa bits (fp32 has 23): look at the loss column."""
     fields = (Field("matmul_precision", Optional[Literal["highest", "high", "medium"]], None,
-                    "null (PyTorch's defaults) | highest | high (TF32) | medium (bf16 allowed)"),)
+                    "null: PyTorch's defaults; high: TF32 matmuls; medium: bf16 too"),)
     example = {"matmul_precision": "medium"}
     snippets = {"matmul_precision": {
         value: (f"float32 matmul precision '{value}' (TF32 on Ampere+ GPUs)",

@@ -31,7 +31,7 @@ on CPUs through oneDNN, whose fast convolution kernels are channels-last.
 **Costs**: one copy of each input batch; layers without an NHWC kernel convert back and forth.
 Convolution models only: n/a for the transformer."""
     fields = (Field("memory_format", Literal["contiguous", "channels_last"], "contiguous",
-                    "contiguous | channels_last (convolution models)"),)
+                    "memory layout of the weights and image batches (convolution models)"),)
     example = {"memory_format": "channels_last"}
     snippets = {"memory_format": {"channels_last": (
         "channels_last memory format (convolutional models)", """\

@@ -38,7 +38,7 @@ kernel launches; the GPU gains most.
 **Costs**: foreach holds intermediates for all tensors at once (more peak memory); fused needs
 a device torch has the kernel for."""
     fields = (Field("optimizer.impl", Literal[tuple(IMPL_OPTIONS)], "default",
-                    "default | for-loop | foreach | fused (AdamW's implementation)"),)
+                    "AdamW's implementation; default: PyTorch's choice"),)
     example = {"optimizer.impl": "fused"}
     snippets = {"optimizer.impl": {
         value: (f"{value} optimizer kernels",

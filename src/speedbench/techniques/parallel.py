@@ -124,12 +124,9 @@ FSDP trades memory (a shard per rank) for an all-gather per block in forward and
 a reduce-scatter of its gradients."""
     fields = (
         Field("parallel", Literal["none", "dp", "ddp", "fsdp"], "none",
-              "none | dp (DataParallel, all GPUs) | ddp (one process per device) | fsdp (FSDP2)"),
+              "dp: DataParallel over all GPUs; ddp: one process per device; fsdp: FSDP2"),
         Field("nproc", Optional[int], None,
               "processes speedbench launches for ddp; null: all GPUs, 2 on a CPU", low=1,
-              column=None),
-        Field("dist_timeout_s", float, 300.0,
-              "a rank waiting this long on its peers fails the run, no hang", positive=True,
               column=None),
     )
     example = {"parallel": "dp"}

@@ -23,7 +23,7 @@ with bf16/AMX matrix units; 16-bit activations also take half the memory.
 **Costs**: casts; fp16 on a CPU without fp16 units can be many times slower; fp16's narrow
 range needs the scaler (bf16 has fp32's range and does not)."""
     fields = (Field("precision", Literal["fp32", "fp16", "bf16"], "fp32",
-                    "fp32 | fp16 | bf16 (autocast; fp16 adds a GradScaler)"),)
+                    "the forward pass's autocast dtype; fp16 adds a GradScaler"),)
     example = {"precision": "bf16"}
     snippets = {"precision": {
         "bf16": ("bf16 autocast (no loss scaling needed)", """\

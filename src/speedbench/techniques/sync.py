@@ -73,7 +73,8 @@ and so stops it queueing work ahead.
               low=1),
     )
     example = {"sync": "item"}
-    snippets = {"sync": {"deferred": ("no host read every step: accumulate the loss on the device", """\
+    snippets = {"sync": {"deferred": (
+        "no host read every step: accumulate the loss on the device", """\
 running = torch.zeros((), device=device)        # before the loop
 ...
 running += loss.detach()                        # instead of loss.item()
