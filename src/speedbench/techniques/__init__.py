@@ -20,9 +20,6 @@ from speedbench.techniques.base import (GLOBAL_FLAGS, ConfigError, Context, Fiel
                                         Technique, get_key, global_snapshot,
                                         restored_global_state)
 
-# flops.py (owned by another branch) still calls these two by their knobs.py names.
-from speedbench.techniques.tensor_creation import set_tensor_creation  # noqa: E402,F401
-
 # Registration order; it also breaks ties where no `after` relation decides.
 _ALL: list[Technique] = [
     precision.Precision(),
@@ -71,7 +68,8 @@ __all__ = ["REGISTRY", "Technique", "Field", "Context", "Finding", "ConfigError"
            "resolvers", "validate", "normalise", "check_plan", "not_applicable", "processes",
            "global_state", "micro_batching", "replicas", "loader_options", "prepare_model",
            "copy_options", "step_context", "grad_scaler", "loss_meter", "optimizer_options",
-           "after_step", "columns", "column_names", "profile_counters", "diagnose", "metadata"]
+           "after_step_hooks", "columns", "column_names", "profile_counters", "diagnose",
+           "metadata"]
 
 
 def by_name(name: str) -> Technique:
@@ -212,11 +210,6 @@ def optimizer_options(recipe: Any, ctx: Context) -> dict:
 def after_step_hooks() -> list[Technique]:
     """The techniques with an after_step (the Trainer calls only these, every step)."""
     return [t for t in REGISTRY if type(t).after_step is not Technique.after_step]
-
-
-def after_step(recipe: Any, ctx: Context) -> None:
-    for t in REGISTRY:
-        t.after_step(recipe, ctx)
 
 
 # --- records -----------------------------------------------------------------------------------------
