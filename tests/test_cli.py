@@ -31,6 +31,8 @@ def test_amp_writes_the_contract_files(amp_run):
     assert run_dir.parent.name == "amp"
     env = json.loads((run_dir / "env.json").read_text())
     assert env["versions"]["torch"] and env["cpu_count"] >= 1
+    written = json.loads((run_dir / "techniques.json").read_text())["techniques"]
+    assert [t["name"] for t in written][0] == "precision" and written[0]["snippets"]
 
 
 def test_amp_trials_are_complete_and_consistent(amp_run):
