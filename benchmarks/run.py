@@ -124,7 +124,7 @@ def overhead(model: str, overrides: list[str], rounds: int) -> dict:
             else:
                 bare.append(bare_trial(spec, recipe, device, dataset, recipe.bench.warmup,
                                        recipe.bench.steps))
-    ratio, lo, hi = stats.bootstrap_ratio_ci(np.array(harness), np.array(bare))
+    ratio, lo, hi = stats.unpaired_ratio_ci(np.array(harness), np.array(bare))
     paired = statistics.median(h / b for h, b in zip(harness, bare))
     return {"model": model, "harness": statistics.median(harness), "bare": statistics.median(bare),
             "ratio": ratio, "lo": lo, "hi": hi, "paired": paired, "rounds": rounds,

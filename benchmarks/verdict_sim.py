@@ -4,8 +4,8 @@ No training: each trial's throughput is drawn from a noise model shaped like a s
 CPU (heavy-tailed trial noise, interference outliers, drift within and across rounds, a
 position effect), for runs of one baseline and several variants measured in shuffled rounds.
 The analysis is the one stats.summarise applies (paired per-round log-ratios, Student t
-interval, Bonferroni over the run's comparisons, the four-verdict rule, adaptive rounds until
-the CI is narrow or the round cap is reached), vectorised over runs.
+interval, Bonferroni over the run's comparisons, adaptive rounds until the CI is narrow or the
+round cap is reached), vectorised over runs; the verdicts are stats.classify's.
 
     python benchmarks/verdict_sim.py            # the table in benchmarks/README.md
     python benchmarks/verdict_sim.py --runs 20000 --rounds 5 --max-rounds 12
@@ -31,6 +31,7 @@ SLOPE_SD = 0.01        # drift within a round, per position
 FIRST_SLOW = 0.02      # the first trial of a round runs this much slower (cold caches)
 OUTLIER_P = 0.05       # chance that another job interferes with a trial...
 OUTLIER_HIT = (0.10, 0.40)  # ...and slows it by this much
+CODES = {stats.FASTER: 1, stats.SLOWER: -1, stats.EQUIVALENT: 0, stats.INCONCLUSIVE: 2}
 
 
 def throughputs(rng: np.random.Generator, runs: int, rounds: int, effects: np.ndarray
@@ -76,11 +77,8 @@ def verdicts(tp: np.ndarray, min_rounds: int, threshold: float, target_ci: float
     idx = np.arange(runs)
     mean, half, width = mean[idx, stop], half[idx, stop], width[idx, stop]
     lo, hi, point = np.exp(mean - half), np.exp(mean + half), np.exp(mean)
-    code = np.full(mean.shape, 2)
-    code[(lo >= 1 - threshold) & (hi <= 1 + threshold)] = 0
-    code[(lo > 1) & (point > 1 + threshold)] = 1
-    code[(hi < 1) & (point < 1 - threshold)] = -1
-    return code, stop + 1, width
+    classify = np.vectorize(lambda *ci: CODES[stats.classify(*ci, threshold=threshold)])
+    return classify(point, lo, hi), stop + 1, width
 
 
 def aa_rate(runs: int = 1000, variants: int = 7, min_rounds: int = 5, max_rounds: int = 12,

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from speedbench.analysis import stats
 from speedbench.search import selection as S
 
 BASE_TP = 100.0
@@ -88,13 +89,13 @@ def run(world: World, grp=None, **kw) -> S.SearchResult:
     return S.search(grp or groups(), NAIVE, world, clock=world.clock, **kw)
 
 
-@pytest.mark.parametrize("stall_p, rounds, rate", [(0.0, 8, 0.95), (0.05, 8, 0.7),
+@pytest.mark.parametrize("stall_p, rounds, rate", [(0.0, 8, 0.95), (0.05, 8, 0.5),
                                                    (0.0, 5, 0.8)])
 def test_finds_the_recipe_with_an_interaction(stall_p, rounds, rate):
-    """Screens of 3 rounds rank, confirmations of `rounds` rounds decide. Trials stall (run at
-    50-90 % speed) with probability stall_p: the trimmed interval keeps most searches right;
-    without stalls nearly all are; 5 rounds (plain t) suffice for effects of 8 % and more when
-    the machine is quiet."""
+    """Screens of 3 rounds rank, confirmations of `rounds` rounds decide. Without stalls nearly
+    every search is right, at 5 rounds too; trials that stall (run at 50-90 % speed) with
+    probability stall_p widen the intervals and cost power: about half the searches still
+    find the whole recipe."""
     right = 0
     for seed in range(40):
         result = run(World(EFFECTS, seed, stall_p=stall_p, rounds=rounds))
@@ -125,7 +126,7 @@ def test_interaction_workers_useless_before_bf16():
     world = World(EFFECTS, seed=1, stall_p=0)
     result = run(world)
     first = result.steps[0].comparisons
-    assert first["workers=2"].verdict != S.FASTER  # no effect before bf16
+    assert first["workers=2"].verdict != stats.FASTER  # no effect before bf16
     assert result.chosen[0].label == "precision=bf16"
     assert result.final == {"precision": "bf16", "data.num_workers": 2, "sync": "deferred"}
 
@@ -152,7 +153,7 @@ def test_waterfall_and_ablation_bracket_the_truth():
     print(f"\nthree techniques found in {found}/{n} searches (5 % of trials stalled); of those, "
           f"the final CI covers the true {1.3 * 1.2 * 1.08:.3f}x in {covered_final}/{found}, "
           f"the marginal CIs cover the truth in {covered_marginal}/{3 * found}")
-    assert found >= 0.7 * n
+    assert found >= 0.6 * n  # stalls cost power; the intervals of what is found stay honest
     assert covered_final >= 0.85 * found
     assert covered_marginal >= 0.85 * 3 * found
     # bf16's marginal in the presence of workers includes the workers it unlocked
@@ -263,16 +264,20 @@ def test_naive_restricted_to_what_acts_here():
     assert "host and device are one" in notes[0]
 
 
-def test_ratio_ci_and_t_quantile():
-    assert S.t_quantile(0.975, 4) == pytest.approx(2.7764, abs=1e-3)
-    assert S.t_quantile(0.975, 30) == pytest.approx(2.0423, abs=1e-3)
-    s, lo, hi = S.ratio_ci(np.array([1.1, 1.2, 1.15, 1.18]), 0.95)
-    assert lo < s < hi and s == pytest.approx(math.exp(np.log([1.1, 1.2, 1.15, 1.18]).mean()))
-    assert math.isnan(S.ratio_ci(np.array([1.1]), 0.95)[1])
-    assert S.classify(1.2, 1.1, 1.3, 0.02) == S.FASTER
-    assert S.classify(0.8, 0.7, 0.9, 0.02) == S.SLOWER
-    assert S.classify(1.0, 0.99, 1.01, 0.02) == S.EQUIVALENT
-    assert S.classify(1.05, 0.95, 1.15, 0.02) == S.INCONCLUSIVE
+def test_search_intervals_are_the_summarys():
+    """A search comparison is stats.paired_ratio_ci on the rounds both arms measured, at any
+    number of rounds (no trimming from 8 on), with stats.classify's verdict."""
+    rng = np.random.default_rng(3)
+    ref = rng.uniform(90, 110, 10)
+    ratios = np.exp(rng.normal(0.1, 0.05, 10))
+    ratios[2] = 0.5  # one stalled round: it counts, as it does in summary.csv
+    arm = S.Arm("ok", list(ref * ratios) + [120.0])  # an extra round the reference lacks
+    got = S.compare_at({"x": S.rounds_of(arm, S.Arm("ok", list(ref)))}, 0.95, 0.02)["x"]
+    want = stats.paired_ratio_ci(ref * ratios, ref, 0.95)
+    assert got[:3] == pytest.approx(want)
+    assert got[0] == pytest.approx(math.exp(np.log(ratios).mean()))
+    assert got[3] == stats.classify(*want, threshold=0.02)
+    assert S.paired_rounds(arm, S.Arm("ok", list(ref))) == 10
 
 
 def test_nothing_significant_keeps_naive():

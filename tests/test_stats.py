@@ -13,21 +13,21 @@ def test_clear_speedup_is_called_faster():
     rng = np.random.default_rng(1)
     base = 100 + rng.normal(0, 1, 7)
     fast = 150 + rng.normal(0, 1, 7)
-    ratio, lo, hi = stats.bootstrap_ratio_ci(fast, base)
+    ratio, lo, hi = stats.unpaired_ratio_ci(fast, base)
     assert 1.4 < lo <= ratio <= hi < 1.6
     assert stats.verdict(lo, hi) == stats.FASTER
-    assert stats.verdict(*stats.bootstrap_ratio_ci(base, fast)[1:]) == stats.SLOWER
+    assert stats.verdict(*stats.unpaired_ratio_ci(base, fast)[1:]) == stats.SLOWER
 
 
 def test_same_distribution_is_no_significant_difference():
     rng = np.random.default_rng(2)
     a, b = 100 + rng.normal(0, 5, 9), 100 + rng.normal(0, 5, 9)
-    _, lo, hi = stats.bootstrap_ratio_ci(a, b)
+    _, lo, hi = stats.unpaired_ratio_ci(a, b)
     assert lo < 1 < hi and stats.verdict(lo, hi) == stats.SAME
 
 
 def test_one_trial_gives_no_verdict():
-    ratio, lo, hi = stats.bootstrap_ratio_ci([2.0], [1.0])
+    ratio, lo, hi = stats.unpaired_ratio_ci([2.0], [1.0])
     assert ratio == 2.0 and math.isnan(lo) and stats.verdict(lo, hi) == stats.TOO_FEW
 
 
@@ -83,7 +83,7 @@ def test_pairing_by_round_cancels_drift():
     assert math.isclose(s.loc["v", "speedup"], 1.10)
     assert s.loc["v", "verdict"] == stats.FASTER and s.loc["v", "rounds"] == 7
     # Unpaired, the same numbers would overlap completely.
-    _, lo, hi = stats.bootstrap_ratio_ci(base * 1.1, base)
+    _, lo, hi = stats.unpaired_ratio_ci(base * 1.1, base)
     assert lo < 1 < hi
 
 

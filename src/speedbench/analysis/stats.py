@@ -86,7 +86,8 @@ def paired_log_ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 def paired_ratio_ci(num, den, level: float = 0.95) -> tuple[float, float, float]:
     """Geometric mean of the paired ratios num[i]/den[i] with a t interval on their logs;
-    (ratio, nan, nan) below two pairs."""
+    (ratio, nan, nan) below two pairs. The only paired interval: the summary, the recipe search
+    and the findings check all use it."""
     d = paired_log_ratios(num, den)
     if len(d) == 0:
         return math.nan, math.nan, math.nan
@@ -142,7 +143,7 @@ def paired(variant: pd.DataFrame, base: pd.DataFrame, metric: str, key: str):
 
 # ---- the older unpaired tools (two runs compared; plots) ----
 
-def bootstrap_ratio_ci(num: np.ndarray, den: np.ndarray, level: float = 0.95,
+def unpaired_ratio_ci(num: np.ndarray, den: np.ndarray, level: float = 0.95,
                        resamples: int = 4000, seed: int = 0) -> tuple[float, float, float]:
     """Ratio of medians num/den with a percentile bootstrap CI (trials resampled per side).
     For unpaired samples only (two separate runs): trials of one run are compared paired."""

@@ -25,7 +25,7 @@ METHOD = ("The search starts from the naive recipe (the articles' before-code, w
           "few shuffled, paired rounds, which rank them. Then it confirms the two best in a "
           "fresh measurement against the current recipe, with rounds added until their "
           "intervals are narrow: each gain is the geometric mean of its per-round ratios to the "
-          "current recipe (trimmed from 8 rounds on), with a t interval Bonferroni-adjusted over "
+          "current recipe, with a t interval Bonferroni-adjusted over "
           "the two. The fastest option confirmed faster is added; because the deciding figures "
           "come from a measurement the ranking did not see, a step adds a technique with no "
           "real gain with probability at most 5 %. It stops when no option is confirmed "
@@ -34,7 +34,7 @@ METHOD = ("The search starts from the naive recipe (the articles' before-code, w
           "side by side: the cumulative speed-ups over naive and each technique's contribution "
           "in the presence of the others. (The experiment tables further down, recipe-step<N>, "
           "recipe-step<N>-confirm and recipe, hold the same trials; each is adjusted over its "
-          "own comparisons, with the untrimmed mean.)")
+          "own comparisons.)")
 
 
 def _ci(x, lo, hi) -> str:

@@ -389,16 +389,16 @@ def check_findings(plans: list[Plan], run_dir: Path, writer, progress: bool, exe
             bad = arms["suggested"] if arms["suggested"].status != "ok" else arms["as run"]
             status[(experiment, model, variant, knob)] = f"not measured here ({bad.status})"
             continue
-        ratios[(experiment, model, variant, knob)] = search.paired_ratios(arms["suggested"],
-                                                                          arms["as run"])
+        ratios[(experiment, model, variant, knob)] = search.rounds_of(arms["suggested"],
+                                                                      arms["as run"])
     threshold = float(OmegaConf.select(plans[0].config, "bench.noise_threshold", default=0.02))
     level = stats.comparison_level(len(ratios), alpha)  # Bonferroni over the findings checked
     compared = search.compare_at(ratios, level, threshold)
     for key, (s, lo, hi, verdict) in compared.items():
         effect = f"{s:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else "")
         status[key] = f"measured {effect} here, " + {
-            search.FASTER: "recommended", search.SLOWER: "slower here, not recommended",
-            search.EQUIVALENT: "no difference here, not recommended"}.get(
+            stats.FASTER: "recommended", stats.SLOWER: "slower here, not recommended",
+            stats.EQUIVALENT: "no difference here, not recommended"}.get(
                 verdict, "not settled by this check")
     findings["check"] = [
         status.get((r.experiment, r.model, r.variant, r.knob), "-") for r in findings.itertuples()]

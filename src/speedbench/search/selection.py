@@ -31,8 +31,8 @@ The search:
    paired, with CI) and the ablation (each chosen option's marginal contribution in the
    presence of the others: final over final-without-it, with CI).
 
-Every interval is a t interval on the logs of per-round ratios, trimmed from 8 rounds on
-(see ratio_ci); each measurement's family is its own, as summary.csv's rows of a recipe run
+Every interval is stats.paired_ratio_ci, the summary's Student t interval on the logs of
+per-round ratios; each measurement's family is its own, as summary.csv's rows of a recipe run
 are (stats.summarise with per_experiment).
 """
 from __future__ import annotations
@@ -46,8 +46,6 @@ import numpy as np
 
 from speedbench.analysis import stats
 
-FASTER, SLOWER, EQUIVALENT, INCONCLUSIVE = stats.FASTER, stats.SLOWER, stats.EQUIVALENT, \
-    stats.INCONCLUSIVE
 NAIVE = "naive"
 Overrides = dict[str, Any]  # flat recipe keys (dotted for nested ones) -> values
 
@@ -139,62 +137,26 @@ class SearchResult:
 
 
 # --- statistics on paired rounds ---------------------------------------------------------------
-def paired_ratios(arm: Arm, reference: Arm) -> np.ndarray:
-    """Per-round ratios arm/reference, rounds where both measured."""
-    a = np.asarray(arm.samples_per_s, float)
-    b = np.asarray(reference.samples_per_s, float)
-    n = min(len(a), len(b))
-    a, b = a[:n], b[:n]
-    keep = np.isfinite(a) & np.isfinite(b) & (b > 0) & (a > 0)
-    return a[keep] / b[keep]
+def rounds_of(arm: Arm, reference: Arm) -> tuple[np.ndarray, np.ndarray]:
+    """(arm, reference) throughputs on the rounds both have, aligned: the pairs of stats.py."""
+    n = min(len(arm.samples_per_s), len(reference.samples_per_s))
+    return (np.asarray(arm.samples_per_s[:n], float),
+            np.asarray(reference.samples_per_s[:n], float))
 
 
-def t_quantile(p: float, df: int) -> float:
-    """Student-t quantile p (> 0.5): stats.py's exact two-sided critical value."""
-    return stats.t_quantile(2 * p - 1, df)
+def paired_rounds(arm: Arm, reference: Arm) -> int:
+    """How many rounds both measured."""
+    return len(stats.paired_log_ratios(*rounds_of(arm, reference)))
 
 
-TRIM_FROM = 8  # rounds from which the interval is trimmed (then at least 5 degrees of freedom)
-
-
-def ratio_ci(ratios: np.ndarray, level: float, trim: float = 0.2) -> tuple[float, float, float]:
-    """Trimmed geometric mean of per-round ratios with Yuen's trimmed t interval on their logs
-    (NaN below 2 rounds).
-
-    A t interval rather than a bootstrap: a search step has few rounds, where a percentile
-    bootstrap is too narrow. Trimmed (20 % of the rounds each side, Tukey-McLaughlin / Yuen)
-    rather than plain: one stalled trial, in the reference's arm, moves every ratio of its
-    round, and a plain mean and variance would let that one round decide (simulated in
-    tests/test_search.py: with 5 % of trials stalled, the plain interval finds the right recipe
-    in 13 of 40 searches, the trimmed one in most). Below TRIM_FROM rounds trimming would cost
-    too many degrees of freedom: plain t interval, stats.py's rule."""
-    logs = np.sort(np.log(np.asarray(ratios, float)))
-    n = len(logs)
-    if n == 0:
-        return math.nan, math.nan, math.nan
-    k = int(math.floor(trim * n)) if n >= TRIM_FROM else 0
-    centre = float(logs[k:n - k].mean())
-    if n < 2 or n - 2 * k < 2:
-        return float(np.exp(centre)), math.nan, math.nan
-    winsorized = np.clip(logs, logs[k], logs[n - k - 1])
-    se = winsorized.std(ddof=1) / ((1 - 2 * k / n) * math.sqrt(n))
-    half = t_quantile((1 + level) / 2, n - 2 * k - 1) * se
-    return float(np.exp(centre)), float(np.exp(centre - half)), float(np.exp(centre + half))
-
-
-def classify(speedup: float, lo: float, hi: float, threshold: float) -> str:
-    """faster / slower: the CI excludes 1 and the effect is beyond the threshold; equivalent:
-    the CI lies within +-threshold; inconclusive otherwise (stats.py's verdicts)."""
-    return stats.classify(speedup, lo, hi, threshold)
-
-
-def compare_at(ratios: dict[str, np.ndarray], level: float,
+def compare_at(pairs: dict[str, tuple[np.ndarray, np.ndarray]], level: float,
                threshold: float) -> dict[str, tuple[float, float, float, str]]:
-    """Each label's (speed-up, lo, hi, verdict), every CI at `level`."""
+    """Each label's (speed-up, lo, hi, verdict) from its (arm, reference) rounds, every CI at
+    `level`: stats.paired_ratio_ci and stats.classify, the summary's own rule."""
     out = {}
-    for label, r in ratios.items():
-        s, lo, hi = ratio_ci(r, level)
-        out[label] = (s, lo, hi, classify(s, lo, hi, threshold))
+    for label, (a, b) in pairs.items():
+        s, lo, hi = stats.paired_ratio_ci(a, b, level)
+        out[label] = (s, lo, hi, stats.classify(s, lo, hi, threshold))
     return out
 
 
@@ -330,9 +292,9 @@ def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
         ok = [o for o in options if o.label not in found]
         fits = {o.label for o in ok if _fits_memory(arms[o.label], max_memory_mb)}
         screen_level = stats.comparison_level(len(ok), alpha)
-        results = compare_at({o.label: paired_ratios(arms[o.label], ref) for o in ok},
+        results = compare_at({o.label: rounds_of(arms[o.label], ref) for o in ok},
                              screen_level, min_gain)
-        comparisons = {lab: Comparison(lab, s, lo, hi, v, len(paired_ratios(arms[lab], ref)))
+        comparisons = {lab: Comparison(lab, s, lo, hi, v, paired_rounds(arms[lab], ref))
                        for lab, (s, lo, hi, v) in results.items()}
         # hopeless: surely less than half as fast; not worth another step's time
         for c in comparisons.values():
@@ -404,11 +366,11 @@ def _confirm(arms: dict[str, Arm], top: list[Comparison], record: StepRecord, al
             for name in pool:
                 pool[name] = [o for o in pool[name] if o.label != c.label]
             continue
-        r = paired_ratios(arm, ref)
-        s, lo, hi = ratio_ci(r, level)
-        confirmed = Comparison(c.label, s, lo, hi, classify(s, lo, hi, min_gain), len(r))
+        (s, lo, hi, verdict), = compare_at({c.label: rounds_of(arm, ref)}, level,
+                                           min_gain).values()
+        confirmed = Comparison(c.label, s, lo, hi, verdict, paired_rounds(arm, ref))
         record.confirmations[c.label] = confirmed
-        if confirmed.verdict == FASTER and _fits_memory(arm, max_memory_mb):
+        if confirmed.verdict == stats.FASTER and _fits_memory(arm, max_memory_mb):
             winners.append(confirmed)
     best = max(winners, key=lambda c: c.speedup, default=None)
     return best, "no remaining option was significantly faster"
@@ -462,14 +424,14 @@ def _close(naive: Overrides, chosen: list[Option], steps: list[StepRecord], meas
         return waterfall, []
     # the family of summary.csv's rows for this measurement: every recipe against naive
     against_naive = sum(a.status == "ok" for lab, a in measured.items() if lab != NAIVE)
-    cum = compare_at({prefix[i]: paired_ratios(arms[prefix[i]], base)
+    cum = compare_at({prefix[i]: rounds_of(arms[prefix[i]], base)
                       for i in range(1, len(chosen) + 1) if arms[prefix[i]].status == "ok"},
                      stats.comparison_level(against_naive, alpha), min_gain)
     for i, row in enumerate(waterfall[1:], start=1):
         if prefix[i] in cum:
             row["speedup"], row["lo"], row["hi"], row["verdict"] = cum[prefix[i]]
     # marginal contribution: final / final-without-it, paired
-    marg = compare_at({o.label: paired_ratios(final, arms[without[o.label]]) for o in chosen
+    marg = compare_at({o.label: rounds_of(final, arms[without[o.label]]) for o in chosen
                        if arms[without[o.label]].status == "ok"},
                       stats.comparison_level(len(chosen), alpha), min_gain)
     ablation = []
