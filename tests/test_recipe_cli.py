@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
+from speedbench.search import check_findings
 from speedbench.search import driver as recipe
 from speedbench.config import ConfigError, build_plan
 
@@ -106,7 +107,7 @@ def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
                    "symptom": "model syncs", "figure": "-", "tip": "-", "knob": "-"}]
                  ).to_csv(tmp_path / "findings.csv", index=False)
     writer = results.TrialWriter(tmp_path / "trials.csv")
-    findings = recipe.check_findings([plan], tmp_path, writer, False, run.execute)
+    findings = check_findings.check([plan], tmp_path, writer, False, run.execute)
     assert findings["check"].iloc[0].startswith("measured ")
     assert findings["check"].iloc[0].endswith(("recommended", "not settled by this check"))
     assert findings["check"].iloc[1] == "-"
@@ -115,7 +116,7 @@ def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
     assert set(rows["variant"]) == {"as run", "suggested"}
     assert set(rows[rows["variant"] == "suggested"]["status"]) == {"ok"}
     assert "check" in pd.read_csv(tmp_path / "findings.csv")
-    assert recipe.parse_knob("data.num_workers=2 data.persistent_workers=true") == \
+    assert check_findings.parse_knob("data.num_workers=2 data.persistent_workers=true") == \
         {"data.num_workers": 2, "data.persistent_workers": True}
 
 

@@ -235,6 +235,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     A suite (`tips`) measures each member experiment into the same trials.csv; `overrides` are
     the command line's, handed on to every member.
     """
+    from speedbench.search import check_findings
     from speedbench.search import driver as recipe
     from speedbench.config import suite
     from speedbench.config import build_plan
@@ -292,9 +293,9 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     try:
         results.write_summary(summary, run_dir)
         profiled = diagnosis.write_tables(run_dir, writer.rows)  # phases.csv, findings.csv
-        if profiled and cfg.recipe.check_findings:  # each suggested knob measured (recipe.py)
-            recipe.check_findings(plans, run_dir, writer, progress,
-                                  lambda *args: execute(*args, book=book))
+        if profiled and cfg.recipe.check_findings:  # each suggested knob measured (search/check_findings.py)
+            check_findings.check(plans, run_dir, writer, progress,
+                                 lambda *args: execute(*args, book=book))
             frame = writer.frame()
             summary = scaling.add_efficiency(
                 stats.summarise(frame, per_experiment=groups is not None), frame)

@@ -208,10 +208,9 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
     experiment alone: a recipe search's measurements (screens, confirmations, the closing
     one) are separate decisions, each adjusted over its own comparisons, as the search is."""
     rows = []
-    keys = ["experiment", "model"]
     key = pair_key(trials)
     run_comparisons = count_comparisons(trials)
-    for (experiment, model), per_model in trials.groupby(keys, sort=False):
+    for (experiment, model), per_model in trials.groupby(["experiment", "model"], sort=False):
         comparisons = count_comparisons(trials[trials["experiment"] == experiment]) \
             if per_experiment else run_comparisons
         level = comparison_level(comparisons, family)
@@ -220,54 +219,60 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
         base_loss = base_rows["final_loss"].median() if len(base_rows) else math.nan
         for variant, g in per_model.groupby("variant", sort=False):
             ok = g[g["status"] == "ok"]
-            # A variant stopped as hopeless keeps the step time it measured before it stopped.
-            slow = g[g["status"].astype(str).str.startswith(TOO_SLOW)]
-            threshold = _threshold(g)
-            row = {
-                "experiment": experiment, "model": model, "variant": variant,
-                "is_baseline": bool(g["is_baseline"].iloc[0]), "status": _status(g["status"]),
-                "trials": len(ok),
-                "samples_per_s": ok["samples_per_s"].median() if len(ok) else math.nan,
-                "step_ms": ok["step_ms"].median() if len(ok) else math.nan,
-                "cv": _cv(ok["samples_per_s"]),
-                "spread": spread(ok["samples_per_s"]),
-                "unsteady": _unsteady(ok),
-                "data_wait_frac": ok["data_wait_frac"].median() if len(ok) else math.nan,
-                "peak_mem_mb": ok["peak_mem_mb"].median() if len(ok) else math.nan,
-                "host_rss_mb": ok["host_rss_mb"].median() if len(ok) else math.nan,
-                "final_loss": ok["final_loss"].median() if len(ok) else math.nan,
-            }
-            for col in ("state_mem_mb", "activation_mem_mb"):  # the memory split, when recorded
-                if col in ok:
-                    row[col] = pd.to_numeric(ok[col], errors="coerce").median()
-            if not len(ok) and len(slow):
-                row["samples_per_s"] = pd.to_numeric(slow.get("samples_per_s"), errors="coerce").median()
-                row["step_ms"] = pd.to_numeric(slow.get("step_ms"), errors="coerce").median()
+            row = {"experiment": experiment, "model": model, "variant": variant,
+                   "is_baseline": bool(g["is_baseline"].iloc[0]), "status": _status(g["status"]),
+                   "trials": len(ok), **_medians(g, ok)}
             row.update(_mem_ratio(ok, base_rows, key, level))
             row["loss_delta"] = row["final_loss"] - base_loss
-            row["rounds"] = 0
-            speed = (math.nan,) * 3
-            if row["is_baseline"]:
-                speed = (1.0, math.nan, math.nan) if len(ok) else speed
-                row["verdict"] = BASELINE if len(ok) else _short(row["status"])
-                row["rounds"] = int(ok[key].nunique()) if len(ok) else 0
-            elif len(ok) and len(base_rows):
-                a, b = paired(ok, base_rows, "samples_per_s", key)
-                row["rounds"] = len(paired_log_ratios(a, b))
-                speed = paired_ratio_ci(a, b, level)
-                row["verdict"] = classify(*speed, threshold=threshold)
-            else:
-                row["verdict"] = _short(row["status"]) if not len(ok) else "no baseline"
-            row["speedup"], row["speedup_lo"], row["speedup_hi"] = speed
-            row["ci_halfwidth"] = relative_halfwidth(speed[1], speed[2])
-            row["min_detectable"] = (min_detectable(speed[1], speed[2], threshold)
-                                     if row["verdict"] == INCONCLUSIVE else math.nan)
-            row["noise_threshold"] = threshold
+            row.update(_speedup(row, ok, base_rows, key, level, _threshold(g)))
             row["comparisons"], row["family_level"], row["ci_level"] = comparisons, family, level
             row["family_scope"] = "experiment" if per_experiment else "run"
             row.update(_flops(ok, row["step_ms"]))
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _medians(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
+    """A variant's medians over its ok trials, and their spread."""
+    def median(col: str) -> float:
+        return ok[col].median() if len(ok) else math.nan
+
+    med = {"samples_per_s": median("samples_per_s"), "step_ms": median("step_ms"),
+           "cv": _cv(ok["samples_per_s"]), "spread": spread(ok["samples_per_s"]),
+           "unsteady": _unsteady(ok), "data_wait_frac": median("data_wait_frac"),
+           "peak_mem_mb": median("peak_mem_mb"), "host_rss_mb": median("host_rss_mb"),
+           "final_loss": median("final_loss")}
+    for col in ("state_mem_mb", "activation_mem_mb"):  # the memory split, when recorded
+        if col in ok:
+            med[col] = pd.to_numeric(ok[col], errors="coerce").median()
+    # A variant stopped as hopeless keeps the step time it measured before it stopped.
+    slow = g[g["status"].astype(str).str.startswith(TOO_SLOW)]
+    if not len(ok) and len(slow):
+        med["samples_per_s"] = pd.to_numeric(slow.get("samples_per_s"), errors="coerce").median()
+        med["step_ms"] = pd.to_numeric(slow.get("step_ms"), errors="coerce").median()
+    return med
+
+
+def _speedup(row: dict, ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, level: float,
+             threshold: float) -> dict:
+    """The paired speed-up over the baseline, its CI and verdict, and the rounds behind it."""
+    speed, rounds = (math.nan,) * 3, 0
+    if row["is_baseline"]:
+        speed = (1.0, math.nan, math.nan) if len(ok) else speed
+        verdict = BASELINE if len(ok) else _short(row["status"])
+        rounds = int(ok[key].nunique()) if len(ok) else 0
+    elif len(ok) and len(base_rows):
+        a, b = paired(ok, base_rows, "samples_per_s", key)
+        rounds = len(paired_log_ratios(a, b))
+        speed = paired_ratio_ci(a, b, level)
+        verdict = classify(*speed, threshold=threshold)
+    else:
+        verdict = _short(row["status"]) if not len(ok) else "no baseline"
+    return {"rounds": rounds, "verdict": verdict, "speedup": speed[0], "speedup_lo": speed[1],
+            "speedup_hi": speed[2], "ci_halfwidth": relative_halfwidth(speed[1], speed[2]),
+            "min_detectable": (min_detectable(speed[1], speed[2], threshold)
+                               if verdict == INCONCLUSIVE else math.nan),
+            "noise_threshold": threshold}
 
 
 def _mem_ratio(ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, level: float) -> dict:

@@ -241,14 +241,29 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
         raise ReportError(f"{path} is not a directory")
     if not (path / "trials.csv").exists():
         raise ReportError(f"{path} has no trials.csv; is it a speedbench run directory?")
-    trials = _read_csv(path / "trials.csv")
+    notes: list[str] = []
+    trials, missing = _trials(path / "trials.csv", notes)
+    env = _env_file(path / "env.json", notes)
+    if cfg is None:
+        cfg = _config_file(path / "config.yaml", notes)
+    cfg = _claims(cfg, notes) if isinstance(cfg, dict) else {}
+    return Run(path=path, trials=trials, summary=_summary(path, trials, notes), env=env,
+               cfg=cfg, members=_members(path, notes),
+               phases=_optional_table(path / "phases.csv", PHASES_COLUMNS, notes),
+               findings=_optional_table(path / "findings.csv", FINDINGS_COLUMNS, notes),
+               capacity=_optional_table(path / "capacity.csv", CAPACITY_COLUMNS, notes),
+               notes=notes, missing=missing, label=path.name)
+
+
+def _trials(file: Path, notes: list[str]) -> tuple[pd.DataFrame, list[str]]:
+    """trials.csv with its names, flags and numbers cleaned, and the contract columns it lacks."""
+    trials = _read_csv(file)
     lacking = [c for c in REQUIRED if c not in trials.columns]
     if lacking:
-        raise ReportError(f"{path / 'trials.csv'} lacks the contract columns {', '.join(lacking)}; "
+        raise ReportError(f"{file} lacks the contract columns {', '.join(lacking)}; "
                           "cannot report on it")
     if trials.empty:
-        raise ReportError(f"{path / 'trials.csv'} holds no trials yet")
-    notes: list[str] = []
+        raise ReportError(f"{file} holds no trials yet")
     missing = [c for c in results.TRIAL_COLUMNS[:13] if c not in trials.columns]
     if missing:
         notes.append(f"trials.csv lacks {', '.join(missing)} (another speedbench version?): "
@@ -270,29 +285,28 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
         trials.loc[unusable, "status"] = "error: no positive samples_per_s in trials.csv"
         notes.append(f"{int(unusable.sum())} ok trial(s) without a positive, finite "
                      "samples_per_s: counted as errors")
+    return trials, missing
 
-    env = {}
-    if _regular(path / "env.json"):
-        try:
-            env = _env(json.loads((path / "env.json").read_text()), notes)
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
-            notes.append("env.json is not valid JSON: environment unknown")
-    else:
+
+def _env_file(file: Path, notes: list[str]) -> dict:
+    if not _regular(file):
         notes.append("no env.json: environment unknown")
-    if cfg is None:
-        cfg = {}
-        if _regular(path / "config.yaml"):
-            try:
-                cfg = yaml.safe_load((path / "config.yaml").read_text()) or {}
-            except (yaml.YAMLError, UnicodeDecodeError, OSError):
-                notes.append("config.yaml is not valid YAML: claims and settings unknown")
-    cfg = _claims(cfg, notes) if isinstance(cfg, dict) else {}
-    return Run(path=path, trials=trials, summary=_summary(path, trials, notes), env=env,
-               cfg=cfg, members=_members(path, notes),
-               phases=_optional_table(path / "phases.csv", PHASES_COLUMNS, notes),
-               findings=_optional_table(path / "findings.csv", FINDINGS_COLUMNS, notes),
-               capacity=_optional_table(path / "capacity.csv", CAPACITY_COLUMNS, notes),
-               notes=notes, missing=missing, label=path.name)
+        return {}
+    try:
+        return _env(json.loads(file.read_text()), notes)
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        notes.append("env.json is not valid JSON: environment unknown")
+        return {}
+
+
+def _config_file(file: Path, notes: list[str]) -> dict:
+    if not _regular(file):
+        return {}
+    try:
+        return yaml.safe_load(file.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        notes.append("config.yaml is not valid YAML: claims and settings unknown")
+        return {}
 
 
 def label_runs(runs: list[Run]) -> None:

@@ -1,4 +1,4 @@
-"""`+experiment=recipe`: the recipe search (search.py) run through speedbench's own trials.
+"""`+experiment=recipe`: the recipe search (selection.py) run through speedbench's own trials.
 
 Per model: the candidate groups of `recipe.candidates` are checked up front (every option is a
 valid recipe, or the run stops before training with one line naming the key); the naive recipe
@@ -21,7 +21,6 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from speedbench.search import selection as search
-from speedbench.analysis import stats
 from speedbench.config import REFERENCE_MODELS, ConfigError, ModelSpec, Plan, build_plan
 
 CLOSING = "recipe"
@@ -55,18 +54,18 @@ def parse_groups(cfg: DictConfig) -> list[search.Group]:
             if not isinstance(overrides, dict) or not overrides:
                 raise ConfigError(f"{where}.options.{opt}: must be a non-empty mapping of recipe "
                                   "keys to values")
-            options.append(search.Option(name, str(opt), _flat(overrides)))
-        groups.append(search.Group(name, options, naive=_flat(spec.get("naive") or {}),
+            options.append(search.Option(name, str(opt), flat(overrides)))
+        groups.append(search.Group(name, options, naive=flat(spec.get("naive") or {}),
                                    trades_memory=bool(spec.get("trades_memory", False))))
     return groups
 
 
-def _flat(mapping: dict, prefix: str = "") -> dict:
+def flat(mapping: dict, prefix: str = "") -> dict:
     """{'data': {'num_workers': 2}} -> {'data.num_workers': 2}; dotted keys kept."""
     out = {}
     for key, value in mapping.items():
         if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
+            out.update(flat(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -114,13 +113,13 @@ def check(cfg: DictConfig, plan: Plan, dist_env) -> list[search.Group]:
         for o in g.options:
             recipes[f"{g.name}.{o.name}"] = {**naive, **o.overrides}
     try:
-        step_plan(cfg, _entry(cfg, plan.models[0]), recipes, "naive", CLOSING)
+        step_plan(cfg, model_entry(cfg, plan.models[0]), recipes, "naive", CLOSING)
     except ConfigError as exc:
         raise ConfigError(f"recipe.candidates: {exc}") from None
     return groups
 
 
-def _entry(cfg: DictConfig, spec: ModelSpec) -> Any:
+def model_entry(cfg: DictConfig, spec: ModelSpec) -> Any:
     """The `model` entry that names this spec (a reference name or a `_target_` mapping)."""
     entry = cfg.model
     if entry is None or isinstance(entry, str):
@@ -154,7 +153,7 @@ class TrialMeasurer:
                  time_left_s: Optional[float], rounds: Optional[int] = None,
                  ) -> dict[str, search.Arm]:
         baseline = next(iter(recipes))
-        plan = step_plan(self.cfg, _entry(self.cfg, self.spec), recipes, baseline,
+        plan = step_plan(self.cfg, model_entry(self.cfg, self.spec), recipes, baseline,
                          experiment_name(step))
         plan.models = [next(m for m in plan.models if m.name == self.spec.name)]
         for recipe in plan.variants.values():
@@ -321,86 +320,8 @@ def cannot_act_for(cfg: DictConfig, not_applicable, dist_env=None):
     first round)."""
     def for_spec(spec: ModelSpec):
         def cannot(overrides: dict) -> Optional[str]:
-            plan = step_plan(cfg, _entry(cfg, spec), {"probe": overrides}, "probe", "probe")
+            plan = step_plan(cfg, model_entry(cfg, spec), {"probe": overrides}, "probe", "probe")
             plan.models = [m for m in plan.models if m.name == spec.name]
             return not_applicable(plan, plan.models[0], dist_env).get("probe")
         return cannot
     return for_spec
-
-
-# --- diagnosis that closes the loop: a finding's knob measured before it is recommended ---------
-CHECK_BUDGET_S = 60.0  # per finding checked: the rounds beyond bench.repeats stop there
-
-
-def parse_knob(knob: str) -> dict:
-    """'data.num_workers=2 data.persistent_workers=true' -> overrides (YAML-typed values)."""
-    out = {}
-    for part in str(knob).split():
-        if "=" in part:
-            key, value = part.split("=", 1)
-            out[key] = yaml.safe_load(value)
-    return out
-
-
-def check_findings(plans: list[Plan], run_dir: Path, writer, progress: bool, execute_plan,
-                   alpha: float = 0.05) -> Optional[pd.DataFrame]:
-    """For every finding of findings.csv that suggests a knob: the variant as it ran vs the same
-    with the knob set, side by side in paired rounds (experiment `check-<experiment>`, profile
-    off), the suggestion's effect with a CI Bonferroni-adjusted over the run's checks. The
-    finding gets a `check` column: "measured 0.82x [0.75, 0.90] here, not recommended"."""
-    path = Path(run_dir) / "findings.csv"
-    if not path.is_file():
-        return None
-    findings = pd.read_csv(path)
-    todo = findings[findings["knob"].fillna("-").astype(str).str.contains("=")]
-    if todo.empty:
-        return findings
-    by_experiment = {p.experiment: p for p in plans}
-    keys = list(dict.fromkeys(zip(todo["experiment"], todo["model"], todo["variant"],
-                                  todo["knob"])))
-    ratios: dict[tuple, Any] = {}
-    status: dict[tuple, str] = {}
-    for experiment, model, variant, knob in keys:
-        plan = by_experiment.get(experiment)
-        spec = next((m for m in plan.models if m.name == model), None) if plan else None
-        if spec is None or variant not in (plan.config.variants or {"default": {}}):
-            status[(experiment, model, variant, knob)] = "not checked: its plan is unknown"
-            continue
-        node = (plan.config.variants or {}).get(variant)  # an empty variant is falsy: {}
-        raw = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) \
-            else dict(node or {})
-        # unprofiled; adaptive rounds capped, so that checks stay a small part of the run
-        ran = {**_flat(raw), "profile": "off", "bench.time_budget_s": CHECK_BUDGET_S}
-        recipes = {"as run": ran, "suggested": {**ran, **parse_knob(knob)}}
-        if progress:
-            print(f"checking the finding's suggestion {knob} on {model}/{variant}",
-                  file=sys.stderr, flush=True)
-        try:
-            step = step_plan(plan.config, _entry(plan.config, spec), recipes, "as run",
-                             f"check-{experiment}")
-        except ConfigError as exc:
-            status[(experiment, model, variant, knob)] = f"not checked: {exc}"
-            continue
-        step.models = [m for m in step.models if m.name == model]
-        start = len(writer.rows)
-        execute_plan(step, run_dir, progress, None, writer)
-        arms = arms_from_rows(writer.rows[start:], list(recipes))
-        if arms["suggested"].status != "ok" or arms["as run"].status != "ok":
-            bad = arms["suggested"] if arms["suggested"].status != "ok" else arms["as run"]
-            status[(experiment, model, variant, knob)] = f"not measured here ({bad.status})"
-            continue
-        ratios[(experiment, model, variant, knob)] = search.rounds_of(arms["suggested"],
-                                                                      arms["as run"])
-    threshold = float(OmegaConf.select(plans[0].config, "bench.noise_threshold", default=0.02))
-    level = stats.comparison_level(len(ratios), alpha)  # Bonferroni over the findings checked
-    compared = search.compare_at(ratios, level, threshold)
-    for key, (s, lo, hi, verdict) in compared.items():
-        effect = f"{s:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else "")
-        status[key] = f"measured {effect} here, " + {
-            stats.FASTER: "recommended", stats.SLOWER: "slower here, not recommended",
-            stats.EQUIVALENT: "no difference here, not recommended"}.get(
-                verdict, "not settled by this check")
-    findings["check"] = [
-        status.get((r.experiment, r.model, r.variant, r.knob), "-") for r in findings.itertuples()]
-    findings.to_csv(path, index=False)
-    return findings

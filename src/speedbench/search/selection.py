@@ -239,6 +239,21 @@ class Budget:
         return left is None or self.estimate(recipes, confirmations) <= left
 
 
+@dataclass(frozen=True)
+class Rules:
+    """The search's decision settings (see `search`)."""
+
+    alpha: float = 0.05
+    min_gain: float = 0.02
+    hopeless_below: float = 0.5
+    screen_rounds: Optional[int] = 3
+    confirm_top: int = 2
+    max_memory_mb: Optional[float] = None
+
+    def fits_memory(self, arm: Arm) -> bool:
+        return self.max_memory_mb is None or not (arm.peak_mem_mb > self.max_memory_mb)
+
+
 def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
            budget_s: Optional[float] = None, max_memory_mb: Optional[float] = None,
            alpha: float = 0.05, min_gain: float = 0.02, hopeless_below: float = 0.5,
@@ -249,143 +264,162 @@ def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
     waterfall/ablation measurement."""
     budget = Budget(budget_s, clock)
     budget.start()
-    pool = {g.name: list(g.options) for g in eligible_groups(groups, max_memory_mb)}
-    excluded: dict[str, str] = {}
-    chosen: list[Option] = []
-    steps: list[StepRecord] = []
-    notes: list[str] = []
-    if max_memory_mb is None and any(g.trades_memory for g in groups):
-        notes.append("techniques that trade speed for memory ("
-                     + ", ".join(g.name for g in groups if g.trades_memory)
-                     + ") were not candidates: set recipe.max_memory_mb to let them in")
+    rules = Rules(alpha, min_gain, hopeless_below, screen_rounds, confirm_top, max_memory_mb)
+    forward = _Forward(groups, naive, measure, budget, rules, progress)
     stopped = "no candidate left"
-    while any(pool.values()):
-        n = len(steps) + 1
-        current = _apply(naive, *chosen)
-        options = [o for opts in pool.values() for o in opts]
-        # this step, then the closing measurement (naive, prefixes, leave-one-outs) must fit
-        closing = 2 * (len(chosen) + 1) + 1
-        if steps and not budget.fits(len(options) + 1 + closing, 1):
-            stopped = (f"time budget: step {n} ({len(options)} options) would need about "
-                       f"{budget.estimate(len(options) + 1, 1):.0f} s plus "
-                       f"{budget.estimate(closing):.0f} s to close, "
-                       f"{max(budget.left(), 0):.0f} s were left")
+    while any(forward.pool.values()):
+        why = forward.step()
+        if why is not None:
+            stopped = why
             break
-        progress(f"step {n}: screening {len(options)} options on top of "
-                 f"{' + '.join(o.label for o in chosen) or 'naive'}")
+    waterfall, ablation = _close(forward, alpha, min_gain)
+    return SearchResult(naive=naive, chosen=forward.chosen,
+                        final=_apply(naive, *forward.chosen), steps=forward.steps,
+                        waterfall=waterfall, ablation=ablation, excluded=forward.excluded,
+                        stopped=stopped, notes=forward.notes, elapsed_s=budget.elapsed())
+
+
+class _Forward:
+    """The forward selection's state: the options left per group, those dropped for good, the
+    chosen stack and every step's record."""
+
+    def __init__(self, groups: list[Group], naive: Overrides, measure: Measurer, budget: Budget,
+                 rules: Rules, progress: Callable[[str], None]):
+        self.naive, self.measure, self.budget = naive, measure, budget
+        self.rules, self.progress = rules, progress
+        self.pool = {g.name: list(g.options) for g in eligible_groups(groups, rules.max_memory_mb)}
+        self.excluded: dict[str, str] = {}
+        self.chosen: list[Option] = []
+        self.steps: list[StepRecord] = []
+        self.notes: list[str] = []
+        if rules.max_memory_mb is None and any(g.trades_memory for g in groups):
+            self.notes.append("techniques that trade speed for memory ("
+                              + ", ".join(g.name for g in groups if g.trades_memory)
+                              + ") were not candidates: set recipe.max_memory_mb to let them in")
+
+    def step(self) -> Optional[str]:
+        """One step: screen every option left, confirm the best, add the winner. Returns why
+        the selection stops, or None to go on."""
+        n, budget = len(self.steps) + 1, self.budget
+        current = _apply(self.naive, *self.chosen)
+        options = [o for opts in self.pool.values() for o in opts]
+        # this step, then the closing measurement (naive, prefixes, leave-one-outs) must fit
+        closing = 2 * (len(self.chosen) + 1) + 1
+        if self.steps and not budget.fits(len(options) + 1 + closing, 1):
+            return (f"time budget: step {n} ({len(options)} options) would need about "
+                    f"{budget.estimate(len(options) + 1, 1):.0f} s plus "
+                    f"{budget.estimate(closing):.0f} s to close, "
+                    f"{max(budget.left(), 0):.0f} s were left")
+        self.progress(f"step {n}: screening {len(options)} options on top of "
+                      f"{' + '.join(o.label for o in self.chosen) or 'naive'}")
         recipes = {"current": current, **{o.label: _apply(current, o) for o in options}}
-        t0 = clock()
-        arms = measure(recipes, step=f"step {n}", time_left_s=budget.left(),
-                       rounds=screen_rounds)
+        t0 = budget.clock()
+        arms = self.measure(recipes, step=f"step {n}", time_left_s=budget.left(),
+                            rounds=self.rules.screen_rounds)
         # cost per recipe measured (n/a ones cost nothing and are not measured again)
-        budget.record(clock() - t0, sum(a.status == "ok" for a in arms.values()))
+        budget.record(budget.clock() - t0, sum(a.status == "ok" for a in arms.values()))
         ref = arms.get("current")
         if ref is None or ref.status != "ok":
-            stopped = (f"the current recipe could not be measured in step {n} "
-                       f"({ref.status if ref else 'missing'})")
-            break
-        found = {}
-        for o in options:
-            arm = arms.get(o.label)
-            if arm is None or arm.status != "ok":
-                found[o.label] = arm.status if arm else "error: not measured"
+            return (f"the current recipe could not be measured in step {n} "
+                    f"({ref.status if ref else 'missing'})")
+        record, ranked = self._screen(n, current, options, arms)
+        best, why = self._decide(record, ranked, recipes, closing)
+        record.elapsed_s = budget.clock() - t0
+        if best is None:
+            return why
+        record.chosen = best.label
+        option = next(o for o in options if o.label == best.label)
+        self.chosen.append(option)
+        self.pool.pop(option.group)
+        self.progress(f"step {n}: added {option.label} ({best.speedup:.2f}x "
+                      f"[{best.lo:.2f}, {best.hi:.2f}])")
+        return None
+
+    def _screen(self, n: int, current: Overrides, options: list[Option],
+                arms: dict[str, Arm]) -> tuple[StepRecord, list[Comparison]]:
+        """The screen's record, and the options worth confirming, best first."""
+        ref = arms["current"]
+        found = {o.label: arms[o.label].status if o.label in arms else "error: not measured"
+                 for o in options if o.label not in arms or arms[o.label].status != "ok"}
         ok = [o for o in options if o.label not in found]
-        fits = {o.label for o in ok if _fits_memory(arms[o.label], max_memory_mb)}
-        screen_level = stats.comparison_level(len(ok), alpha)
-        results = compare_at({o.label: rounds_of(arms[o.label], ref) for o in ok},
-                             screen_level, min_gain)
+        level = stats.comparison_level(len(ok), self.rules.alpha)
+        results = compare_at({o.label: rounds_of(arms[o.label], ref) for o in ok}, level,
+                             self.rules.min_gain)
         comparisons = {lab: Comparison(lab, s, lo, hi, v, paired_rounds(arms[lab], ref))
                        for lab, (s, lo, hi, v) in results.items()}
         # hopeless: surely less than half as fast; not worth another step's time
         for c in comparisons.values():
-            if c.hi < hopeless_below:
+            if c.hi < self.rules.hopeless_below:
                 found[c.label] = (f"hopeless: {c.speedup:.2f}x [{c.lo:.2f}, {c.hi:.2f}] "
                                   f"in step {n}, not retried")
-        excluded.update(found)
-        for name in pool:
-            pool[name] = [o for o in pool[name] if o.label not in found]
-        # the screen ranks; only a fresh measurement decides
-        # Any option the screen saw above 1 may be confirmed: 3 rounds cannot tell a 1.04x
-        # from a 1.08x, and the confirmation is the gatekeeper.
-        ranked = sorted((c for c in comparisons.values()
-                         if c.label in fits and c.label not in found and c.speedup > 1),
+        self._drop(found)
+        record = StepRecord(n, current, comparisons, None, found, 0.0, level)
+        self.steps.append(record)
+        # The screen ranks; only a fresh measurement decides. Any option the screen saw above 1
+        # may be confirmed: 3 rounds cannot tell a 1.04x from a 1.08x.
+        ranked = sorted((c for c in comparisons.values() if c.label not in found
+                         and c.speedup > 1 and self.rules.fits_memory(arms[c.label])),
                         key=lambda c: -c.speedup)
-        record = StepRecord(n, current, comparisons, None, found, 0.0, screen_level)
-        steps.append(record)
-        best, why = None, "no remaining option was faster in the screen"
-        top = ranked[:confirm_top]
-        if top and not budget.fits(closing, 1):
-            why = f"time budget: confirming step {n}'s best would not leave time to close"
-            top = []
-        if top:
-            progress(f"step {n}: confirming " + ", ".join(
-                f"{c.label} (screened {c.speedup:.2f}x)" for c in top))
-            t1 = clock()
-            pair = measure({"current": current, **{c.label: recipes[c.label] for c in top}},
-                           step=f"step {n} confirm", time_left_s=budget.left())
-            budget.record_confirmation(clock() - t1)
-            best, why = _confirm(pair, top, record, alpha, min_gain, max_memory_mb, excluded,
-                                 pool)
-        record.elapsed_s = clock() - t0
-        if best is None:
-            stopped = why
-            break
-        record.chosen = best.label
-        option = next(o for o in ok if o.label == best.label)
-        chosen.append(option)
-        pool.pop(option.group)
-        progress(f"step {n}: added {option.label} ({best.speedup:.2f}x "
-                 f"[{best.lo:.2f}, {best.hi:.2f}])")
-    final = _apply(naive, *chosen)
-    waterfall, ablation = _close(naive, chosen, steps, measure, budget, alpha, min_gain,
-                                 notes, progress)
-    return SearchResult(naive=naive, chosen=chosen, final=final, steps=steps,
-                        waterfall=waterfall, ablation=ablation, excluded=excluded,
-                        stopped=stopped, notes=notes, elapsed_s=budget.elapsed())
+        return record, ranked
 
+    def _drop(self, statuses: dict[str, str]) -> None:
+        """Options that were n/a, failed or hopeless leave the pool for good."""
+        self.excluded.update(statuses)
+        for name in self.pool:
+            self.pool[name] = [o for o in self.pool[name] if o.label not in statuses]
 
-def _confirm(arms: dict[str, Arm], top: list[Comparison], record: StepRecord, alpha: float,
-             min_gain: float, max_memory_mb: Optional[float], excluded: dict[str, str],
-             pool: dict[str, list[Option]]) -> tuple[Optional[Comparison], str]:
-    """The confirmation measurement's verdicts (fresh rounds, CIs Bonferroni-adjusted over
-    the options confirmed together) and the option to add: the fastest one confirmed."""
-    ref = arms.get("current") or Arm("error: not measured")
-    if ref.status != "ok":
+    def _decide(self, record: StepRecord, ranked: list[Comparison], recipes: dict[str, Overrides],
+                closing: int) -> tuple[Optional[Comparison], str]:
+        """Confirm the screen's best in a fresh measurement; the option to add, or why none."""
+        top = ranked[:self.rules.confirm_top]
+        if not top:
+            return None, "no remaining option was faster in the screen"
+        if not self.budget.fits(closing, 1):
+            return None, (f"time budget: confirming step {record.index}'s best would not leave "
+                          "time to close")
+        self.progress(f"step {record.index}: confirming " + ", ".join(
+            f"{c.label} (screened {c.speedup:.2f}x)" for c in top))
+        t1 = self.budget.clock()
+        arms = self.measure({"current": recipes["current"],
+                             **{c.label: recipes[c.label] for c in top}},
+                            step=f"step {record.index} confirm", time_left_s=self.budget.left())
+        self.budget.record_confirmation(self.budget.clock() - t1)
+        return self._confirm(arms, top, record)
+
+    def _confirm(self, arms: dict[str, Arm], top: list[Comparison],
+                 record: StepRecord) -> tuple[Optional[Comparison], str]:
+        """The confirmation measurement's verdicts (fresh rounds, CIs Bonferroni-adjusted over
+        the options confirmed together) and the option to add: the fastest one confirmed."""
+        ref = arms.get("current") or Arm("error: not measured")
+        if ref.status != "ok":
+            for c in top:
+                record.confirmations[c.label] = _failed(c.label, ref.status)
+            return None, f"the current recipe could not be measured ({ref.status})"
+        level = stats.comparison_level(len(top), self.rules.alpha)
+        winners = []
         for c in top:
-            record.confirmations[c.label] = Comparison(c.label, math.nan, math.nan, math.nan,
-                                                       ref.status, 0)
-        return None, f"the current recipe could not be measured ({ref.status})"
-    level = stats.comparison_level(len(top), alpha)
-    winners = []
-    for c in top:
-        arm = arms.get(c.label) or Arm("error: not measured")
-        if arm.status != "ok":  # failed on its own: never retried
-            record.confirmations[c.label] = Comparison(c.label, math.nan, math.nan, math.nan,
-                                                       arm.status, 0)
-            excluded[c.label] = record.excluded[c.label] = arm.status
-            for name in pool:
-                pool[name] = [o for o in pool[name] if o.label != c.label]
-            continue
-        (s, lo, hi, verdict), = compare_at({c.label: rounds_of(arm, ref)}, level,
-                                           min_gain).values()
-        confirmed = Comparison(c.label, s, lo, hi, verdict, paired_rounds(arm, ref))
-        record.confirmations[c.label] = confirmed
-        if confirmed.verdict == stats.FASTER and _fits_memory(arm, max_memory_mb):
-            winners.append(confirmed)
-    best = max(winners, key=lambda c: c.speedup, default=None)
-    return best, "no remaining option was significantly faster"
+            arm = arms.get(c.label) or Arm("error: not measured")
+            if arm.status != "ok":  # failed on its own: never retried
+                record.confirmations[c.label] = _failed(c.label, arm.status)
+                record.excluded[c.label] = arm.status
+                self._drop({c.label: arm.status})
+                continue
+            (s, lo, hi, verdict), = compare_at({c.label: rounds_of(arm, ref)}, level,
+                                               self.rules.min_gain).values()
+            confirmed = Comparison(c.label, s, lo, hi, verdict, paired_rounds(arm, ref))
+            record.confirmations[c.label] = confirmed
+            if confirmed.verdict == stats.FASTER and self.rules.fits_memory(arm):
+                winners.append(confirmed)
+        best = max(winners, key=lambda c: c.speedup, default=None)
+        return best, "no remaining option was significantly faster"
 
 
-def _fits_memory(arm: Arm, max_memory_mb: Optional[float]) -> bool:
-    return max_memory_mb is None or not (arm.peak_mem_mb > max_memory_mb)
+def _failed(label: str, status: str) -> Comparison:
+    return Comparison(label, math.nan, math.nan, math.nan, status, 0)
 
 
-def _close(naive: Overrides, chosen: list[Option], steps: list[StepRecord], measure: Measurer,
-           budget: Budget, alpha: float, min_gain: float, notes: list[str],
-           progress) -> tuple[list[dict], list[dict]]:
-    """Waterfall and ablation from one closing measurement; the step gains stand in when it
-    cannot run (nothing chosen, or no time left)."""
-    step_gain = {s.chosen: s.confirmations[s.chosen] for s in steps if s.chosen}
+def _waterfall(chosen: list[Option], step_gain: dict[str, Comparison]) -> list[dict]:
+    """The waterfall's rows, each with its step gain; the closing measurement fills the rest."""
     waterfall = [{"label": NAIVE, "option": "", "speedup": 1.0, "lo": math.nan, "hi": math.nan,
                   "step_gain": math.nan, "step_lo": math.nan, "step_hi": math.nan}]
     for o in chosen:
@@ -393,14 +427,23 @@ def _close(naive: Overrides, chosen: list[Option], steps: list[StepRecord], meas
         waterfall.append({"label": f"+ {o.label}", "option": o.label, "speedup": math.nan,
                           "lo": math.nan, "hi": math.nan, "step_gain": g.speedup,
                           "step_lo": g.lo, "step_hi": g.hi})
+    return waterfall
+
+
+def _close(forward: _Forward, alpha: float, min_gain: float) -> tuple[list[dict], list[dict]]:
+    """Waterfall and ablation from one closing measurement; the step gains stand in when it
+    cannot run (nothing chosen, or no time left)."""
+    chosen, budget, notes = forward.chosen, forward.budget, forward.notes
+    step_gain = {s.chosen: s.confirmations[s.chosen] for s in forward.steps if s.chosen}
+    waterfall = _waterfall(chosen, step_gain)
     if not chosen:
         return waterfall, []
     # labels people read in trials.csv: "naive", "bf16", "bf16 + workers=2", "without bf16"
     prefix = [NAIVE] + [" + ".join(o.label for o in chosen[:i]) for i in range(1, len(chosen) + 1)]
     without = {o.label: f"without {o.label}" for o in chosen}
-    recipes = {prefix[i]: _apply(naive, *chosen[:i]) for i in range(len(chosen) + 1)}
+    recipes = {prefix[i]: _apply(forward.naive, *chosen[:i]) for i in range(len(chosen) + 1)}
     for o in chosen:
-        recipes[without[o.label]] = _apply(naive, *[c for c in chosen if c is not o])
+        recipes[without[o.label]] = _apply(forward.naive, *[c for c in chosen if c is not o])
     unique = _unique(recipes)  # a prefix equals a leave-one-out (the last option's): once
     if not budget.fits(len(set(unique.values()))):
         notes.append("the closing measurement (cumulative speed-ups over naive and the ablation) "
@@ -411,37 +454,44 @@ def _close(naive: Overrides, chosen: list[Option], steps: list[StepRecord], meas
             cumulative *= row["step_gain"]
             row["speedup"] = cumulative
         return waterfall, []
-    progress(f"closing: naive, {len(chosen)} prefixes and {len(chosen)} leave-one-out recipes")
+    forward.progress(f"closing: naive, {len(chosen)} prefixes and {len(chosen)} leave-one-out "
+                     "recipes")
     t0 = budget.clock()
-    measured = measure({lab: recipes[lab] for lab in dict.fromkeys(unique.values())},
-                       step="closing", time_left_s=budget.left())
+    measured = forward.measure({lab: recipes[lab] for lab in dict.fromkeys(unique.values())},
+                               step="closing", time_left_s=budget.left())
     budget.record(budget.clock() - t0, len(measured))
     arms = {lab: measured.get(unique[lab], Arm("error: not measured")) for lab in recipes}
-    base, final = arms[NAIVE], arms[prefix[-1]]
-    if not (base.status == "ok" and final.status == "ok"):
+    if not (arms[NAIVE].status == "ok" and arms[prefix[-1]].status == "ok"):
         notes.append("the closing measurement failed for the naive or the final recipe: "
                      "no cumulative speed-ups, no ablation")
         return waterfall, []
     # the family of summary.csv's rows for this measurement: every recipe against naive
     against_naive = sum(a.status == "ok" for lab, a in measured.items() if lab != NAIVE)
-    cum = compare_at({prefix[i]: rounds_of(arms[prefix[i]], base)
+    cum = compare_at({prefix[i]: rounds_of(arms[prefix[i]], arms[NAIVE])
                       for i in range(1, len(chosen) + 1) if arms[prefix[i]].status == "ok"},
                      stats.comparison_level(against_naive, alpha), min_gain)
     for i, row in enumerate(waterfall[1:], start=1):
         if prefix[i] in cum:
             row["speedup"], row["lo"], row["hi"], row["verdict"] = cum[prefix[i]]
-    # marginal contribution: final / final-without-it, paired
-    marg = compare_at({o.label: rounds_of(final, arms[without[o.label]]) for o in chosen
-                       if arms[without[o.label]].status == "ok"},
+    return waterfall, _ablation(chosen, arms[prefix[-1]], {o.label: arms[without[o.label]]
+                                                           for o in chosen},
+                                step_gain, alpha, min_gain)
+
+
+def _ablation(chosen: list[Option], final: Arm, without: dict[str, Arm],
+              step_gain: dict[str, Comparison], alpha: float, min_gain: float) -> list[dict]:
+    """Each chosen option's marginal contribution: final / final-without-it, paired."""
+    marg = compare_at({o.label: rounds_of(final, without[o.label]) for o in chosen
+                       if without[o.label].status == "ok"},
                       stats.comparison_level(len(chosen), alpha), min_gain)
     ablation = []
     for o in chosen:
         s, lo, hi, v = marg.get(o.label, (math.nan, math.nan, math.nan,
-                                         arms[without[o.label]].status))
+                                         without[o.label].status))
         ablation.append({"option": o.label, "group": o.group, "marginal": s, "lo": lo, "hi": hi,
                          "verdict": v, "step_gain": step_gain[o.label].speedup,
                          "overrides": dict(o.overrides)})
-    return waterfall, ablation
+    return ablation
 
 
 def _unique(recipes: dict[str, Overrides]) -> dict[str, str]:

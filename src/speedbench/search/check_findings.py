@@ -1,0 +1,100 @@
+"""Diagnosis that closes the loop: a finding's suggested knob is measured before it is
+recommended.
+
+For every finding of findings.csv that suggests a knob: the variant as it ran vs the same with
+the knob set, side by side in paired rounds (experiment `check-<experiment>`, profile off), the
+suggestion's effect with a CI Bonferroni-adjusted over the run's checks. The finding gets a
+`check` column: "measured 0.82x [0.75, 0.90] here, not recommended".
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import yaml
+from omegaconf import OmegaConf
+
+from speedbench.analysis import stats
+from speedbench.config import ConfigError, Plan
+from speedbench.search import driver, selection
+
+CHECK_BUDGET_S = 60.0  # per finding checked: the rounds beyond bench.repeats stop there
+VERDICT_TEXT = {stats.FASTER: "recommended", stats.SLOWER: "slower here, not recommended",
+                stats.EQUIVALENT: "no difference here, not recommended"}
+
+
+def parse_knob(knob: str) -> dict:
+    """'data.num_workers=2 data.persistent_workers=true' -> overrides (YAML-typed values)."""
+    out = {}
+    for part in str(knob).split():
+        if "=" in part:
+            key, value = part.split("=", 1)
+            out[key] = yaml.safe_load(value)
+    return out
+
+
+def check(plans: list[Plan], run_dir: Path, writer, progress: bool, execute_plan,
+          alpha: float = 0.05) -> Optional[pd.DataFrame]:
+    """Measure every suggested knob of findings.csv and write the verdicts into its `check`
+    column; the findings, or None when the run has no findings.csv. `execute_plan` is
+    run.execute."""
+    path = Path(run_dir) / "findings.csv"
+    if not path.is_file():
+        return None
+    findings = pd.read_csv(path)
+    todo = findings[findings["knob"].fillna("-").astype(str).str.contains("=")]
+    if todo.empty:
+        return findings
+    by_experiment = {p.experiment: p for p in plans}
+    pairs, status = {}, {}
+    for key in dict.fromkeys(zip(todo["experiment"], todo["model"], todo["variant"],
+                                 todo["knob"])):
+        got = _measure(by_experiment.get(key[0]), *key[1:], run_dir, writer, progress,
+                       execute_plan)
+        if isinstance(got, str):
+            status[key] = got
+        else:
+            pairs[key] = got
+    threshold = float(OmegaConf.select(plans[0].config, "bench.noise_threshold", default=0.02))
+    level = stats.comparison_level(len(pairs), alpha)  # Bonferroni over the findings checked
+    for key, (s, lo, hi, verdict) in selection.compare_at(pairs, level, threshold).items():
+        effect = f"{s:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else "")
+        status[key] = (f"measured {effect} here, "
+                       + VERDICT_TEXT.get(verdict, "not settled by this check"))
+    findings["check"] = [
+        status.get((r.experiment, r.model, r.variant, r.knob), "-") for r in findings.itertuples()]
+    findings.to_csv(path, index=False)
+    return findings
+
+
+def _measure(plan: Optional[Plan], model: str, variant: str, knob: str, run_dir: Path, writer,
+             progress: bool, execute_plan):
+    """(suggested, as run) throughputs per round, or why the suggestion was not measured."""
+    spec = next((m for m in plan.models if m.name == model), None) if plan else None
+    if spec is None or variant not in (plan.config.variants or {"default": {}}):
+        return "not checked: its plan is unknown"
+    node = (plan.config.variants or {}).get(variant)  # an empty variant is falsy: {}
+    raw = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) \
+        else dict(node or {})
+    # unprofiled; adaptive rounds capped, so that checks stay a small part of the run
+    ran = {**driver.flat(raw), "profile": "off", "bench.time_budget_s": CHECK_BUDGET_S}
+    recipes = {"as run": ran, "suggested": {**ran, **parse_knob(knob)}}
+    if progress:
+        print(f"checking the finding's suggestion {knob} on {model}/{variant}",
+              file=sys.stderr, flush=True)
+    try:
+        step = driver.step_plan(plan.config, driver.model_entry(plan.config, spec), recipes,
+                                "as run", f"check-{plan.experiment}")
+    except ConfigError as exc:
+        return f"not checked: {exc}"
+    step.models = [m for m in step.models if m.name == model]
+    start = len(writer.rows)
+    execute_plan(step, run_dir, progress, None, writer)
+    arms = driver.arms_from_rows(writer.rows[start:], list(recipes))
+    bad = next((a for a in (arms["suggested"], arms["as run"]) if a.status != "ok"), None)
+    if bad is not None:
+        return f"not measured here ({bad.status})"
+    return selection.rounds_of(arms["suggested"], arms["as run"])
