@@ -7,10 +7,8 @@ import pandas as pd
 import pytest
 
 from conftest import TINY, default_sigint, only_run_dir, run_cli
+from speedbench.results.schema import REQUIRED_TRIAL_COLUMNS
 
-TRIAL_CONTRACT = ["experiment", "model", "variant", "is_baseline", "trial", "status", "device",
-                  "world_size", "samples_per_s", "step_ms", "data_wait_frac", "peak_mem_mb",
-                  "final_loss"]
 SUMMARY_CONTRACT = ["experiment", "model", "variant", "is_baseline", "status", "samples_per_s",
                     "speedup", "speedup_lo", "speedup_hi", "verdict"]
 
@@ -38,7 +36,7 @@ def test_amp_writes_the_contract_files(amp_run):
 def test_amp_trials_are_complete_and_consistent(amp_run):
     _, run_dir = amp_run
     trials = pd.read_csv(run_dir / "trials.csv")
-    assert set(TRIAL_CONTRACT) <= set(trials.columns)
+    assert set(REQUIRED_TRIAL_COLUMNS) <= set(trials.columns)
     # 3 models x 3 variants x 2 trials, measured on the CPU; fp16, tens of times slower than fp32
     # on most CPUs, may be stopped as too slow after its probe's first steps: then one row
     ok = trials[trials["variant"] != "fp16"]

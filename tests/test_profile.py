@@ -18,6 +18,7 @@ from conftest import TINY, compose_cfg, only_run_dir, run_cli
 from speedbench.measure import diagnosis
 from speedbench.techniques import parallel
 from speedbench.config import ConfigError, build_plan
+from speedbench.results import schema
 from speedbench.run import run
 
 PHASES = ["data", "h2d", "forward", "backward", "optimizer", "other"]
@@ -78,7 +79,7 @@ def good_run(tmp_path_factory):
 def test_poor_recipe_gets_the_findings_that_apply_on_cpu(poor_run):
     f = read(poor_run, "findings.csv")
     # the contract's columns, then `check` when a suggestion was measured (recipe.check_findings)
-    assert list(f.columns) in (diagnosis.FINDING_COLUMNS, diagnosis.FINDING_COLUMNS + ["check"])
+    assert list(f.columns) in (schema.FINDING_COLUMNS, schema.FINDING_COLUMNS + ["check"])
     poor = f[f["variant"] == "poor"]
     knobs = " ".join(poor["knob"])
     assert "data.num_workers=" in knobs  # workers 0 on decode-heavy data
@@ -103,14 +104,14 @@ def test_host_tensors_are_na_on_cpu_and_yield_no_finding(poor_run):
 
 def test_good_recipe_has_no_finding(good_run):
     f = read(good_run, "findings.csv")
-    assert list(f.columns) == diagnosis.FINDING_COLUMNS
+    assert list(f.columns) == schema.FINDING_COLUMNS
     assert f.empty, f.to_dict("records")
     assert "no finding" in (good_run / "report.md").read_text()
 
 
 def test_phase_shares_add_up_to_the_step(good_run):
     phases = read(good_run, "phases.csv")
-    assert list(phases.columns) == diagnosis.PHASE_COLUMNS
+    assert list(phases.columns) == schema.PHASE_COLUMNS
     assert list(phases["phase"]) == PHASES
     assert (phases["mean_ms"] >= 0).all() and (phases["share"] >= 0).all()
     # The phases are timed separately from the step: together they must cover it.
@@ -178,7 +179,7 @@ def test_cli_profile_experiment_on_resnet(tmp_path):
     assert set(phases["variant"]) == {"simple", "advanced", "pytorch"}
     assert (run_dir / "profile/resnet/advanced/cprofile.txt").read_text().count("=== phase") == 6
     assert json.loads((run_dir / "profile/resnet/pytorch/trace.json").read_text())["traceEvents"]
-    assert list(read(run_dir, "findings.csv").columns) == diagnosis.FINDING_COLUMNS
+    assert list(read(run_dir, "findings.csv").columns) == schema.FINDING_COLUMNS
     assert "Findings:" in proc.stdout and "resnet / pytorch" in proc.stdout
     assert "## Where the time goes (profile)" in (run_dir / "report.md").read_text()
 

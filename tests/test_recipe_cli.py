@@ -1,6 +1,8 @@
 """`+experiment=recipe` through the CLI on the tiny transformer, and its config checks."""
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 import yaml
@@ -9,6 +11,7 @@ from conftest import TINY, compose_cfg, only_run_dir, run_cli
 from speedbench.search import check_findings
 from speedbench.search import driver as recipe
 from speedbench.config import ConfigError, build_plan
+from speedbench.results import schema
 
 # Two cheap candidate groups are enough to exercise the search, the closing measurement and
 # the outputs; the others are deleted from the experiment (Hydra's ~key).
@@ -57,6 +60,8 @@ def test_recipe_run_end_to_end(tmp_path):
                   "recipe.budget_s=240", f"out_dir={tmp_path}", *FEW, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["format_version"] == schema.FORMAT_VERSION and "load_average_end" in env
     table = pd.read_csv(run_dir / "recipe.csv")
     assert {"waterfall", "step", "stopped"} <= set(table["table"])
     assert table[table["table"] == "waterfall"]["label"].iloc[0] == "naive"

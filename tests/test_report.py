@@ -165,6 +165,28 @@ def test_run_of_another_version_missing_optional_columns(capsys, tmp_path):
     assert not (run / "report.md").exists()  # --out: the run directory is left alone
 
 
+def test_trials_are_paired_as_the_runs_format_says(tmp_path):
+    """Format 3 pairs trials by `round`; a run without a format version (the oldest) by
+    `trial`, whatever else its trials.csv holds."""
+    run = make_run(tmp_path / "run", models=("resnet",))
+    trials = pd.read_csv(run / "trials.csv")
+    trials["round"] = trials["trial"].max() - trials["trial"]  # not the trial: tells them apart
+    trials.to_csv(run / "trials.csv", index=False)
+    old = load_run(run)
+    assert old.format_version == 1 and (old.trials["round"] == old.trials["trial"]).all()
+    (run / "env.json").write_text(json.dumps({**ENV, "format_version": 3}))
+    new = load_run(run)
+    assert new.format_version == 3 and list(new.trials["round"]) == list(trials["round"])
+    assert results.load_trials(run)["round"].tolist() == trials["round"].tolist()
+
+
+def test_a_run_without_a_usable_summary_is_summarised_by_analysis(tmp_path):
+    run = load_run(make_run(tmp_path / "run", summary=False))
+    assert run.summary is None and any("no summary.csv" in n for n in run.notes)
+    summary = stats.summarised(run).summary
+    assert summary.equals(stats.summarise(run.trials))
+
+
 def test_profiling_tables_are_shown_when_present(tmp_path):
     run = make_run(tmp_path / "run")
     pd.DataFrame([{"experiment": "amp", "model": m, "variant": v, "phase": p, "mean_ms": 1.0,

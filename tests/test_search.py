@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from speedbench.analysis import stats
+from speedbench.results import schema
 from speedbench.search import selection as S
 
 BASE_TP = 100.0
@@ -208,6 +209,7 @@ def test_hopeless_option_dropped_after_one_step():
     world = World(effects, seed=4, stall_p=0)
     result = run(world)
     assert result.excluded["precision=fp16"].startswith("hopeless: 0.05x")
+    assert schema.parse_status(result.excluded["precision=fp16"]).kind == schema.HOPELESS
     assert sum("precision=fp16" in call for call in world.calls) == 1
 
 

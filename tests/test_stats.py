@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from speedbench.analysis import stats
+from speedbench.results import schema
 
 
 def test_clear_speedup_is_called_faster():
@@ -171,7 +172,7 @@ def test_a_variant_stopped_as_too_slow_keeps_its_step_time():
             "trial": 0, "status": "too slow: 38 s/step, 100x slower than the baseline's first "
             "step, stopped after 1 step", "samples_per_s": 0.8, "step_ms": 38000.0}
     s = stats.summarise(pd.concat([t, pd.DataFrame([slow])])).set_index("variant")
-    assert s.loc["fp16", "verdict"] == stats.TOO_SLOW and s.loc["fp16", "step_ms"] == 38000
+    assert s.loc["fp16", "verdict"] == schema.TOO_SLOW and s.loc["fp16", "step_ms"] == 38000
     assert s.loc["fp16", "comparisons"] == 0
 
 

@@ -209,10 +209,10 @@ def combine(records: list[dict]) -> dict:
     window; memory is the largest rank's; the loss is the ranks' mean."""
     first = records[0]
     slowest = max(r["elapsed_s"] for r in records)
-    statuses = [r["status"] for r in records if r["status"] != "ok"]
+    statuses = [r["status"] for r in records if r["status"] != schema.OK]
     return {
         **first,
-        "status": statuses[0] if statuses else "ok",
+        "status": statuses[0] if statuses else schema.OK,
         "samples_per_s": sum(r["samples"] for r in records) / slowest,
         "step_ms": 1000 * slowest / first["steps"],
         "elapsed_s": slowest,

@@ -267,7 +267,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
             atomic.write_text(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
             machine = env.collect(plans[0].device)
             machine["distributed"] = distributed.describe(dist_env, device)
-            results.write_json(machine, run_dir / "env.json")
+            results.write_env(machine, run_dir)
             results.write_json(techniques.metadata(), run_dir / "techniques.json")
         except OSError as exc:  # nothing measured yet: leave no folder behind
             shutil.rmtree(run_dir, ignore_errors=True)

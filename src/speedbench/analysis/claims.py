@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from speedbench.analysis import stats
+from speedbench.results.schema import OK
 
 HOLDS, FAILS, PARTLY, INCONCLUSIVE = "holds", "does not hold", "partly", "inconclusive"
 COLUMNS = ["tip", "source", "claim", "experiment", "model", "variant", "measured", "memory",
@@ -70,7 +71,7 @@ def _threshold(row: pd.Series) -> float:
 
 def _select(trials: pd.DataFrame, experiment, model, variant) -> pd.DataFrame:
     return trials[(trials["experiment"] == experiment) & (trials["model"] == model)
-                  & (trials["variant"] == variant) & (trials["status"] == "ok")]
+                  & (trials["variant"] == variant) & (trials["status"] == OK)]
 
 
 def _ratio(trials: Optional[pd.DataFrame], row: pd.Series, reference: str, metric: str,
@@ -158,12 +159,12 @@ def judge(claim: dict, row: pd.Series, reference: Optional[pd.Series] = None,
     against the baseline can be judged.
     """
     kind = claim.get("kind", "faster")
-    if row["status"] != "ok":
+    if row["status"] != OK:
         return "-", row["status"]
     threshold = _threshold(row)
     if kind == "best":
         return _judge_best(row, peers, trials, level)
-    if reference is not None and reference["status"] != "ok":
+    if reference is not None and reference["status"] != OK:
         return "-", reference["status"]
     versus = claim.get("versus")
     ref_name = reference["variant"] if reference is not None else None
@@ -202,7 +203,7 @@ def judge(claim: dict, row: pd.Series, reference: Optional[pd.Series] = None,
 def _judge_best(row: pd.Series, peers: Optional[pd.DataFrame],
                 trials: Optional[pd.DataFrame], level: float) -> tuple[str, str]:
     """Best = the fastest, and significantly faster than every other variant measured."""
-    ok = peers[peers["status"] == "ok"] if peers is not None else pd.DataFrame()
+    ok = peers[peers["status"] == OK] if peers is not None else pd.DataFrame()
     if ok.empty or ok["samples_per_s"].isna().all():
         return "-", f"{INCONCLUSIVE} (nothing measured)"
     best = ok.loc[ok["samples_per_s"].idxmax()]

@@ -24,14 +24,13 @@ import math
 import numpy as np
 import pandas as pd
 
+from speedbench.results.schema import OK, TOO_SLOW
+
 FASTER, SLOWER, EQUIVALENT, INCONCLUSIVE = "faster", "slower", "equivalent", "inconclusive"
 # For comparisons without a threshold (two runs compared by report/compare.py, claims).
 SAME = "no significant difference"
 TOO_FEW = "too few trials"
 BASELINE = "baseline"
-# Status of a variant stopped early: its first step alone exceeded the trial budget, or it ran
-# far slower than the baseline's first step (`too slow: 38 s/step, 100x slower, ...`).
-TOO_SLOW = "too slow"
 FAMILY_LEVEL = 0.05  # family-wise error rate of a run's faster/slower calls
 DEFAULT_THRESHOLD = 0.05  # bench.noise_threshold's default; keep in step with config.py
 
@@ -176,8 +175,8 @@ def _short(status: str) -> str:
 
 def _status(statuses: pd.Series) -> str:
     """`ok` when any trial measured; otherwise the most common failure."""
-    if (statuses == "ok").any():
-        return "ok"
+    if (statuses == OK).any():
+        return OK
     return statuses.mode().iloc[0]
 
 
@@ -192,7 +191,7 @@ def count_comparisons(trials: pd.DataFrame) -> int:
     ok trial whose baseline has one too. The family every CI of the run is adjusted for."""
     if trials.empty or "status" not in trials:
         return 0
-    ok = trials[trials["status"] == "ok"]
+    ok = trials[trials["status"] == OK]
     base = ok[ok["is_baseline"].astype(bool)][["experiment", "model"]].drop_duplicates()
     others = ok[~ok["is_baseline"].astype(bool)][["experiment", "model", "variant"]]
     others = others.drop_duplicates().merge(base, on=["experiment", "model"])
@@ -215,10 +214,10 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
             if per_experiment else run_comparisons
         level = comparison_level(comparisons, family)
         base_rows = per_model[per_model["is_baseline"].astype(bool)
-                              & (per_model["status"] == "ok")]
+                              & (per_model["status"] == OK)]
         base_loss = base_rows["final_loss"].median() if len(base_rows) else math.nan
         for variant, g in per_model.groupby("variant", sort=False):
-            ok = g[g["status"] == "ok"]
+            ok = g[g["status"] == OK]
             row = {"experiment": experiment, "model": model, "variant": variant,
                    "is_baseline": bool(g["is_baseline"].iloc[0]), "status": _status(g["status"]),
                    "trials": len(ok), **_medians(g, ok)}
@@ -230,6 +229,15 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
             row.update(_flops(ok, row["step_ms"]))
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def summarised(run):
+    """A loaded run (results.runs.Run) with its summary: summary.csv as the run wrote it, or,
+    where the reader could not use that file, recomputed from the run's trials."""
+    if run.summary is None:
+        # a recipe search adjusts each of its measurements on its own
+        run.summary = summarise(run.trials, per_experiment=run.recipe_search)
+    return run
 
 
 def _medians(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
@@ -369,7 +377,7 @@ def speedup_halfwidths(trials: pd.DataFrame, comparisons: int | None = None) -> 
     rounds; variants with no ok trial are left out."""
     if "samples_per_s" not in trials or "status" not in trials:
         return {}
-    ok = trials[trials["status"] == "ok"]
+    ok = trials[trials["status"] == OK]
     key = pair_key(trials)
     level = comparison_level(comparisons or count_comparisons(trials))
     base = ok[ok["is_baseline"].astype(bool)]

@@ -13,7 +13,6 @@ killer rather than an error to catch. The row says so instead.
 """
 from __future__ import annotations
 
-import csv
 import gc
 import time
 from dataclasses import dataclass
@@ -23,12 +22,12 @@ from typing import Callable, Optional
 import torch
 from omegaconf import OmegaConf
 
+from speedbench import results
 from speedbench.config import micro_batch
-from speedbench.results.schema import CAPACITY_COLUMNS, CAPACITY_LIMIT_FACTOR, na
+from speedbench.results.schema import CAPACITY_LIMIT_FACTOR, OK, na
 from speedbench.measure.timing import device_peak_mb, reset_device_peak
 from speedbench.measure.train import Trainer
 
-COLUMNS = CAPACITY_COLUMNS
 LIMIT_FACTOR = CAPACITY_LIMIT_FACTOR  # no search past this many times the model's batch
 
 
@@ -112,17 +111,13 @@ def probe(experiment: str, spec, variant: str, recipe, device: torch.device, dat
     except Exception as exc:  # a fault other than OOM: the row says it; the run goes on
         return {**row, "status": f"error: {type(exc).__name__}: {str(exc)[:160]}"}
     total = torch.cuda.get_device_properties(device).total_memory / 2**20
-    return {**row, "status": "ok" if found.largest else "oom", "largest_batch": found.largest,
+    return {**row, "status": OK if found.largest else "oom", "largest_batch": found.largest,
             "first_oom": found.first_oom, "peak_mem_mb": peaks.get(found.largest),
             "device_mem_mb": total, "tries": found.tries,
             "search_s": time.perf_counter() - began, "stopped": found.stopped}
 
 
 def append(path: Path, row: dict) -> None:
-    """One row appended to capacity.csv (made with its header if new)."""
-    new = not path.exists()
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
+    """One row appended to capacity.csv (made with its header if new), by the run directory's
+    writer."""
+    results.append_capacity(path, row)

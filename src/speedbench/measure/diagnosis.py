@@ -13,10 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import pandas as pd
-
-from speedbench import techniques
-from speedbench.results.schema import FINDING_COLUMNS, PHASE_COLUMNS, PHASES
+from speedbench import results, techniques
+from speedbench.results.schema import PHASES
 from speedbench.techniques.base import Finding
 
 # A tip is said to pay when its symptom costs at least this much (each technique's own
@@ -127,7 +125,5 @@ def write_tables(run_dir: Path, records: list[dict]) -> bool:
                     "total_ms": 1000 * tp.phase_s.get(p, 0.0), "share": tp.share(p)}
                    for p in PHASES]
         findings += [{**names, **dataclasses.asdict(f)} for f in diagnose(tp)]
-    run_dir = Path(run_dir)
-    pd.DataFrame(phases, columns=PHASE_COLUMNS).to_csv(run_dir / "phases.csv", index=False)
-    pd.DataFrame(findings, columns=FINDING_COLUMNS).to_csv(run_dir / "findings.csv", index=False)
+    results.write_diagnosis(run_dir, phases, findings)
     return True

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from speedbench import results
+
 # Environment variables that change performance: these names, and any name with these prefixes.
 PERF_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
              "CUBLAS_WORKSPACE_CONFIG", "PYTORCH_CUDA_ALLOC_CONF", "NCCL_DEBUG",
@@ -67,14 +69,7 @@ def cpu_flags(cpuinfo: str | None = None) -> list[str] | None:
 def record_end(env_path: Path) -> None:
     """Add the load average at the end of the run to env.json: with the one at the start, it
     says whether something else used the machine meanwhile."""
-    import json
-
-    path = Path(env_path)
-    data = json.loads(path.read_text())
-    data["load_average_end"] = load_average()
-    tmp = path.with_name(f".{path.name}.tmp")  # whole or not at all: temp file, then rename
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    results.update_json(env_path, load_average_end=load_average())
 
 
 def _git(*args: str) -> str | None:

@@ -30,6 +30,7 @@ from speedbench.techniques.tensor_creation import set_tensor_creation
 from speedbench.config import ModelSpec
 from speedbench.measure.timing import synchronize
 from speedbench.measure.train import build_model, compute_loss
+from speedbench.results.schema import OK
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PEAK_TOL = 0.02  # the best three windows of the peak measurement agree within 2 %
@@ -203,7 +204,7 @@ class FlopsBook:
     def annotate(self, record: dict, flops_per_step: float) -> dict:
         """Add flops_per_step, achieved_tflops, peak_tflops and peak_kind to a measured trial."""
         record["flops_per_step"] = flops_per_step
-        if record.get("status") == "ok" and record.get("step_ms"):
+        if record.get("status") == OK and record.get("step_ms"):
             key = (record.get("model"), record.get("batch_size"), record.get("accumulate"))
             tf32 = record["precision"] == "fp32" and self.tf32.get(key, False)
             record["achieved_tflops"] = flops_per_step / (record["step_ms"] / 1000) / 1e12

@@ -28,6 +28,7 @@ from speedbench.measure.data import build_loader
 from speedbench.techniques import Context
 from speedbench.measure.timing import synchronize
 from speedbench.measure.train import Trainer, build_model, compute_loss
+from speedbench.results.schema import TOO_SLOW, format_status
 
 EVAL_SAMPLES = 64
 HOPELESS_FACTOR = 20  # a first step this many times the baseline's: stopped after that step
@@ -72,7 +73,8 @@ def too_slow(step_s: float, baseline_s: float | None, steps_done: int = 1) -> st
     ratio = f", {step_s / baseline_s:.0f}x slower than the baseline's {which} step" \
         if baseline_s else ""
     plural = "s" if steps_done > 1 else ""
-    return f"too slow: {step_s:.3g} s/step{ratio}, stopped after {steps_done} step{plural}"
+    return format_status(TOO_SLOW, f"{step_s:.3g} s/step{ratio}, stopped after {steps_done} "
+                                   f"step{plural}")
 
 
 def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,

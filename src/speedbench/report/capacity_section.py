@@ -6,6 +6,7 @@ import math
 import pandas as pd
 
 from speedbench.results.schema import CAPACITY_LIMIT_FACTOR as LIMIT_FACTOR
+from speedbench.results.schema import OK
 
 STOPPED = {"limit": f"still fitting at the search's limit ({LIMIT_FACTOR} x the model's batch)",
            "time": "the search ran out of bench.largest_batch_s"}
@@ -35,13 +36,13 @@ def table(capacity: pd.DataFrame) -> pd.DataFrame:
         "peak MB": [_int(r.get("peak_mem_mb")) for r in rows],
         "device MB": [_int(r.get("device_mem_mb")) for r in rows],
         "tries": [_int(r.get("tries")) for r in rows],
-        "status": [r["status"] if r["status"] != "ok" or r.get("stopped") not in STOPPED
+        "status": [r["status"] if r["status"] != OK or r.get("stopped") not in STOPPED
                    else f"ok ({STOPPED[r['stopped']]})" for r in rows],
     })
 
 
 def text(capacity: pd.DataFrame) -> str:
-    ok = capacity[capacity["status"] == "ok"]
+    ok = capacity[capacity["status"] == OK]
     if ok.empty:
         reasons = "; ".join(s.removeprefix("n/a: ") for s in dict.fromkeys(capacity["status"]))
         return f"Not found on this run: {reasons}."

@@ -20,6 +20,7 @@ from speedbench.report import plots
 from speedbench.report.document import Document, slug, write
 from speedbench.report.render import _ci, _num
 from speedbench.results.runs import KEYS, ReportError, Run, label_runs, load_run
+from speedbench.results.schema import OK
 
 # env.json entries that differ between any two runs anyway and explain nothing.
 ENV_IGNORED = ("hostname", "cpu_flags")  # CPU flags get their own table (flag_differences)
@@ -81,7 +82,7 @@ def config_differences(runs: list[Run]) -> pd.DataFrame:
 def _ok_throughput(run: Run, key: tuple) -> np.ndarray:
     t = run.trials
     sel = (t["experiment"] == key[0]) & (t["model"] == key[1]) & (t["variant"] == key[2])
-    vals = t.loc[sel & (t["status"] == "ok"), "samples_per_s"].to_numpy(float)
+    vals = t.loc[sel & (t["status"] == OK), "samples_per_s"].to_numpy(float)
     return vals[np.isfinite(vals)]
 
 
@@ -100,7 +101,7 @@ def ratio(ref: Run, other: Run, key: tuple) -> dict:
                 "verdict": f"not compared: {_row_status(who, key)} in {who.label}",
                 "status": f"{_row_status(who, key)} in {who.label}"}
     r, lo, hi = stats.unpaired_ratio_ci(a, b)
-    return {"ratio": r, "lo": lo, "hi": hi, "verdict": stats.verdict(lo, hi), "status": "ok"}
+    return {"ratio": r, "lo": lo, "hi": hi, "verdict": stats.verdict(lo, hi), "status": OK}
 
 
 def _keys(run: Run) -> list[tuple]:
@@ -167,7 +168,7 @@ def comparison_table(runs: list[Run], keys: list[tuple], rows: pd.DataFrame) -> 
             s = _summary_row(run, key)
             line[f"speed-up {run.label}"] = (
                 "-" if s is None else _ci(s["speedup"], s["speedup_lo"], s["speedup_hi"])
-                if s["status"] == "ok" else s["status"])
+                if s["status"] == OK else s["status"])
         if memory:
             for run in runs:
                 s = _summary_row(run, key)
@@ -189,7 +190,7 @@ def experiment_figures(runs: list[Run], keys: list[tuple], rows: pd.DataFrame, e
     ref, figures = runs[0], []
     many = len(runs) > 2
     trials = _stacked(runs, keys, "trials")
-    if len(trials[trials["status"] == "ok"]):
+    if len(trials[trials["status"] == OK]):
         figures.append(("Throughput per run, side by side", plots.compare_throughput(trials)))
     ratios = rows[rows["experiment"] == experiment].copy()
     ratios["label"] = ratios["variant"] + (" · " + ratios["run"] if many else "")
@@ -277,7 +278,7 @@ def build_document(runs: list[Run], out_dir: Path) -> Document:
 
 def compare_runs(run_dirs: list, out_dir: Path) -> Path:
     """Load the runs, write report.md/report.html comparing them into out_dir; returns report.md."""
-    runs = [load_run(p) for p in run_dirs]
+    runs = [stats.summarised(load_run(p)) for p in run_dirs]
     label_runs(runs)
     align(runs)  # fails before anything is written when nothing can be compared
     out_dir = Path(out_dir)

@@ -20,6 +20,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: 
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from speedbench.results import atomic  # noqa: E402
+from speedbench.results.schema import OK  # noqa: E402
 from speedbench.analysis import stats
 
 VERDICT_COLOURS = {stats.FASTER: "#2a9d8f", stats.SLOWER: "#e76f51", stats.SAME: "#8d99ae",
@@ -49,7 +50,7 @@ def _styled(fn):
 
 
 def _ok(trials: pd.DataFrame) -> pd.DataFrame:
-    return trials[(trials["status"] == "ok") & np.isfinite(trials["samples_per_s"])]
+    return trials[(trials["status"] == OK) & np.isfinite(trials["samples_per_s"])]
 
 
 def _order(values) -> list:
@@ -196,7 +197,7 @@ def forest(rows: pd.DataFrame, xlabel: str, title: str, panel: str = "model",
             y = np.arange(len(sel))[::-1]
             side = blended_transform_factory(ax.transAxes, ax.transData)
             for yi, r in zip(y, sel.itertuples()):
-                if r.status != "ok" or not np.isfinite(r.ratio):
+                if r.status != OK or not np.isfinite(r.ratio):
                     ax.text(1.02, yi, str(r.status)[:34], transform=side, va="center",
                             fontsize=9, color="#6c757d")
                     continue
@@ -386,7 +387,7 @@ def save(fig: plt.Figure, path) -> None:
 def scaling(summary: pd.DataFrame) -> plt.Figure:
     """Data parallelism against the devices used: throughput next to the ideal (N x the
     single-device baseline), and scaling efficiency (1.0 = perfect). One line per model."""
-    rows = summary[summary["status"] == "ok"].sort_values("devices")
+    rows = summary[summary["status"] == OK].sort_values("devices")
     fig, (ax_tp, ax_eff) = plt.subplots(1, 2, figsize=(9, 3.6))
     for model, g in rows.groupby("model", sort=False):
         line, = ax_tp.plot(g["devices"], g["samples_per_s"], "o-", label=model)

@@ -10,6 +10,7 @@ from typing import Optional
 import pandas as pd
 
 from speedbench import results
+from speedbench.results.schema import OK
 
 PHASE_LABELS = {"data": "data wait", "h2d": "host-to-device", "forward": "forward",
                 "backward": "backward", "optimizer": "optimizer step", "other": "other"}
@@ -49,7 +50,7 @@ def overhead_table(trials: pd.DataFrame) -> pd.DataFrame:
     profiled ones, the phase window, and the window under the mode's profiler."""
     if "profile" not in trials:
         return pd.DataFrame()
-    on = trials["profile"].notna() & (trials["profile"] != "off") & (trials["status"] == "ok")
+    on = trials["profile"].notna() & (trials["profile"] != "off") & (trials["status"] == OK)
     prof = trials[on]
     rows = []
     for (model, variant), g in prof.groupby(["model", "variant"], sort=False):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from speedbench.report.numbers import ratio_ci
+from speedbench.results.schema import HOPELESS, OK, TOO_SLOW
 
 # Verdict words: today's and those of the paired, error-controlled verdicts.
 FASTER, SLOWER = "faster", "slower"
@@ -88,13 +89,13 @@ def memory_text(row: dict, baseline: dict | None) -> str:
 
 def _classify(row: dict) -> tuple[str, str]:
     """(kind, text) of one non-baseline row: kind is use / skip / untested."""
-    status = str(row.get("status", "ok"))
+    status = str(row.get("status", OK))
     verdict = str(row.get("verdict", ""))
     effect = _ci(_get(row, "speedup"), _get(row, "speedup_lo"), _get(row, "speedup_hi"))
     if status.startswith("n/a"):
         return "untested", status.removeprefix("n/a:").strip() or "n/a"
-    if status != "ok":
-        if "slower" in status or status.startswith(("too slow", "hopeless", "stopped")):
+    if status != OK:
+        if "slower" in status or status.startswith((TOO_SLOW, HOPELESS, "stopped")):
             return "skip", status
         return "untested", f"failed here: {status}"
     if verdict == FASTER:
@@ -127,7 +128,7 @@ def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None) -> list[Ad
         if r["experiment"] in NOT_ADVICE or str(r["experiment"]).startswith(MEASURED_FOR):
             continue
         base = baselines.get((r["experiment"], r["model"]))
-        if base is not None and str(base.get("status", "ok")) != "ok":
+        if base is not None and str(base.get("status", OK)) != OK:
             # no baseline: the whole experiment could not be measured; said once
             if _truthy(r.get("is_baseline")):
                 advice.untested.append(Item(str(r["experiment"]), _classify(r)[1]))
@@ -198,13 +199,13 @@ def advise_recipe(model: str, rows: pd.DataFrame, summary: pd.DataFrame) -> Advi
     steps = pd.concat([table.get("step", pd.DataFrame()).assign(_confirmed=0),
                        table.get("confirm", pd.DataFrame()).assign(_confirmed=1)])
     if len(steps) and "status" in steps:
-        steps = steps[steps["status"].fillna("ok") == "ok"]
+        steps = steps[steps["status"].fillna(OK) == OK]
     if len(steps):
         for option, g in steps.groupby("option", sort=False):
             if option in chosen:
                 continue
             last = g.sort_values(["step", "_confirmed"]).iloc[-1].to_dict()
-            kind, text = _classify({**last, "status": "ok", "speedup_lo": last.get("lo"),
+            kind, text = _classify({**last, "status": OK, "speedup_lo": last.get("lo"),
                                     "speedup_hi": last.get("hi")})
             where = f" (step {int(last['step'])})"
             advice.skip.append(Item(str(option), (text if kind != "use" else

@@ -25,6 +25,7 @@ from speedbench.report import workers as workers_view
 from speedbench.report.document import Document, slug, write
 from speedbench.report.numbers import ratio_ci
 from speedbench.results.runs import Run, load_run
+from speedbench.results.schema import OK
 
 
 _ci = ratio_ci
@@ -147,7 +148,7 @@ def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     reasons: list[str] = []
     verdicts = []
     for r in summary.itertuples():
-        if r.status != "ok":
+        if r.status != OK:
             if r.status not in reasons:
                 reasons.append(r.status)
             verdicts.append(f"{str(r.status).split(':')[0]} [{reasons.index(r.status) + 1}]")
@@ -494,7 +495,7 @@ def build_document(run: Run, out_dir: Path) -> Document:
 def write_report(run_dir: Path, cfg: Optional[dict] = None, out_dir: Optional[Path] = None) -> Path:
     """Rebuild plots/, report.md and report.html from the files in run_dir (into out_dir if
     given). Returns the path of report.md."""
-    run = load_run(run_dir, cfg)
+    run = stats.summarised(load_run(run_dir, cfg))
     out = Path(out_dir) if out_dir else Path(run_dir)
     atomic.real_dir(out / "plots")
     write(build_document(run, out), out, plots.DPI)

@@ -8,6 +8,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from speedbench.results.schema import OK  # noqa: E402
+
 PANELS = [("samples_per_s", "throughput (samples/s)"),
           ("data_wait_frac", "data-wait fraction of step time"),
           ("host_rss_mb", "host memory, main + workers (MB)")]
@@ -17,7 +19,7 @@ def sweep(trials: pd.DataFrame) -> pd.DataFrame:
     """Medians per (experiment, model, worker count), for experiments that vary num_workers."""
     if "num_workers" not in trials:  # a run from a version that did not record it
         return pd.DataFrame()
-    ok = trials[trials["status"] == "ok"]
+    ok = trials[trials["status"] == OK]
     varied = [e for e, g in ok.groupby("experiment") if g["num_workers"].nunique() > 1]
     ok = ok[ok["experiment"].isin(varied)]
     if ok.empty:

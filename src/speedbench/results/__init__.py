@@ -1,11 +1,11 @@
-"""Records → DataFrames → CSV files in one run directory, and loading runs back."""
+"""The run directory's one writer: records → CSV, JSON and YAML files, each written whole
+(atomic.py), and loading runs back (runs.py)."""
 from __future__ import annotations
 
 import csv
 import datetime as dt
 import io
 import json
-import os
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -13,7 +13,10 @@ import pandas as pd
 
 from speedbench.results import atomic
 from speedbench.errors import ConfigError
-from speedbench.results.schema import SUMMARY_COLUMNS, TRIAL_COLUMNS, trial_columns  # noqa: F401
+from speedbench.results.runs import load_trials  # noqa: F401  (the one trials.csv loader)
+from speedbench.results.schema import (CAPACITY_COLUMNS, FINDING_COLUMNS, FORMAT_VERSION,
+                                       PHASE_COLUMNS, RECIPE_COLUMNS, SUMMARY_COLUMNS,
+                                       TRIAL_COLUMNS, trial_columns)  # noqa: F401
 
 
 class OutputError(ConfigError):
@@ -73,27 +76,16 @@ class TrialWriter:
         self.path = path
         self.columns = trial_columns(extra_columns)
         self.rows: list[dict] = []
-        line = io.StringIO()
-        csv.writer(line).writerow(self.columns)
         try:  # the header whole or no file: never a 0-byte trials.csv
-            atomic.write_text(path, line.getvalue())
+            atomic.write_text(path, _csv_line(self.columns, None))
         except OSError as exc:
             raise write_failed(exc, path.parent) from None
 
     def append(self, record: dict) -> None:
-        line = io.StringIO()
-        csv.DictWriter(line, self.columns, extrasaction="ignore").writerow(record)
-        data = memoryview(line.getvalue().encode("utf-8"))
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        end = os.lseek(fd, 0, os.SEEK_END)
-        try:
-            while data:
-                data = data[os.write(fd, data):]
-        except OSError as exc:  # a full disk: no half row; the rows before it stay
-            os.ftruncate(fd, end)
+        try:  # a full disk: no half row; the rows before it stay
+            atomic.append_text(self.path, _csv_line(self.columns, record))
+        except OSError as exc:
             raise write_failed(exc, self.path.parent) from None
-        finally:
-            os.close(fd)
         self.rows.append(record)
 
     def frame(self) -> pd.DataFrame:
@@ -112,8 +104,60 @@ def write_json(data: dict, path: Path) -> None:
     atomic.write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
-def load_trials(run_dir: Path) -> pd.DataFrame:
-    df = pd.read_csv(Path(run_dir) / "trials.csv")
-    if "is_baseline" in df:
-        df["is_baseline"] = df["is_baseline"].astype(str).str.lower().isin(["true", "1"])
-    return df
+def write_env(env: dict, run_dir: Path) -> None:
+    """env.json: the machine and software, stamped with the run directory's format version."""
+    write_json({"format_version": FORMAT_VERSION, **env}, Path(run_dir) / "env.json")
+
+
+def update_json(path: Path, **entries) -> None:
+    """Entries added to a JSON file (env.json's end-of-run figures), the file replaced whole."""
+    data = json.loads(Path(path).read_text())
+    write_json({**data, **entries}, path)
+
+
+def write_diagnosis(run_dir: Path, phases: list[dict], findings: list[dict]) -> None:
+    """phases.csv and findings.csv (the profiled trials' step phases and what they suggest),
+    replaced together."""
+    run_dir = Path(run_dir)
+    atomic.write_files({
+        run_dir / "phases.csv": _csv(pd.DataFrame(phases, columns=PHASE_COLUMNS)),
+        run_dir / "findings.csv": _csv(pd.DataFrame(findings, columns=FINDING_COLUMNS))})
+
+
+def load_findings(run_dir: Path) -> Optional[pd.DataFrame]:
+    """findings.csv as written, for the findings check; None when the run has none."""
+    path = Path(run_dir) / "findings.csv"
+    return pd.read_csv(path) if path.is_file() else None
+
+
+def write_findings(findings: pd.DataFrame, run_dir: Path) -> None:
+    atomic.write_csv(findings, Path(run_dir) / "findings.csv")
+
+
+def write_recipe(run_dir: Path, rows: list[dict], recipe_yaml: str) -> None:
+    """recipe.csv (the search's tables) and recipe.yaml (the recipe found), replaced together."""
+    run_dir = Path(run_dir)
+    atomic.write_files({run_dir / "recipe.csv": _csv(pd.DataFrame(rows, columns=RECIPE_COLUMNS)),
+                        run_dir / "recipe.yaml": recipe_yaml.encode("utf-8")})
+
+
+def append_capacity(path: Path, row: dict) -> None:
+    """One row appended to capacity.csv, whole or not at all (made with its header if new)."""
+    path = Path(path)
+    if not path.exists():
+        atomic.write_text(path, _csv_line(CAPACITY_COLUMNS, None))
+    atomic.append_text(path, _csv_line(CAPACITY_COLUMNS, row))
+
+
+def _csv(frame: pd.DataFrame) -> bytes:
+    return frame.to_csv(index=False).encode("utf-8")
+
+
+def _csv_line(columns: list[str], row: Optional[dict]) -> str:
+    """One CSV line: `row`'s values in `columns` order (others ignored), or the header."""
+    line = io.StringIO()
+    if row is None:
+        csv.writer(line).writerow(columns)
+    else:
+        csv.DictWriter(line, columns, extrasaction="ignore").writerow(row)
+    return line.getvalue()

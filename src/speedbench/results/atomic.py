@@ -59,6 +59,22 @@ def write_files(contents: dict) -> None:
         _sync_dir(directory)
 
 
+def append_text(path, text: str) -> None:
+    """`text` appended whole or not at all: a failed write (a full disk) is cut back off, so
+    that the file never ends in half a line."""
+    data = memoryview(text.encode("utf-8"))
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    end = os.lseek(fd, 0, os.SEEK_END)
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        os.ftruncate(fd, end)
+        raise
+    finally:
+        os.close(fd)
+
+
 def write_bytes(path, data: bytes) -> Path:
     write_files({path: data})
     return Path(path)

@@ -1,8 +1,9 @@
 """Loading a run directory back for a report: tolerant of interrupted runs and other versions.
 
-A run is usable when its trials.csv holds the contract columns a report needs (REQUIRED).
+A run is usable when its trials.csv holds the columns a report cannot do without (MINIMUM).
 Other contract columns may be missing (an older speedbench): they are filled with NaN and
-listed in `Run.notes`, so the report says what it left out instead of failing.
+listed in `Run.notes`, so the report says what it left out instead of failing. The run's
+format (env.json's `format_version`, schema.FORMAT_VERSION) says what else to expect.
 """
 from __future__ import annotations
 
@@ -16,20 +17,16 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from speedbench import results
-from speedbench.analysis import stats
-from speedbench.results.schema import FINDING_COLUMNS as FINDINGS_COLUMNS
-from speedbench.results.schema import PHASE_COLUMNS as PHASES_COLUMNS
+from speedbench.results.schema import (FINDING_COLUMNS, OK, PHASE_COLUMNS,
+                                       REQUIRED_CAPACITY_COLUMNS, REQUIRED_TRIAL_COLUMNS)
 
-# Without these a run cannot be summarised, plotted or compared at all.
-REQUIRED = ("experiment", "model", "variant", "is_baseline", "status", "samples_per_s")
+# The contract columns without which a run cannot be summarised, plotted or compared at all.
+MINIMUM = ("experiment", "model", "variant", "is_baseline", "status", "samples_per_s")
 # The rest of the trials.csv contract (docs/outputs.md) plus what stats.summarise reads.
 OPTIONAL_NUMERIC = ("trial", "world_size", "step_ms", "data_wait_frac", "peak_mem_mb",
                     "final_loss", "host_rss_mb")
 SUMMARY_CONTRACT = ("experiment", "model", "variant", "is_baseline", "status", "samples_per_s",
                     "speedup", "speedup_lo", "speedup_hi", "verdict")
-CAPACITY_COLUMNS = ("experiment", "model", "variant", "precision", "status", "largest_batch",
-                    "first_oom")
 KEYS = ["experiment", "model", "variant"]
 # Columns read as numbers: a cell that is not a finite number is read as missing (and noted).
 TRIAL_NUMERIC = OPTIONAL_NUMERIC + ("samples_per_s", "steps", "warmup_steps", "batch_size",
@@ -56,12 +53,16 @@ class ReportError(Exception):
 class Run:
     path: Path
     trials: pd.DataFrame
-    summary: pd.DataFrame
+    # summary.csv as the run wrote it; None where absent or unusable: the statistics are
+    # analysis's (stats.summarised recomputes it from the trials)
+    summary: Optional[pd.DataFrame]
     env: dict
     cfg: dict
     phases: Optional[pd.DataFrame] = None
     findings: Optional[pd.DataFrame] = None
     capacity: Optional[pd.DataFrame] = None  # capacity.csv: the largest batch that fits
+    recipe_search: bool = False  # recipe.csv beside: each experiment is its own CI family
+    format_version: int = 1
     members: dict = field(default_factory=dict)  # a suite's members/*.yaml: bench per experiment
     notes: list[str] = field(default_factory=list)  # what is missing, recomputed, left out
     missing: list[str] = field(default_factory=list)  # contract columns absent from trials.csv
@@ -193,8 +194,8 @@ def _optional_table(path: Path, columns: tuple[str, ...],
     return df
 
 
-def _summary(path: Path, trials: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
-    """summary.csv as the run wrote it, or recomputed from the trials when absent or unusable."""
+def _summary(path: Path, trials: pd.DataFrame, notes: list[str]) -> Optional[pd.DataFrame]:
+    """summary.csv as the run wrote it; None, with a note, when absent or unusable."""
     file = path / "summary.csv"
     reason = None
     if file.exists() and not _regular(file):
@@ -218,8 +219,7 @@ def _summary(path: Path, trials: pd.DataFrame, notes: list[str]) -> pd.DataFrame
                 reason = "summary.csv does not match trials.csv: summary recomputed from trials.csv"
     if reason:
         notes.append(reason)
-        # a recipe search (recipe.csv beside) adjusts each of its measurements on its own
-        summary = stats.summarise(trials, per_experiment=(path / "recipe.csv").is_file())
+        return None
     if "scaling_efficiency" in summary.columns and "devices" not in summary.columns:
         summary = summary.drop(columns=[c for c in summary.columns
                                         if c.startswith("scaling_efficiency")])
@@ -233,7 +233,8 @@ def _summary(path: Path, trials: pd.DataFrame, notes: list[str]) -> pd.DataFrame
 
 
 def load_run(path, cfg: Optional[dict] = None) -> Run:
-    """Everything a report needs from one run directory; ReportError when it is unusable."""
+    """Everything a report needs from one run directory, its summary None where summary.csv
+    is absent or unusable (stats.summarised recomputes it); ReportError when it is unusable."""
     path = Path(path)
     if not path.exists():
         raise ReportError(f"{path} does not exist")
@@ -242,45 +243,66 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
     if not (path / "trials.csv").exists():
         raise ReportError(f"{path} has no trials.csv; is it a speedbench run directory?")
     notes: list[str] = []
-    trials, missing = _trials(path / "trials.csv", notes)
-    env = _env_file(path / "env.json", notes)
+    env_notes: list[str] = []  # noted after the trials' own, as a report lists them
+    env = _env_file(path / "env.json", env_notes)
+    version = format_version(env)
+    trials, missing = _trials(path / "trials.csv", version, notes)
+    notes += env_notes
     if cfg is None:
         cfg = _config_file(path / "config.yaml", notes)
     cfg = _claims(cfg, notes) if isinstance(cfg, dict) else {}
     return Run(path=path, trials=trials, summary=_summary(path, trials, notes), env=env,
                cfg=cfg, members=_members(path, notes),
-               phases=_optional_table(path / "phases.csv", PHASES_COLUMNS, notes),
-               findings=_optional_table(path / "findings.csv", FINDINGS_COLUMNS, notes),
-               capacity=_optional_table(path / "capacity.csv", CAPACITY_COLUMNS, notes),
+               phases=_optional_table(path / "phases.csv", PHASE_COLUMNS, notes),
+               findings=_optional_table(path / "findings.csv", FINDING_COLUMNS, notes),
+               capacity=_optional_table(path / "capacity.csv", REQUIRED_CAPACITY_COLUMNS, notes),
+               recipe_search=(path / "recipe.csv").is_file(), format_version=version,
                notes=notes, missing=missing, label=path.name)
 
 
-def _trials(file: Path, notes: list[str]) -> tuple[pd.DataFrame, list[str]]:
+def load_trials(run_dir, notes: Optional[list[str]] = None) -> pd.DataFrame:
+    """A run's trials.csv as a report reads it (load_run's trials): the one trials.csv loader.
+    What it had to mend is added to `notes`."""
+    run_dir = Path(run_dir)
+    version = format_version(_env_file(run_dir / "env.json", []))
+    return _trials(run_dir / "trials.csv", version, [] if notes is None else notes)[0]
+
+
+def format_version(env: dict) -> int:
+    """The run directory's format (schema.FORMAT_VERSION); 1 for a run that does not say."""
+    version = env.get("format_version", 1)
+    return version if isinstance(version, int) and not isinstance(version, bool) else 1
+
+
+def _trials(file: Path, version: int,
+            notes: list[str]) -> tuple[pd.DataFrame, list[str]]:
     """trials.csv with its names, flags and numbers cleaned, and the contract columns it lacks."""
     trials = _read_csv(file)
-    lacking = [c for c in REQUIRED if c not in trials.columns]
+    lacking = [c for c in MINIMUM if c not in trials.columns]
     if lacking:
         raise ReportError(f"{file} lacks the contract columns {', '.join(lacking)}; "
                           "cannot report on it")
     if trials.empty:
         raise ReportError(f"{file} holds no trials yet")
-    missing = [c for c in results.TRIAL_COLUMNS[:13] if c not in trials.columns]
+    missing = [c for c in REQUIRED_TRIAL_COLUMNS if c not in trials.columns]
     if missing:
-        notes.append(f"trials.csv lacks {', '.join(missing)} (another speedbench version?): "
-                     "what needs them is left out")
+        notes.append(f"trials.csv lacks {', '.join(missing)} (format {version}, another "
+                     "speedbench version?): what needs them is left out")
     for c in OPTIONAL_NUMERIC:
         if c not in trials.columns:
             trials[c] = math.nan
     if "device" not in trials.columns:
         trials["device"] = "unknown"
+    if version < 3:  # before rounds, trials were paired by `trial`, which `round` is since
+        trials["round"] = trials["trial"]
     for c in KEYS:
         trials[c] = _names(trials[c])
     trials["is_baseline"] = _bool(trials["is_baseline"])
     trials["status"] = trials["status"].astype(object).where(
         trials["status"].notna(), "error: no status").map(str)
     _numbers(trials, TRIAL_NUMERIC, "trials.csv", notes)
-    # a measurement is a positive, finite throughput: any other "ok" row is not one
-    unusable = (trials["status"] == "ok") & ~(trials["samples_per_s"] > 0)
+    # a measurement is a positive, finite throughput: any other ok row is not one
+    unusable = (trials["status"] == OK) & ~(trials["samples_per_s"] > 0)
     if unusable.any():
         trials.loc[unusable, "status"] = "error: no positive samples_per_s in trials.csv"
         notes.append(f"{int(unusable.sum())} ok trial(s) without a positive, finite "

@@ -1,7 +1,8 @@
-"""The results schema: every CSV's columns, the step's phase names, and a typed trial status.
+"""The results schema: the run directory's format version, every CSV's columns, the step's
+phase names, and the one status vocabulary (a typed trial status).
 
-Writers (results.py, diagnosis.py, capacity.py), loaders and the report all take these names
-from here. Pure Python, no torch: the report imports it.
+The writers and the reader (results/), the statistics and the report all take these names from
+here. Pure Python, no torch: the report imports it.
 
 trials.csv: TRIAL_COLUMNS (the contract columns first, then more), then the columns the
 techniques add (`trial_columns(extra)`; speedbench.techniques.column_names()). TRIAL_COLUMNS
@@ -12,6 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Iterable
+
+# The run directory's format, written into env.json (`format_version`); the reader branches on it.
+# A run without one is read as format 1.
+#   3: trials.csv's `round` and `position` (trials paired by round), techniques.json
+#   2: profile columns (profile, reference_step_ms, phase_step_ms, ...)
+#   1: the first format: trials paired by `trial`
+FORMAT_VERSION = 3
 
 # The contract columns come first (in this order); more follow.
 TRIAL_COLUMNS = [
@@ -34,8 +42,9 @@ TRIAL_COLUMNS = [
     "noise_threshold", "first_step_ms", "second_step_ms", "quality_steps", "quality_samples", "window_loss",
     "state_mem_mb", "activation_mem_mb", "peak_kind",
 ]
-# How many leading TRIAL_COLUMNS a report needs to find (older runs may lack the rest).
-TRIAL_CONTRACT = 13
+# The contract: every trials.csv has these (experiment ... final_loss); a reader notes the ones
+# an older run lacks.
+REQUIRED_TRIAL_COLUMNS = TRIAL_COLUMNS[:13]
 SUMMARY_COLUMNS = [
     "experiment", "model", "variant", "is_baseline", "status", "samples_per_s", "speedup",
     "speedup_lo", "speedup_hi", "verdict", "trials", "step_ms", "cv", "data_wait_frac",
@@ -52,6 +61,11 @@ PHASE_COLUMNS = ["experiment", "model", "variant", "phase", "mean_ms", "total_ms
 FINDING_COLUMNS = ["experiment", "model", "variant", "symptom", "figure", "tip", "knob"]
 CAPACITY_COLUMNS = ["experiment", "model", "variant", "precision", "status", "largest_batch",
                     "first_oom", "peak_mem_mb", "device_mem_mb", "tries", "search_s", "stopped"]
+# What a report needs of capacity.csv (older runs may lack the rest).
+REQUIRED_CAPACITY_COLUMNS = CAPACITY_COLUMNS[:7]
+# recipe.csv (search/driver.py): the search's tables, one `table` kind per row.
+RECIPE_COLUMNS = ["model", "table", "step", "label", "option", "group", "speedup", "lo", "hi",
+                  "verdict", "step_gain", "step_lo", "step_hi", "rounds", "status", "overrides"]
 CAPACITY_LIMIT_FACTOR = 256  # the largest-batch search stops at this many times the model's batch
 
 
@@ -64,8 +78,10 @@ def trial_columns(extra: Iterable[str] = ()) -> list[str]:
 OK, NA, OOM, DIVERGED, ERROR = "ok", "n/a", "oom", "diverged", "error"
 # A hopeless variant, stopped after its first step (quality.py): `too slow: 38 s/step, ...`
 TOO_SLOW = "too slow"
-KINDS = (OK, NA, OOM, DIVERGED, ERROR, TOO_SLOW)
-_COLON_KINDS = (NA, ERROR, TOO_SLOW)  # written `kind: reason`; the others `kind (reason)`
+# An option the recipe search dropped, its screen CI below 0.5x: `hopeless: 0.05x [...] in step 1`
+HOPELESS = "hopeless"
+KINDS = (OK, NA, OOM, DIVERGED, ERROR, TOO_SLOW, HOPELESS)
+_COLON_KINDS = (NA, ERROR, TOO_SLOW, HOPELESS)  # written `kind: reason`; others `kind (reason)`
 
 
 @dataclass(frozen=True)
@@ -122,10 +138,6 @@ def na(reason: str) -> str:
 
 def is_na(text) -> bool:
     return parse_status(text).na
-
-
-def is_ok(text) -> bool:
-    return parse_status(text).ok
 
 
 def reason_of(text) -> str:

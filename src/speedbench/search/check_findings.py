@@ -17,8 +17,10 @@ import pandas as pd
 import yaml
 from omegaconf import OmegaConf
 
+from speedbench import results
 from speedbench.analysis import stats
 from speedbench.config import ConfigError, Plan
+from speedbench.results.schema import OK
 from speedbench.search import driver, selection
 
 CHECK_BUDGET_S = 60.0  # per finding checked: the rounds beyond bench.repeats stop there
@@ -41,10 +43,9 @@ def check(plans: list[Plan], run_dir: Path, writer, progress: bool, execute_plan
     """Measure every suggested knob of findings.csv and write the verdicts into its `check`
     column; the findings, or None when the run has no findings.csv. `execute_plan` is
     run.execute."""
-    path = Path(run_dir) / "findings.csv"
-    if not path.is_file():
+    findings = results.load_findings(run_dir)
+    if findings is None:
         return None
-    findings = pd.read_csv(path)
     todo = findings[findings["knob"].fillna("-").astype(str).str.contains("=")]
     if todo.empty:
         return findings
@@ -66,7 +67,7 @@ def check(plans: list[Plan], run_dir: Path, writer, progress: bool, execute_plan
                        + VERDICT_TEXT.get(verdict, "not settled by this check"))
     findings["check"] = [
         status.get((r.experiment, r.model, r.variant, r.knob), "-") for r in findings.itertuples()]
-    findings.to_csv(path, index=False)
+    results.write_findings(findings, run_dir)
     return findings
 
 
@@ -94,7 +95,7 @@ def _measure(plan: Optional[Plan], model: str, variant: str, knob: str, run_dir:
     start = len(writer.rows)
     execute_plan(step, run_dir, progress, None, writer)
     arms = driver.arms_from_rows(writer.rows[start:], list(recipes))
-    bad = next((a for a in (arms["suggested"], arms["as run"]) if a.status != "ok"), None)
+    bad = next((a for a in (arms["suggested"], arms["as run"]) if a.status != OK), None)
     if bad is not None:
         return f"not measured here ({bad.status})"
     return selection.rounds_of(arms["suggested"], arms["as run"])

@@ -20,13 +20,13 @@ import pandas as pd
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from speedbench import results
+from speedbench.results.schema import OK
 from speedbench.search import selection as search
 from speedbench.config import REFERENCE_MODELS, ConfigError, ModelSpec, Plan, build_plan
 
 CLOSING = "recipe"
 SEARCH_PROBE_STEPS = 2  # quality-probe steps in screens and confirmations (first + second)
-RECIPE_COLUMNS = ["model", "table", "step", "label", "option", "group", "speedup", "lo", "hi",
-                  "verdict", "step_gain", "step_lo", "step_hi", "rounds", "status", "overrides"]
 
 
 def is_recipe(cfg: DictConfig) -> bool:
@@ -181,7 +181,7 @@ def arms_from_rows(rows: list[dict], labels: list[str]) -> dict[str, search.Arm]
         if g.empty:
             arms[label] = search.Arm("error: not measured")
             continue
-        ok = g[g["status"] == "ok"]
+        ok = g[g["status"] == OK]
         if ok.empty:
             arms[label] = search.Arm(str(g["status"].iloc[0]))
             continue
@@ -191,7 +191,7 @@ def arms_from_rows(rows: list[dict], labels: list[str]) -> dict[str, search.Arm]
             if math.isfinite(r):
                 per_round[int(r)] = float(tp)
         mem = pd.to_numeric(ok.get("peak_mem_mb", pd.Series(dtype=float)), errors="coerce")
-        arms[label] = search.Arm("ok", per_round, float(mem.median()) if len(mem) else math.nan)
+        arms[label] = search.Arm(OK, per_round, float(mem.median()) if len(mem) else math.nan)
     return arms
 
 
@@ -200,7 +200,7 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
             progress: bool, execute_plan, cannot_act_for) -> dict[str, search.SearchResult]:
     """The search for every model of the plan; recipe.csv and recipe.yaml written as each model
     ends. `execute_plan` is run.execute; `cannot_act_for(spec)` returns the n/a check."""
-    results = {}
+    found = {}
     min_gain = cfg.recipe.min_gain
     if min_gain is None:
         min_gain = OmegaConf.select(cfg, "bench.noise_threshold", default=0.02)
@@ -224,9 +224,9 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
                                progress=say)
         result.notes[:0] = notes
         say(f"done in {result.elapsed_s:.0f} s: {result.stopped}")
-        results[spec.name] = result
-        write_outputs(run_dir, results)
-    return results
+        found[spec.name] = result
+        write_outputs(run_dir, found)
+    return found
 
 
 def result_rows(model: str, r: search.SearchResult) -> list[dict]:
@@ -246,14 +246,14 @@ def result_rows(model: str, r: search.SearchResult) -> list[dict]:
         for c in s.comparisons.values():  # the screen: ranks
             rows.append({"model": model, "table": "step", "step": s.index, "label": c.label,
                          "option": c.label, "speedup": c.speedup, "lo": c.lo, "hi": c.hi,
-                         "verdict": c.verdict, "rounds": c.rounds, "status": "ok"})
+                         "verdict": c.verdict, "rounds": c.rounds, "status": OK})
         for c in s.confirmations.values():  # the fresh measurement: decides
             failed = not math.isfinite(c.speedup)
             rows.append({"model": model, "table": "confirm", "step": s.index, "label": c.label,
                          "option": c.label, "speedup": c.speedup, "lo": c.lo, "hi": c.hi,
                          "verdict": ("chosen" if c.label == s.chosen else
                                      "" if failed else c.verdict),
-                         "rounds": c.rounds, "status": c.verdict if failed else "ok"})
+                         "rounds": c.rounds, "status": c.verdict if failed else OK})
     for label, status in r.excluded.items():
         rows.append({"model": model, "table": "excluded", "label": label, "option": label,
                      "status": status})
@@ -271,18 +271,18 @@ def _yaml_inline(d: dict) -> str:
     return yaml.safe_dump(d, default_flow_style=True, sort_keys=False).strip()
 
 
-def write_outputs(run_dir: Path, results: dict[str, search.SearchResult]) -> None:
-    rows = [row for model, r in results.items() for row in result_rows(model, r)]
-    pd.DataFrame(rows, columns=RECIPE_COLUMNS).to_csv(run_dir / "recipe.csv", index=False)
-    (run_dir / "recipe.yaml").write_text(recipe_yaml(results))
+def write_outputs(run_dir: Path, found: dict[str, search.SearchResult]) -> None:
+    """recipe.csv and recipe.yaml, through the run directory's writer."""
+    rows = [row for model, r in found.items() for row in result_rows(model, r)]
+    results.write_recipe(run_dir, rows, recipe_yaml(found))
 
 
-def recipe_yaml(results: dict[str, search.SearchResult]) -> str:
+def recipe_yaml(found: dict[str, search.SearchResult]) -> str:
     """The final recipe per model as overrides speedbench accepts back, with the command."""
     lines = ["# The best recipe found per model on this machine (speedbench +experiment=recipe).",
              "# Re-run one with:  python -m speedbench model=<model> <its overrides>"]
     doc = {}
-    for model, r in results.items():
+    for model, r in found.items():
         last = r.waterfall[-1]
         args = [f"{k}={_cli(v)}" for k, v in r.final.items()]
         doc[model] = {

@@ -45,6 +45,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 import numpy as np
 
 from speedbench.analysis import stats
+from speedbench.results.schema import HOPELESS, OK, format_status
 
 NAIVE = "naive"
 Overrides = dict[str, Any]  # flat recipe keys (dotted for nested ones) -> values
@@ -317,9 +318,9 @@ class _Forward:
         arms = self.measure(recipes, step=f"step {n}", time_left_s=budget.left(),
                             rounds=self.rules.screen_rounds)
         # cost per recipe measured (n/a ones cost nothing and are not measured again)
-        budget.record(budget.clock() - t0, sum(a.status == "ok" for a in arms.values()))
+        budget.record(budget.clock() - t0, sum(a.status == OK for a in arms.values()))
         ref = arms.get("current")
-        if ref is None or ref.status != "ok":
+        if ref is None or ref.status != OK:
             return (f"the current recipe could not be measured in step {n} "
                     f"({ref.status if ref else 'missing'})")
         record, ranked = self._screen(n, current, options, arms)
@@ -340,7 +341,7 @@ class _Forward:
         """The screen's record, and the options worth confirming, best first."""
         ref = arms["current"]
         found = {o.label: arms[o.label].status if o.label in arms else "error: not measured"
-                 for o in options if o.label not in arms or arms[o.label].status != "ok"}
+                 for o in options if o.label not in arms or arms[o.label].status != OK}
         ok = [o for o in options if o.label not in found]
         level = stats.comparison_level(len(ok), self.rules.alpha)
         results = compare_at({o.label: rounds_of(arms[o.label], ref) for o in ok}, level,
@@ -350,8 +351,8 @@ class _Forward:
         # hopeless: surely less than half as fast; not worth another step's time
         for c in comparisons.values():
             if c.hi < self.rules.hopeless_below:
-                found[c.label] = (f"hopeless: {c.speedup:.2f}x [{c.lo:.2f}, {c.hi:.2f}] "
-                                  f"in step {n}, not retried")
+                found[c.label] = format_status(HOPELESS, f"{c.speedup:.2f}x [{c.lo:.2f}, "
+                                                         f"{c.hi:.2f}] in step {n}, not retried")
         self._drop(found)
         record = StepRecord(n, current, comparisons, None, found, 0.0, level)
         self.steps.append(record)
@@ -391,7 +392,7 @@ class _Forward:
         """The confirmation measurement's verdicts (fresh rounds, CIs Bonferroni-adjusted over
         the options confirmed together) and the option to add: the fastest one confirmed."""
         ref = arms.get("current") or Arm("error: not measured")
-        if ref.status != "ok":
+        if ref.status != OK:
             for c in top:
                 record.confirmations[c.label] = _failed(c.label, ref.status)
             return None, f"the current recipe could not be measured ({ref.status})"
@@ -399,7 +400,7 @@ class _Forward:
         winners = []
         for c in top:
             arm = arms.get(c.label) or Arm("error: not measured")
-            if arm.status != "ok":  # failed on its own: never retried
+            if arm.status != OK:  # failed on its own: never retried
                 record.confirmations[c.label] = _failed(c.label, arm.status)
                 record.excluded[c.label] = arm.status
                 self._drop({c.label: arm.status})
@@ -461,14 +462,14 @@ def _close(forward: _Forward, alpha: float, min_gain: float) -> tuple[list[dict]
                                step="closing", time_left_s=budget.left())
     budget.record(budget.clock() - t0, len(measured))
     arms = {lab: measured.get(unique[lab], Arm("error: not measured")) for lab in recipes}
-    if not (arms[NAIVE].status == "ok" and arms[prefix[-1]].status == "ok"):
+    if not (arms[NAIVE].status == OK and arms[prefix[-1]].status == OK):
         notes.append("the closing measurement failed for the naive or the final recipe: "
                      "no cumulative speed-ups, no ablation")
         return waterfall, []
     # the family of summary.csv's rows for this measurement: every recipe against naive
-    against_naive = sum(a.status == "ok" for lab, a in measured.items() if lab != NAIVE)
+    against_naive = sum(a.status == OK for lab, a in measured.items() if lab != NAIVE)
     cum = compare_at({prefix[i]: rounds_of(arms[prefix[i]], arms[NAIVE])
-                      for i in range(1, len(chosen) + 1) if arms[prefix[i]].status == "ok"},
+                      for i in range(1, len(chosen) + 1) if arms[prefix[i]].status == OK},
                      stats.comparison_level(against_naive, alpha), min_gain)
     for i, row in enumerate(waterfall[1:], start=1):
         if prefix[i] in cum:
@@ -482,7 +483,7 @@ def _ablation(chosen: list[Option], final: Arm, without: dict[str, Arm],
               step_gain: dict[str, Comparison], alpha: float, min_gain: float) -> list[dict]:
     """Each chosen option's marginal contribution: final / final-without-it, paired."""
     marg = compare_at({o.label: rounds_of(final, without[o.label]) for o in chosen
-                       if without[o.label].status == "ok"},
+                       if without[o.label].status == OK},
                       stats.comparison_level(len(chosen), alpha), min_gain)
     ablation = []
     for o in chosen:
