@@ -10,6 +10,7 @@ from typing import Optional
 import pandas as pd
 
 from speedbench import results
+from speedbench.results import runs
 from speedbench.results.schema import OK
 
 PHASE_LABELS = {"data": "data wait", "h2d": "host-to-device", "forward": "forward",
@@ -66,11 +67,10 @@ def overhead_table(trials: pd.DataFrame) -> pd.DataFrame:
 
 def load(run_dir: Path) -> Optional[dict]:
     run_dir = Path(run_dir)
-    if not (run_dir / "phases.csv").exists():
+    tables = runs.load_profile_tables(run_dir)
+    if tables is None:
         return None
-    phases = pd.read_csv(run_dir / "phases.csv")
-    findings = pd.read_csv(run_dir / "findings.csv", dtype=str, keep_default_na=False) \
-        if (run_dir / "findings.csv").exists() else pd.DataFrame()
+    phases, findings = tables
     trials = results.load_trials(run_dir) if (run_dir / "trials.csv").exists() else pd.DataFrame()
     groups = list(dict.fromkeys(zip(phases["model"], phases["variant"])))
     return {"phases": phase_table(phases), "overhead": overhead_table(trials),

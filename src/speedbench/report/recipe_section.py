@@ -6,7 +6,6 @@ the search went step by step.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Optional
@@ -16,6 +15,7 @@ import yaml
 
 from speedbench.report import plots, waterfall
 from speedbench.report.document import Document, slug
+from speedbench.results import runs
 
 ANY = "*"  # a snippet for any value but the key's default (speedbench.techniques.base.ANY)
 
@@ -54,7 +54,7 @@ def _text(value) -> str:
 def add(doc: Document, recipe: pd.DataFrame, run_path: Path, out_dir: Path) -> None:
     doc.heading("The best recipe for this machine")
     doc.para(METHOD)
-    yaml_doc = _read_yaml(Path(run_path) / "recipe.yaml")
+    yaml_doc = runs.load_recipe_yaml(run_path)
     snippets = load_snippets(Path(run_path))
     for model, rows in recipe.groupby("model", sort=False):
         tables = {name: g for name, g in rows.groupby("table", sort=False)}
@@ -69,10 +69,6 @@ def add(doc: Document, recipe: pd.DataFrame, run_path: Path, out_dir: Path) -> N
         _screens(doc, tables.get("step"))
         _confirmations(doc, tables.get("confirm"))
         doc.bullets(_log(tables))
-
-
-def _read_yaml(path: Path):
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
 
 
 def _present(table) -> bool:
@@ -110,9 +106,8 @@ def load_snippets(run_path: Path) -> Optional[list[dict]]:
     """Every technique's snippets from the run's techniques.json, or None when it has none
     (a run from before the file, or an unreadable one)."""
     try:
-        data = json.loads((run_path / "techniques.json").read_text())
-        return [s for t in data["techniques"] for s in t["snippets"]]
-    except (OSError, ValueError, KeyError, TypeError):
+        return [s for t in runs.load_techniques(run_path)["techniques"] for s in t["snippets"]]
+    except (KeyError, TypeError):
         return None
 
 

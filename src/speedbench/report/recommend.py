@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from speedbench.report.numbers import ratio_ci
+from speedbench.results.runs import load_recipe
 from speedbench.results.schema import HOPELESS, OK, TOO_SLOW
 
 # Verdict words: today's and those of the paired, error-controlled verdicts.
@@ -256,14 +257,6 @@ def add_section(doc, summary: pd.DataFrame, recipe: pd.DataFrame | None = None,
     if any(len(a.use) > 1 and not a.notes and not a.use[0].technique.startswith("the recipe")
            for a in advice):
         doc.para(STACKING)
-
-
-def load_recipe(run_dir) -> pd.DataFrame | None:
-    """recipe.csv of a run directory (a recipe search), or None."""
-    from pathlib import Path
-
-    path = Path(run_dir) / "recipe.csv" if run_dir is not None else None
-    return pd.read_csv(path) if path is not None and path.is_file() else None
 
 
 def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3) -> list[str]:

@@ -24,7 +24,7 @@ from speedbench.report import capacity_section, plots, profile_section, recipe_s
 from speedbench.report import workers as workers_view
 from speedbench.report.document import Document, slug, write
 from speedbench.report.numbers import ratio_ci
-from speedbench.results.runs import Run, load_run
+from speedbench.results.runs import Run, load_recipe, load_run
 from speedbench.results.schema import OK
 
 
@@ -447,7 +447,7 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
 def recommendation_section(doc: Document, run: Run, out_dir: Optional[Path] = None) -> None:
     """The first section after the title: per model, use / skip / could not test here
     (recommend.py); for a recipe search, how it was found follows (recipe_section.py)."""
-    recipe_rows = recommend.load_recipe(run.path)
+    recipe_rows = load_recipe(run.path)
     recommend.add_section(doc, run.summary, recipe_rows)
     if recipe_rows is not None and out_dir is not None:
         recipe_section.add(doc, recipe_rows, run.path, out_dir)

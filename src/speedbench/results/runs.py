@@ -331,6 +331,37 @@ def _config_file(file: Path, notes: list[str]) -> dict:
         return {}
 
 
+def load_profile_tables(run_dir) -> Optional[tuple[pd.DataFrame, pd.DataFrame]]:
+    """(phases.csv, findings.csv as text) of a profiled run; None when no variant was profiled."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "phases.csv").exists():
+        return None
+    findings = pd.read_csv(run_dir / "findings.csv", dtype=str, keep_default_na=False) \
+        if (run_dir / "findings.csv").exists() else pd.DataFrame()
+    return pd.read_csv(run_dir / "phases.csv"), findings
+
+
+def load_recipe(run_dir) -> Optional[pd.DataFrame]:
+    """recipe.csv of a run directory (a recipe search), or None."""
+    path = Path(run_dir) / "recipe.csv" if run_dir is not None else None
+    return pd.read_csv(path) if path is not None and path.is_file() else None
+
+
+def load_recipe_yaml(run_dir) -> dict:
+    """recipe.yaml (the recipe found per model); empty when absent."""
+    path = Path(run_dir) / "recipe.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+def load_techniques(run_dir) -> Optional[dict]:
+    """techniques.json (the registry's metadata as the run had it); None when the run has none
+    (it predates the file) or it is unreadable."""
+    try:
+        return json.loads((Path(run_dir) / "techniques.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def label_runs(runs: list[Run]) -> None:
     """Short, distinct labels: the directory name, with parents added until they differ."""
     depth = 1
