@@ -1,6 +1,7 @@
 """The figure functions on small reference DataFrames: PNGs written, only for data present."""
 from __future__ import annotations
 
+import json
 import math
 
 import matplotlib.pyplot as plt
@@ -139,8 +140,14 @@ def test_figures_for_draws_only_what_the_data_holds():
     no_mem = trials.assign(peak_mem_mb=math.nan)
     assert "memory" not in plots.figures_for(no_mem, stats.summarise(no_mem))
     sweep = trials_frame(("w0", "w1", "w2", "w4"), knob="num_workers", values=[0, 1, 2, 4])
-    got = plots.figures_for(sweep, stats.summarise(sweep), phases_frame())
+    got = plots.figures_for(sweep, stats.summarise(sweep), phases_frame(),
+                            {"num_workers": "DataLoader workers"})
     assert {"phases", "sweep-num_workers"} <= set(got)
+    assert got["sweep-num_workers"][1].axes[0].get_xlabel() == "DataLoader workers"
+    # a column the run does not list among its settings is no sweep; world_size always is
+    assert "sweep-num_workers" not in plots.figures_for(sweep, stats.summarise(sweep))
+    sizes = trials_frame(("ws1", "ws2", "ws4"), knob="world_size", values=[1, 2, 4])
+    assert "sweep-world_size" in plots.figures_for(sizes, stats.summarise(sizes))
     only_base = trials_frame(variants=("fp32",))
     assert "speedup" not in plots.figures_for(only_base, stats.summarise(only_base))
 
@@ -198,10 +205,10 @@ def test_log_ticks_stay_readable_on_wide_and_narrow_ranges():
     assert 0.03 in plots._ratio_ticks(0.003, 2.0)  # not only powers of ten
 
 
-def test_gflops_use_three_significant_digits_and_peaks_are_compared_per_precision():
+def test_gflops_use_three_significant_digits_and_peaks_are_compared_per_kind():
     from speedbench.report.render import peak_note, summary_table
 
-    trials = trials_frame().assign(precision=lambda d: d["variant"])
+    trials = trials_frame().assign(peak_kind=lambda d: d["variant"])
     summary = stats.summarise(trials).assign(
         achieved_tflops=[0.000724, 0.0921, 0.5] * 2, peak_tflops=[0.2, 0.04, 1.5] * 2,
         peak_fraction=[0.0036, 2.3, 0.33] * 2)
@@ -264,3 +271,58 @@ def test_noise_warnings_are_short_and_end_with_a_command_to_paste(tmp_path):
     assert console_warnings(summary.assign(spread=0.01), "amp", []) == []
     line = report_line(tmp_path, 12, 3.4)
     assert line.endswith(str(tmp_path.resolve() / "report.html")) and line.startswith("12 trials")
+
+
+# --- the run's settings columns and the views its techniques ask for ---------------------------
+LOADER = {"name": "loader", "host_sweep": {"column": "num_workers", "title": "DataLoader workers"},
+          "fields": [{"key": "data.num_workers", "doc": "worker processes",
+                      "column": "num_workers"},
+                     {"key": "data.pin_memory", "doc": "page-locked batches",
+                      "column": "pin_memory"}]}
+
+
+def workers_run(tmp_path, techniques_json: dict | None):
+    """A run of four variants that vary num_workers, with techniques.json if given."""
+    from test_report import make_run
+
+    from speedbench.results.runs import load_run
+
+    run_dir = make_run(tmp_path / "run", variants=("w0", "w1", "w2", "w4"))
+    trials = pd.read_csv(run_dir / "trials.csv")
+    trials["num_workers"] = trials["variant"].str[1:].astype(int)
+    trials.to_csv(run_dir / "trials.csv", index=False)
+    if techniques_json is not None:
+        (run_dir / "techniques.json").write_text(json.dumps(techniques_json))
+    return load_run(run_dir)
+
+
+def test_settings_columns_come_from_techniques_json_or_the_config(tmp_path):
+    from speedbench.report import settings
+
+    run = workers_run(tmp_path, {"techniques": [LOADER]})
+    # pin_memory is not in trials.csv
+    assert settings.columns(run) == {"num_workers": "worker processes (num_workers)"}
+    assert settings.host_sweeps(run) == [LOADER["host_sweep"]]
+    # Without techniques.json: a non-generic column named after a config key is a setting.
+    run.techniques = []
+    run.cfg = {"data": {"num_workers": 0}, "bench": {"steps": 2}}
+    assert settings.columns(run) == {"num_workers": "num_workers"}
+    assert settings.host_sweeps(run) == []
+    run.cfg = {}
+    assert settings.columns(run) == {}
+
+
+@pytest.mark.parametrize("techniques_json", [True, False])
+def test_the_host_sweep_view_is_drawn_where_a_technique_asks_for_it(tmp_path, techniques_json):
+    """With the registry's own techniques.json the loader's view and the sweep figure appear;
+    a run without the file shows neither (its config names no worker key)."""
+    from speedbench import techniques
+    from speedbench.report.render import write_report
+
+    run = workers_run(tmp_path, techniques.metadata() if techniques_json else None)
+    md = write_report(run.path).read_text()
+    assert ("### DataLoader workers" in md) is techniques_json
+    assert ("Best setting (highest median throughput): resnet: num_workers=" in md) \
+        is techniques_json
+    assert ((run.path / "plots" / "amp-host-num_workers.png").exists()) is techniques_json
+    assert ((run.path / "plots" / "amp-sweep-num_workers.png").exists()) is techniques_json

@@ -30,10 +30,8 @@ BASE_COLOUR, VARIANT_COLOUR = "#264653", "#5fa8d3"
 RUN_COLOURS = ["#264653", "#e9c46a", "#2a9d8f", "#e76f51", "#8d99ae", "#f4a261"]
 PHASE_COLOURS = {"data": "#e9c46a", "h2d": "#f4a261", "forward": "#5fa8d3",
                  "backward": "#264653", "optimizer": "#2a9d8f"}
-# Knobs whose many values make a curve: column in trials.csv → axis label.
-SWEEP_KNOBS = {"num_workers": "DataLoader workers (num_workers)",
-               "accumulate": "micro-batches per optimizer step (accumulate k)",
-               "world_size": "world size (processes)"}
+# The generic column whose many values make a curve, beside the run's settings columns.
+WORLD_SIZE = {"world_size": "world size (processes)"}
 STYLE = {"text.parse_math": False, "font.size": 10, "axes.titlesize": 11,
          "axes.titleweight": "bold", "axes.spines.top": False, "axes.spines.right": False,
          "axes.edgecolor": "#888888", "figure.facecolor": "white"}
@@ -279,8 +277,9 @@ def sweep_knob(trials: pd.DataFrame, knob: str) -> bool:
 
 
 @_styled
-def sweep(trials: pd.DataFrame, knob: str) -> plt.Figure:
-    """Throughput against a knob's value (median, 95% CI), a line per model.
+def sweep(trials: pd.DataFrame, knob: str, label: str = "") -> plt.Figure:
+    """Throughput against a knob's value (median, 95% CI), a line per model; `label` names
+    the x axis (the knob's column by default).
 
     For world_size the ideal-scaling line (throughput at the smallest size x size ratio) is
     drawn dashed beside each model's curve.
@@ -299,7 +298,7 @@ def sweep(trials: pd.DataFrame, knob: str) -> plt.Figure:
                     label=f"{model}: ideal scaling")
     values = sorted(ok["_v"].unique())
     ax.set_xticks(values, [f"{v:g}" for v in values])
-    ax.set_xlabel(SWEEP_KNOBS.get(knob, knob))
+    ax.set_xlabel(label or knob)
     ax.set_ylabel("throughput (samples/s)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
@@ -344,9 +343,11 @@ def compare_throughput(trials: pd.DataFrame) -> plt.Figure:
 
 
 def figures_for(trials: pd.DataFrame, summary: pd.DataFrame,
-                phases: pd.DataFrame | None = None) -> dict[str, tuple[str, plt.Figure]]:
+                phases: pd.DataFrame | None = None,
+                settings: dict[str, str] | None = None) -> dict[str, tuple[str, plt.Figure]]:
     """The figures one experiment's data supports: name → (caption, Figure). Only drawn
-    when their data is present."""
+    when their data is present. `settings`: the run's settings columns → axis label
+    (report.settings.columns); each that takes many values gets a sweep figure."""
     out = {}
     if summary.loc[~summary["is_baseline"], "speedup"].notna().any():
         out["speedup"] = ("Each variant's speed-up over the baseline: the dot is the geometric mean of its per-round "
@@ -369,10 +370,10 @@ def figures_for(trials: pd.DataFrame, summary: pd.DataFrame,
         out["scaling"] = ("Throughput against the devices used, next to perfect scaling (dashed), "
                           "and the scaling efficiency, where 1.0 is perfect.",
                           scaling(summary))
-    for knob in SWEEP_KNOBS:
+    for knob, label in {**(settings or {}), **WORLD_SIZE}.items():
         if sweep_knob(trials, knob):
             out[f"sweep-{knob}"] = (f"Throughput of each model (median, 95% CI) against {knob}: where the "
-                                  "curve flattens, more stops paying.", sweep(trials, knob))
+                                  "curve flattens, more stops paying.", sweep(trials, knob, label))
     return out
 
 

@@ -20,8 +20,8 @@ import pandas as pd
 from speedbench.results import atomic
 from speedbench.analysis import claims as claims_mod
 from speedbench.analysis import stats
-from speedbench.report import capacity_section, plots, profile_section, recipe_section, recommend
-from speedbench.report import workers as workers_view
+from speedbench.report import (capacity_section, host_sweep, plots, profile_section,
+                               recipe_section, recommend, settings)
 from speedbench.report.document import Document, slug, write
 from speedbench.report.numbers import ratio_ci
 from speedbench.results.runs import Run, load_recipe, load_run
@@ -78,23 +78,24 @@ def _gflops(tflops) -> str:
 
 
 def peak_note(summary: pd.DataFrame, trials: pd.DataFrame) -> str:
-    """The hardware limit per precision, and how much of it the models reach: "bf16's peak is
-    7.6x fp32's here, yet the models reach 6-9% of it" is the finding a percentage column hides."""
-    if "peak_tflops" not in summary or "precision" not in trials or \
+    """The hardware limit per kind of peak (the dtype of the matrix products: fp32, tf32,
+    bf16, fp16), and how much of it the models reach: "bf16's peak is 7.6x fp32's here, yet
+    the models reach 6-9% of it" is the finding a percentage column hides."""
+    if "peak_tflops" not in summary or "peak_kind" not in trials or \
             not summary["peak_tflops"].notna().any():
         return ""
-    precision = trials.drop_duplicates(["model", "variant"]).set_index(
-        ["model", "variant"])["precision"]
-    rows = summary.assign(precision=[precision.get((r.model, r.variant))
+    kind = trials.drop_duplicates(["model", "variant"]).set_index(
+        ["model", "variant"])["peak_kind"]
+    rows = summary.assign(peak_kind=[kind.get((r.model, r.variant))
                                      for r in summary.itertuples()])
-    rows = rows[rows["peak_tflops"].notna() & rows["precision"].notna()]
+    rows = rows[rows["peak_tflops"].notna() & rows["peak_kind"].notna()]
     if rows.empty:
         return ""
-    peaks = rows.groupby("precision", sort=False)["peak_tflops"].median()
+    peaks = rows.groupby("peak_kind", sort=False)["peak_tflops"].median()
     ref = peaks.get("fp32")
     parts = []
     for prec, peak in peaks.items():
-        share = rows.loc[rows["precision"] == prec, "peak_fraction"].dropna() * 100
+        share = rows.loc[rows["peak_kind"] == prec, "peak_fraction"].dropna() * 100
         times = f" ({peak / ref:.2g}x fp32's)" if ref and prec != "fp32" else ""
         low, high = (_sig(share.min(), 2), _sig(share.max(), 2)) if len(share) else ("", "")
         reach = ("" if not len(share) else f", of which the models reach {low}%" if low == high
@@ -377,7 +378,8 @@ def findings_table(findings: pd.DataFrame) -> pd.DataFrame:
 
 
 # The names experiment_section gives its figures: plots/<experiment>-<figure>.png
-FIGURE_FILE = re.compile(r".+-(speedup|throughput|memory|phases|scaling|workers|sweep-\w+)\.png$")
+FIGURE_FILE = re.compile(
+    r".+-(speedup|throughput|memory|phases|scaling|workers|sweep-\w+|host-[\w.-]+)\.png$")
 
 
 def _remove_stale_figures(out_dir: Path, written: set[str]) -> None:
@@ -397,7 +399,8 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
     doc.heading(f"Experiment: {experiment}")
     doc.lead(at_a_glance(summary))
     figures = []
-    for name, (caption, fig) in plots.figures_for(trials, summary, phases).items():
+    for name, (caption, fig) in plots.figures_for(trials, summary, phases,
+                                                  settings.columns(run)).items():
         path = f"plots/{slug(experiment)}-{name}.png"
         plots.save(fig, out_dir / path)
         figures.append((caption, path))
@@ -408,15 +411,8 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
         doc.para(note)
     for warning in stats.spread_warnings(summary):
         doc.note(warning)
-    sweep = workers_view.sweep(trials)
-    if len(sweep):
-        doc.heading("DataLoader workers", 3)
-        doc.para(workers_view.best_settings(sweep))
-        doc.table(workers_view.table(sweep))
-        path = f"plots/{slug(experiment)}-workers.png"
-        plots.save(workers_view.figure(sweep), out_dir / path)
-        doc.figures([("Throughput, the share of the step spent waiting for data, and host memory, "
-                      "against the number of DataLoader workers.", path)])
+    for view in settings.host_sweeps(run):
+        host_sweep.add(doc, trials, view, out_dir)
     capacity = run.capacity[run.capacity["experiment"] == experiment] \
         if run.capacity is not None else pd.DataFrame()
     if len(capacity):

@@ -30,8 +30,8 @@ SUMMARY_CONTRACT = ("experiment", "model", "variant", "is_baseline", "status", "
 KEYS = ["experiment", "model", "variant"]
 # Columns read as numbers: a cell that is not a finite number is read as missing (and noted).
 TRIAL_NUMERIC = OPTIONAL_NUMERIC + ("samples_per_s", "steps", "warmup_steps", "batch_size",
-                                    "accumulate", "num_workers", "elapsed_s", "devices",
-                                    "flops_per_step", "achieved_tflops", "peak_tflops")
+                                    "elapsed_s", "devices", "flops_per_step", "achieved_tflops",
+                                    "peak_tflops")
 SUMMARY_NUMERIC = ("samples_per_s", "speedup", "speedup_lo", "speedup_hi", "trials", "step_ms",
                    "cv", "data_wait_frac", "peak_mem_mb", "mem_ratio", "mem_ratio_lo",
                    "mem_ratio_hi", "host_rss_mb", "final_loss", "loss_delta", "spread",
@@ -64,6 +64,7 @@ class Run:
     recipe_search: bool = False  # recipe.csv beside: each experiment is its own CI family
     format_version: int = 1
     members: dict = field(default_factory=dict)  # a suite's members/*.yaml: bench per experiment
+    techniques: list = field(default_factory=list)  # techniques.json: the run's techniques
     notes: list[str] = field(default_factory=list)  # what is missing, recomputed, left out
     missing: list[str] = field(default_factory=list)  # contract columns absent from trials.csv
     label: str = ""
@@ -154,6 +155,13 @@ def _members(path: Path, notes: list[str]) -> dict:
         else:
             notes.append(f"members/{p.name} is not a readable member config: left out")
     return members
+
+
+def _techniques(run_dir: Path) -> list[dict]:
+    """The technique entries of techniques.json (load_techniques); [] without a usable one."""
+    data = load_techniques(run_dir)
+    entries = data.get("techniques") if isinstance(data, dict) else None
+    return [t for t in entries if isinstance(t, dict)] if isinstance(entries, list) else []
 
 
 def _regular(path: Path) -> bool:
@@ -253,6 +261,7 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
     cfg = _claims(cfg, notes) if isinstance(cfg, dict) else {}
     return Run(path=path, trials=trials, summary=_summary(path, trials, notes), env=env,
                cfg=cfg, members=_members(path, notes),
+               techniques=_techniques(path),
                phases=_optional_table(path / "phases.csv", PHASE_COLUMNS, notes),
                findings=_optional_table(path / "findings.csv", FINDING_COLUMNS, notes),
                capacity=_optional_table(path / "capacity.csv", REQUIRED_CAPACITY_COLUMNS, notes),

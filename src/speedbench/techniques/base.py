@@ -238,6 +238,9 @@ class Technique:
         """The trials.csv columns this technique adds: its fields', then `extra_columns`."""
         own = tuple(f.column_name for f in self.fields if f.column_name is not None)
         return own + self.extra_columns
+    # A report view of throughput, data wait and host memory against one of this technique's
+    # columns, for a setting whose cost shows on the host: {"column": ..., "title": ...}.
+    host_sweep: ClassVar[dict] = {}
 
     # -- config ---------------------------------------------------------------------------------
     def resolvers(self) -> dict[str, Callable]:
@@ -337,7 +340,7 @@ class Technique:
     # -- what the run writes down about it ----------------------------------------------------
     def metadata(self) -> dict:
         """Plain data (JSON) about this technique: the run's techniques.json, which the report
-        reads for the snippets."""
+        reads for the snippets, the settings columns and the views a technique asks for."""
         defaults = {f.key: f.default for f in self.fields}
         return {
             "name": self.name, "card": self.card,
@@ -349,6 +352,7 @@ class Technique:
                           "title": title, "code": code}
                          for key, by_value in self.snippets.items()
                          for value, (title, code) in by_value.items()],
+            "host_sweep": dict(self.host_sweep),
         }
 
     def __repr__(self) -> str:

@@ -61,6 +61,7 @@ training process for CPUs."""
               low=1, column="prefetch_factor"),
     )
     example = {"data.num_workers": 1}
+    host_sweep = {"column": "num_workers", "title": "DataLoader workers"}
     snippets = {
         "data.num_workers": {
             1: ("1 DataLoader worker", WORKERS.replace("{value}", "1")),
