@@ -64,10 +64,10 @@ def test_the_report_says_when_the_search_stopped_short():
     from speedbench.report import capacity_section
 
     rows = pd.DataFrame([
-        {"model": "resnet", "precision": "bf16", "status": "ok", "largest_batch": 2048,
+        {"model": "resnet", "variant": "bf16", "status": "ok", "largest_batch": 2048,
          "first_oom": float("nan"), "peak_mem_mb": 90000.4, "device_mem_mb": 143771.0,
          "tries": 7, "stopped": "limit"},
-        {"model": "vae", "precision": "bf16", "status": "ok", "largest_batch": 300,
+        {"model": "vae", "variant": "bf16", "status": "ok", "largest_batch": 300,
          "first_oom": 320, "peak_mem_mb": 140000.0, "device_mem_mb": 143771.0, "tries": 9,
          "stopped": "resolved"}])
     assert "resnet >= 2048, vae 300." in capacity_section.text(rows)

@@ -30,7 +30,7 @@ def table(capacity: pd.DataFrame) -> pd.DataFrame:
     rows = capacity.to_dict("records")
     return pd.DataFrame({
         "model": [r["model"] for r in rows],
-        "precision": [r["precision"] for r in rows],
+        "variant": [r["variant"] for r in rows],
         "largest micro-batch": [_largest(r) for r in rows],
         "first out of memory": [_int(r.get("first_oom")) for r in rows],
         "peak MB": [_int(r.get("peak_mem_mb")) for r in rows],

@@ -16,7 +16,9 @@ from typing import Iterable
 
 # The run directory's format, written into env.json (`format_version`); the reader branches on it.
 # A run without one is read as format 1.
-#   3: trials.csv's `round` and `position` (trials paired by round), techniques.json
+#   3: trials.csv's `round` and `position` (trials paired by round), techniques.json; the
+#      techniques' columns (precision, accumulate, ...) after the generic ones in trials.csv,
+#      and none in capacity.csv (its `variant` names the settings)
 #   2: profile columns (profile, reference_step_ms, phase_step_ms, ...)
 #   1: the first format: trials paired by `trial`
 FORMAT_VERSION = 3
@@ -59,10 +61,10 @@ SUMMARY_COLUMNS = [
 PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
 PHASE_COLUMNS = ["experiment", "model", "variant", "phase", "mean_ms", "total_ms", "share"]
 FINDING_COLUMNS = ["experiment", "model", "variant", "symptom", "figure", "tip", "knob"]
-CAPACITY_COLUMNS = ["experiment", "model", "variant", "precision", "status", "largest_batch",
-                    "first_oom", "peak_mem_mb", "device_mem_mb", "tries", "search_s", "stopped"]
+CAPACITY_COLUMNS = ["experiment", "model", "variant", "status", "largest_batch", "first_oom",
+                    "peak_mem_mb", "device_mem_mb", "tries", "search_s", "stopped"]
 # What a report needs of capacity.csv (older runs may lack the rest).
-REQUIRED_CAPACITY_COLUMNS = CAPACITY_COLUMNS[:7]
+REQUIRED_CAPACITY_COLUMNS = CAPACITY_COLUMNS[:6]
 # recipe.csv (search/driver.py): the search's tables, one `table` kind per row.
 RECIPE_COLUMNS = ["model", "table", "step", "label", "option", "group", "speedup", "lo", "hi",
                   "verdict", "step_gain", "step_lo", "step_hi", "rounds", "status", "overrides"]
