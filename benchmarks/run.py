@@ -4,7 +4,7 @@
     python benchmarks/run.py --quick    # a smoke run of every figure (under a minute)
 
 Prints one markdown table of figures (not pass/fail):
-- harness overhead: a speedbench trial (run.measure_trial, train.Trainer) against a bare,
+- harness overhead: a speedbench trial (trial.measure_trial, train.Trainer) against a bare,
   hand-written loop of the same model, batch, data and precision, in pairs interleaved in this
   one process (order alternated, ABBA); the ratio of median throughputs with a bootstrap CI;
 - agreement: speedbench's window clock (timing.timed_steps) against torch.utils.benchmark.Timer
@@ -38,11 +38,12 @@ from hydra.utils import instantiate  # noqa: E402
 from torch.utils.benchmark import Timer  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from speedbench.measure import env  # noqa: E402
-from speedbench import run
-from speedbench.analysis import stats
+from speedbench import techniques  # noqa: E402
+from speedbench.analysis import stats  # noqa: E402
 from speedbench.config import build_plan, config_dir, register_schema  # noqa: E402
+from speedbench.measure import env  # noqa: E402
 from speedbench.measure.data import build_dataset, build_loader  # noqa: E402
+from speedbench.measure.trial import context, dataset_length, measure_trial  # noqa: E402
 from speedbench.measure.timing import PhaseClock, synchronize, timed_steps, warm_up  # noqa: E402
 from speedbench.measure.train import Trainer, build_model  # noqa: E402
 
@@ -62,7 +63,7 @@ def plan_for(model: str, overrides: list[str]):
     plan = build_plan(cfg, "benchmark")
     spec = plan.models[0]
     recipe = plan.variants[plan.baseline]
-    dataset = build_dataset(spec.dataset, run.dataset_length(plan, spec), seed=recipe.bench.seed)
+    dataset = build_dataset(spec.dataset, dataset_length(plan, spec), seed=recipe.bench.seed)
     return plan, spec, recipe, dataset
 
 
@@ -117,7 +118,7 @@ def overhead(model: str, overrides: list[str], rounds: int) -> dict:
     for r in range(rounds):
         for which in (("harness", "bare") if r % 2 == 0 else ("bare", "harness")):
             if which == "harness":
-                record = run.measure_trial(plan, spec, plan.baseline, recipe, r, dataset)
+                record = measure_trial(plan, spec, plan.baseline, recipe, r, dataset)
                 if record["status"] != "ok":
                     raise RuntimeError(f"speedbench trial failed: {record['status']}")
                 harness.append(record["samples_per_s"])
@@ -138,7 +139,8 @@ def agreement(model: str, overrides: list[str], rounds: int, min_run_time: float
     device = torch.device(plan.device)
     batch = recipe.batch_size or spec.batch_size
     model_ = build_model(spec, recipe.bench.seed).to(device)
-    loader = build_loader(dataset, batch, recipe.data, seed=recipe.bench.seed)
+    loader = build_loader(dataset, batch, techniques.loader_options(recipe, context(plan)),
+                          seed=recipe.bench.seed)
     trainer = Trainer(spec, recipe, device, loader, clock=PhaseClock(device), model=model_)
     warm_up(trainer.step, device, recipe.bench.warmup, recipe.bench.warmup_max,
             recipe.bench.steady_tol)
@@ -237,8 +239,28 @@ def main(argv=None) -> int:
         models = models[:1]
     started = time.perf_counter()
     load_before = env.load_average()
-    rows, raw = [], {"quick": args.quick, "env": env.collect(args.device)}
+    raw = {"quick": args.quick, "env": env.collect(args.device)}
+    rows = harness_rows(models, base, rounds, args.quick, raw)
+    if args.no_suites:
+        rows.append(("repeatability, wall times", "skipped (--no-suites)", "", ""))
+    else:
+        rows += suite_rows(args.device, args.quick, raw)
 
+    e = raw["env"]
+    print(table(rows))
+    print(f"\n{e['cpu_model']}, {e['cpu_count']} cores, {e['torch_threads']} torch threads, "
+          f"device {args.device}, torch {e['versions']['torch']}; load average "
+          f"{load_before} before, {env.load_average()} after; "
+          f"{time.perf_counter() - started:.0f} s in all")
+    if args.json:
+        args.json.write_text(json.dumps(raw, indent=2, default=str) + "\n")
+    return 0
+
+
+def harness_rows(models: list[str], base: list[str], rounds: int, quick: bool,
+                 raw: dict) -> list[tuple]:
+    """The overhead and agreement figures of each model (their raw values go into `raw`)."""
+    rows = []
     for m in models:
         note(f"harness overhead: {m}, {rounds} pairs")
         o = overhead(m, base, rounds)
@@ -252,56 +274,49 @@ def main(argv=None) -> int:
                      f"median of {o['rounds']} interleaved pairs"))
     for m in models:
         note(f"agreement with torch.utils.benchmark.Timer: {m}, {rounds} rounds")
-        a = agreement(m, base, rounds, min_run_time=0.3 if args.quick else 2.0)
+        a = agreement(m, base, rounds, min_run_time=0.3 if quick else 2.0)
         raw.setdefault("agreement", []).append(a)
         rows.append((f"agreement with torch Timer, {m}", f"{a['diff']:+.1%}", "within 5 %",
                      f"step {fmt(a['speedbench_ms'], '.2f')} ms (timed_steps) vs "
                      f"{fmt(a['timer_ms'], '.2f')} ms (Timer.timeit, {a['steps']} steps), medians "
                      f"of {a['rounds']} alternated windows; Timer.blocked_autorange median "
                      f"{fmt(a['autorange_ms'], '.2f')} ms"))
+    return rows
 
-    if args.no_suites:
-        rows.append(("repeatability, wall times", "skipped (--no-suites)", "", ""))
-    else:
-        with tempfile.TemporaryDirectory(prefix="speedbench-bench-") as tmp:
-            suite = [f"device={args.device}"] + (QUICK_SUITE if args.quick else [])
-            note("python -m speedbench +experiment=amp")
-            amp = cli_run("amp", suite, Path(tmp))
-            rep = repeatability(amp["summary"])
-            raw["amp"] = {"wall_s": amp["wall_s"], **rep}
-            settings = "--quick settings" if args.quick else "default settings"
-            rows.append(("repeatability: CV of trial throughput",
-                         f"median {fmt(rep['cv_median'])}, max {fmt(rep['cv_max'])}", "",
-                         f"+experiment=amp, {settings}, {rep['rows']} (model, variant) rows"))
-            rows.append(("repeatability: speed-up CI half-width",
-                         f"median {fmt(rep['half_median'])}, max {fmt(rep['half_max'])}", "",
-                         "95 % bootstrap CI of the ratio of medians, non-baseline rows of amp"))
-            rows.append(("fraction of measured matmul peak, fp32 (amp)",
-                         fmt(rep["peak_fraction"]), "", "median over models; FlopCounterMode "
-                         "FLOPs / step time / best n x n matmul rate"))
-            rows.append(("wall time, +experiment=amp", f"{amp['wall_s']:.0f} s", "",
-                         f"CLI in a subprocess, {settings}"))
-            if args.quick:
-                rows.append(("wall time, +experiment=tips", "skipped (--quick)", "", ""))
-            elif (ROOT / "configs" / "experiment" / "tips.yaml").exists():
-                note("python -m speedbench +experiment=tips")
-                tips = cli_run("tips", suite, Path(tmp))
-                raw["tips"] = {"wall_s": tips["wall_s"]}
-                rows.append(("wall time, +experiment=tips", f"{tips['wall_s']:.0f} s", "",
-                             "CLI in a subprocess, default settings"))
-            else:
-                rows.append(("wall time, +experiment=tips",
-                             "absent (configs/experiment/tips.yaml not in this checkout)", "", ""))
 
-    e = raw["env"]
-    print(table(rows))
-    print(f"\n{e['cpu_model']}, {e['cpu_count']} cores, {e['torch_threads']} torch threads, "
-          f"device {args.device}, torch {e['versions']['torch']}; load average "
-          f"{load_before} before, {env.load_average()} after; "
-          f"{time.perf_counter() - started:.0f} s in all")
-    if args.json:
-        args.json.write_text(json.dumps(raw, indent=2, default=str) + "\n")
-    return 0
+def suite_rows(device: str, quick: bool, raw: dict) -> list[tuple]:
+    """Repeatability and wall time from `+experiment=amp` (and `tips`) through the CLI."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="speedbench-bench-") as tmp:
+        suite = [f"device={device}"] + (QUICK_SUITE if quick else [])
+        note("python -m speedbench +experiment=amp")
+        amp = cli_run("amp", suite, Path(tmp))
+        rep = repeatability(amp["summary"])
+        raw["amp"] = {"wall_s": amp["wall_s"], **rep}
+        settings = "--quick settings" if quick else "default settings"
+        rows.append(("repeatability: CV of trial throughput",
+                     f"median {fmt(rep['cv_median'])}, max {fmt(rep['cv_max'])}", "",
+                     f"+experiment=amp, {settings}, {rep['rows']} (model, variant) rows"))
+        rows.append(("repeatability: speed-up CI half-width",
+                     f"median {fmt(rep['half_median'])}, max {fmt(rep['half_max'])}", "",
+                     "95 % bootstrap CI of the ratio of medians, non-baseline rows of amp"))
+        rows.append(("fraction of measured matmul peak, fp32 (amp)",
+                     fmt(rep["peak_fraction"]), "", "median over models; FlopCounterMode "
+                     "FLOPs / step time / best n x n matmul rate"))
+        rows.append(("wall time, +experiment=amp", f"{amp['wall_s']:.0f} s", "",
+                     f"CLI in a subprocess, {settings}"))
+        if quick:
+            rows.append(("wall time, +experiment=tips", "skipped (--quick)", "", ""))
+        elif (ROOT / "configs" / "experiment" / "tips.yaml").exists():
+            note("python -m speedbench +experiment=tips")
+            tips = cli_run("tips", suite, Path(tmp))
+            raw["tips"] = {"wall_s": tips["wall_s"]}
+            rows.append(("wall time, +experiment=tips", f"{tips['wall_s']:.0f} s", "",
+                         "CLI in a subprocess, default settings"))
+        else:
+            rows.append(("wall time, +experiment=tips",
+                         "absent (configs/experiment/tips.yaml not in this checkout)", "", ""))
+    return rows
 
 
 if __name__ == "__main__":

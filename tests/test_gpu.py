@@ -15,12 +15,13 @@ import torch
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
 
 from speedbench.measure import flops
-from speedbench import run, techniques
+from speedbench import techniques
 from speedbench.techniques import Context
 from speedbench.config import build_plan
 from speedbench.measure.data import build_dataset, build_loader
 from speedbench.measure.timing import device_peak_mb, reset_device_peak
 from speedbench.measure.train import Trainer
+from speedbench.measure.trial import dataset_length, measure_trial
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +32,7 @@ def setup(*overrides: str, model: str = "transformer"):
     """(plan, spec, recipe, dataset) for one model and the default variant on cuda:0."""
     plan = build_plan(compose_cfg(*TINY_CUDA, f"model={model}", *overrides), None)
     spec, recipe = plan.models[0], plan.variants[plan.baseline]
-    dataset = build_dataset(spec.dataset, run.dataset_length(plan, spec), seed=0)
+    dataset = build_dataset(spec.dataset, dataset_length(plan, spec), seed=0)
     return plan, spec, recipe, dataset
 
 
@@ -68,7 +69,7 @@ def test_pinned_memory_and_non_blocking_copies():
     torch.cuda.synchronize()
     assert xd.is_cuda and torch.equal(xd.cpu(), x) and torch.equal(yd.cpu(), y)
     assert techniques.not_applicable(recipe, Context(device)) is None
-    record = run.measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
+    record = measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
     assert record["status"] == "ok", record["status"]
 
 
@@ -79,7 +80,7 @@ def test_device_peak_memory_is_measured():
     assert device_peak_mb(device) >= 64
     del block
     plan, spec, recipe, dataset = setup()
-    record = run.measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
+    record = measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
     assert record["status"] == "ok", record["status"]
     assert record["peak_mem_mb"] > 0 and math.isfinite(record["peak_mem_mb"])
 
@@ -97,7 +98,7 @@ def test_tensor_creation_host_vs_device(where):
     finally:
         trainer.close()
     assert techniques.not_applicable(recipe, Context(device)) is None  # it can act on a GPU
-    record = run.measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
+    record = measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
     assert record["status"] == "ok", record["status"]
 
 

@@ -14,8 +14,7 @@ import torch
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
 from omegaconf import OmegaConf
 
-from speedbench.measure import env, flops, timing
-from speedbench import run
+from speedbench.measure import env, flops, rounds, timing
 from speedbench.analysis import stats
 from speedbench.config import ConfigError, ModelSpec, build_plan
 
@@ -114,33 +113,30 @@ def test_wants_more_rounds_until_narrow_or_out_of_budget():
 
 
 def fake_trials(values: dict[str, list[float]]):
-    """A measure_trial stand-in: fabricated records, the n-th trial of a variant gets the n-th
-    value (cycled), so execute()'s loop runs without training."""
-    def measure(plan, spec, variant, recipe, trial, dataset, *context):
+    """A ModelRounds.measure stand-in: fabricated records, the n-th trial of a variant gets the
+    n-th value (cycled), so the round loop runs without training."""
+    def measure(self, variant, round_, position):
         seq = values[variant]
-        return {"experiment": plan.experiment, "model": spec.name, "variant": variant,
-                "is_baseline": variant == plan.baseline, "trial": trial, "status": "ok",
-                "samples_per_s": seq[trial % len(seq)], "step_ms": 10.0, "batch_size": 4,
-                "precision": recipe.precision}
+        return {**self._header(variant, round_, position), "status": "ok",
+                "samples_per_s": seq[round_ % len(seq)], "step_ms": 10.0}
     return measure
 
 
 @pytest.mark.parametrize("noisy", [False, True])
-def test_execute_adds_rounds_only_while_the_ci_is_wide(noisy, tmp_path, monkeypatch):
+def test_rounds_are_added_only_while_the_ci_is_wide(noisy, tmp_path, monkeypatch):
     cfg = compose_cfg(*TINY, "model=transformer", "bench.target_ci=0.05", "bench.time_budget_s=3",
                       experiment="amp")
     plan = build_plan(cfg, "amp")
     monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision: 1.0)
     steady = [100.0]
-    monkeypatch.setattr(run, "measure_trial", fake_trials(
+    monkeypatch.setattr(rounds.ModelRounds, "measure", fake_trials(
         {"fp32": steady, "fp16": [50.0, 150.0] if noisy else steady, "bf16": steady}))
-    writer = run.execute(plan, tmp_path, progress=False)
-    rounds = 1 + max(r["trial"] for r in writer.rows)
+    writer = rounds.measure_plan(plan, tmp_path, progress=False)
+    n = 1 + max(r["trial"] for r in writer.rows)
     if noisy:
-        assert rounds > 2  # repeats=2, then more until the 3 s budget is spent
+        assert n > 2  # repeats=2, then more until the 3 s budget is spent
     else:
-        assert rounds == 2
-    assert all(r["flops_per_step"] > 0 for r in writer.rows)
+        assert n == 2
 
 
 # --- FLOPs and the peak ------------------------------------------------------------------------
@@ -150,8 +146,10 @@ def test_step_flops_of_a_linear_layer():
                                          "out_features": 3},
                      dataset={}, loss="cross_entropy", batch_size=5)
     data = [(torch.randn(8), i % 3) for i in range(10)]
-    recipe = OmegaConf.create({"bench": {"seed": 0}, "tensor_creation": "device", "accumulate": 2})
-    assert flops.step_flops(spec, recipe, torch.device("cpu"), data, 5) == 2 * 4 * 5 * 8 * 3
+    model = torch.nn.Linear(8, 3)
+    batch = flops.first_samples(data, 5)
+    assert flops.step_flops(model, spec.loss, batch, 2, torch.device("cpu")) == 2 * 4 * 5 * 8 * 3
+    assert model.training and model.weight.grad is None  # the trial's model is left as it was
 
 
 def test_matmul_peak_is_a_positive_rate():
@@ -252,10 +250,30 @@ def test_peak_is_cached_once_per_run_and_labelled(monkeypatch):
                         lambda device, precision, **kw: calls.append(precision) or 1.0)
     book = flops.FlopsBook(torch.device("cpu"))
     book.measure_peaks(["fp32", "bf16", "fp32"])
-    rec = book.annotate({"status": "ok", "step_ms": 10.0, "precision": "fp32", "model": "m",
-                         "batch_size": 4, "accumulate": 1}, 2e9)
-    assert calls == ["fp32", "bf16"] and rec["peak_kind"] == "fp32"
+    rec = book.annotate({"status": "ok", "step_ms": 10.0, "flops_per_step": 2e9,
+                         "peak_kind": "fp32"})
+    assert calls == ["fp32", "bf16"] and rec["peak_tflops"] == 1.0
+    assert rec["achieved_tflops"] == pytest.approx(0.2)
     assert not flops.uses_tf32(torch.nn.Conv2d(1, 1, 1), torch.device("cpu"))
+    assert flops.peak_kind("fp32", True) == "tf32" and flops.peak_kind("bf16", True) == "bf16"
+
+
+def test_flops_and_tf32_are_read_under_the_variants_own_settings(tmp_path, monkeypatch):
+    """The FLOP count and the TF32 decision are taken inside the trial, where the variant's
+    global state (here its float32 matmul precision) is in force; each variant is counted."""
+    seen = []
+
+    def spy(model, device):
+        seen.append(torch.get_float32_matmul_precision())
+        return False
+
+    monkeypatch.setattr(flops, "uses_tf32", spy)
+    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision: 1.0)
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=1", "bench.quality_steps=0",
+                      "+variants={plain:{},medium:{matmul_precision:medium}}", "baseline=plain")
+    writer = rounds.measure_plan(build_plan(cfg, None), tmp_path, progress=False)
+    assert sorted(seen) == sorted([torch.get_float32_matmul_precision(), "medium"])
+    assert all(r["flops_per_step"] > 0 and r["peak_kind"] == "fp32" for r in writer.rows)
 
 
 def test_warmup_floor_is_not_cut_by_the_budget():
@@ -397,7 +415,7 @@ def test_a_hopeless_variant_is_stopped_once_and_keeps_its_step_time(tmp_path, mo
                       "+variants={base:{},slow:{}}", "baseline=base")
     plan = build_plan(cfg, None)
     monkeypatch.setattr(quality, "first_step_limit", lambda base_first, budget: 0.0)
-    writer = run.execute(plan, tmp_path, progress=False)
+    writer = rounds.measure_plan(plan, tmp_path, progress=False)
     slow = [r for r in writer.rows if r["variant"] == "slow"]
     assert len(slow) == 1 and slow[0]["status"].startswith("too slow: ")
     assert slow[0]["step_ms"] > 0 and "stopped after 1 step" in slow[0]["status"]
@@ -420,7 +438,7 @@ def test_a_variant_many_times_slower_at_its_second_step_is_stopped(tmp_path, mon
                       "+variants={base:{},slow:{}}", "baseline=base")
     plan = build_plan(cfg, None)
     monkeypatch.setattr(quality, "steady_step_limit", lambda base_second: 0.0)
-    writer = run.execute(plan, tmp_path, progress=False)
+    writer = rounds.measure_plan(plan, tmp_path, progress=False)
     slow = [r for r in writer.rows if r["variant"] == "slow"]
     assert len(slow) == 1 and "stopped after 2 steps" in slow[0]["status"]
     assert "the baseline's second step" in slow[0]["status"] and slow[0]["step_ms"] > 0

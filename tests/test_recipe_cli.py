@@ -101,7 +101,8 @@ def test_recipe_run_end_to_end(tmp_path):
 
 
 def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
-    from speedbench import results, run
+    from speedbench import results
+    from speedbench.measure.rounds import measure_plan
 
     cfg = compose_cfg(*TINY, "model=transformer", experiment="sync")
     plan = build_plan(cfg, "sync")
@@ -112,7 +113,7 @@ def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
                    "symptom": "model syncs", "figure": "-", "tip": "-", "knob": "-"}]
                  ).to_csv(tmp_path / "findings.csv", index=False)
     writer = results.TrialWriter(tmp_path / "trials.csv")
-    findings = check_findings.check([plan], tmp_path, writer, False, run.execute)
+    findings = check_findings.check([plan], tmp_path, writer, False, measure_plan)
     assert findings["check"].iloc[0].startswith("measured ")
     assert findings["check"].iloc[0].endswith(("recommended", "not settled by this check"))
     assert findings["check"].iloc[1] == "-"

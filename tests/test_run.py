@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import TINY, compose_cfg
+from speedbench.measure import rounds
 from speedbench.run import run
 
 TINY_MODEL = ("model={_target_: fault_models.Tiny, fail: %s, "
@@ -45,18 +46,16 @@ def test_knob_that_cannot_act_is_na_with_reason(tmp_path):
 
 def test_incomplete_run_has_no_summary(tmp_path, monkeypatch):
     """A run that dies half-way leaves trials.csv (what finished) but nothing that looks complete."""
-    import speedbench.run as run_mod
-
     calls = {"n": 0}
-    real = run_mod.measure_trial
+    real = rounds.ModelRounds.measure
 
-    def dies_on_third(*args, **kwargs):
+    def dies_on_third(self, *args):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return real(*args, **kwargs)
+        return real(self, *args)
 
-    monkeypatch.setattr(run_mod, "measure_trial", dies_on_third)
+    monkeypatch.setattr(rounds.ModelRounds, "measure", dies_on_third)
     cfg = compose_cfg(*TINY, "model=transformer", f"out_dir={tmp_path}", experiment="amp")
     with pytest.raises(KeyboardInterrupt):
         run(cfg, "amp", progress=False)
@@ -77,7 +76,7 @@ def test_explicit_run_dir_is_not_overwritten(tmp_path):
 
 # --- rounds --------------------------------------------------------------------------------------
 def test_rounds_are_shuffled_reproducibly_from_the_seed():
-    from speedbench.run import round_order
+    from speedbench.measure.rounds import round_order
 
     names = ["a", "b", "c", "d"]
     orders = [round_order(names, 0, r) for r in range(20)]
@@ -88,37 +87,46 @@ def test_rounds_are_shuffled_reproducibly_from_the_seed():
 
 
 def test_trials_record_their_round_and_position(tmp_path, monkeypatch):
-    import speedbench.run as run_mod
     from speedbench.config import build_plan
+    from speedbench.measure import flops
 
-    class NoFlops:
-        def __init__(self, device):
-            pass
+    def fake(self, variant, round_, position):  # the trial's own header, no training
+        return {**self._header(variant, round_, position), "status": "ok",
+                "samples_per_s": 1.0, "step_ms": 1.0}
 
-        def step(self, *args):
-            return None
-
-        def annotate(self, record, flops):
-            pass
-
-        def measure_peaks(self, precisions):
-            pass
-
-    def fake(plan, spec, variant, recipe, trial, dataset, *rest):
-        return {"experiment": plan.experiment, "model": spec.name, "variant": variant,
-                "is_baseline": variant == plan.baseline, "trial": trial, "status": "ok",
-                "samples_per_s": 1.0, "step_ms": 1.0, "batch_size": 4}
-
-    monkeypatch.setattr(run_mod, "FlopsBook", NoFlops)
-    monkeypatch.setattr(run_mod, "measure_trial", fake)
+    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision: 1.0)
+    monkeypatch.setattr(rounds.ModelRounds, "measure", fake)
+    # no quality probes: on a loaded machine one may stop a variant as too slow
+    monkeypatch.setattr(rounds.ModelRounds, "_probe_all", lambda self: None)
     plan = build_plan(compose_cfg(*TINY, "model=transformer", "bench.repeats=3",
                                   experiment="amp"), "amp")
-    writer = run_mod.execute(plan, tmp_path, progress=False)
+    writer = rounds.measure_plan(plan, tmp_path, progress=False)
     trials = pd.read_csv(tmp_path / "trials.csv")
     assert len(trials) == 9 and (trials["round"] == trials["trial"]).all()
     for r, one in trials.groupby("round"):
         assert sorted(one["variant"]) == ["bf16", "fp16", "fp32"]
         assert one["position"].tolist() == [0, 1, 2]  # written in the order they ran
-        order = run_mod.round_order(list(plan.variants), plan.variants["fp32"].bench.seed, r)
+        order = rounds.round_order(list(plan.variants), plan.variants["fp32"].bench.seed, r)
         assert one["variant"].tolist() == order
     assert len(writer.rows) == 9
+
+
+def test_a_trial_builds_its_whole_record(tmp_path):
+    """Round, position, the quality probe's loss, FLOPs and the peak: all from the trial."""
+    from speedbench.config import build_plan
+    from speedbench.measure import flops
+    from speedbench.measure.data import build_dataset
+    from speedbench.measure.trial import dataset_length, measure_trial
+
+    plan = build_plan(compose_cfg(*TINY, "model=transformer", "bench.repeats=1"), None)
+    spec, recipe = plan.models[0], plan.variants[plan.baseline]
+    book = flops.FlopsBook(torch.device("cpu"))
+    book.peaks["fp32"] = 1.0
+    dataset = build_dataset(spec.dataset, dataset_length(plan, spec), None, seed=0)
+    record = measure_trial(plan, spec, plan.baseline, recipe, 2, dataset, position=1,
+                           probe={"final_loss": 1.5}, book=book)
+    assert record["status"] == "ok" and (record["round"], record["position"]) == (2, 1)
+    assert record["final_loss"] == 1.5 and math.isfinite(record["window_loss"])
+    assert record["flops_per_step"] > 0 and record["peak_tflops"] == 1.0
+    assert record["achieved_tflops"] == pytest.approx(
+        record["flops_per_step"] / (record["step_ms"] / 1000) / 1e12)

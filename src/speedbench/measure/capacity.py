@@ -4,8 +4,9 @@ Gradient accumulation reaches an effective batch that does not fit in one step; 
 "does not fit" begins on the device at hand. After a model's trials, batches double from the
 model's own until one runs out of memory, then the gap between the largest that fitted and the
 smallest that did not is halved until it is within 1/16 of the former. Each try is two optimizer
-steps of a fresh model at the baseline's precision, on one real batch repeated to size on the
-device (the loader is not what is measured here). The search ends early, with what it found,
+steps of a fresh model under the baseline's recipe (its global state and prepared model, with
+one micro-batch per step on one device), on one real batch repeated to size on the device (the
+loader is not what is measured here). The search ends early, with what it found,
 after `bench.largest_batch_s` seconds or at `LIMIT_FACTOR` times the model's batch.
 
 CUDA only: on a CPU the limit is host RAM and swap, and running past it brings the kernel's OOM
@@ -22,11 +23,12 @@ from typing import Callable, Optional
 import torch
 from omegaconf import OmegaConf
 
-from speedbench import results
+from speedbench import results, techniques
 from speedbench.config import micro_batch
 from speedbench.results.schema import CAPACITY_LIMIT_FACTOR, OK, na
+from speedbench.measure.session import NotApplicable, applied
 from speedbench.measure.timing import device_peak_mb, reset_device_peak
-from speedbench.measure.train import Trainer
+from speedbench.techniques import Context
 
 LIMIT_FACTOR = CAPACITY_LIMIT_FACTOR  # no search past this many times the model's batch
 
@@ -69,36 +71,43 @@ def _grow(t: torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
     return t.repeat(reps, *[1] * (t.dim() - 1))[:n]
 
 
-def _peak_at(spec, recipe, device: torch.device, sample: tuple, n: int) -> Optional[float]:
-    """Peak MB of two optimizer steps at micro-batch n; None when it ran out of memory."""
+def _peak_at(spec, recipe, ctx: Context, sample: tuple, n: int) -> Optional[float]:
+    """Peak MB of two optimizer steps at micro-batch n, the recipe applied (session.applied);
+    None when it ran out of memory."""
+    device = ctx.device
     try:
         batch = tuple(_grow(t, n, device) for t in sample)
-        trainer = Trainer(spec, recipe, device, loader=[batch])
-        reset_device_peak(device)
-        trainer.step()
-        trainer.step()
-        torch.cuda.synchronize(device)
-        return device_peak_mb(device)
+        with applied(spec, recipe, ctx, loader=[batch]) as trainer:
+            reset_device_peak(device)
+            trainer.step()
+            trainer.step()
+            torch.cuda.synchronize(device)
+            return device_peak_mb(device)
     except torch.OutOfMemoryError:
         return None  # the frame, and every tensor it held, goes when this returns
 
 
+def head(experiment: str, spec, variant: str) -> dict:
+    """The identifying columns of a capacity.csv row (the variant names the settings)."""
+    return {"experiment": experiment, "model": spec.name, "variant": variant}
+
+
 def probe(experiment: str, spec, variant: str, recipe, device: torch.device, dataset) -> dict:
     """One row for capacity.csv: the largest micro-batch of `spec` that fits under `variant`'s
-    recipe (its precision; one micro-batch per step, on one device)."""
-    row = {"experiment": experiment, "model": spec.name, "variant": variant,
-           "precision": recipe.precision}
+    recipe (one micro-batch per step, on one device: the techniques' capacity_overrides)."""
+    row = head(experiment, spec, variant)
     if device.type != "cuda":
         return {**row, "status": na("the largest batch that fits is searched on CUDA only (on "
                                     "a CPU the limit is host RAM and swap, not an error to catch)")}
-    recipe = OmegaConf.merge(recipe, {"accumulate": 1, "accumulate_mode": "add", "parallel": "none"})
+    recipe = OmegaConf.merge(recipe, techniques.capacity_overrides(recipe))
     start = micro_batch(recipe, spec)
     loader = torch.utils.data.DataLoader(dataset, batch_size=start)
     sample = tuple(next(iter(loader)))
     peaks: dict[int, float] = {}
+    ctx = Context(device=device)
 
     def fits(n: int) -> bool:
-        peak = _peak_at(spec, recipe, device, sample, n)
+        peak = _peak_at(spec, recipe, ctx, sample, n)
         gc.collect()
         torch.cuda.empty_cache()  # the next try starts from an empty cache
         if peak is not None:
@@ -108,6 +117,8 @@ def probe(experiment: str, spec, variant: str, recipe, device: torch.device, dat
     began = time.perf_counter()
     try:
         found = search(fits, start, LIMIT_FACTOR * start, recipe.bench.largest_batch_s)
+    except NotApplicable as exc:
+        return {**row, "status": str(exc)}
     except Exception as exc:  # a fault other than OOM: the row says it; the run goes on
         return {**row, "status": f"error: {type(exc).__name__}: {str(exc)[:160]}"}
     total = torch.cuda.get_device_properties(device).total_memory / 2**20

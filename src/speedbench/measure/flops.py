@@ -1,7 +1,8 @@
 """FLOPs per optimizer step, and the hardware limit they are compared with.
 
-- `step_flops`: the FLOPs of one optimizer step (forward + backward of `accumulate`
-  micro-batches), counted once with torch.utils.flop_counter.FlopCounterMode. It counts what
+- `step_flops`: the FLOPs of one optimizer step (forward + backward of each micro-batch),
+  counted with torch.utils.flop_counter.FlopCounterMode inside the trial, on its model under
+  the variant's settings (`reading`), once per run and recipe. It counts what
   that mode counts (matrix products, convolutions, attention), not elementwise work or the
   optimizer: the convention of MFU figures. torch's table misses the CPU attention kernel
   (`_scaled_dot_product_flash_attention_for_cpu` and its backward): CPU_ATTENTION adds them
@@ -10,26 +11,27 @@
 - `matmul_peak_tflops`: a peak measured on the spot, the best rate of a large square matrix
   product in the variant's dtype on the same device, timed between device synchronisations, in
   windows repeated until the best three agree within PEAK_TOL (or PEAK_MAX_S runs out).
-  FlopsBook measures it once per run and precision and caches it.
+  FlopsBook measures it once per run and dtype and caches it.
 - On CUDA, fp32 work may run as TF32 (cuDNN convolutions by default, matrix products when
-  torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision allow it). The fp32
-  peak is then measured with TF32 on as well, so like is compared with like; `peak_kind`
-  says which ("fp32" or "tf32").
+  torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision allow it), as the
+  trial's own flags say. The fp32 peak is then measured with TF32 on as well, so like is
+  compared with like; `peak_kind` says which ("fp32" or "tf32").
 """
 from __future__ import annotations
 
 import math
 import time
+from typing import Callable
 
 import torch
 from torch.utils.data import default_collate
+from omegaconf import OmegaConf
 from torch.utils.flop_counter import FlopCounterMode
 
 from speedbench import techniques
-from speedbench.techniques.tensor_creation import set_tensor_creation
 from speedbench.config import ModelSpec
 from speedbench.measure.timing import synchronize
-from speedbench.measure.train import build_model, compute_loss
+from speedbench.measure.train import compute_loss
 from speedbench.results.schema import OK
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -72,22 +74,49 @@ def uses_tf32(model: torch.nn.Module, device: torch.device) -> bool:
                 or (has_conv and torch.backends.cudnn.allow_tf32))
 
 
-def step_flops(spec: ModelSpec, recipe, device: torch.device, dataset, batch: int) -> float:
-    """FLOPs of one optimizer step of `recipe` on `spec`; NaN when they cannot be counted."""
+def step_flops(model: torch.nn.Module, loss_kind: str, batch: tuple, micro_batches: int,
+               device: torch.device) -> float:
+    """FLOPs of one optimizer step: forward + backward of `micro_batches` micro-batches like
+    `batch`, counted on `model` in eval mode (a model that recomputes activations in training
+    would count them twice) and without autocast; NaN when they cannot be counted. The model's
+    gradients are dropped afterwards."""
+    was_training = model.training
     try:
-        with techniques.restored_global_state():
-            model = build_model(spec, recipe.bench.seed).to(device)
-            set_tensor_creation(model, recipe.tensor_creation)
-            x, y = default_collate([dataset[i % len(dataset)] for i in range(batch)])
-            x, y = x.to(device), y.to(device)
-            with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
-                compute_loss(model, spec.loss, x, y).backward()
-            return float(counter.get_total_flops() * recipe.accumulate)
+        x, y = (t.to(device) for t in batch)
+        model.eval()
+        with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
+            compute_loss(model, loss_kind, x, y).backward()
+        return float(counter.get_total_flops() * micro_batches)
     except Exception:  # a model the counter cannot trace still gets its timings
         return math.nan
     finally:
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+
+
+def first_samples(dataset, n: int) -> tuple:
+    """The data set's first `n` samples (repeated if it is shorter) as one batch."""
+    return tuple(default_collate([dataset[i % len(dataset)] for i in range(n)]))
+
+
+def peak_kind(dtype: str, tf32: bool) -> str:
+    """The peak a trial is compared with: its matmul dtype, or tf32 for fp32 run as TF32."""
+    return "tf32" if tf32 and dtype == "fp32" else dtype
+
+
+def reading(ctx, spec: ModelSpec, recipe, dataset, micro: int, micro_batches: int,
+            book: "FlopsBook | None" = None) -> dict:
+    """flops_per_step and peak_kind of a trial, read on its model (ctx.model) inside the trial,
+    under the variant's own settings (its tensor creation, matmul precision, TF32 flags)."""
+    def count() -> float:
+        return step_flops(ctx.model, spec.loss, first_samples(dataset, micro), micro_batches,
+                          ctx.device)
+
+    key = (spec.name, micro, OmegaConf.to_yaml(recipe))  # the count depends on every setting
+    flops = book.count(key, count) if book is not None else count()
+    tf32 = uses_tf32(ctx.model, ctx.device)
+    return {"flops_per_step": flops,
+            "peak_kind": peak_kind(techniques.matmul_dtype(recipe), tf32)}
 
 
 # Both layouts of the product: a CPU library may have a fast kernel for one only (fp16 linear,
@@ -171,43 +200,36 @@ def matmul_peak_tflops(device: torch.device, precision: str, duration_s: float =
 
 
 class FlopsBook:
-    """FLOPs per step and peaks, each measured once per run and shared by the trials.
+    """FLOP counts and peaks, each measured once per run and shared by the trials.
 
-    Call `measure_peaks(precisions)` at one fixed point of the run (before the first trial) so
+    Call `measure_peaks(kinds)` at one fixed point of the run (before the first trial) so
     that every run measures its peaks in the same state of the machine."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.flops: dict[tuple, float] = {}
-        self.tf32: dict[tuple, bool] = {}
-        self.peaks: dict[tuple, float] = {}
+        self.counts: dict[tuple, float] = {}
+        self.peaks: dict[str, float] = {}
 
-    def step(self, spec: ModelSpec, recipe, dataset, batch: int) -> float:
-        key = (spec.name, batch, recipe.accumulate)
-        if key not in self.flops:
-            self.flops[key] = step_flops(spec, recipe, self.device, dataset, batch)
-            if self.device.type == "cuda":
-                self.tf32[key] = uses_tf32(build_model(spec, recipe.bench.seed), self.device)
-        return self.flops[key]
+    def count(self, key: tuple, count: Callable[[], float]) -> float:
+        """FLOPs per step under `key`, counted by `count()` the first time."""
+        if key not in self.counts:
+            self.counts[key] = count()
+        return self.counts[key]
 
-    def peak(self, precision: str, tf32: bool = False) -> float:
-        key = (precision, bool(tf32) and precision == "fp32" and self.device.type == "cuda")
-        if key not in self.peaks:
-            extra = {"tf32": True} if key[1] else {}
-            self.peaks[key] = matmul_peak_tflops(self.device, precision, **extra)
-        return self.peaks[key]
+    def peak(self, kind: str) -> float:
+        """The peak TFLOP/s of `kind` (a matmul dtype, or tf32)."""
+        if kind not in self.peaks:
+            extra = {"tf32": True} if kind == "tf32" else {}
+            self.peaks[kind] = matmul_peak_tflops(self.device, "fp32" if extra else kind, **extra)
+        return self.peaks[kind]
 
-    def measure_peaks(self, precisions) -> None:
-        for precision in dict.fromkeys(precisions):
-            self.peak(precision)
+    def measure_peaks(self, kinds) -> None:
+        for kind in dict.fromkeys(kinds):
+            self.peak(kind)
 
-    def annotate(self, record: dict, flops_per_step: float) -> dict:
-        """Add flops_per_step, achieved_tflops, peak_tflops and peak_kind to a measured trial."""
-        record["flops_per_step"] = flops_per_step
-        if record.get("status") == OK and record.get("step_ms"):
-            key = (record.get("model"), record.get("batch_size"), record.get("accumulate"))
-            tf32 = record["precision"] == "fp32" and self.tf32.get(key, False)
-            record["achieved_tflops"] = flops_per_step / (record["step_ms"] / 1000) / 1e12
-            record["peak_tflops"] = self.peak(record["precision"], tf32)
-            record["peak_kind"] = "tf32" if tf32 else record["precision"]
+    def annotate(self, record: dict) -> dict:
+        """Add achieved_tflops and peak_tflops to a measured trial with flops_per_step."""
+        if record.get("status") == OK and record.get("step_ms") and record.get("peak_kind"):
+            record["achieved_tflops"] = record["flops_per_step"] / (record["step_ms"] / 1000) / 1e12
+            record["peak_tflops"] = self.peak(record["peak_kind"])
         return record

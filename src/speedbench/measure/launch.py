@@ -26,7 +26,8 @@ from typing import Optional
 from speedbench.measure.data import build_dataset
 from speedbench.distributed import (DistEnv, blame, exit_cleanly, failure_status, from_environ,
                                     init_process_group, is_main, rank_device, report_failure)
-from speedbench.measure.trial import dataset_length, measure_trial
+from speedbench.measure.flops import FlopsBook
+from speedbench.measure.trial import dataset_length, header, measure_trial
 
 
 def launch_timeout_s(recipe) -> Optional[float]:
@@ -37,16 +38,27 @@ def launch_timeout_s(recipe) -> Optional[float]:
     return recipe.dist_timeout_s + 2 * recipe.bench.max_trial_s
 
 
-def launch_trial(plan, spec, variant: str, recipe, trial: int, nproc: int) -> dict:
-    """One trial over `nproc` processes started through torchrun; rank 0's combined record,
-    or a record whose status says which rank failed and why."""
+def launch_trial(plan, spec, variant: str, recipe, trial: int, nproc: int, position: int = 0,
+                 book: Optional[FlopsBook] = None) -> dict:
+    """One trial over `nproc` processes started through torchrun: its whole record, rank 0's
+    combined one (its peak from `book`, which the parent holds), or one whose status says
+    which rank failed and why."""
+    record = {**header(plan, spec, variant, recipe, trial, position=position),
+              "world_size": nproc, "devices": nproc}
+    record.update(_launched(plan, spec, variant, recipe, trial, nproc, position))
+    return book.annotate(record) if book is not None else record
+
+
+def _launched(plan, spec, variant: str, recipe, trial: int, nproc: int, position: int) -> dict:
+    """Rank 0's record as it comes back from torchrun, or a status saying what failed."""
     package_root = str(Path(__file__).resolve().parents[2])  # the speedbench the parent runs
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
     with tempfile.TemporaryDirectory(prefix="speedbench-ddp-") as tmp:
         job = Path(tmp)
         (job / "job.pkl").write_bytes(pickle.dumps(
-            {"plan": plan, "spec": spec, "variant": variant, "recipe": recipe, "trial": trial}))
+            {"plan": plan, "spec": spec, "variant": variant, "recipe": recipe, "trial": trial,
+             "position": position}))
         # torchrun, through this module's --torchrun (see torchrun_main): it dies with us
         cmd = [sys.executable, "-m", "speedbench.measure.launch", TORCHRUN, str(job),
                "--standalone",
@@ -183,7 +195,7 @@ def _worker(job: Path) -> None:
         dataset = build_dataset(spec.dataset, dataset_length(plan, spec, env.world_size),
                                 recipe.data.path, seed=recipe.bench.seed)
         record = measure_trial(plan, spec, job_data["variant"], recipe, job_data["trial"],
-                               dataset, dist_env=env)
+                               dataset, dist_env=env, position=job_data["position"])
     except BaseException as exc:
         _write_rank_error(job, env, exc)
         report_failure(exc, env, f"model {spec.name}, variant {job_data['variant']}")

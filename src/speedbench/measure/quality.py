@@ -23,11 +23,10 @@ import time
 import torch
 from torch.utils.data import default_collate
 
-from speedbench import techniques
-from speedbench.measure.data import build_loader
+from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.techniques import Context
 from speedbench.measure.timing import synchronize
-from speedbench.measure.train import Trainer, build_model, compute_loss
+from speedbench.measure.train import compute_loss
 from speedbench.results.schema import TOO_SLOW, format_status
 
 EVAL_SAMPLES = 64
@@ -40,15 +39,10 @@ MIN_HOPELESS_S = 1.0
 STEADY_FACTOR = 10
 
 
-def samples_per_step(spec, recipe, ctx: Context) -> int:
-    micro, k = techniques.micro_batching(recipe.batch_size or spec.batch_size, recipe)
-    return micro * k * techniques.replicas(recipe, ctx)
-
-
 def probe_steps(spec, recipe, baseline, ctx: Context) -> int:
     """Optimizer steps that see as many samples as bench.quality_steps steps of the baseline."""
-    samples = baseline.bench.quality_steps * samples_per_step(spec, baseline, ctx)
-    return max(1, round(samples / samples_per_step(spec, recipe, ctx))) if samples else 0
+    samples = baseline.bench.quality_steps * batching(spec, baseline, ctx).per_step
+    return max(1, round(samples / batching(spec, recipe, ctx).per_step)) if samples else 0
 
 
 def first_step_limit(baseline_first_s: float, max_trial_s) -> float:
@@ -85,56 +79,50 @@ def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
     """{final_loss, quality_steps, quality_samples, first_step_ms} after `steps` optimizer steps
     from the seed (at least one step runs, to time it); with `status` 'too slow: ...' when the
     first step exceeded `first_step_limit_s`, or its second `second_step_limit_s` (then no
-    loss)."""
-    device = ctx.device
-    seed = recipe.bench.seed
-    micro, k = techniques.micro_batching(recipe.batch_size or spec.batch_size, recipe)
-    replicas = techniques.replicas(recipe, ctx)
-    trainer = None
-    with techniques.global_state(recipe, ctx):
-        try:
-            ctx.model = build_model(spec, seed)
-            model = techniques.prepare_model(ctx.model.to(device), recipe, ctx)
-            loader = build_loader(dataset, micro * replicas,
-                                  techniques.loader_options(recipe, ctx), seed=seed)
-            trainer = Trainer(spec, recipe, device, loader, model=model, ctx=ctx)
-            ctx.extra["trainer"] = trainer
-            torch.manual_seed(seed)  # dropout, per-step noise: the same stream for every variant
-            synchronize(device)
-            t0 = time.perf_counter()
-            trainer.step()
-            synchronize(device)
-            first_s = time.perf_counter() - t0
-            out = {"first_step_ms": 1000 * first_s, "samples_per_s": micro * k * replicas / first_s,
-                   "step_ms": 1000 * first_s}
+    loss), or `n/a: ...` when a technique cannot act on the model."""
+    per_step = batching(spec, recipe, ctx).per_step
+    try:
+        with applied(spec, recipe, ctx, dataset) as trainer:
+            torch.manual_seed(recipe.bench.seed)  # dropout, per-step noise: the same stream
+            first_s = _timed_step(trainer)
+            out = {"first_step_ms": 1000 * first_s}
             if first_step_limit_s is not None and first_s > first_step_limit_s:
-                return {**out, "status": too_slow(first_s, baseline_first_s), "steps": 1,
-                        "final_loss": math.nan}
+                return {**out, **_stopped(first_s, per_step, 1, baseline_first_s)}
             if steps > 1:
-                t0 = time.perf_counter()
-                trainer.step()
-                synchronize(device)
-                second_s = time.perf_counter() - t0
-                out = {**out, "second_step_ms": 1000 * second_s}
+                second_s = _timed_step(trainer)
+                out["second_step_ms"] = 1000 * second_s
                 if second_step_limit_s is not None and second_s > second_step_limit_s:
-                    return {**out, "status": too_slow(second_s, baseline_second_s, 2),
-                            "samples_per_s": micro * k * replicas / second_s,
-                            "step_ms": 1000 * second_s, "steps": 2, "final_loss": math.nan}
+                    return {**out, **_stopped(second_s, per_step, 2, baseline_second_s)}
             for _ in range(steps - 2):
                 trainer.step()
-            loss = math.nan
-            if steps:
-                n = min(EVAL_SAMPLES, len(dataset))
-                x, y = default_collate([dataset[i] for i in range(n)])
-                model.eval()
-                torch.manual_seed(seed)
-                with torch.no_grad():
-                    loss = float(compute_loss(model, spec.loss, x.to(device), y.to(device)))
-            return {"first_step_ms": 1000 * first_s, "final_loss": loss,
+            loss = _eval_loss(trainer, spec, dataset, recipe.bench.seed) if steps else math.nan
+            return {"first_step_ms": out["first_step_ms"], "final_loss": loss,
                     "second_step_ms": out.get("second_step_ms", math.nan),
-                    "quality_steps": steps, "quality_samples": steps * micro * k * replicas}
-        finally:
-            if trainer is not None:
-                trainer.close()
-            ctx.extra.pop("trainer", None)
-            ctx.model = None
+                    "quality_steps": steps, "quality_samples": steps * per_step}
+    except NotApplicable as exc:
+        return {"status": str(exc)}
+
+
+def _timed_step(trainer) -> float:
+    synchronize(trainer.device)
+    t0 = time.perf_counter()
+    trainer.step()
+    synchronize(trainer.device)
+    return time.perf_counter() - t0
+
+
+def _stopped(step_s: float, per_step: int, steps_done: int, baseline_s: float | None) -> dict:
+    """The probe of a hopeless variant: its step time, no loss."""
+    return {"status": too_slow(step_s, baseline_s, steps_done), "steps": steps_done,
+            "samples_per_s": per_step / step_s, "step_ms": 1000 * step_s, "final_loss": math.nan}
+
+
+def _eval_loss(trainer, spec, dataset, seed: int) -> float:
+    """The loss on the data set's first EVAL_SAMPLES samples, in eval mode, without autocast."""
+    n = min(EVAL_SAMPLES, len(dataset))
+    x, y = default_collate([dataset[i] for i in range(n)])
+    trainer.model.eval()
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        return float(compute_loss(trainer.model, spec.loss, x.to(trainer.device),
+                                  y.to(trainer.device)))

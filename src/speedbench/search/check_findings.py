@@ -42,7 +42,7 @@ def check(plans: list[Plan], run_dir: Path, writer, progress: bool, execute_plan
           alpha: float = 0.05) -> Optional[pd.DataFrame]:
     """Measure every suggested knob of findings.csv and write the verdicts into its `check`
     column; the findings, or None when the run has no findings.csv. `execute_plan` is
-    run.execute."""
+    rounds.measure_plan."""
     findings = results.load_findings(run_dir)
     if findings is None:
         return None

@@ -4,7 +4,8 @@ Per model: the candidate groups of `recipe.candidates` are checked up front (eve
 valid recipe, or the run stops before training with one line naming the key); the naive recipe
 is restricted to what can act here; then every search step is one ordinary speedbench plan
 (experiment `recipe-step<N>`, baseline `current`, the step's options as variants) measured by
-run.execute in shuffled, paired rounds, its rows appended to trials.csv like any experiment's;
+rounds.measure_plan in shuffled, paired rounds, its rows appended to trials.csv like any
+experiment's;
 the closing measurement is the plan `recipe` (baseline `naive`, each prefix of the stack and
 each leave-one-out recipe). Results: recipe.csv (waterfall, ablation, every step's
 comparisons, the options set aside), recipe.yaml (the final recipe per model, as overrides).
@@ -142,7 +143,7 @@ def experiment_name(step: str) -> str:
 
 
 class TrialMeasurer:
-    """search.Measurer over run.execute: rows go to the run's trials.csv as they end."""
+    """search.Measurer over rounds.measure_plan: rows go to the run's trials.csv as they end."""
 
     def __init__(self, cfg: DictConfig, spec: ModelSpec, run_dir: Path, writer, progress: bool,
                  execute):
@@ -199,7 +200,7 @@ def arms_from_rows(rows: list[dict], labels: list[str]) -> dict[str, search.Arm]
 def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Path, writer,
             progress: bool, execute_plan, cannot_act_for) -> dict[str, search.SearchResult]:
     """The search for every model of the plan; recipe.csv and recipe.yaml written as each model
-    ends. `execute_plan` is run.execute; `cannot_act_for(spec)` returns the n/a check."""
+    ends. `execute_plan` is rounds.measure_plan; `cannot_act_for(spec)` returns the n/a check."""
     found = {}
     min_gain = cfg.recipe.min_gain
     if min_gain is None:
@@ -316,7 +317,7 @@ def _num(x) -> Optional[float]:
 
 def cannot_act_for(cfg: DictConfig, not_applicable, dist_env=None):
     """spec -> (overrides -> 'n/a: ...' or None): whether a recipe can act on this model here,
-    asked of a freshly built model by `not_applicable` (run.not_applicable, as before a plan's
+    asked of a freshly built model by `not_applicable` (rounds.na_variants, as before a plan's
     first round)."""
     def for_spec(spec: ModelSpec):
         def cannot(overrides: dict) -> Optional[str]:

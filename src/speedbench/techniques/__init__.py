@@ -68,8 +68,8 @@ __all__ = ["REGISTRY", "Technique", "Field", "Context", "Finding", "ConfigError"
            "resolvers", "validate", "normalise", "check_plan", "not_applicable", "processes",
            "global_state", "micro_batching", "replicas", "loader_options", "prepare_model",
            "copy_options", "step_context", "grad_scaler", "loss_meter", "optimizer_options",
-           "after_step_hooks", "columns", "column_names", "profile_counters", "diagnose",
-           "metadata"]
+           "after_step_hooks", "matmul_dtype", "capacity_overrides", "columns", "column_names",
+           "profile_counters", "diagnose", "metadata"]
 
 
 def by_name(name: str) -> Technique:
@@ -210,6 +210,23 @@ def optimizer_options(recipe: Any, ctx: Context) -> dict:
 def after_step_hooks() -> list[Technique]:
     """The techniques with an after_step (the Trainer calls only these, every step)."""
     return [t for t in REGISTRY if type(t).after_step is not Technique.after_step]
+
+
+def matmul_dtype(recipe: Any) -> str:
+    """The dtype of the model's matrix products: the first technique's that decides, else fp32."""
+    for t in REGISTRY:
+        dtype = t.matmul_dtype(recipe)
+        if dtype is not None:
+            return dtype
+    return "fp32"
+
+
+def capacity_overrides(recipe: Any) -> dict:
+    """Every technique's recipe keys for the largest-batch search."""
+    out: dict = {}
+    for t in REGISTRY:
+        out.update(t.capacity_overrides(recipe))
+    return out
 
 
 # --- records -----------------------------------------------------------------------------------------

@@ -35,6 +35,9 @@ for i, (x, y) in enumerate(loader):
         k = recipe.accumulate
         return (batch // k if recipe.accumulate_mode == "split" else batch), k
 
+    def capacity_overrides(self, recipe) -> dict:
+        return {"accumulate": 1, "accumulate_mode": "add"}  # the batch is one micro-batch
+
     def check_plan(self, plan, dist_env) -> None:
         for spec in plan.models:
             for name, recipe in plan.variants.items():

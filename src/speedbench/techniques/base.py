@@ -150,12 +150,14 @@ class Context:
 
     device: where this process trains. dist_env: the torchrun job (speedbench.distributed
     .DistEnv) or None. model: the freshly built model (before prepare_model), or None where there
-    is none yet. extra: anything a caller adds for a technique (keys named after it).
+    is none yet. trainer: the Trainer of the model once it is built (measure.session), else None.
+    extra: anything a technique keeps for the model it acts on (keys named after it).
     """
 
     device: torch.device
     dist_env: Any = None
     model: Any = None
+    trainer: Any = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -318,10 +320,21 @@ class Technique:
     def after_step(self, recipe: Any, ctx: Context) -> None:
         """Run after every optimizer step (timed, in the `other` phase)."""
 
+    # -- what the measurement asks of it ---------------------------------------------------------
+    def matmul_dtype(self, recipe: Any) -> Optional[str]:
+        """The dtype the model's matrix products run in ("fp32", "fp16" or "bf16") when this
+        technique decides it, else None; FLOP rates are compared with that dtype's peak."""
+        return None
+
+    def capacity_overrides(self, recipe: Any) -> dict:
+        """Recipe keys to set while searching the largest micro-batch that fits (one
+        micro-batch per step, on one device), e.g. {"accumulate": 1}."""
+        return {}
+
     # -- what it records ---------------------------------------------------------------------------
     def columns(self, recipe: Any, ctx: Context) -> dict:
         """This technique's columns of a trials.csv row (also for n/a rows): its settings, and
-        what it observed (ctx.extra["trainer"] is the Trainer once the trial has run).
+        what it observed (ctx.trainer is the Trainer once the trial has run).
         By default each recorded field's value; override to add `extra_columns`."""
         return {f.column_name: get_key(recipe, f.key) for f in self.fields
                 if f.column_name is not None}

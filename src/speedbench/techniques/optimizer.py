@@ -59,9 +59,8 @@ a device torch has the kernel for."""
     def columns(self, recipe, ctx: Context) -> dict:
         """optimizer_ms: host time per optimizer phase (step + zero_grad) in the timed window;
         on CUDA it is the launch time, the device runs asynchronously."""
-        trainer = ctx.extra.get("trainer")
         ms = math.nan
-        clock = getattr(trainer, "clock", None)
+        clock = getattr(ctx.trainer, "clock", None)
         if clock is not None and getattr(clock, "counts", {}).get("optimizer"):
             ms = 1000 * clock.totals["optimizer"] / clock.counts["optimizer"]
         return {**super().columns(recipe, ctx), "optimizer_ms": ms}

@@ -185,6 +185,9 @@ fully_shard(model)"""),
     def prepare_model(self, model, recipe, ctx: Context):
         return wrap(model, effective(recipe, ctx.dist_env), ctx.device)
 
+    def capacity_overrides(self, recipe) -> dict:
+        return {"parallel": "none"}  # the largest batch is searched on one device
+
     def columns(self, recipe, ctx: Context) -> dict:
         return {"parallel": effective(recipe, ctx.dist_env)}
 

@@ -48,6 +48,9 @@ scaler.step(opt); scaler.update(); opt.zero_grad(set_to_none=True)"""),
     def grad_scaler(self, recipe, ctx: Context):
         return torch.amp.GradScaler(ctx.device.type) if recipe.precision == "fp16" else None
 
+    def matmul_dtype(self, recipe) -> str:
+        return recipe.precision
+
     def diagnose(self, tp) -> list[Finding]:
         cores = tp.device == "cuda" and tp.capability is not None and tp.capability >= (7, 0)
         compute = tp.share("forward") + tp.share("backward")

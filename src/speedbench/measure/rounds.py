@@ -1,0 +1,255 @@
+"""The rounds of a plan: every variant of a model once per round, in an order shuffled per round.
+
+Round r of a run with seed s uses `np.random.default_rng((s, r))` (bench.seed of the baseline):
+independent streams for every (seed, round) pair and the same order on every torchrun rank.
+trials.csv records `round` and `position` (the trial's place in its round, 0 first); `trial`
+equals `round` for older readers. After `bench.repeats` rounds, more follow while a speed-up CI
+is wider than `bench.target_ci` (stats.wants_more_rounds), within the model's time budget.
+
+Before the first round, each model gets its data set, the variants that cannot act here (n/a:
+one row each, in round 0) and a quality probe per variant (quality.py). One trial is
+trial.measure_trial's; a trial that needs several processes is launched through torchrun by
+launch.py. After the rounds, the largest batch that fits is searched (capacity.py) when asked.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from speedbench import distributed, techniques
+from speedbench.analysis import stats
+from speedbench.config import ModelSpec, Plan
+from speedbench.measure import capacity, launch, quality
+from speedbench.measure.data import build_dataset
+from speedbench.measure.flops import FlopsBook
+from speedbench.measure.train import build_model
+from speedbench.measure.trial import context, dataset_length, header, measure_trial
+from speedbench.results import TrialWriter, schema
+
+
+def round_order(names: list[str], seed: int, round_: int) -> list[str]:
+    """The variants in the order round `round_` runs them: shuffled from (seed, round)."""
+    rng = np.random.default_rng((seed, round_))
+    return [names[i] for i in rng.permutation(len(names))]
+
+
+def na_variants(plan: Plan, spec: ModelSpec, dist_env: distributed.DistEnv | None) -> dict:
+    """variant -> why it cannot be measured here (n/a), for the variants that cannot. Asked
+    once before the first round, so that the rounds can be shuffled and a variant without a
+    baseline is known from the start. (Each trial asks again, of its own fresh model.)"""
+    ctx = context(plan, dist_env)
+    try:
+        ctx.model = build_model(spec, plan.variants[plan.baseline].bench.seed)
+    except Exception:  # each trial builds it again and records why it cannot be built
+        return {}
+    skip = {}
+    for name, recipe in plan.variants.items():
+        with techniques.global_state(recipe, ctx):
+            reason = techniques.not_applicable(recipe, ctx)
+        if reason:
+            skip[name] = reason
+    return skip
+
+
+class ModelRounds:
+    """The rounds of one model of a plan, and what comes before and after them."""
+
+    def __init__(self, plan: Plan, spec: ModelSpec, dist_env, run_dir: Path | None,
+                 writer: TrialWriter | None, book: FlopsBook, bar):
+        self.plan, self.spec, self.dist_env, self.run_dir = plan, spec, dist_env, run_dir
+        self.writer, self.book, self.bar = writer, book, bar
+        self.first = plan.variants[plan.baseline]
+        self.repeats = max(r.bench.repeats for r in plan.variants.values())
+        self.ctx = context(plan, dist_env)
+        self.dataset = None
+        self.skip: dict[str, str] = {}  # variant -> its n/a or too-slow status
+        self.probes: dict[str, dict] = {}  # variant -> its quality probe
+        self.rows: list[dict] = []  # the measured records, for the adaptive rule
+
+    def prepare(self) -> None:
+        """The data set, the n/a variants (all of them without a baseline) and the probes."""
+        plan, spec = self.plan, self.spec
+        self.bar.set_postfix_str(f"{spec.name}: making data")
+        world = self.dist_env.world_size if self.dist_env else 1
+        self.dataset = build_dataset(spec.dataset, dataset_length(plan, spec, world),
+                                     self.first.data.path, seed=self.first.bench.seed)
+        self.skip = na_variants(plan, spec, self.dist_env)
+        if plan.baseline in self.skip:
+            # No baseline here (pinning, empty_cache without CUDA): nothing to compare the other
+            # variants with, so they are not measured either.
+            why = schema.reason_of(self.skip[plan.baseline])
+            for name in plan.variants:
+                self.skip.setdefault(name, schema.na(f"no baseline to compare with "
+                                                     f"({plan.baseline}: {why})"))
+        if self.dist_env is None:
+            self._probe_all()
+
+    def rounds(self) -> Iterator[int]:
+        """`repeats` rounds; then, with bench.target_ci (the baseline's), more while CIs are
+        wide. Not under torchrun: every rank would have to take the same decision."""
+        started, round_ = time.perf_counter(), 0
+        while round_ < self.repeats or (self.dist_env is None and stats.wants_more_rounds(
+                self.rows, self.first.bench, round_, time.perf_counter() - started)):
+            if round_ >= self.repeats:
+                self.bar.total += len(self.plan.variants)
+            yield round_
+            round_ += 1
+        if round_ > self.repeats:
+            self.bar.write(f"{self.spec.name}: {round_} rounds (bench.target_ci="
+                           f"{self.first.bench.target_ci}); " + stats.halfwidth_note(self.rows))
+
+    def order(self, round_: int) -> list[tuple[int, str]]:
+        """(position, variant) of a round, shuffled; a variant whose repeats are spent sits
+        out the rounds up to the plan's most repeats."""
+        names = round_order(list(self.plan.variants), self.first.bench.seed, round_)
+        return [(position, name) for position, name in enumerate(names)
+                if not self.repeats > round_ >= self.plan.variants[name].bench.repeats]
+
+    def run_round(self, round_: int) -> None:
+        # past the minimum, rounds go on while a CI is wide: no fixed total to show
+        of = f"/{self.repeats}" if round_ < self.repeats else " (extra: a CI is still wide)"
+        for position, name in self.order(round_):
+            self.bar.set_postfix_str(f"{self.spec.name} {name} round {round_ + 1}{of}")
+            if name in self.skip:
+                if round_ == 0:  # an n/a variant gets one row, in round 0
+                    self._write({**self._header(name, round_, position),
+                                 **self.probes.get(name, {}), "status": self.skip[name]})
+            elif not self._nothing_to_compare(name, round_):
+                record = self.measure(name, round_, position)
+                if schema.is_na(record["status"]):
+                    self.skip[name] = record["status"]
+                self._write(record)
+                self.rows.append(record)
+            self.bar.update()
+
+    def measure(self, name: str, round_: int, position: int) -> dict:
+        """One trial's record: in this process, or in processes of its own through torchrun."""
+        plan, spec, recipe = self.plan, self.spec, self.plan.variants[name]
+        try:
+            nproc = techniques.processes(recipe, self.ctx)
+            if nproc:
+                return launch.launch_trial(plan, spec, name, recipe, round_, nproc, position,
+                                           self.book)
+            return measure_trial(plan, spec, name, recipe, round_, self.dataset, self.dist_env,
+                                 self.run_dir, position=position, probe=self.probes.get(name),
+                                 book=self.book)
+        except Exception as exc:  # under torchrun: a failed rank fails the job
+            if self.dist_env is None:
+                raise
+            status = distributed.report_failure(
+                exc, self.dist_env, f"model {spec.name}, variant {name}, trial {round_}")
+            self._write({**self._header(name, round_, position), "status": status})
+            raise
+
+    def largest_batch(self) -> None:
+        """capacity.csv's row for this model, when the baseline asks for it."""
+        if not (self.first.bench.find_largest_batch and self.run_dir):
+            return
+        self.bar.set_postfix_str(f"{self.spec.name}: largest batch that fits")
+        plan, spec, device = self.plan, self.spec, torch.device(self.plan.device)
+        if self.dist_env is None:
+            row = capacity.probe(plan.experiment, spec, plan.baseline, self.first, device,
+                                 self.dataset)
+        else:  # every rank would search its own device, and time it differently
+            row = {**capacity.head(plan.experiment, spec, plan.baseline),
+                   "status": schema.na("the largest batch that fits is searched without torchrun")}
+        capacity.append(self.run_dir / "capacity.csv", row)
+
+    def _probe_all(self) -> None:
+        """The quality probe of every variant measured in this process, the baseline's first,
+        so that its step times can tell a hopeless variant; a variant found too slow (or n/a)
+        joins `skip`. Variants launched through torchrun keep their timed window's loss."""
+        plan = self.plan
+        base_first = base_second = None
+        for name in sorted(plan.variants, key=lambda v: v != plan.baseline):
+            recipe = plan.variants[name]
+            if name in self.skip or techniques.processes(recipe, self.ctx):
+                continue
+            self.bar.set_postfix_str(f"{self.spec.name} {name}: quality probe")
+            got = self._probe(name, base_first, base_second)
+            if got is None:
+                continue
+            if name == plan.baseline:
+                base_first = got["first_step_ms"] / 1000
+                second = got.get("second_step_ms", math.nan) / 1000
+                base_second = second if math.isfinite(second) else None
+            status = str(got.get("status", ""))
+            if status.startswith(schema.TOO_SLOW) or schema.is_na(status):
+                self.skip[name] = got.pop("status")
+            self.probes[name] = got
+
+    def _probe(self, name: str, base_first, base_second) -> dict | None:
+        """One variant's quality probe, held to the baseline's step times; None on a fault."""
+        recipe, baseline = self.plan.variants[name], self.first
+        limit = limit2 = None
+        if name != self.plan.baseline:
+            # The first-step rule needs a trial budget: an experiment that sets none (compile,
+            # whose first step is the compilation) has said that a slow first step is expected.
+            if base_first and recipe.bench.max_trial_s:
+                limit = quality.first_step_limit(base_first, recipe.bench.max_trial_s)
+            if base_second:
+                limit2 = quality.steady_step_limit(base_second)
+        try:
+            return quality.quality_probe(
+                self.spec, recipe, self.ctx, self.dataset,
+                quality.probe_steps(self.spec, recipe, baseline, self.ctx),
+                first_step_limit_s=limit, baseline_first_s=base_first,
+                second_step_limit_s=limit2, baseline_second_s=base_second)
+        except Exception:  # its trials will meet the fault and record it
+            return None
+
+    def _nothing_to_compare(self, name: str, round_: int) -> bool:
+        """After the first round, the baseline's repeats are spared when every other variant
+        is n/a."""
+        others = [v for v in self.plan.variants if v != self.plan.baseline]
+        return (round_ > 0 and name == self.plan.baseline and bool(others)
+                and all(v in self.skip for v in others))
+
+    def _header(self, name: str, round_: int, position: int) -> dict:
+        return header(self.plan, self.spec, name, self.plan.variants[name], round_,
+                      self.dist_env, position)
+
+    def _write(self, record: dict) -> None:
+        if self.writer:
+            self.writer.append(record)
+
+
+def progress_bar(plan: Plan, show: bool):
+    """The plan's progress bar. Its ETA comes from the mean time per trial so far
+    (smoothing=0): a variant's trials can take 20x another's, and tqdm's default moving
+    average then swings from minutes to many."""
+    repeats = max(r.bench.repeats for r in plan.variants.values())
+    total = sum(min(r.bench.repeats, repeats) for r in plan.variants.values()) * len(plan.models)
+    return tqdm(total=total, desc=plan.experiment, unit="trial", file=sys.stderr,
+                dynamic_ncols=True, disable=not show, smoothing=0)
+
+
+def measure_plan(plan: Plan, run_dir: Path | None, progress: bool = True,
+                 dist_env: distributed.DistEnv | None = None, writer: TrialWriter | None = None,
+                 book: FlopsBook | None = None) -> TrialWriter | None:
+    """Every trial of the plan, rows appended to trials.csv as they end (to `writer`'s, when a
+    suite gathers several plans in one file). Under torchrun every rank runs every trial; rank 0
+    alone (the one given a run_dir) writes. `book` holds the run's FLOP counts and peaks
+    (shared by a suite's plans: the peaks are measured once per run)."""
+    if writer is None and run_dir:
+        writer = TrialWriter(run_dir / "trials.csv", techniques.column_names())
+    book = book or FlopsBook(torch.device(plan.device))
+    bar = progress_bar(plan, progress and distributed.is_main(dist_env))
+    if writer:  # the matmul peaks: once per run and dtype, before any trial
+        bar.set_postfix_str("matmul peak")
+        book.measure_peaks(techniques.matmul_dtype(r) for r in plan.variants.values())
+    for spec in plan.models:
+        model = ModelRounds(plan, spec, dist_env, run_dir, writer, book, bar)
+        model.prepare()
+        for round_ in model.rounds():
+            model.run_round(round_)
+        model.largest_batch()
+    bar.close()
+    return writer

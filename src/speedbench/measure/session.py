@@ -1,0 +1,72 @@
+"""One place applies a recipe to a model: every technique hook, in registry order.
+
+The trial, the quality probe and the largest-batch probe all enter `applied`, so that each of
+them measures the recipe under the same settings: the techniques' global state (restored on
+exit), a fresh model from the seed, the n/a check of that model, the loader's options, the
+prepared model and the Trainer. What a trial reads while inside (its FLOPs, whether fp32 runs
+as TF32) is read under the variant's own settings.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+from speedbench import techniques
+from speedbench.measure.data import build_loader
+from speedbench.measure.train import Trainer, build_model
+from speedbench.techniques import Context
+
+
+class NotApplicable(Exception):
+    """A technique cannot act on this model here; the message is the row's `n/a: ...` status."""
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How one optimizer step of a recipe takes its samples."""
+
+    micro: int  # samples per micro-batch on one device
+    k: int  # micro-batches per optimizer step
+    replicas: int  # devices one process drives (DataParallel)
+
+    @property
+    def loader_batch(self) -> int:
+        return self.micro * self.replicas
+
+    @property
+    def per_step(self) -> int:
+        return self.micro * self.replicas * self.k
+
+
+def batching(spec, recipe, ctx: Context) -> Batching:
+    micro, k = techniques.micro_batching(recipe.batch_size or spec.batch_size, recipe)
+    return Batching(micro, k, techniques.replicas(recipe, ctx))
+
+
+@contextlib.contextmanager
+def applied(spec, recipe, ctx: Context, dataset=None, *, loader=None, sampler=None,
+            clock=None) -> Iterator[Trainer]:
+    """A Trainer for `recipe` on a fresh model of `spec`, built under the techniques' global
+    state; everything is undone on exit. `loader` replaces the one built from `dataset`.
+    Raises NotApplicable when a technique cannot act on the model."""
+    trainer = None
+    with techniques.global_state(recipe, ctx):
+        try:
+            ctx.model = build_model(spec, recipe.bench.seed)
+            reason = techniques.not_applicable(recipe, ctx)
+            if reason:
+                raise NotApplicable(reason)
+            if loader is None:
+                loader = build_loader(dataset, batching(spec, recipe, ctx).loader_batch,
+                                      techniques.loader_options(recipe, ctx),
+                                      seed=recipe.bench.seed, sampler=sampler)
+            model = techniques.prepare_model(ctx.model.to(ctx.device), recipe, ctx)
+            trainer = Trainer(spec, recipe, ctx.device, loader, clock=clock, model=model, ctx=ctx)
+            ctx.trainer = trainer
+            yield trainer
+        finally:
+            if trainer is not None:
+                trainer.close()
+            ctx.trainer = ctx.model = None
+            ctx.extra.clear()  # what the techniques kept for this model goes with it
