@@ -205,17 +205,3 @@ def test_columns_appear_in_trials_csv(tech: Technique, tmp_path, default_record)
     for col, value in tech.columns(recipe, Context(torch.device("cpu"))).items():
         if value == value:  # NaN before a trial: a figure the technique observes during it
             assert rows[0][col] == ("" if value is None else str(value))
-
-
-def test_build_loader_still_takes_a_recipes_data_node():
-    """Callers written before the registry pass `recipe.data`; it gives the loader's options."""
-    from speedbench.measure.data import build_loader
-
-    recipe = build_plan(compose_cfg(*SMALL, "data.num_workers=1", "data.prefetch_factor=3",
-                                    "data.persistent_workers=true"), None).variants["default"]
-    old = build_loader(list(range(8)), 2, recipe.data, seed=0)
-    new = build_loader(list(range(8)), 2, techniques.loader_options(recipe, Context(torch.device("cpu"))),
-                       seed=0)
-    for attr in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory"):
-        assert getattr(old, attr) == getattr(new, attr)
-    assert old.num_workers == 1 and old.prefetch_factor == 3

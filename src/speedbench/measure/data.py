@@ -14,14 +14,12 @@ import io
 import math
 import random
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Optional
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from speedbench.errors import ConfigError
-from speedbench.techniques.loader import Loader
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
@@ -177,12 +175,7 @@ def build_dataset(dataset: dict, length: int, path: Optional[str] = None, seed: 
 def build_loader(ds: Dataset, batch_size: int, options: Optional[dict], seed: int,
                  sampler=None) -> DataLoader:
     """A DataLoader with the techniques' options (`techniques.loader_options(recipe, ctx)`:
-    num_workers, pin_memory, ...); shuffled from `seed` unless a sampler shards the data.
-
-    `options` may also be a recipe's `data` node, as callers written before the techniques
-    registry pass it: the loader technique turns it into options."""
-    if options is not None and not isinstance(options, dict):
-        options = Loader().loader_options({}, SimpleNamespace(data=options), None)
+    num_workers, pin_memory, ...); shuffled from `seed` unless a sampler shards the data."""
     loader = DataLoader(ds, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
                         drop_last=True, generator=torch.Generator().manual_seed(seed),
                         **(options or {}))
