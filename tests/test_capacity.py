@@ -77,3 +77,13 @@ def test_the_report_says_when_the_search_stopped_short():
     assert (table.loc["vae", "largest micro-batch"], table.loc["vae", "status"]) == ("300", "ok")
     assert capacity_section.searched(rows)
     assert not capacity_section.searched(rows.assign(status="n/a: CUDA only"))
+
+
+def test_the_search_runs_one_micro_batch_per_step_on_one_device():
+    """The techniques say which of their keys change for the search (capacity_overrides)."""
+    from speedbench import techniques
+
+    recipe = build_plan(compose_cfg(*TINY, "accumulate=4", "accumulate_mode=split"),
+                        None).variants["default"]
+    assert techniques.capacity_overrides(recipe) == {"accumulate": 1, "accumulate_mode": "add",
+                                                     "parallel": "none"}

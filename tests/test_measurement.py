@@ -397,6 +397,14 @@ def test_quality_probe_compares_accumulation_at_equal_samples():
     assert k1["quality_samples"] == k2["quality_samples"] == 16
 
 
+def test_quality_probe_is_na_where_a_technique_cannot_act():
+    cfg = compose_cfg(*TINY, "model=transformer",
+                      "+variants={plain:{},pinned:{data:{pin_memory:true}}}", "baseline=plain")
+    got = _probe(build_plan(cfg, None), "pinned")
+    assert got == {"status": "n/a: pin_memory needs CUDA (no pinned host-to-device copy "
+                             "without it)"}
+
+
 def test_first_step_limit_spares_a_loaded_machine():
     from speedbench.measure import quality
 
