@@ -11,17 +11,19 @@ Who calls what, in this order (each hook is called in registry order: see `Techn
 
   config              fields -> the Hydra schema; resolvers() -> OmegaConf's resolvers
   config.build_plan   validate(); check(); normalise(); check_plan()
-  run (start)         metadata()         card, fields, columns, snippets -> techniques.json
-  run (orchestration) not_applicable()   asked once per model before the rounds; the first
+  run (start)         metadata()           card, fields, columns, snippets -> techniques.json
+  measure.rounds      not_applicable()   asked once per model before the rounds; the first
                                          reason makes the variant's row `n/a: <reason>`
                       processes()        a number: the trial runs under torchrun (launch.py)
-  trial (one trial)   global_state()     entered for the whole trial, restored on exit
-                      not_applicable()   asked again, of the trial's own fresh model
-                      micro_batching()   micro-batch size and micro-batches per optimizer step
-                      replicas()         devices one process drives (the loader's batch)
+  measure.session     global_state()     entered for the whole trial, restored on exit
+  (applied(): trial,  not_applicable()   asked again, of the trial's own fresh model
+  quality probe,      micro_batching()   micro-batch size and micro-batches per optimizer step
+  capacity probe)     replicas()         devices one process drives (the loader's batch)
                       loader_options()   DataLoader kwargs
                       prepare_model()    the model, once, on its device; `parallel` wraps it
                                          after the techniques that change the bare model
+  measure.capacity    capacity_overrides()  keys reset while the largest batch is searched
+  measure.flops       matmul_dtype()     the dtype the step's matmuls run in (the FLOP peak)
   Trainer (per step)  copy_options()     kwargs of tensor.to(device, ...) for every batch
                       step_context()     entered around each forward pass
                       grad_scaler(), loss_meter(), optimizer_options(): once, at construction
