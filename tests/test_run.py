@@ -32,13 +32,12 @@ def test_a_failing_variant_is_recorded_and_the_others_still_run(tmp_path, fail, 
     assert (run_dir / "report.html").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="pinning acts on CUDA")
 def test_knob_that_cannot_act_is_na_with_reason(tmp_path):
     cfg = compose_cfg(*TINY, "model=transformer", f"out_dir={tmp_path}",
                       "+variants.plain={}", "+variants.pinned={data: {pin_memory: true}}")
     run_dir = run(cfg, "pins", progress=False)
     summary = pd.read_csv(run_dir / "summary.csv").set_index("variant")
-    if torch.cuda.is_available():
-        pytest.skip("pinning acts on CUDA")
     assert summary.loc["pinned", "status"] == "n/a: pin_memory needs CUDA (no pinned host-to-device copy without it)"
     assert math.isnan(summary.loc["pinned", "samples_per_s"])
     assert summary.loc["plain", "status"] == "ok"
