@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 import pytest
+import torch
 
 from conftest import TINY, default_sigint, only_run_dir, run_cli
 from speedbench.results.schema import REQUIRED_TRIAL_COLUMNS
@@ -28,7 +30,8 @@ def test_amp_writes_the_contract_files(amp_run):
         assert (run_dir / name).is_file(), name
     assert run_dir.parent.name == "amp"
     env = json.loads((run_dir / "env.json").read_text())
-    assert env["versions"]["torch"] and env["cpu_count"] >= 1
+    assert env["versions"]["torch"] == torch.__version__.split("+")[0]  # without the local tag
+    assert env["cpu_count"] == os.cpu_count()
     written = json.loads((run_dir / "techniques.json").read_text())["techniques"]
     assert [t["name"] for t in written][0] == "precision" and written[0]["snippets"]
 

@@ -108,12 +108,6 @@ def test_ddp_without_a_launcher_is_a_config_error(monkeypatch):
     build_plan(compose_cfg(*TINY, experiment="amp"), "amp")  # no ddp variant: nothing to launch
 
 
-def test_unknown_parallel_mode_names_the_allowed_ones():
-    with pytest.raises(ConfigError, match=r"parallel: 'horovod' is not allowed; choose one of "
-                                          r"none, dp, ddp, fsdp"):
-        build_plan(compose_cfg(*TINY, "parallel=horovod"), None)
-
-
 def test_dataparallel_is_na_without_two_gpus():
     recipe = OmegaConf.structured(Schema)
     recipe.parallel = "dp"
@@ -213,9 +207,9 @@ def test_ddp_matches_one_process_and_skips_allreduce_when_accumulating(tmp_path)
         assert not torch.allclose(weight, initial[name]), f"{name} did not train"
         torch.testing.assert_close(ddp[name], weight, rtol=1e-4, atol=1e-5, msg=name)
     # accumulate=3: only the last micro-batch of each step all-reduces (no_sync on the others).
+    # The model is far below DDP's 25 MB bucket: one all-reduce per optimizer step, 2 steps.
     calls = json.loads((tmp_path / "allreduce_calls.json").read_text())
-    assert calls["1"] > 0
-    assert calls["3"] == calls["1"]
+    assert calls == {"1": 2, "3": 2}
 
 
 def _free_port() -> int:

@@ -424,7 +424,7 @@ def test_optimizer_implementations_take_the_same_step():
 def test_optimizer_phase_time_is_recorded():
     record = trial("optimizer.impl=foreach", "bench.warmup=1", "bench.steps=2")
     assert record["status"] == "ok" and record["optimizer_impl"] == "foreach"
-    assert record["optimizer_ms"] > 0
+    assert 0 < record["optimizer_ms"] < record["step_ms"]  # one phase of the step
 
 
 # --- torch.compile --------------------------------------------------------------------------------
@@ -450,9 +450,13 @@ def test_compile_reports_its_timeline_and_matches_eager_loss(monkeypatch):
     assert eager["status"] == compiled["status"] == "ok"
     assert compiled["final_loss"] == pytest.approx(eager["final_loss"], rel=1e-4)
     assert compiled["warmup_steps"] == 3  # compilation happened there, not in the window
-    for col in ("compile_s", "compile_eager_step_ms", "compile_step_ms"):
-        assert math.isfinite(compiled[col]) and compiled[col] >= 0, col
-    assert compiled["compile_breakeven_steps"] >= 0  # inf when the compiled step is not faster
+    # Dynamo's capture makes the compiling step longer than a compiled one: compile_s > 0.
+    assert 0 < compiled["compile_s"] < 60, compiled["compile_s"]
+    eager_ms, step_ms = compiled["compile_eager_step_ms"], compiled["compile_step_ms"]
+    assert 0 < eager_ms < 10_000 and 0 < step_ms < 10_000, (eager_ms, step_ms)
+    breakeven = 1000 * compiled["compile_s"] / (eager_ms - step_ms) if eager_ms > step_ms \
+        else math.inf
+    assert compiled["compile_breakeven_steps"] == pytest.approx(breakeven, rel=1e-6)
     assert compiled["recompiles"] == 0 and compiled["graph_breaks"] == 0
     assert math.isnan(eager["compile_s"]) and eager["compile"] == "off"
 

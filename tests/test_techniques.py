@@ -106,6 +106,6 @@ def test_a_cuda_only_technique_says_why_it_cannot_act_on_a_cpu(tech: Technique):
     """Keeps the settings honest: a technique marked CUDA-only really is n/a on a CPU."""
     setting = TECHNIQUE_SETTINGS[tech.name]
     plan = plan_for(setting, tech.example, device="cpu")
-    model = build_model(plan.models[0], 0)
-    reason = tech.not_applicable(plan.variants["default"], Context(torch.device("cpu"), model=model))
+    cpu = Context(torch.device("cpu"), model=build_model(plan.models[0], 0))
+    reason = tech.not_applicable(plan.variants["default"], cpu)
     assert reason and reason.startswith("n/a: ") and len(reason) > len("n/a: ") + 10, reason
