@@ -25,6 +25,15 @@ TINY = [
 ]
 
 
+# Narrower still, where a test checks plumbing (files, rows, statuses) rather than a measurement.
+# ResNet-18 has no smaller sibling: leave it out there (a bf16 step of it takes seconds on a CPU).
+SMALL_MODELS = [
+    "models.vae.small.image_size=16", "models.vae.small.dataset.image_size=16",
+    "models.vae.small.width=8", "models.vae.small.latent=8",
+    "models.transformer.small.dim=32", "models.transformer.small.layers=1",
+]
+
+
 def compose_cfg(*overrides: str, experiment: str | None = None):
     """The config Hydra would compose for `python -m speedbench [+experiment=E] overrides`."""
     register_schema()
@@ -39,6 +48,38 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 600,
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_main(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -m speedbench args...` in this process: what run_cli returns, without a torch
+    import per call. For tables of cases; keep one run_cli per path through the program."""
+    import contextlib
+    import io
+    import logging
+    import signal
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from speedbench.__main__ import main
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    root = logging.getLogger()
+    saved = (sys.argv, os.getcwd(), signal.getsignal(signal.SIGTERM), root.handlers[:], root.level)
+    GlobalHydra.instance().clear()
+    try:
+        sys.argv = ["speedbench", *args]
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+    except SystemExit as end:
+        code = end.code if isinstance(end.code, int) else int(end.code is not None)
+    finally:
+        sys.argv, cwd_before, sigterm, root.handlers[:], level = saved
+        os.chdir(cwd_before)
+        signal.signal(signal.SIGTERM, sigterm)
+        root.setLevel(level)
+        GlobalHydra.instance().clear()
+    return subprocess.CompletedProcess(sys.argv, code, out.getvalue(), err.getvalue())
 
 
 def only_run_dir(root: Path) -> Path:

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import TINY, default_sigint, only_run_dir, run_cli
+from conftest import SMALL_MODELS, TINY, default_sigint, only_run_dir, run_cli, run_main
 from speedbench.results.schema import REQUIRED_TRIAL_COLUMNS
 
 SUMMARY_CONTRACT = ["experiment", "model", "variant", "is_baseline", "status", "samples_per_s",
@@ -17,8 +17,12 @@ SUMMARY_CONTRACT = ["experiment", "model", "variant", "is_baseline", "status", "
 
 @pytest.fixture(scope="module")
 def amp_run(tmp_path_factory):
+    """One run of the amp experiment through the command line, shared by the tests of its files.
+    Two models, given out of the config's (and alphabetical) order, keep the ordering checks
+    meaningful; ResNet-18's bf16 steps would take seconds each on a CPU."""
     out = tmp_path_factory.mktemp("amp")
-    proc = run_cli("+experiment=amp", *TINY, f"out_dir={out}", cwd=out)
+    proc = run_cli("+experiment=amp", *TINY, *SMALL_MODELS, "model=[vae,transformer]",
+                   f"out_dir={out}", cwd=out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, only_run_dir(out)
 
@@ -40,10 +44,10 @@ def test_amp_trials_are_complete_and_consistent(amp_run):
     _, run_dir = amp_run
     trials = pd.read_csv(run_dir / "trials.csv")
     assert set(REQUIRED_TRIAL_COLUMNS) <= set(trials.columns)
-    # 3 models x 3 variants x 2 trials, measured on the CPU; fp16, tens of times slower than fp32
+    # 2 models x 3 variants x 2 trials, measured on the CPU; fp16, tens of times slower than fp32
     # on most CPUs, may be stopped as too slow after its probe's first steps: then one row
     ok = trials[trials["variant"] != "fp16"]
-    assert len(ok) == 12 and set(ok["status"]) == {"ok"}, trials[["model", "variant", "status"]]
+    assert len(ok) == 8 and set(ok["status"]) == {"ok"}, trials[["model", "variant", "status"]]
     for _, fp16 in trials[trials["variant"] == "fp16"].groupby("model"):
         assert list(fp16["status"]) == ["ok", "ok"] or \
             (len(fp16) == 1 and fp16["status"].iloc[0].startswith("too slow: ")), fp16["status"]
@@ -67,19 +71,19 @@ def test_amp_summary_has_speedup_with_ci_and_verdicts(amp_run):
     proc, run_dir = amp_run
     summary = pd.read_csv(run_dir / "summary.csv")
     assert set(SUMMARY_CONTRACT) <= set(summary.columns)
-    assert len(summary) == 9
+    assert len(summary) == 6
     base = summary[summary["is_baseline"]]
     assert (base["speedup"] == 1).all() and (base["verdict"] == "baseline").all()
     other = summary[~summary["is_baseline"] & (summary["verdict"] != "too slow")]
     assert (other["speedup_lo"] <= other["speedup"]).all() and (other["speedup"] <= other["speedup_hi"]).all()
     assert set(other["verdict"]) <= {"faster", "slower", "equivalent", "inconclusive"}
-    assert len(other) >= 3  # bf16 on every model at least
+    assert len(other) >= 2  # bf16 on every model at least
     # whatever order the rounds ran in, each model lists its baseline first, then the file's order
     for _, one in summary.groupby("model", sort=False):
         assert list(one["variant"]) == ["fp32", "fp16", "bf16"]
-    assert list(summary["model"].drop_duplicates()) == ["resnet", "vae", "transformer"]
+    assert list(summary["model"].drop_duplicates()) == ["vae", "transformer"]
     # the console table names every model and variant
-    for word in ("resnet", "vae", "transformer", "bf16", "speed-up"):
+    for word in ("vae", "transformer", "fp16", "bf16", "speed-up"):
         assert word in proc.stdout
 
 
@@ -88,20 +92,6 @@ def test_amp_report_quotes_the_claims(amp_run):
     md = (run_dir / "report.md").read_text()
     assert "half the memory" in md and "3-8 times" in md
     assert "data:image/png;base64," in (run_dir / "report.html").read_text()
-
-
-@pytest.mark.parametrize("override, key", [
-    ("precision=fp8", "precision"), ("data.num_workers=-1", "data.num_workers"),
-    ("accumulate=0", "accumulate"), ("device=tpu7", "device"), ("model=nosuchmodel", "model"),
-    ("+experiment=nosuch", "experiment"), ("foo=1", "foo"), ("accumulate=abc", "accumulate"),
-])
-def test_bad_input_fails_cleanly_and_writes_nothing(tmp_path, override, key):
-    args = [override] if override.startswith("+experiment") else ["+experiment=amp", override]
-    proc = run_cli(*args, f"out_dir={tmp_path / 'out'}", cwd=tmp_path)
-    assert proc.returncode != 0
-    assert key in proc.stderr
-    assert "Traceback" not in proc.stderr + proc.stdout
-    assert not (tmp_path / "out").exists(), "no run directory for a rejected config"
 
 
 # --- a newcomer's mistakes and the console -------------------------------------------------------
@@ -114,7 +104,7 @@ def test_bad_input_fails_cleanly_and_writes_nothing(tmp_path, override, key):
     (["experiment=amp"], "write +experiment=amp"),
 ])
 def test_typos_get_a_suggestion_exit_2_and_no_hydra_advice(tmp_path, args, expected):
-    proc = run_cli(*args, f"out_dir={tmp_path / 'out'}", cwd=tmp_path)
+    proc = run_main(*args, f"out_dir={tmp_path / 'out'}", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], proc.stderr
@@ -150,7 +140,6 @@ def test_console_ends_with_the_table_within_100_columns_and_the_report_path(amp_
 
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_finished_trials_in_one_line_exit_130(tmp_path):
-    import os
     import signal
     import subprocess
     import sys
@@ -158,7 +147,7 @@ def test_ctrl_c_keeps_the_finished_trials_in_one_line_exit_130(tmp_path):
 
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "speedbench", "+experiment=amp", *TINY, "model=resnet",
+        [sys.executable, "-m", "speedbench", "+experiment=amp", *TINY, "model=transformer",
          "bench.repeats=50", f"out_dir={out}"], cwd=tmp_path, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         preexec_fn=default_sigint)

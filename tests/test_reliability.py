@@ -3,8 +3,8 @@
 Two tables:
 - BAD_INPUTS through `python -m speedbench`: a non-zero exit status, one line (speedbench's own
   errors) or Hydra's message, never a traceback, no run directory, nothing overwritten. Every
-  row is also checked in-process against the validation run() does first (fast); the command
-  line itself is walked in parallel subprocesses (slow: a torch import each).
+  row is checked against the validation run() does first and through speedbench's main() in
+  this process; one row per way out also through a real subprocess (a torch import each).
 - HOSTILE_RUNS through `python -m speedbench.report`: a report with a note saying what was left
   out, or one clear line; no traceback; nothing written outside the report's own files; nothing
   from the run directory executed.
@@ -27,7 +27,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import TINY, compose_cfg, default_sigint, run_cli
+from conftest import TINY, compose_cfg, default_sigint, run_cli, run_main
 from test_report import make_run
 
 from speedbench.config import ConfigError, build_plan
@@ -110,6 +110,7 @@ BAD_INPUTS = [
     ("model_unknown", ["model=nosuch"], "config", "model"),
     ("model_case", ["model=[transformer,TRANSFORMER]"], "config", "model"),
     ("unknown_key", ["+foo=1"], "config", "foo"),
+    ("unknown_key_without_plus", ["foo=1"], "hydra", "foo"),
     ("suite_exclude", ["+experiment=tips", "suite.exclude=[nosuch]"], "config", "suite.exclude"),
     ("split", ["accumulate=8", "accumulate_mode=split"], "config", "accumulate"),
     ("data_missing", ["data.path=/nonexistent/x"], "config", "data.path"),
@@ -133,6 +134,7 @@ BAD_INPUTS = [
     ("samples_huge", ["data.samples=1000000000"], "config", "data.samples"),
     ("samples_per_trial_huge", ["bench.steps=900000", "batch_size=64"], "config", "bench.steps"),
     ("not_an_int", ["batch_size=abc"], "hydra", "batch_size"),
+    ("not_an_int_accumulate", ["accumulate=abc"], "hydra", "accumulate"),
     ("fraction", ["batch_size=1.5"], "hydra", "batch_size"),
     ("bench_scalar", ["bench=5"], "hydra", "bench"),
     ("bench_unknown", ["bench.nosuch=1"], "hydra", "nosuch"),
@@ -187,37 +189,36 @@ def test_the_bad_input_table_is_large_enough():
     assert len(BAD_INPUTS) >= 25 and len({r[0] for r in BAD_INPUTS}) == len(BAD_INPUTS)
 
 
-def _cli_row(row, root: Path) -> dict:
+def _cli_row(row, root: Path, call=run_cli) -> dict:
     folder = root / row[0]
     folder.mkdir()
     args = [*T, *_with_out_dir(row, folder)]
     before = snapshot(folder)
-    proc = run_cli(*args, cwd=folder, timeout=300, env={"OMP_NUM_THREADS": "1"})
+    if call is run_cli:
+        proc = run_cli(*args, cwd=folder, timeout=300, env={"OMP_NUM_THREADS": "1"})
+    else:
+        proc = call(*args, cwd=folder)
     return {"proc": proc, "before": before, "after": snapshot(folder), "folder": folder}
 
 
+# Through the command line each row costs a torch import (about 4 s of CPU: 39 rows took 143 s
+# of CPU, over a minute on two cores): every row goes through speedbench's main() in this
+# process, and one row per way out (run()'s checks, the data checks, the run directory,
+# Hydra's own error, the command-line check before Hydra) through `python -m speedbench` too.
+CLI_ROWS = ("batch_size", "data_text_for_images", "run_dir_not_empty", "not_an_int",
+            "samples_below_a_batch", "unknown_key")
+
+
 @pytest.fixture(scope="module")
-def cli_results(request, tmp_path_factory):
-    """The selected rows of BAD_INPUTS through the command line, three at a time."""
-    wanted = {item.callspec.params["row"][0] for item in request.session.items
-              if item.originalname == "test_bad_input_through_the_cli"}
-    rows = [r for r in BAD_INPUTS if r[0] in wanted]
+def cli_results(tmp_path_factory):
+    """The CLI_ROWS of BAD_INPUTS through the command line, three at a time."""
+    rows = [r for r in BAD_INPUTS if r[0] in CLI_ROWS]
     root = tmp_path_factory.mktemp("cli")
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         return dict(zip([r[0] for r in rows], pool.map(lambda r: _cli_row(r, root), rows)))
 
 
-# Through the command line each row costs a torch import (about 4 s of CPU: 39 rows took 143 s
-# of CPU, over a minute on two cores): a few rows always, the whole table with the slow tests.
-CLI_ALWAYS = ("batch_size", "data_text_for_images", "run_dir_not_empty", "not_an_int",
-              "samples_below_a_batch")
-
-
-@pytest.mark.parametrize("row", [pytest.param(r, marks=() if r[0] in CLI_ALWAYS else
-                                              pytest.mark.slow) for r in BAD_INPUTS],
-                         ids=lambda r: r[0])
-def test_bad_input_through_the_cli(row, cli_results):
-    result = cli_results[row[0]]
+def _refused_cleanly(row, result) -> None:
     proc = result["proc"]
     err = proc.stderr.strip()
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
@@ -228,6 +229,16 @@ def test_bad_input_through_the_cli(row, cli_results):
     else:
         assert proc.returncode == 1, proc.stderr[-3000:]
     assert row[3] in err, err
+
+
+@pytest.mark.parametrize("row", BAD_INPUTS, ids=lambda r: r[0])
+def test_bad_input_through_main(row, tmp_path):
+    _refused_cleanly(row, _cli_row(row, tmp_path, call=run_main))
+
+
+@pytest.mark.parametrize("row", [r for r in BAD_INPUTS if r[0] in CLI_ROWS], ids=lambda r: r[0])
+def test_bad_input_through_the_cli(row, cli_results):
+    _refused_cleanly(row, cli_results[row[0]])
 
 
 # --- hostile run directories through the report tool -------------------------------------------
