@@ -20,7 +20,7 @@ import torch
 from omegaconf import OmegaConf
 
 import speedbench
-from conftest import TINY, compose_cfg, only_run_dir, run_cli
+from conftest import SMALL_MODELS, TINY, compose_cfg, only_run_dir, run_cli
 from speedbench.analysis import claims, scaling, stats
 from speedbench import distributed, techniques
 from speedbench.config import ConfigError, Schema, build_plan
@@ -35,7 +35,7 @@ ENV = {"PYTHONPATH": os.pathsep.join([str(SRC), str(TESTS), os.environ.get("PYTH
 TINY_MODEL = ("+models.tiny={_target_:dist_models.TinyLM,loss:cross_entropy,batch_size:4,"
               "dataset:{kind:tokens,seq_len:8,vocab_size:32}}")
 FAILING_MODEL = TINY_MODEL.replace("TinyLM", "FailsOnRank").replace("tiny=", "failing=")
-FAST = [*TINY, "bench.repeats=1", "dist_timeout_s=60"]
+FAST = [*TINY, *SMALL_MODELS, "bench.repeats=1", "dist_timeout_s=60"]
 TIMEOUT = 300  # seconds: far above what a run takes; a hang fails the test instead of CI
 
 
