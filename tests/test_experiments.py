@@ -3,13 +3,14 @@ the experiments through the CLI."""
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from conftest import TINY, compose_cfg, only_run_dir, run_cli
-from speedbench import results
+from conftest import SMALL_MODELS, TINY, compose_cfg, only_run_dir, run_cli
 from speedbench.config import ConfigError, build_plan, suite
 from speedbench.techniques import loader as loader_technique
 
@@ -19,6 +20,14 @@ TINY8 = [o if o != "batch_size=4" else "batch_size=8" for o in TINY]
 # One thread per process: on two cores shared with other jobs, two spinning OpenMP threads per
 # process make tiny steps hundreds of times slower. These tests check behaviour, not speed.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+FILES = suite.experiment_files()
+# Every experiment that a suite may hold runs in the tips suite's one run, and is checked there;
+# those that run alone are tested where named.
+MEMBERS = [n for n, path in FILES.items() if not suite.runs_alone(path)]
+# Experiments of which no variant can act on a CPU (each technique says why).
+NOTHING_ACTS_ON_CPU = {"tensor_creation", "empty_cache"}
+RUN_ALONE = {"tips": "test_tips_runs_every_experiment_into_one_report (below)",
+             "recipe": "tests/test_recipe_cli.py::test_recipe_run_end_to_end"}
 
 
 @pytest.fixture(autouse=True)
@@ -91,13 +100,59 @@ def test_suite_exclude_and_mistakes():
 
 
 # --- through the CLI ------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_tips_runs_every_experiment_into_one_report(tmp_path):
-    proc = run_cli("+experiment=tips", "model=transformer", *TINY8, f"out_dir={tmp_path}",
-                   cwd=tmp_path, env=ONE_THREAD)
+def tips_cli(*overrides: str, out: Path) -> tuple[pd.DataFrame, Path]:
+    """`python -m speedbench +experiment=tips` on the transformer, one round: its trials and run
+    dir. The longest run of the suite (compile, torchrun launches): minutes on two busy cores."""
+    proc = run_cli("+experiment=tips", "model=transformer", *TINY8, *SMALL_MODELS,
+                   "bench.repeats=1", *overrides, f"out_dir={out}", cwd=out, env=ONE_THREAD,
+                   timeout=1500)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    run_dir = only_run_dir(tmp_path)
-    trials = pd.read_csv(run_dir / "trials.csv")
+    run_dir = only_run_dir(out)
+    return pd.read_csv(run_dir / "trials.csv"), run_dir
+
+
+@pytest.fixture(scope="module")
+def tips_run(tmp_path_factory):
+    """One run of every experiment a suite holds, on the CPU, shared by the tests below."""
+    return tips_cli(out=tmp_path_factory.mktemp("tips"))
+
+
+def test_every_experiment_file_is_run_by_a_test():
+    alone = {n for n in FILES if n not in MEMBERS}
+    assert alone == set(RUN_ALONE), f"experiments that run alone need a test: {alone}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", MEMBERS)
+def test_experiment_runs_on_cpu_and_says_why_when_na(experiment, tips_run):
+    trials = tips_run[0].query("experiment == @experiment")
+    plan = build_plan(compose_cfg(*TINY8, "model=transformer", experiment=experiment), experiment)
+    assert set(trials["variant"]) == set(plan.variants)  # n/a variants are rows, not dropped
+    na = trials[trials["status"] != "ok"]
+    assert na["status"].str.match(r"^n/a: \S").all(), na[["variant", "status"]]
+    ok = trials[trials["status"] == "ok"]
+    assert ok.empty == (experiment in NOTHING_ACTS_ON_CPU), trials[["variant", "status"]]
+    assert ok["final_loss"].map(math.isfinite).all()
+    # samples/s and step time describe the same window (one process: torchrun's ranks differ)
+    one = ok[ok["world_size"] == 1]
+    per_step = one["batch_size"] * one["accumulate"]
+    ratio = (per_step / (one["step_ms"] / 1000)) / one["samples_per_s"]
+    assert (ratio.sub(1).abs() < 1e-6).all(), ratio
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp_trains_like_ddp_under_torchrun_on_cpu(tips_run):
+    trials = tips_run[0].query("experiment == 'fsdp'").set_index("variant")
+    assert (trials["status"] == "ok").all(), trials["status"].to_dict()
+    assert (trials["world_size"] == 2).all()
+    assert trials.loc["fsdp", "final_loss"] == pytest.approx(trials.loc["ddp", "final_loss"],
+                                                              rel=1e-4)
+
+
+@pytest.mark.slow
+def test_tips_runs_every_experiment_into_one_report(tips_run):
+    trials, run_dir = tips_run
     assert set(TIPS) <= set(trials["experiment"])
     bad = trials[~trials["status"].str.match(r"^(ok$|n/a: )")]
     assert bad.empty, bad[["experiment", "variant", "status"]]
@@ -136,7 +191,7 @@ def test_tips_runs_every_experiment_into_one_report(tmp_path):
 
     # The report rebuilds from the run's files alone, with the same claims.
     (run_dir / "report.md").unlink()
-    again = run_cli(str(run_dir), cwd=tmp_path, module="speedbench.report", env=ONE_THREAD)
+    again = run_cli(str(run_dir), cwd=run_dir, module="speedbench.report", env=ONE_THREAD)
     assert again.returncode == 0, again.stderr[-2000:]
     assert (run_dir / "report.md").read_text() == report
 
@@ -158,40 +213,31 @@ def test_workers_experiment_on_images_starts_worker_processes(tmp_path):
             assert r.host_rss_mb == r.host_rss_main_mb
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("experiment", ["channels_last", "matmul_precision", "cudnn_benchmark",
-                                        "optimizer", "checkpointing", "attention"])
-def test_experiment_runs_on_cpu_and_says_why_when_na(experiment, tmp_path):
-    out = run_cli(f"+experiment={experiment}", *TINY, "bench.repeats=1", f"out_dir={tmp_path}",
-                  cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    trials = results.load_trials(only_run_dir(tmp_path))
-    assert set(trials["status"]) <= {"ok"} | {s for s in trials["status"] if s.startswith("n/a: ")}
-    assert (trials["status"] == "ok").any()
-    ok = trials[trials["status"] == "ok"]
-    assert ok["final_loss"].map(math.isfinite).all() and (ok["samples_per_s"] > 0).all()
+# --- on a GPU: what is n/a on the CPU measures ----------------------------------------------------
+# The reasons techniques give where CUDA is missing: none may appear on a CUDA device.
+WANTS_CUDA = re.compile(r"needs CUDA|needs an accelerator|only CUDA devices have")
+# Left out of the CUDA run, to keep the GPU tests within scripts/gpu_check.sh's few minutes.
+CUDA_ELSEWHERE = {
+    "compile": "max-autotune autotunes for minutes; scripts/gpu_check.sh measures compile",
+    "fsdp": "a torchrun launch per trial; the CPU run above checks it against DDP",
+    "dp_vs_ddp": "needs two GPUs: tests/test_distributed.py::test_dp_and_ddp_run_on_two_gpus",
+}
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_fsdp_trains_like_ddp_under_torchrun_on_cpu(tmp_path):
-    out = run_cli("+experiment=fsdp", *TINY, "bench.repeats=1", f"out_dir={tmp_path}", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    trials = results.load_trials(only_run_dir(tmp_path)).set_index("variant")
-    assert (trials["status"] == "ok").all(), trials["status"].to_dict()
-    assert (trials["world_size"] == 2).all()
-    assert trials.loc["fsdp", "final_loss"] == pytest.approx(trials.loc["ddp", "final_loss"],
-                                                              rel=1e-4)
+@pytest.fixture(scope="module")
+def cuda_tips_run(tmp_path_factory):
+    return tips_cli("device=cuda", f"suite.exclude=[{','.join(CUDA_ELSEWHERE)}]",
+                    out=tmp_path_factory.mktemp("cuda_tips"))
 
 
-# --- on a GPU: the tips that are n/a on the CPU measure -------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.parametrize("experiment", ["pinning", "tensor_creation", "empty_cache", "sync"])
-def test_cuda_only_tips_measure_on_cuda(tmp_path, experiment):
-    tiny_cuda = [o for o in TINY if o != "device=cpu"] + ["device=cuda"]
-    proc = run_cli(f"+experiment={experiment}", "model=[vae,transformer]", *tiny_cuda,
-                   f"out_dir={tmp_path}", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    trials = pd.read_csv(only_run_dir(tmp_path) / "trials.csv")
-    assert (trials["status"] == "ok").all(), trials[["model", "variant", "status"]]
+@pytest.mark.parametrize("experiment", MEMBERS)
+def test_experiment_measures_on_cuda(experiment, request):
+    if experiment in CUDA_ELSEWHERE:
+        pytest.skip(CUDA_ELSEWHERE[experiment])
+    trials = request.getfixturevalue("cuda_tips_run")[0].query("experiment == @experiment")
+    assert (trials["status"] == "ok").any(), trials[["variant", "status"]]
+    na = trials[trials["status"] != "ok"]
+    assert na["status"].str.match(r"^n/a: \S").all(), na[["variant", "status"]]
+    assert not na["status"].str.contains(WANTS_CUDA).any(), na[["variant", "status"]]
