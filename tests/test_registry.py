@@ -127,38 +127,7 @@ def test_config_accepts_the_example_and_rejects_bad_values(tech: Technique):
                 build_plan(compose_cfg(*SMALL, f"+variants.v={{{f.key}: {bad}}}"), None)
 
 
-# --- one trial on the CPU ------------------------------------------------------------------------
-@pytest.mark.parametrize("tech", REGISTRY, ids=IDS)
-def test_acts_on_cpu_or_says_why_not_and_leaves_global_state_as_it_was(tech: Technique,
-                                                                        default_record):
-    before = global_snapshot()
-    record = one_trial(tech.example)
-    assert global_snapshot() == before
-    plan = build_plan(compose_cfg(*SMALL, *overrides(tech.example)), None)
-    recipe = plan.variants[plan.baseline]
-    if record["status"].startswith("n/a"):
-        # n/a is the technique's own verdict, with a reason
-        reason = tech.not_applicable(recipe, Context(torch.device("cpu"), model=_model(plan)))
-        assert reason == record["status"] and len(reason) > len("n/a: ")
-        return
-    assert record["status"] == "ok", record["status"]
-    assert record["samples_per_s"] > 0 and record["steps"] >= 1
-    mine = tech.columns(recipe, Context(torch.device("cpu")))
-    assert set(mine) == set(tech.column_names)
-    for col, value in mine.items():
-        if value == value:  # NaN before a trial: a figure the technique observes during it
-            assert record[col] == value
-    # The setting reaches the record: the example's columns differ from the default trial's.
-    assert any(record[c] != default_record[c] for c in tech.column_names), \
-        f"{tech.name}: the example leaves every column of the record at its default"
-
-
-def _model(plan):
-    from speedbench.measure.train import build_model
-
-    return build_model(plan.models[0], 0)
-
-
+# --- one trial (where each technique acts: tests/test_techniques.py) ----------------------------
 def test_global_state_is_restored_after_a_trial_that_changes_it():
     """Whatever a technique's global_state sets, the trial puts every registered flag back."""
     before = global_snapshot()

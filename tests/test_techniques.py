@@ -1,4 +1,4 @@
-"""Every technique of the registry acts where tests/technique_settings.py says it can: one trial of
+"""Every technique of the registry acts where its `acts_on` says it can: one trial of
 its example setting on that model and device runs, shows the setting in its record, and leaves
 the global state as it was. On a machine without that device it is skipped, and the technique
 must still say why it cannot act here."""
@@ -13,10 +13,10 @@ from speedbench.measure.data import build_dataset
 from speedbench.measure.train import build_model
 from speedbench.measure.trial import dataset_length, measure_trial
 from speedbench.techniques import REGISTRY, Context, Technique
-from speedbench.techniques.base import global_snapshot
-from technique_settings import CUDA_ONLY, TECHNIQUE_SETTINGS, Setting
+from speedbench.techniques.base import ActsOn, global_snapshot
 
 IDS = [t.name for t in REGISTRY]
+CUDA_ONLY = "cuda"
 # Models small enough that a trial takes about a second of compute on one CPU thread.
 TINY_MODELS = [
     "scale=small", "batch_size=4", "bench.warmup=1", "bench.steps=2", "bench.repeats=1",
@@ -34,19 +34,19 @@ def overrides(example: dict) -> list[str]:
     return [f"{k}={text(v)}" for k, v in example.items()]
 
 
-def plan_for(setting: Setting, example: dict, device: str | None = None):
+def plan_for(setting: ActsOn, example: dict, device: str | None = None):
     return build_plan(compose_cfg(*TINY_MODELS, f"model={setting.model}",
                                   f"device={device or setting.device}", *overrides(example)), None)
 
 
-def one_trial(setting: Setting, example: dict) -> dict:
+def one_trial(setting: ActsOn, example: dict) -> dict:
     plan = plan_for(setting, example)
     spec = plan.models[0]
     dataset = build_dataset(spec.dataset, dataset_length(plan, spec), seed=0)
     return measure_trial(plan, spec, plan.baseline, plan.variants[plan.baseline], 0, dataset)
 
 
-def skip_without_its_device(setting: Setting) -> None:
+def skip_without_its_device(setting: ActsOn) -> None:
     gpus = torch.cuda.device_count()
     if setting.device == CUDA_ONLY and gpus < max(1, setting.gpus):
         pytest.skip(f"acts on {max(1, setting.gpus)} CUDA device(s), this machine has {gpus}: "
@@ -63,7 +63,7 @@ def default_records() -> dict:
     """The default recipe's trial per (model, device), measured once for the whole module."""
     records = {}
 
-    def get(setting: Setting) -> dict:
+    def get(setting: ActsOn) -> dict:
         key = (setting.model, setting.device)
         if key not in records:
             records[key] = one_trial(setting, {})
@@ -71,18 +71,15 @@ def default_records() -> dict:
     return get
 
 
-def test_every_technique_has_settings():
-    names = [t.name for t in REGISTRY]
-    missing = [n for n in names if n not in TECHNIQUE_SETTINGS]
-    stale = [n for n in TECHNIQUE_SETTINGS if n not in names]
-    assert not missing, f"add these techniques to tests/technique_settings.py: {missing}"
-    assert not stale, f"not in the registry any more: {stale}"
+def test_every_technique_says_where_it_acts():
+    missing = [t.name for t in REGISTRY if not isinstance(t.acts_on, ActsOn)]
+    assert not missing, f"set `acts_on = ActsOn(...)` in these techniques: {missing}"
 
 
 @pytest.mark.parametrize("tech", REGISTRY, ids=IDS)
 def test_acts_where_its_settings_say_and_leaves_global_state_as_it_was(tech: Technique,
                                                                         default_records):
-    setting = TECHNIQUE_SETTINGS[tech.name]
+    setting = tech.acts_on
     skip_without_its_device(setting)
     before = global_snapshot()
     record = one_trial(setting, tech.example)
@@ -100,11 +97,11 @@ def test_acts_where_its_settings_say_and_leaves_global_state_as_it_was(tech: Tec
         f"{tech.name}: the example leaves every column of the record at its default"
 
 
-@pytest.mark.parametrize("tech", [t for t in REGISTRY if TECHNIQUE_SETTINGS.get(t.name, Setting())
-                                  .device == CUDA_ONLY], ids=lambda t: t.name)
+@pytest.mark.parametrize("tech", [t for t in REGISTRY if t.acts_on and
+                                  t.acts_on.device == CUDA_ONLY], ids=lambda t: t.name)
 def test_a_cuda_only_technique_says_why_it_cannot_act_on_a_cpu(tech: Technique):
     """Keeps the settings honest: a technique marked CUDA-only really is n/a on a CPU."""
-    setting = TECHNIQUE_SETTINGS[tech.name]
+    setting = tech.acts_on
     plan = plan_for(setting, tech.example, device="cpu")
     cpu = Context(torch.device("cpu"), model=build_model(plan.models[0], 0))
     reason = tech.not_applicable(plan.variants["default"], cpu)

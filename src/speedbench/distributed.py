@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, Mapping, Optional
+from typing import Mapping, Optional
 
 import torch
 import torch.distributed as dist

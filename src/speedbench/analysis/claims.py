@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import numpy as np
 import pandas as pd
 
 from speedbench.analysis import stats

@@ -17,7 +17,7 @@ from speedbench.techniques import (accumulation, empty_cache, loader, parallel, 
 from speedbench.techniques import (attention, checkpointing, compile, cudnn_benchmark,
                                    matmul_precision, memory_format, optimizer)
 from speedbench.techniques.base import (GLOBAL_FLAGS, ConfigError, Context, Field, Finding,
-                                        Technique, get_key, global_snapshot,
+                                        Technique, global_snapshot,
                                         restored_global_state)
 
 # Registration order; it also breaks ties where no `after` relation decides.

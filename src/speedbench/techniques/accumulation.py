@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from speedbench.techniques.base import ANY, ConfigError, Field, Finding, Technique
+from speedbench.techniques.base import ActsOn, ANY, ConfigError, Field, Finding, Technique
 
 TIP = ("run forward and backward of the first k-1 micro-batches inside model.no_sync(), "
        "so gradients are all-reduced once per optimizer step")
@@ -24,6 +24,7 @@ all-reduces per sample (with `no_sync`).
               "add: each micro-batch is batch_size samples; split: the batch is cut into them"),
     )
     example = {"accumulate": 2}
+    acts_on = ActsOn()
     snippets = {"accumulate": {ANY: ("gradient accumulation over {value} micro-batches", """\
 for i, (x, y) in enumerate(loader):
     loss = loss_fn(model(x), y) / {value}

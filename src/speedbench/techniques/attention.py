@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from speedbench.techniques.base import Context, Field, Technique, global_flag
+from speedbench.techniques.base import ActsOn, Context, Field, Technique, global_flag
 
 BACKENDS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -68,6 +68,7 @@ read and write far less memory. On GPUs flash and cudnn need fp16/bf16.
     fields = (Field("attention", Literal[("auto", *BACKENDS)], "auto",
                     "scaled_dot_product_attention's backend; auto: PyTorch chooses"),)
     example = {"attention": "math"}
+    acts_on = ActsOn()  # the transformer's attention
     snippets = {"attention": {
         name: (f"SDPA {name} attention backend", f"""\
 from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -146,6 +146,16 @@ def get_key(recipe: Any, key: str) -> Any:
 
 
 # --- what a trial knows when it asks a technique ----------------------------------------------------
+@dataclass(frozen=True)
+class ActsOn:
+    """Where a technique's `example` changes a trial: the reference model and the device its
+    generic test trains on (Composer's per-algorithm test settings, kept with the technique)."""
+    model: str = "transformer"
+    device: str = "cpu"  # "cuda": it cannot act on a CPU (`why` says why); its test needs CUDA
+    gpus: int = 0  # CUDA devices it needs (device="cuda" implies at least 1)
+    why: str = ""
+
+
 @dataclass
 class Context:
     """What a technique may look at besides the recipe.
@@ -230,6 +240,8 @@ class Technique:
     # A small non-default setting of this technique's keys that makes it act (the generic
     # registry tests train one trial with it): e.g. {"precision": "bf16"}.
     example: ClassVar[dict] = {}
+    # Where the example acts, for the generic test (required: the test fails without it).
+    acts_on: ClassVar[Optional[ActsOn]] = None
     # What to change in a user's own loop when a recipe sets a key (the report shows it):
     # {key: {value: (title, code)}}. ANY stands for any other value than the key's default;
     # "{value}" in a title or code is replaced by the value.

@@ -10,7 +10,7 @@ from typing import Literal, Optional
 
 import torch.nn as nn
 
-from speedbench.techniques.base import Context, Field, Technique
+from speedbench.techniques.base import ActsOn, Context, Field, Technique
 
 
 def checkpointable(model: nn.Module) -> list[nn.Module]:
@@ -31,6 +31,7 @@ training step's arithmetic). BatchNorm's running statistics see the recomputed b
     fields = (Field("checkpointing", Literal["off", "blocks"], "off",
                     "blocks: recompute each block's activations in backward"),)
     example = {"checkpointing": "blocks"}
+    acts_on = ActsOn()  # the transformer's blocks
     snippets = {"checkpointing": {"blocks": (
         "activation checkpointing per block (less memory, more compute)", """\
 from torch.utils.checkpoint import checkpoint

@@ -27,7 +27,7 @@ from typing import Literal, Optional
 
 import torch
 
-from speedbench.techniques.base import ANY, Context, Field, Technique, global_flag
+from speedbench.techniques.base import ActsOn, ANY, Context, Field, Technique, global_flag
 
 MODES = ("off", "default", "max-autotune", "reduce-overhead")
 BACKEND = "inductor"  # torch.compile's backend (tests use aot_eager: same capture, no codegen)
@@ -125,6 +125,7 @@ when it pays back), recompilations on new shapes, memory for the compiler."""
     fields = (Field("compile", Literal[MODES], "off",
                     "torch.compile's mode; off: eager"),)
     example = {"compile": "default"}
+    acts_on = ActsOn()
     snippets = {"compile": {
         "default": ("torch.compile", """\
 model = torch.compile(model)   # the first steps compile; time them out"""),

@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from speedbench.techniques.base import Context, Field, Technique
+from speedbench.techniques.base import ActsOn, Context, Field, Technique
 
 
 class FirstStep:
@@ -35,6 +35,7 @@ new shape; algorithms may differ from run to run (not bit-reproducible). CUDA on
     fields = (Field("cudnn_benchmark", bool, False,
                     "torch.backends.cudnn.benchmark (autotune convolutions; CUDA only)"),)
     example = {"cudnn_benchmark": True}
+    acts_on = ActsOn(model="resnet", device="cuda", why="a CPU has no cuDNN")
     snippets = {"cudnn_benchmark": {True: ("cuDNN autotuning for fixed input shapes",
                                            "torch.backends.cudnn.benchmark = True")}}
     extra_columns = ("first_step_s",)

@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from speedbench.techniques.base import Context, Field, Finding, Technique
+from speedbench.techniques.base import ActsOn, Context, Field, Finding, Technique
 
 TIP = ("do not empty the caching allocator during training: the next step has to cudaMalloc "
        "its memory again, and that synchronises")
@@ -21,6 +21,7 @@ allocator's free blocks back to the driver.
 **Costs**: the next step must `cudaMalloc` again, which synchronises; often a visible slow-down."""
     fields = (Field("empty_cache", bool, False, "torch.cuda.empty_cache() after every step"),)
     example = {"empty_cache": True}
+    acts_on = ActsOn(device="cuda", why="it empties CUDA's caching allocator")
     snippets = {"empty_cache": {False: ("never call torch.cuda.empty_cache() in the loop", """\
 # delete: torch.cuda.empty_cache()   # it frees the allocator's cache, which the next step refills""")}}
 

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
-from speedbench.techniques.base import ANY, Context, Field, Finding, Technique
+from speedbench.techniques.base import ActsOn, ANY, Context, Field, Finding, Technique
 
 DATA_WAIT_SHARE = 0.10  # of the step spent waiting for the next batch
 H2D_SHARE = 0.02  # of the step spent copying the batch from pageable memory
@@ -61,6 +61,7 @@ training process for CPUs."""
               low=1, column="prefetch_factor"),
     )
     example = {"data.num_workers": 1}
+    acts_on = ActsOn()  # one worker process
     host_sweep = {"column": "num_workers", "title": "DataLoader workers"}
     snippets = {
         "data.num_workers": {

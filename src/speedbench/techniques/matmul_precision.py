@@ -13,7 +13,7 @@ from typing import Literal, Optional
 
 import torch
 
-from speedbench.techniques.base import Context, Field, Technique, global_flag
+from speedbench.techniques.base import ActsOn, Context, Field, Technique, global_flag
 
 # set_float32_matmul_precision also sets oneDNN's flag; restoring the precision alone may not
 # put oneDNN's back as it was ("none" becomes "ieee"): restore it by name too.
@@ -36,6 +36,7 @@ which computes in bf16 only where the CPU has bf16 matrix units.
     fields = (Field("matmul_precision", Optional[Literal["highest", "high", "medium"]], None,
                     "null: PyTorch's defaults; high: TF32 matmuls; medium: bf16 too"),)
     example = {"matmul_precision": "medium"}
+    acts_on = ActsOn()
     snippets = {"matmul_precision": {
         value: (f"float32 matmul precision '{value}' (TF32 on Ampere+ GPUs)",
                 f'torch.set_float32_matmul_precision("{value}")')

@@ -6,7 +6,7 @@ from typing import Literal, Optional
 import torch
 import torch.nn as nn
 
-from speedbench.techniques.base import Context, Field, Technique
+from speedbench.techniques.base import ActsOn, Context, Field, Technique
 
 
 def has_conv2d(model: nn.Module) -> bool:
@@ -33,6 +33,7 @@ Convolution models only: n/a for the transformer."""
     fields = (Field("memory_format", Literal["contiguous", "channels_last"], "contiguous",
                     "memory layout of the weights and image batches (convolution models)"),)
     example = {"memory_format": "channels_last"}
+    acts_on = ActsOn(model="resnet")  # channels_last needs 2-D convolutions
     snippets = {"memory_format": {"channels_last": (
         "channels_last memory format (convolutional models)", """\
 model = model.to(memory_format=torch.channels_last)

@@ -12,7 +12,7 @@ from typing import Literal, Optional
 
 import torch
 
-from speedbench.techniques.base import Context, Field, Technique
+from speedbench.techniques.base import ActsOn, Context, Field, Technique
 
 IMPL_OPTIONS = {"default": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
                 "fused": {"fused": True}}
@@ -40,6 +40,7 @@ a device torch has the kernel for."""
     fields = (Field("optimizer.impl", Literal[tuple(IMPL_OPTIONS)], "default",
                     "AdamW's implementation; default: PyTorch's choice"),)
     example = {"optimizer.impl": "fused"}
+    acts_on = ActsOn()  # fused AdamW has a CPU kernel since torch 2.4
     snippets = {"optimizer.impl": {
         value: (f"{value} optimizer kernels",
                 f"opt = torch.optim.AdamW(model.parameters(), lr=lr, {value}=True)")

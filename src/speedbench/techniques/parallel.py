@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from speedbench import distributed
-from speedbench.techniques.base import ConfigError, Context, Field, Finding, Technique
+from speedbench.techniques.base import ActsOn, ConfigError, Context, Field, Finding, Technique
 
 CPU_DEFAULT_NPROC = 2  # DDP on a CPU: enough processes to exercise the machinery
 TIP = ("use DistributedDataParallel, one process per GPU (torchrun): DataParallel scatters, "
@@ -130,6 +130,8 @@ a reduce-scatter of its gradients."""
               column=None),
     )
     example = {"parallel": "dp"}
+    # DDP and FSDP on a CPU: tests/test_distributed.py
+    acts_on = ActsOn(device="cuda", gpus=2, why="DataParallel needs two CUDA devices")
     snippets = {"parallel": {
         "ddp": ("DistributedDataParallel (launch with torchrun --nproc_per_node=N train.py)", """\
 torch.distributed.init_process_group("nccl")     # "gloo" on CPUs

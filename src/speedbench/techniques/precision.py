@@ -6,7 +6,7 @@ from typing import Literal
 
 import torch
 
-from speedbench.techniques.base import Context, Field, Finding, Technique
+from speedbench.techniques.base import ActsOn, Context, Field, Finding, Technique
 
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 FP32_COMPUTE_SHARE = 0.30  # of the step in fp32 forward+backward on a GPU with tensor cores
@@ -25,6 +25,7 @@ range needs the scaler (bf16 has fp32's range and does not)."""
     fields = (Field("precision", Literal["fp32", "fp16", "bf16"], "fp32",
                     "the forward pass's autocast dtype; fp16 adds a GradScaler"),)
     example = {"precision": "bf16"}
+    acts_on = ActsOn()  # bf16 autocast acts on a CPU
     snippets = {"precision": {
         "bf16": ("bf16 autocast (no loss scaling needed)", """\
 device_type = "cuda" if x.is_cuda else "cpu"

@@ -6,7 +6,7 @@ from typing import Literal
 
 import torch
 
-from speedbench.techniques.base import Context, Field, Finding, Technique
+from speedbench.techniques.base import ActsOn, Context, Field, Finding, Technique
 
 PER_STEP = 0.5  # host reads per step from which it is "every step"
 TIP = ("keep the running loss on the device (loss.detach()) and read it every K steps: "
@@ -73,6 +73,7 @@ and so stops it queueing work ahead.
               low=1),
     )
     example = {"sync": "item"}
+    acts_on = ActsOn()
     snippets = {"sync": {"deferred": (
         "no host read every step: accumulate the loss on the device", """\
 running = torch.zeros((), device=device)        # before the loop

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from speedbench.models.per_step import PerStepTensors
-from speedbench.techniques.base import Context, Field, Finding, Technique
+from speedbench.techniques.base import ActsOn, Context, Field, Finding, Technique
 
 PER_STEP = 0.5  # host-born tensors per step from which it is "every step"
 TIP = "create per-step tensors where they are used: torch.randn(..., device=x.device)"
@@ -34,6 +34,7 @@ tensor per step.
     fields = (Field("tensor_creation", Literal["host", "device"], "device",
                     "where per-step tensors are born"),)
     example = {"tensor_creation": "host"}
+    acts_on = ActsOn(device="cuda", why="host and device are one on a CPU")
     snippets = {"tensor_creation": {"device": ("create per-step tensors on the device", """\
 noise = torch.randn(shape, device=x.device)     # not torch.randn(shape).to(device)
 mask = torch.ones(n, n, device=x.device, dtype=torch.bool).tril()""")}}
