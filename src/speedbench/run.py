@@ -61,7 +61,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
             recipe.execute(cfg, plan, groups, run_dir, writer, progress, measure,
                            recipe.cannot_act_for(cfg, na_variants, dist_env))
         else:
-            measure_plan(plan, run_dir, progress, dist_env, writer, book)
+            measure(plan, run_dir, progress, dist_env, writer)
     if writer is None:
         return None
     summary, profiled = _analyse_and_write(cfg, plans, run_dir, writer, resolved,
