@@ -75,7 +75,7 @@ def test_user_model_through_target():
     cfg = compose_cfg("model={_target_: fault_models.Tiny, num_classes: 10, "
                       "dataset: {kind: images, image_size: 32, num_classes: 10}}")
     (spec,) = build_plan(cfg, None).models
-    assert spec.name == "custom" and spec.target == {"_target_": "fault_models.Tiny", "num_classes": 10}
+    assert spec.name == "Tiny" and spec.target == {"_target_": "fault_models.Tiny", "num_classes": 10}
     assert spec.loss == "cross_entropy"
 
 

@@ -327,3 +327,17 @@ def test_a_multirun_under_torchrun_writes_one_run_dir_per_job(tmp_path):
     assert len(run_dirs) == 2
     assert sorted(trials(d)["precision"].iloc[0] for d in run_dirs) == ["bf16", "fp32"]
     assert len(list((tmp_path / "multirun").iterdir())) == 1  # named by the job's run id
+
+
+def test_slurm_launcher_without_the_plugin_names_the_plugin(tmp_path):
+    try:
+        import hydra_plugins.hydra_submitit_launcher  # noqa: F401
+        pytest.skip("the submitit plugin is installed")
+    except ImportError:
+        pass
+    from conftest import run_main
+
+    out = run_main("-m", "hydra/launcher=slurm", "+experiment=amp", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("speedbench: error: hydra/launcher=slurm needs Hydra's submitit "
+                                  "launcher plugin: pip install hydra-submitit-launcher")

@@ -143,4 +143,5 @@ def test_recipe_on_a_user_model_does_not_retry_what_failed(tmp_path):
     tried = trials[trials["variant"].str.startswith("precision")]
     assert set(tried["experiment"]) == {"recipe-step1"}
     final = yaml.safe_load((run_dir / "recipe.yaml").read_text())
-    assert list(final) == ["custom"] and final["custom"]["overrides"]["precision"] == "fp32"
+    assert list(final) == ["Tiny"] and final["Tiny"]["overrides"]["precision"] == "fp32"
+    assert "model='{_target_: fault_models.Tiny," in final["Tiny"]["command"]

@@ -19,7 +19,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from speedbench.config import FREE_FORM, ConfigError, config_dir, register_schema
+from speedbench.config import FREE_FORM, ConfigError, config_dir, config_flags, register_schema
 
 register_schema()
 
@@ -79,6 +79,10 @@ def command_line_problem(args: list[str]) -> str | None:
         return None
     for o in parsed:
         key = o.key_or_group
+        if key == "hydra/launcher" and not _submitit_installed() and any(
+                word in str(o.value()) for word in ("slurm", "submitit")):
+            return (f"hydra/launcher={o.value()} needs Hydra's submitit launcher plugin: "
+                    f"pip install hydra-submitit-launcher")
         if key.startswith("hydra") or "/" in key or o.package is not None or o.is_delete():
             continue
         if key == "experiment":
@@ -98,6 +102,15 @@ def command_line_problem(args: list[str]) -> str | None:
                 "; known keys: " + ", ".join(k for k in keys if "." not in k))
             return f"unknown key {key}{hint}"
     return None
+
+
+def _submitit_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
+    except ModuleNotFoundError:  # no Hydra plugin at all
+        return False
 
 
 def _quiet_libraries() -> None:
@@ -131,7 +144,8 @@ def _hydra_main(cfg: DictConfig) -> None:
     experiment = HydraConfig.get().runtime.choices.get("experiment")
     started = time.time()
     try:
-        run(cfg, experiment, overrides=list(HydraConfig.get().overrides.task))
+        run(cfg, experiment,
+            overrides=config_flags(sys.argv[1:]) + list(HydraConfig.get().overrides.task))
     except (ConfigError, FileExistsError) as exc:
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: say it once
             print(f"speedbench: error: {exc}", file=sys.stderr)
@@ -140,6 +154,13 @@ def _hydra_main(cfg: DictConfig) -> None:
         if os.environ.get("RANK", "0") == "0":
             print("\n" + interrupted_line(cfg, experiment, started), file=sys.stderr)
         sys.exit(EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
+
+
+def import_from_here() -> None:
+    """The user's own modules (`_target_: mynet.build`) import from the current directory, as
+    under `python -m`, for the console command too."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 class Terminated(KeyboardInterrupt):
@@ -155,6 +176,7 @@ def _on_sigterm(signum, frame):
 def main() -> None:
     if "RANK" not in os.environ:  # not a torchrun rank: those stop the way torchrun expects
         signal.signal(signal.SIGTERM, _on_sigterm)
+    import_from_here()
     try:
         problem = command_line_problem(sys.argv[1:])
         if problem:

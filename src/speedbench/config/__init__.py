@@ -169,6 +169,20 @@ def config_dir() -> str:
     raise FileNotFoundError(f"speedbench's configs/ were not found next to {here}")
 
 
+def config_flags(args: list[str]) -> list[str]:
+    """Where the configs came from, as given (`--config-dir=conf`, `hydra.searchpath=[...]`):
+    the commands speedbench prints put them back, so that they repeat the run."""
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        parsed = get_args_parser().parse_args(args)
+    except (Exception, SystemExit):
+        return []
+    flags = [f"--{flag.replace('_', '-')}={getattr(parsed, flag)}"
+             for flag in ("config_path", "config_dir", "config_name") if getattr(parsed, flag)]
+    return flags + [o for o in parsed.overrides if o.startswith("hydra.searchpath=")]
+
+
 def _with_fields(base: type, name: str, fields: list, prefix: str = "") -> type:
     """`base` extended by the technique fields under `prefix`: a dataclass OmegaConf validates.
     A grouped key (`data.num_workers`) extends the group's own dataclass the same way. Every
@@ -212,6 +226,7 @@ class ModelSpec:
     dataset: dict  # kind, image_size/num_classes or seq_len/vocab_size
     loss: str
     batch_size: int
+    inputs: Optional[list] = None  # forward's keyword names for x (and y): model(**batch)
 
 
 @dataclass
@@ -356,7 +371,8 @@ def resolve_model(name: str, raw: Any, registry: DictConfig, scale: str,
 
     A model config holds `_target_` and constructor kwargs, plus reserved keys: `dataset`
     (what data it eats), `loss` (`cross_entropy` on logits, or `module` when forward(x, y)
-    returns the loss), `batch_size`, and `small:`/`full:` blocks merged on top per scale.
+    returns the loss), `inputs` (forward's keyword names for x and y), `model_name`,
+    `batch_size`, and `small:`/`full:` blocks merged on top per scale.
     """
     if isinstance(raw, str):
         if raw not in registry:
@@ -379,11 +395,68 @@ def resolve_model(name: str, raw: Any, registry: DictConfig, scale: str,
     dataset = spec.pop("dataset", None) or {}
     loss = spec.pop("loss", "cross_entropy")
     default_batch = spec.pop("batch_size", 32)
+    name = str(spec.pop("model_name", None) or name)
+    inputs = _inputs(name, spec.pop("inputs", None), loss)
     kind = dataset.get("kind")
     _choice(f"model {name}: dataset.kind", kind, DATASET_KINDS)
     _choice(f"model {name}: loss", loss, LOSSES)
+    check_importable(name, spec["_target_"])
     return ModelSpec(name=name, target=spec, dataset=dataset, loss=loss,
-                     batch_size=batch_size or default_batch)
+                     batch_size=batch_size or default_batch, inputs=inputs)
+
+
+def _inputs(name: str, inputs: Any, loss: str) -> Optional[list]:
+    """`inputs`: the keyword names forward takes x (and, with loss: module, y) under."""
+    if inputs is None:
+        return None
+    want = 2 if loss == "module" else 1
+    if not (isinstance(inputs, list) and len(inputs) == want
+            and all(isinstance(n, str) for n in inputs)):
+        example = "[input_ids, labels]" if want == 2 else "[pixel_values]"
+        raise ConfigError(f"model {name}: inputs: {inputs!r}; with loss: {loss} give {want} "
+                          f"keyword name{'s' * (want > 1)} of forward, e.g. inputs: {example}")
+    return inputs
+
+
+def check_importable(name: str, target: str) -> None:
+    """Import a `_target_`'s module now, so that a missing one stops the run before any trial."""
+    import importlib
+
+    parts = str(target).split(".")
+    for i in range(len(parts) - 1, 0, -1):  # the longest importable module prefix
+        module = ".".join(parts[:i])
+        try:
+            obj = importlib.import_module(module)
+            break
+        except ModuleNotFoundError as exc:
+            if exc.name != module or i == 1:
+                raise ConfigError(f"model {name}: _target_ {target}: no module named "
+                                  f"'{exc.name}'{_import_fix(exc.name)}") from None
+        except Exception as exc:
+            raise ConfigError(f"model {name}: _target_ {target}: importing {module} failed: "
+                              f"{type(exc).__name__}: {_first_line(exc)}") from None
+    else:
+        raise ConfigError(f"model {name}: _target_ {target}: give module.callable, "
+                          f"e.g. mynet.build")
+    for attr in parts[i:]:
+        if not hasattr(obj, attr):
+            raise ConfigError(f"model {name}: _target_ {target}: {obj.__name__} has no {attr}")
+        obj = getattr(obj, attr)
+
+
+def _import_fix(module: str) -> str:
+    from pathlib import Path
+
+    top = module.split(".")[0]
+    if Path(f"{top}.py").is_file() or Path(top).is_dir():
+        return ""
+    return (f" (run speedbench from the folder that holds {top}.py, or add that folder to "
+            f"PYTHONPATH; an installed package: pip install it)")
+
+
+def inline_name(raw: Any) -> str:
+    """An inline model's name: its `model_name`, else the last part of its `_target_`."""
+    return str(raw.get("model_name") or str(raw["_target_"]).rsplit(".", 1)[-1])
 
 
 def _model_entries(model: Any) -> list:
@@ -428,12 +501,13 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
 
     entries = _model_entries(cfg.model)
     models = []
-    for i, raw in enumerate(entries):
-        name = raw if isinstance(raw, str) else f"custom{i}" if len(entries) > 1 else "custom"
+    for raw in entries:
+        name = raw if isinstance(raw, str) or "_target_" not in raw else inline_name(raw)
         models.append(resolve_model(name, raw, cfg.models, scale, cfg.batch_size))
     names = [m.name for m in models]
     if len(set(names)) != len(names):
-        raise ConfigError(f"model: {names} names a model twice")
+        raise ConfigError(f"model: {names} names a model twice (an inline model's name is its "
+                          f"model_name, else its _target_'s last part)")
 
     raw_variants = cfg.variants or {"default": {}}
     baseline = cfg.baseline or next(iter(raw_variants))

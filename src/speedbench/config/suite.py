@@ -66,10 +66,12 @@ def members(cfg: DictConfig, suite_name: str) -> list[str]:
 
 
 def member_overrides(overrides: list[str]) -> list[str]:
-    """The user's overrides minus those that choose the experiment or define the suite."""
+    """The user's overrides minus those that choose the experiment or define the suite, and
+    the config flags (already in force)."""
     def key(o: str) -> str:
         return o.lstrip("+~").split("=", 1)[0].split(".", 1)[0]
-    return [o for o in overrides if key(o) not in ("experiment", "suite")]
+    return [o for o in overrides
+            if key(o) not in ("experiment", "suite", "hydra") and not o.startswith("-")]
 
 
 def compose_member(name: str, overrides: list[str]) -> DictConfig:

@@ -2,14 +2,16 @@
 and knows none of them by name; it knows nothing about timing or results.
 
 `Trainer.step()` is one optimizer step over the micro-batches the techniques ask for (one, or
-`accumulate`). The phase clock it is given only reads the host clock (see timing.PhaseClock);
+`accumulate`). A forward may return the loss (or the logits) bare, first in a tuple, in a dict
+or as an attribute (`output_tensor`). The phase clock it is given only reads the host clock (see timing.PhaseClock);
 by default it measures the data wait. Phases (schema.PHASES): data, h2d, forward, backward,
 optimizer, and other (reading the loss, the techniques' after-step hooks).
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from collections.abc import Mapping
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -29,7 +31,19 @@ def build_model(spec: ModelSpec, seed: int) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model {spec.name}: _target_ {spec.target.get('_target_')} returned "
                         f"{type(model).__name__}, not a torch.nn.Module")
-    return model
+    return KeywordInputs(model, spec.inputs) if spec.inputs else model
+
+
+class KeywordInputs(nn.Module):
+    """A model whose forward takes keyword inputs (`model(**batch)`, Hugging Face style): the
+    batch's x and y are handed over under the names the model config's `inputs` gives."""
+
+    def __init__(self, inner: nn.Module, names: list[str]):
+        super().__init__()
+        self.inner, self.names = inner, list(names)
+
+    def forward(self, x: torch.Tensor, y: Optional[torch.Tensor] = None):
+        return self.inner(**dict(zip(self.names, (x, y))))
 
 
 def forever(loader) -> Iterator:
@@ -38,14 +52,37 @@ def forever(loader) -> Iterator:
         yield from loader
 
 
+ACCEPTED_OUTPUTS = ("a tensor, a tuple whose first element is it, a dict with the key, or an "
+                    "object with the attribute (Hugging Face's ModelOutput)")
+
+
 def compute_loss(model: nn.Module, loss_kind: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if loss_kind == "module":
-        loss = model(x, y)
+        loss = output_tensor(model(x, y), "loss")
     else:
-        logits = model(x)
+        logits = output_tensor(model(x), "logits")
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
     # DataParallel returns one loss per replica.
     return loss.mean() if loss.dim() else loss
+
+
+def output_tensor(out: Any, key: str) -> torch.Tensor:
+    """The loss (`loss: module`) or the logits (`loss: cross_entropy`) in a forward's output,
+    in the forms models are written in; anything else is one line naming those forms."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, Mapping):
+        found = out.get(key)
+    elif isinstance(out, (tuple, list)):
+        found = out[0] if out else None
+    else:
+        found = getattr(out, key, None)
+    if isinstance(found, torch.Tensor):
+        return found
+    what = (f"a dict with keys {', '.join(map(str, out))}" if isinstance(out, Mapping)
+            else type(out).__name__)
+    raise TypeError(f"the model's forward returned {what}; speedbench takes the {key} as "
+                    f"{ACCEPTED_OUTPUTS}, named '{key}' (SPEEDBENCH_DEBUG=1 shows the traceback)")
 
 
 class Trainer:

@@ -227,8 +227,10 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
         lines.append("warning: some trials were timed before their step time was steady: "
                      + _listing(unsteady))
         extra.append("bench.warmup_max=30")
-    command = ["speedbench"] + ([f"+experiment={experiment}"] if experiment and not any(
-        o.lstrip("+").startswith("experiment=") for o in kept) else []) + kept + extra
+    flags = [o for o in kept if o.startswith("-")]  # --config-dir=...: before the overrides
+    command = ["speedbench"] + flags + ([f"+experiment={experiment}"] if experiment and not any(
+        o.lstrip("+").startswith("experiment=") for o in kept) else []) + \
+        [o for o in kept if not o.startswith("-")] + extra
     out = []
     for line in lines:
         out += textwrap.wrap(line, width, subsequent_indent="  ")

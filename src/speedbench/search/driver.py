@@ -13,6 +13,7 @@ comparisons, the options set aside), recipe.yaml (the final recipe per model, as
 from __future__ import annotations
 
 import math
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -24,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from speedbench import results
 from speedbench.results.schema import OK
 from speedbench.search import selection as search
-from speedbench.config import REFERENCE_MODELS, ConfigError, ModelSpec, Plan, build_plan
+from speedbench.config import (ConfigError, ModelSpec, Plan, build_plan, config_flags,
+                               inline_name)
 
 CLOSING = "recipe"
 SEARCH_PROBE_STEPS = 2  # quality-probe steps in screens and confirmations (first + second)
@@ -126,9 +128,9 @@ def model_entry(cfg: DictConfig, spec: ModelSpec) -> Any:
     if entry is None or isinstance(entry, str):
         return spec.name
     entries = list(entry) if OmegaConf.is_list(entry) else [entry]
-    for i, e in enumerate(entries):
-        if (isinstance(e, str) and e == spec.name) or (not isinstance(e, str) and spec.name in (
-                "custom", f"custom{i}")):
+    for e in entries:
+        if (isinstance(e, str) and e == spec.name) or (
+                not isinstance(e, str) and spec.name == inline_name(e)):
             return e if isinstance(e, str) else OmegaConf.to_container(e)
     return spec.name
 
@@ -201,7 +203,7 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
             progress: bool, execute_plan, cannot_act_for) -> dict[str, search.SearchResult]:
     """The search for every model of the plan; recipe.csv and recipe.yaml written as each model
     ends. `execute_plan` is rounds.measure_plan; `cannot_act_for(spec)` returns the n/a check."""
-    found = {}
+    found, entries = {}, {}
     min_gain = cfg.recipe.min_gain
     if min_gain is None:
         min_gain = OmegaConf.select(cfg, "bench.noise_threshold", default=0.02)
@@ -226,7 +228,8 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
         result.notes[:0] = notes
         say(f"done in {result.elapsed_s:.0f} s: {result.stopped}")
         found[spec.name] = result
-        write_outputs(run_dir, found)
+        entries[spec.name] = model_entry(cfg, spec)
+        write_outputs(run_dir, found, entries)
     return found
 
 
@@ -272,16 +275,18 @@ def _yaml_inline(d: dict) -> str:
     return yaml.safe_dump(d, default_flow_style=True, sort_keys=False).strip()
 
 
-def write_outputs(run_dir: Path, found: dict[str, search.SearchResult]) -> None:
+def write_outputs(run_dir: Path, found: dict[str, search.SearchResult],
+                  entries: Optional[dict] = None) -> None:
     """recipe.csv and recipe.yaml, through the run directory's writer."""
     rows = [row for model, r in found.items() for row in result_rows(model, r)]
-    results.write_recipe(run_dir, rows, recipe_yaml(found))
+    results.write_recipe(run_dir, rows, recipe_yaml(found, entries or {}))
 
 
-def recipe_yaml(found: dict[str, search.SearchResult]) -> str:
-    """The final recipe per model as overrides speedbench accepts back, with the command."""
+def recipe_yaml(found: dict[str, search.SearchResult], entries: dict) -> str:
+    """The final recipe per model as overrides speedbench accepts back, with the command
+    (`entries`: each model's `model` entry as given)."""
     lines = ["# The best recipe found per model on this machine (speedbench +experiment=recipe).",
-             "# Re-run one with:  python -m speedbench model=<model> <its overrides>"]
+             "# Re-run one with its command: the run's own flags, its model, the recipe"]
     doc = {}
     for model, r in found.items():
         last = r.waterfall[-1]
@@ -291,12 +296,27 @@ def recipe_yaml(found: dict[str, search.SearchResult]) -> str:
             "chosen": [o.label for o in r.chosen],
             "speedup_over_naive": _num(last.get("speedup")),
             "ci": [_num(last.get("lo")), _num(last.get("hi"))],
-            # a user's _target_ model is named `custom`: give its model= config yourself
-            "command": "python -m speedbench " + " ".join(
-                [f"model={model}" if model in REFERENCE_MODELS else "model=<your model config>"]
-                + args),
+            "command": rerun_command(entries.get(model, model), args),
         }
     return "\n".join(lines) + "\n" + yaml.safe_dump(doc, sort_keys=False)
+
+
+def rerun_command(entry: Any, recipe_args: list[str]) -> str:
+    """`speedbench` with this run's config flags and overrides (but the search's own and those
+    the recipe sets), the model as given, then the recipe: a plain run of the final recipe."""
+    from hydra.core.hydra_config import HydraConfig
+
+    given: list[str] = []
+    if HydraConfig.initialized():  # a command line (not a test calling run())
+        set_here = {a.split("=", 1)[0] for a in recipe_args}
+        given = config_flags(sys.argv[1:]) + [
+            o for o in HydraConfig.get().overrides.task
+            if o.lstrip("+~").split("=", 1)[0].split(".")[0] not in (
+                "experiment", "recipe", "model", "variants", "baseline", "run_dir")
+            and o.lstrip("+~").split("=", 1)[0] not in set_here]
+    model = entry if isinstance(entry, str) else _yaml_inline(entry)
+    return " ".join(shlex.quote(w) for w in ["speedbench", *given, f"model={model}",
+                                             *recipe_args])
 
 
 def _cli(value: Any) -> str:

@@ -1,0 +1,130 @@
+"""A user's own model from a project folder: imports from the current directory, the forms a
+forward may return, keyword inputs, names, and configs kept in the user's folder."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import speedbench
+from conftest import TINY, compose_cfg, only_run_dir, run_main
+from speedbench.config import ConfigError, ModelSpec, build_plan
+from speedbench.measure.train import build_model, compute_loss
+
+TESTS = Path(__file__).resolve().parent
+SRC = Path(speedbench.__file__).resolve().parents[1]
+LM = {"kind": "tokens", "seq_len": 8, "vocab_size": 32}
+
+
+def _spec(returns: str, loss: str, inputs: list[str]) -> ModelSpec:
+    return ModelSpec(name="lm", target={"_target_": "own_models.TinyLM", "returns": returns},
+                     dataset=LM, loss=loss, batch_size=4, inputs=inputs)
+
+
+@pytest.mark.parametrize("returns", ["dict", "tuple", "namespace", "output"])
+@pytest.mark.parametrize("loss", ["module", "cross_entropy"])
+def test_every_accepted_output_form_gives_the_same_loss(returns, loss):
+    inputs = ["input_ids", "labels"] if loss == "module" else ["input_ids"]
+    x, y = torch.randint(0, 32, (4, 8)), torch.randint(0, 32, (4, 8))
+    got = compute_loss(build_model(_spec(returns, loss, inputs), seed=0), loss, x, y)
+    want = compute_loss(build_model(_spec("dict", "module", ["input_ids", "labels"]), seed=0),
+                        "module", x, y)
+    assert got.dim() == 0 and torch.allclose(got, want)
+
+
+def test_any_other_output_is_one_line_naming_the_accepted_forms():
+    model = build_model(_spec("string", "module", ["input_ids", "labels"]), seed=0)
+    with pytest.raises(TypeError) as err:
+        compute_loss(model, "module", torch.zeros(2, 8, dtype=torch.long),
+                     torch.zeros(2, 8, dtype=torch.long))
+    message = str(err.value)
+    assert "\n" not in message and "returned str" in message
+    assert all(form in message for form in ("tuple", "dict", "ModelOutput", "SPEEDBENCH_DEBUG"))
+
+
+def test_inline_models_are_named_by_model_name_or_their_target():
+    target = "dataset: {kind: images, image_size: 16, num_classes: 10}"
+    cfg = compose_cfg(f"model=[{{_target_: fault_models.Tiny, {target}}}, "
+                      f"{{_target_: fault_models.Tiny, model_name: tiny2, {target}}}]")
+    assert [m.name for m in build_plan(cfg, None).models] == ["Tiny", "tiny2"]
+    twice = compose_cfg(f"model=[{{_target_: fault_models.Tiny, {target}}}, "
+                        f"{{_target_: fault_models.Tiny, {target}}}]")
+    with pytest.raises(ConfigError, match="model_name"):
+        build_plan(twice, None)
+
+
+def test_inputs_must_name_forwards_keywords_for_the_loss_kind():
+    cfg = compose_cfg("model={_target_: own_models.TinyLM, loss: module, inputs: [input_ids], "
+                      "dataset: {kind: tokens, seq_len: 8, vocab_size: 32}}")
+    with pytest.raises(ConfigError, match=r"inputs: .*give 2 keyword names.*\[input_ids, labels\]"):
+        build_plan(cfg, None)
+
+
+@pytest.mark.parametrize("target, says", [
+    ("mynet.build", "no module named 'mynet' (run speedbench from the folder that holds mynet.py"),
+    ("torch.nn.NoSuchLayer", "torch.nn has no NoSuchLayer"),
+])
+def test_a_target_that_does_not_import_stops_before_anything_is_written(tmp_path, target, says):
+    out = run_main(f"model={{_target_: {target}, dataset: {{kind: tokens, seq_len: 8, "
+                   f"vocab_size: 32}}}}", f"out_dir={tmp_path / 'results'}", cwd=tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"speedbench: error: model {target.split('.')[-1]}: _target_ {target}: {says}")
+    assert not (tmp_path / "results").exists()
+
+
+def _console_command(tmp_path: Path) -> list[str]:
+    """The installed `speedbench` script's way in: a script outside the user's folder, so that
+    Python puts the script's folder, not the current one, first on sys.path."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "speedbench").write_text("from speedbench.__main__ import main\nmain()\n")
+    return [sys.executable, str(bin_dir / "speedbench")]
+
+
+@pytest.mark.slow
+def test_console_command_runs_own_models_and_configs_from_the_users_folder(tmp_path):
+    """From a project folder: the module next to the user, a model config in ./conf given with
+    --config-dir, a dict-returning model taking model(**batch), a logits model returning a
+    ModelOutput; +experiment=amp gives ok rows, and config.yaml names both models."""
+    project = tmp_path / "myproj"
+    (project / "conf" / "models").mkdir(parents=True)
+    (project / "mynet.py").write_text((TESTS / "own_models.py").read_text())
+    (project / "conf" / "models" / "hf.yaml").write_text(
+        "_target_: mynet.build_lm\nloss: module\ninputs: [input_ids, labels]\n"
+        "dataset: {kind: tokens, seq_len: 8, vocab_size: 32}\n")
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [*_console_command(tmp_path), "--config-dir", "conf", "+experiment=amp",
+         "+models@models.hf=hf",
+         "model=[hf, {_target_: mynet.TinyLM, returns: output, inputs: [input_ids], "
+         "model_name: logits_lm, dataset: {kind: tokens, seq_len: 8, vocab_size: 32}}]",
+         *TINY, "bench.repeats=1", f"out_dir={project / 'results'}"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    trials = pd.read_csv(only_run_dir(project / "results") / "trials.csv")
+    assert set(trials["model"]) == {"hf", "logits_lm"}
+    assert set(trials["variant"]) == {"fp32", "fp16", "bf16"}
+    assert (trials["status"] == "ok").all(), trials[["model", "variant", "status"]]
+
+
+def test_printed_commands_keep_the_config_flags():
+    from speedbench.config import config_flags
+    from speedbench.report.render import console_warnings
+    from test_report_figures import trials_frame
+    from speedbench.analysis import stats
+
+    flags = config_flags(["-cd", "conf", "+experiment=amp", "hydra.searchpath=[file://more]",
+                          "model=mynet"])
+    assert flags == ["--config-dir=conf", "hydra.searchpath=[file://more]"]
+    summary = stats.summarise(trials_frame()).assign(spread=0.3, unsteady=0)
+    lines = console_warnings(summary, "amp", flags + ["model=mynet"], width=200)
+    command = lines[lines.index("  measure again:") + 1:]
+    assert command == ["    speedbench --config-dir=conf +experiment=amp "
+                       "'hydra.searchpath=[file://more]' model=mynet bench.repeats=6"]
