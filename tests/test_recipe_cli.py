@@ -144,4 +144,4 @@ def test_recipe_on_a_user_model_does_not_retry_what_failed(tmp_path):
     assert set(tried["experiment"]) == {"recipe-step1"}
     final = yaml.safe_load((run_dir / "recipe.yaml").read_text())
     assert list(final) == ["Tiny"] and final["Tiny"]["overrides"]["precision"] == "fp32"
-    assert "model='{_target_: fault_models.Tiny," in final["Tiny"]["command"]
+    assert final["Tiny"]["command"].startswith("speedbench 'model={_target_: fault_models.Tiny, ")

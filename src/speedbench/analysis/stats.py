@@ -357,7 +357,7 @@ def spread_warnings(summary: pd.DataFrame) -> list[str]:
             noisy.append(f"{r.model}/{r.variant} {s:.0%}")
         n = float(getattr(r, "unsteady", 0))
         if n > 0:
-            unsteady.append(f"{r.model}/{r.variant} {int(n)} of {r.trials}")
+            unsteady.append(f"{r.model}/{r.variant} {int(n)} of {int(r.trials)}")
     lines = []
     if noisy:
         lines.append(f"WARNING: trial spread (IQR/median of samples/s) over {SPREAD_WARN:.0%}: "

@@ -52,10 +52,6 @@ def forever(loader) -> Iterator:
         yield from loader
 
 
-ACCEPTED_OUTPUTS = ("a tensor, a tuple whose first element is it, a dict with the key, or an "
-                    "object with the attribute (Hugging Face's ModelOutput)")
-
-
 def compute_loss(model: nn.Module, loss_kind: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if loss_kind == "module":
         loss = output_tensor(model(x, y), "loss")
@@ -79,10 +75,11 @@ def output_tensor(out: Any, key: str) -> torch.Tensor:
         found = getattr(out, key, None)
     if isinstance(found, torch.Tensor):
         return found
-    what = (f"a dict with keys {', '.join(map(str, out))}" if isinstance(out, Mapping)
+    what = (f"a dict with keys {', '.join(map(str, list(out)[:4]))}" if isinstance(out, Mapping)
             else type(out).__name__)
-    raise TypeError(f"the model's forward returned {what}; speedbench takes the {key} as "
-                    f"{ACCEPTED_OUTPUTS}, named '{key}' (SPEEDBENCH_DEBUG=1 shows the traceback)")
+    kind = "module" if key == "loss" else "cross_entropy"
+    raise TypeError(f"forward returned {what}; loss: {kind} takes a tensor, ({key}, ...), "
+                    f"{{'{key}': ...}} or an object with .{key} (Hugging Face's ModelOutput)")
 
 
 class Trainer:

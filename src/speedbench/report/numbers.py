@@ -17,3 +17,12 @@ def ratio_ci(x, lo, hi, unit: str = "x") -> str:
     if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
         return f"{ratio(x)}{unit}"
     return f"{ratio(x)}{unit} [{ratio(lo)}, {ratio(hi)}]"
+
+
+def clip(text: str, most: int) -> str:
+    """`text` within `most` characters, cut at a word's end with an ellipsis, never mid-word."""
+    text = str(text)
+    if len(text) <= most:
+        return text
+    cut = text[:most].rsplit(" ", 1)[0] if " " in text[:most] else text[:most - 1]
+    return cut.rstrip(" ,;:(") + "…"

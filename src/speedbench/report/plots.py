@@ -19,6 +19,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
+from speedbench.report.numbers import clip  # noqa: E402
 from speedbench.results import atomic  # noqa: E402
 from speedbench.results.schema import OK  # noqa: E402
 from speedbench.analysis import stats
@@ -116,7 +117,7 @@ def _bar_panels(trials: pd.DataFrame, column: str, ylabel: str, title: str,
         base_med = next((m for v, m in zip(variants, meds) if v in baseline), math.nan)
         for xi, v, m, eh in zip(x, variants, meds, hi):
             if math.isnan(m):
-                ax.text(xi, top * 0.02, _status_of(trials, model, v)[:18], rotation=90,
+                ax.text(xi, top * 0.02, clip(_status_of(trials, model, v), 18), rotation=90,
                         ha="center", va="bottom", fontsize=8, color="#6c757d")
             elif ratio_labels and v not in baseline and base_med > 0:
                 ax.text(xi, m + eh + top * 0.02, f"{m / base_med:.2f}x", ha="center",
@@ -196,7 +197,7 @@ def forest(rows: pd.DataFrame, xlabel: str, title: str, panel: str = "model",
             side = blended_transform_factory(ax.transAxes, ax.transData)
             for yi, r in zip(y, sel.itertuples()):
                 if r.status != OK or not np.isfinite(r.ratio):
-                    ax.text(1.02, yi, str(r.status)[:34], transform=side, va="center",
+                    ax.text(1.02, yi, clip(r.status, 34), transform=side, va="center",
                             fontsize=9, color="#6c757d")
                     continue
                 colour = VERDICT_COLOURS.get(r.verdict, OTHER_COLOUR)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from speedbench.report.numbers import ratio_ci
+from speedbench.report.numbers import clip, ratio_ci
 from speedbench.results.runs import load_recipe
 from speedbench.results.schema import HOPELESS, OK, TOO_SLOW
 
@@ -290,4 +290,4 @@ def _short(text: str) -> str:
         return "no difference"
     if text.endswith("slower here"):
         return text.split(" [")[0].split(",")[0] + " slower"
-    return text.split(" (")[0][:60]
+    return clip(text.split(" (")[0], 60)

@@ -314,7 +314,8 @@ def rerun_command(entry: Any, recipe_args: list[str]) -> str:
             if o.lstrip("+~").split("=", 1)[0].split(".")[0] not in (
                 "experiment", "recipe", "model", "variants", "baseline", "run_dir")
             and o.lstrip("+~").split("=", 1)[0] not in set_here]
-    model = entry if isinstance(entry, str) else _yaml_inline(entry)
+    model = entry if isinstance(entry, str) else yaml.safe_dump(
+        entry, default_flow_style=True, sort_keys=False, width=math.inf).strip()
     return " ".join(shlex.quote(w) for w in ["speedbench", *given, f"model={model}",
                                              *recipe_args])
 
