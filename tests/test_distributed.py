@@ -26,6 +26,7 @@ from speedbench import distributed, techniques
 from speedbench.config import ConfigError, Schema, build_plan
 from speedbench.techniques import Context
 from speedbench.report import plots
+from speedbench.results import schema
 
 TESTS = Path(__file__).resolve().parent
 SRC = Path(speedbench.__file__).resolve().parents[1]
@@ -219,14 +220,16 @@ def _free_port() -> int:
 
 
 @pytest.mark.distributed
-def test_two_nodes_over_loopback(tmp_path):
+def test_two_nodes_of_two_processes_over_loopback(tmp_path):
+    """The documented two-node command with both agents on 127.0.0.1: world size 4, one run
+    directory, and rows in the single-node format."""
     port = _free_port()
     nodes = []
     for node_rank in range(2):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-               f"--node_rank={node_rank}", "--rdzv_backend=c10d",
-               f"--rdzv_endpoint=127.0.0.1:{port}",
-               f"--rdzv_id=speedbench-test-{port}", "-m", "speedbench", *FAST, "model=transformer",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2",
+               f"--node_rank={node_rank}", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{port}",
+               f"--rdzv-id=speedbench-test-{port}", "-m", "speedbench", *FAST, "model=transformer",
                f"out_dir={tmp_path}"]
         nodes.append(subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, **ENV},
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -238,9 +241,12 @@ def test_two_nodes_over_loopback(tmp_path):
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
     run_dir = only_run_dir(tmp_path)
     df = trials(run_dir)
-    assert (df["world_size"] == 2).all() and (df["status"] == "ok").all()
+    assert (df["world_size"] == 4).all() and (df["status"] == "ok").all()
+    assert df["rank_step_ms"].str.count(";").eq(3).all()  # all four ranks' timings gathered
+    assert list(df.columns) == schema.trial_columns(techniques.column_names())
     described = json.loads((run_dir / "env.json").read_text())["distributed"]
-    assert described["nnodes"] == 2 and described["local_world_size"] == 1
+    assert described["nnodes"] == 2 and described["local_world_size"] == 2
+    assert described["world_size"] == 4
 
 
 @pytest.mark.distributed
