@@ -288,36 +288,66 @@ def test_warmup_floor_is_not_cut_by_the_budget():
     assert n == 3
 
 
-def _tiny_training(precision=None):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
-    opt = torch.optim.AdamW(model.parameters())
-    x = torch.randn(32, 64)
+class _MlpTraining:
+    """A hand-counted training step, phased like train.Trainer.step: Linear(256, 512), ReLU,
+    Linear(512, 10), batch 64, AdamW with its for-loop implementation."""
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        if precision:
-            with torch.autocast("cpu", dtype=precision):
-                out = model(x)
-        else:
-            out = model(x)
-        out.float().square().mean().backward()
-        opt.step()
-    return model, opt, step
+    def __init__(self, batch=None):
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                         torch.nn.Linear(512, 10))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), foreach=False)
+        self.clock, self.batch = timing.NullClock(), batch
+
+    def step(self):
+        with self.clock("data"):  # made here, or given (as a DataLoader worker's batch is)
+            x, y = self.batch or (torch.randn(64, 256), torch.randint(0, 10, (64,)))
+        with self.clock("forward"):
+            loss = torch.nn.functional.cross_entropy(self.model(x), y)
+        with self.clock("backward"):
+            loss.backward()
+        with self.clock("optimizer"):
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
 
 
-def test_step_memory_splits_state_from_activations():
-    model, opt, step = _tiny_training()
-    params = sum(p.numel() * 4 for p in model.parameters()) / 2**20
-    step()  # the optimizer state exists from here on
-    first = timing.step_memory(step, model, opt, torch.device("cpu"))
-    again = timing.step_memory(step, model, opt, torch.device("cpu"))
-    # params + grads + AdamW's two moments (+ its step counters)
-    assert first["state_mem_mb"] == pytest.approx(4 * params, rel=0.01)
-    assert 0 < first["activation_mem_mb"] < first["peak_mem_mb"]
-    assert first["peak_mem_mb"] == pytest.approx(first["state_mem_mb"]
-                                                 + first["activation_mem_mb"])
-    assert again == first  # no first-measurement inflation: the same step, the same bytes
+def test_step_memory_splits_a_hand_counted_mlp_to_the_byte():
+    mlp = _MlpTraining()
+    mlp.step()  # AdamW makes its state in its first step
+    got = {k: v * 2**20 if isinstance(v, float) else v
+           for k, v in timing.step_memory(mlp, torch.device("cpu")).items()}
+    params = 4 * (256 * 512 + 512 + 512 * 10 + 10)  # 546,856 bytes of fp32
+    assert got["params_mem_mb"] == params
+    assert got["grads_mem_mb"] == params  # the peak falls in the optimizer step: all alive
+    assert got["opt_state_mem_mb"] == 2 * params + 4 * 4  # two moments; a 4-byte step each
+    assert got["state_mem_mb"] == 4 * params + 4 * 4 == 2_187_440  # before zero_grad
+    assert got["peak_phase"] == "optimizer"
+    # the for-loop AdamW's two temporaries for the 512x256 weight (sqrt of its second moment,
+    # then that over the bias correction), and the loss (one fp32); the batch is not counted
+    assert got["activation_mem_mb"] == 2 * 4 * 512 * 256 + 4
+    assert got["peak_mem_mb"] == 4 * params + 4 * 4 + 2 * 4 * 512 * 256 + 4
+    assert timing.step_memory(mlp, torch.device("cpu")) == timing.step_memory(
+        mlp, torch.device("cpu"))  # the same step, the same bytes
+
+
+def test_step_memory_counts_a_workers_batch_as_one_made_in_the_step():
+    made = _MlpTraining()
+    given = _MlpTraining(batch=(torch.randn(64, 256), torch.randint(0, 10, (64,))))
+    for t in (made, given):
+        t.step()
+    assert timing.step_memory(made, torch.device("cpu")) == \
+        timing.step_memory(given, torch.device("cpu"))
+
+
+def test_step_memory_of_a_forward_peak_has_no_gradients():
+    mlp = _MlpTraining(batch=(torch.randn(4096, 256), torch.randint(0, 10, (4096,))))
+    mlp.step()
+    got = timing.step_memory(mlp, torch.device("cpu"))
+    # activations of a large batch dwarf the state: the peak comes before any gradient
+    assert got["peak_phase"] in ("forward", "backward") and got["activation_mem_mb"] > 8
+    assert got["peak_mem_mb"] == pytest.approx(sum(got[k] for k in (
+        "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "activation_mem_mb")))
+    assert got["state_mem_mb"] == pytest.approx(4 * got["params_mem_mb"], rel=1e-3)
 
 
 def test_tensor_memory_counts_new_storage_only_while_alive():
@@ -429,9 +459,6 @@ def test_a_hopeless_variant_is_stopped_once_and_keeps_its_step_time(tmp_path, mo
     assert slow[0]["step_ms"] > 0 and "stopped after 1 step" in slow[0]["status"]
     base = [r for r in writer.rows if r["variant"] == "base"]
     assert len(base) == 1  # nothing left to compare: the baseline's repeats are spared
-    assert base[0]["state_mem_mb"] > 0 and base[0]["activation_mem_mb"] > 0
-    assert base[0]["peak_mem_mb"] == pytest.approx(base[0]["state_mem_mb"]
-                                                   + base[0]["activation_mem_mb"])
     summary = stats.summarise(writer.frame()).set_index("variant")
     assert summary.loc["slow", "verdict"] == "too slow" and summary.loc["slow", "step_ms"] > 0
 
@@ -450,3 +477,20 @@ def test_a_variant_many_times_slower_at_its_second_step_is_stopped(tmp_path, mon
     slow = [r for r in writer.rows if r["variant"] == "slow"]
     assert len(slow) == 1 and "stopped after 2 steps" in slow[0]["status"]
     assert "the baseline's second step" in slow[0]["status"] and slow[0]["step_ms"] > 0
+
+
+def test_transformer_state_is_params_grads_and_adamw_by_hand(tmp_path):
+    from speedbench.measure.train import build_model
+
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=1", "+variants={base:{}}",
+                      "baseline=base")
+    plan = build_plan(cfg, None)
+    row = rounds.measure_plan(plan, tmp_path, progress=False).rows[0]
+    params = list(build_model(plan.models[0], 0).parameters())
+    fp32 = 4 * sum(p.numel() for p in params)
+    # parameters, gradients, AdamW's two moments, and its 4-byte step counter per parameter
+    assert row["state_mem_mb"] * 2**20 == pytest.approx(4 * fp32 + 4 * len(params), rel=0.01)
+    assert row["params_mem_mb"] * 2**20 == fp32
+    assert row["peak_mem_mb"] == pytest.approx(sum(row[k] for k in (
+        "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "activation_mem_mb")))
+    assert row["peak_phase"] in ("forward", "backward", "optimizer")

@@ -240,6 +240,10 @@ def summarised(run):
     return run
 
 
+MEMORY_SPLIT = ("state_mem_mb", "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb",
+                "activation_mem_mb")
+
+
 def _medians(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
     """A variant's medians over its ok trials, and their spread."""
     def median(col: str) -> float:
@@ -250,9 +254,11 @@ def _medians(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
            "unsteady": _unsteady(ok), "data_wait_frac": median("data_wait_frac"),
            "peak_mem_mb": median("peak_mem_mb"), "host_rss_mb": median("host_rss_mb"),
            "final_loss": median("final_loss")}
-    for col in ("state_mem_mb", "activation_mem_mb"):  # the memory split, when recorded
+    for col in MEMORY_SPLIT:  # the memory split, when recorded
         if col in ok:
             med[col] = pd.to_numeric(ok[col], errors="coerce").median()
+    if "peak_phase" in ok and ok["peak_phase"].notna().any():
+        med["peak_phase"] = ok["peak_phase"].dropna().mode().iloc[0]
     # A variant stopped as hopeless keeps the step time it measured before it stopped.
     slow = g[g["status"].astype(str).str.startswith(TOO_SLOW)]
     if not len(ok) and len(slow):

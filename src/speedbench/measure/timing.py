@@ -244,13 +244,17 @@ def _storages(tree) -> list:
 
 
 class TensorMemory:
-    """Live and peak bytes of the tensors torch allocates on the CPU while the block runs (a
-    TorchDispatchMode: every op's new output storage is counted until it is freed).
+    """Live and peak bytes of the tensors torch allocates while the block runs (a
+    TorchDispatchMode: every op's new output storage is counted until it is freed), and which
+    storages were alive at the peak (`peak_storages`: serial -> bytes; `serial` names a storage
+    whatever address it had).
 
     `preexisting` tensors (parameters, gradients, optimizer state) are counted from the start,
-    and their release (gradients set to None) is seen too. The mode slows every op: use it on
-    an untimed step, never in the timed window. Storage made outside torch's ops (a DataLoader
-    worker's batch) is not seen.
+    and their release (gradients set to None) is seen too. While `ignoring` is set, new
+    storages are not counted (the loader making a batch: a DataLoader worker's batch cannot be
+    seen, so no variant's is counted). `phase` names the part of the step running now, and
+    `peak_phase` the part the peak fell in. The mode slows every op: use it on an untimed
+    step, never in the timed window.
     """
 
     def __init__(self, preexisting=()):
@@ -261,6 +265,8 @@ class TensorMemory:
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
+                if tracker.ignoring:
+                    return out
                 inputs = {st.data_ptr() for st in _storages((args, kwargs))}
                 for st in _storages(out):
                     if st.data_ptr() not in inputs:  # in-place and view outputs are not new
@@ -268,7 +274,10 @@ class TensorMemory:
                 return out
 
         self.live = self.peak = 0
-        self._seen: dict[int, int] = {}
+        self.phase, self.peak_phase, self.ignoring = None, None, False
+        self.peak_storages: dict[int, int] = {}
+        self._seen: dict[int, tuple[int, int]] = {}  # address -> (serial, bytes), while alive
+        self._serials = 0
         self._mode = _Mode()
         for st in _storages(list(preexisting)):
             self._add(st)
@@ -279,14 +288,22 @@ class TensorMemory:
         key, n = storage.data_ptr(), storage.nbytes()
         if n == 0 or key in self._seen or storage.device.type == "meta":
             return
-        self._seen[key] = n
+        self._serials += 1
+        self._seen[key] = (self._serials, n)
         self.live += n
-        self.peak = max(self.peak, self.live)
+        if self.live > self.peak:
+            self.peak, self.peak_phase = self.live, self.phase
+            self.peak_storages = dict(self._seen.values())
         weakref.finalize(storage, self._free, key, n)
 
     def _free(self, key: int, n: int) -> None:
         if self._seen.pop(key, None) is not None:
             self.live -= n
+
+    def serials(self, tensors) -> set[int]:
+        """The serials of these tensors' storages (those counted)."""
+        found = (self._seen.get(st.data_ptr()) for st in _storages(list(tensors)))
+        return {got[0] for got in found if got is not None}
 
     def __enter__(self):
         self._mode.__enter__()
@@ -296,48 +313,124 @@ class TensorMemory:
         return self._mode.__exit__(*exc)
 
 
+class PhaseMarks:
+    """A phase clock (the trainer's `clock`) that tells a TensorMemory which phase of the step
+    runs, has it ignore the loader's batch (the "data" phase), and calls `on_enter(phase)` as
+    each phase begins."""
+
+    def __init__(self, tracker: TensorMemory, inner, on_enter: Callable[[str], None]):
+        self.tracker, self.inner, self.on_enter = tracker, inner, on_enter
+
+    @contextmanager
+    def __call__(self, phase: str):
+        before = self.tracker.phase
+        self.tracker.phase, self.tracker.ignoring = phase, phase == "data"
+        self.on_enter(phase)
+        try:
+            with self.inner(phase):
+                yield
+        finally:
+            self.tracker.phase, self.tracker.ignoring = before, False
+
+
+def optimizer_state(optimizer) -> list[torch.Tensor]:
+    if optimizer is None:
+        return []
+    return [v for state in optimizer.state.values() for v in state.values()
+            if isinstance(v, torch.Tensor)]
+
+
+def gradients(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad for p in model.parameters() if p.grad is not None]
+
+
 def state_tensors(model: torch.nn.Module, optimizer=None) -> list[torch.Tensor]:
     """Parameters, their gradients, and the optimizer's state tensors."""
-    out = [p for p in model.parameters()]
-    out += [p.grad for p in model.parameters() if p.grad is not None]
-    if optimizer is not None:
-        for state in optimizer.state.values():
-            out += [v for v in state.values() if isinstance(v, torch.Tensor)]
-    return out
+    return list(model.parameters()) + gradients(model) + optimizer_state(optimizer)
+
+
+def storage_mb(tensors) -> float:
+    """MB held by these tensors' storages, each storage once."""
+    sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+             for t in tensors if t.device.type != "meta"}
+    return sum(sizes.values()) / 2**20
 
 
 def state_mb(model: torch.nn.Module, optimizer=None) -> float:
     """MB held by parameters + gradients + optimizer state (each storage once)."""
-    sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-             for t in state_tensors(model, optimizer) if t.device.type != "meta"}
-    return sum(sizes.values()) / 2**20
+    return storage_mb(state_tensors(model, optimizer))
 
 
-def step_memory(step: Callable[[], None], model: torch.nn.Module, optimizer,
-                device: torch.device) -> dict:
-    """Peak tensor memory of one optimizer step, split in two (MB):
-    `state_mem_mb` = parameters + gradients + optimizer state after the step,
-    `activation_mem_mb` = the rest of the peak: activations saved for backward, autocast
-    copies, temporaries; `peak_mem_mb` = their sum at the peak.
+MEMORY_COLUMNS = ("peak_mem_mb", "state_mem_mb", "params_mem_mb", "grads_mem_mb",
+                  "opt_state_mem_mb", "activation_mem_mb")
 
-    CPU: counted by TensorMemory during the step (untimed: it slows each op). CUDA: the caching
-    allocator's peak (torch.cuda.max_memory_allocated) over the step, less what was allocated
-    before it besides the state. Other devices: NaN.
+
+def step_memory(trainer, device: torch.device) -> dict:
+    """Peak tensor memory of one optimizer step of `trainer` (its step(), model, optimizer and
+    phase clock), and what it holds (MB):
+
+    - `peak_mem_mb`: the peak; `peak_phase`: the phase of the step it falls in (forward,
+      backward, optimizer, ...);
+    - at the peak: `params_mem_mb`, `grads_mem_mb` (gradients alive then), `opt_state_mem_mb`
+      (the optimizer's state) and `activation_mem_mb`, the rest: activations saved for
+      backward, autocast copies, temporaries (the optimizer's, when the peak falls in its
+      step);
+    - `state_mem_mb`: parameters + gradients + optimizer state when all are alive, right after
+      the optimizer's step and before zero_grad frees the gradients.
+
+    The batch the loader delivers is never counted (a DataLoader worker's cannot be seen);
+    its copy to an accelerator is. CPU: counted by TensorMemory during the step (untimed: it
+    slows each op). CUDA: the peak is the caching allocator's (torch.cuda.max_memory_allocated)
+    over the step, less what was allocated before it besides the state; the split is
+    TensorMemory's, activations taking what the allocator saw beyond it. Other devices: NaN.
     """
-    nan = {"peak_mem_mb": math.nan, "state_mem_mb": math.nan, "activation_mem_mb": math.nan}
-    if device.type == "cpu":
-        with TensorMemory(state_tensors(model, optimizer)) as tracker:
-            step()
-        peak = tracker.peak / 2**20
-    elif device.type == "cuda":
-        synchronize(device)
-        other = torch.cuda.memory_allocated(device) / 2**20 - state_mb(model, optimizer)
-        torch.cuda.reset_peak_memory_stats(device)
-        step()
-        synchronize(device)
+    if device.type not in ("cpu", "cuda"):
+        return dict.fromkeys(MEMORY_COLUMNS, math.nan)
+    model, optimizer = trainer.model, trainer.optimizer
+    synchronize(device)
+    other = torch.cuda.memory_allocated(device) / 2**20 - state_mb(model, optimizer) \
+        if device.type == "cuda" else 0.0
+    reset_device_peak(device)
+    tracker, state = _tracked_step(trainer)
+    synchronize(device)
+    peak = tracker.peak / 2**20
+    if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**20 - max(other, 0.0)
-    else:
-        return nan
-    state = state_mb(model, optimizer)
-    return {"peak_mem_mb": peak, "state_mem_mb": state,
-            "activation_mem_mb": max(peak - state, 0.0)}
+
+    def held(tensors_or_serials) -> float:  # MB of these storages alive at the peak
+        serials = tensors_or_serials if isinstance(tensors_or_serials, set) \
+            else tracker.serials(tensors_or_serials)
+        return sum(tracker.peak_storages.get(s, 0) for s in serials) / 2**20
+
+    split = {"params_mem_mb": held(list(model.parameters())),
+             "grads_mem_mb": held(state.get("grads", set())),
+             "opt_state_mem_mb": held(optimizer_state(optimizer))}
+    return {"peak_mem_mb": peak, "state_mem_mb": state.get("mb", math.nan), **split,
+            "activation_mem_mb": max(peak - sum(split.values()), 0.0),
+            "peak_phase": tracker.peak_phase or ""}
+
+
+def _tracked_step(trainer) -> tuple[TensorMemory, dict]:
+    """One step of `trainer` under a TensorMemory that knows its phases; with the state's MB
+    (`mb`) and the gradients' serials (`grads`) taken while the gradients are alive."""
+    model, optimizer, state = trainer.model, trainer.optimizer, {}
+    tracker = TensorMemory(state_tensors(model, optimizer))
+
+    def take_state(*_):  # before zero_grad(set_to_none=True) frees the gradients
+        state["mb"] = state_mb(model, optimizer)
+        state["grads"] = tracker.serials(gradients(model))
+
+    def on_enter(phase: str) -> None:  # also where the optimizer skips its step (inf grads)
+        if phase == "optimizer":
+            take_state()
+
+    hook = optimizer.register_step_post_hook(take_state)  # a first step makes its state
+    clock = trainer.clock
+    try:
+        trainer.clock = PhaseMarks(tracker, clock, on_enter)
+        with tracker:
+            trainer.step()
+    finally:
+        trainer.clock = clock
+        hook.remove()
+    return tracker, state

@@ -154,7 +154,7 @@ def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profil
             got = _timed_window(trainer, recipe.bench, ctx)
             # One more step, untimed, for the tensor memory split (not under torchrun: the
             # ranks would all have to take it).
-            memory = step_memory(trainer.step, trainer.model, trainer.optimizer, device) \
+            memory = step_memory(trainer, device) \
                 if ctx.dist_env is None else {}
         dev_peak = device_peak_mb(device)
         if recipe.profile != "off":

@@ -304,6 +304,9 @@ def _trials(file: Path, version: int,
         trials["device"] = "unknown"
     if version < 3:  # before rounds, trials were paired by `trial`, which `round` is since
         trials["round"] = trials["trial"]
+    if version < 4 and "state_mem_mb" in trials.columns:
+        notes.append(f"memory split of format {version}: state_mem_mb leaves out the gradients, "
+                     "and activation_mem_mb holds them")
     for c in KEYS:
         trials[c] = _names(trials[c])
     trials["is_baseline"] = _bool(trials["is_baseline"])

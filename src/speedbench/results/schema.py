@@ -16,12 +16,15 @@ from typing import Iterable
 
 # The run directory's format, written into env.json (`format_version`); the reader branches on it.
 # A run without one is read as format 1.
+#   4: the memory split at the peak (params_mem_mb, grads_mem_mb, opt_state_mem_mb,
+#      activation_mem_mb, peak_phase); state_mem_mb counts the gradients (taken before
+#      zero_grad). Before, state_mem_mb left the gradients out and activation_mem_mb held them.
 #   3: trials.csv's `round` and `position` (trials paired by round), techniques.json; the
 #      techniques' columns (precision, accumulate, ...) after the generic ones in trials.csv,
 #      and none in capacity.csv (its `variant` names the settings)
 #   2: profile columns (profile, reference_step_ms, phase_step_ms, ...)
 #   1: the first format: trials paired by `trial`
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 # The contract columns come first (in this order); more follow.
 TRIAL_COLUMNS = [
@@ -39,10 +42,12 @@ TRIAL_COLUMNS = [
     "round", "position",
     # verdicts (stats.py, quality.py, timing.step_memory): the run's noise threshold; the
     # quality probe's first-step time, length and samples (final_loss is its loss; window_loss
-    # the timed window's mean, for reference); peak tensor memory split into parameters +
-    # gradients + optimizer state and the rest (activations, temporaries); the peak's kind
+    # the timed window's mean, for reference); parameters + gradients + optimizer state, and
+    # the peak tensor memory split at the peak into those and the rest (activations,
+    # temporaries); the peak's kind (FLOPs)
     "noise_threshold", "first_step_ms", "second_step_ms", "quality_steps", "quality_samples", "window_loss",
     "state_mem_mb", "activation_mem_mb", "peak_kind",
+    "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "peak_phase",
 ]
 # The contract: every trials.csv has these (experiment ... final_loss); a reader notes the ones
 # an older run lacks.
@@ -56,6 +61,7 @@ SUMMARY_COLUMNS = [
     # inconclusive row could have shown, the threshold, and the family the CIs are adjusted for
     "rounds", "ci_halfwidth", "min_detectable", "noise_threshold", "comparisons",
     "family_level", "ci_level", "family_scope", "state_mem_mb", "activation_mem_mb",
+    "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "peak_phase",
 ]
 # The parts of one optimizer step the phase clock times (train.Trainer.step), in step order.
 PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
