@@ -435,48 +435,58 @@ def test_quality_probe_is_na_where_a_technique_cannot_act():
                              "without it)"}
 
 
-def test_first_step_limit_spares_a_loaded_machine():
+def test_the_too_slow_rule_needs_three_steady_steps_far_slower():
     from speedbench.measure import quality
 
-    assert quality.first_step_limit(0.1, 6.0) == pytest.approx(2.0)  # 20x the baseline
-    assert quality.first_step_limit(1.0, 6.0) == 6.0  # the trial budget comes first
-    assert quality.first_step_limit(8.0, 3.0) == 24.0  # never under 3x the baseline
-    assert quality.first_step_limit(0.01, 6.0) == 1.0  # nor under a second
-    assert quality.too_slow(38.0, 0.38) == ("too slow: 38 s/step, 100x slower than the "
-                                            "baseline's first step, stopped after 1 step")
+    rate = 10.0  # the baseline's steady samples/s; 4 samples per step
+    assert quality.far_slower([30, 2, 2, 2], 4, rate, 4)  # 2 samples/s each: 5x slower
+    assert not quality.far_slower([30, 2, 2], 4, rate, 4)  # two steady steps are not enough
+    assert not quality.far_slower([30, 2, 0.3, 2], 4, rate, 4)  # one fast steady step
+    assert not quality.far_slower([30, 2, 2, 2], 4, rate, 6)  # under the factor
+    assert not quality.far_slower([30, 2, 2, 2], 4, rate, None)  # rule off
+    assert not quality.far_slower([30, 2, 2, 2], 4, None, 4)  # the baseline itself
+    # the first step (one-time costs) is never evidence; steps under MIN_STOP_S neither
+    assert not quality.far_slower([900, 0.4, 0.4, 0.4], 1, 100.0, 4)
+    assert quality.far_slower([0.1, 2, 0.1, 2, 2, 2], 4, rate, 4)  # the last three
+    assert quality.too_slow([30, 2, 2, 2], 4, rate) == (
+        "too slow: 5x slower than the baseline in steady steps (2 s/step, median of 3), "
+        "stopped after 4 steps")
 
 
-def test_a_hopeless_variant_is_stopped_once_and_keeps_its_step_time(tmp_path, monkeypatch):
+def test_too_slow_factor_is_checked():
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.too_slow_factor=1")
+    with pytest.raises(ConfigError, match="bench.too_slow_factor: 1.0 is out of range"):
+        build_plan(cfg, None)
+
+
+def test_a_variant_stopped_early_is_slower_with_its_ratio_and_counts_in_the_family(
+        tmp_path, monkeypatch):
     from speedbench.measure import quality
+    from speedbench.results import schema
 
-    cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=2",
-                      "+variants={base:{},slow:{}}", "baseline=base")
+    cfg = compose_cfg(*TINY, "model=transformer", "+variants={base:{},slow:{}}",
+                      "baseline=base")
     plan = build_plan(cfg, None)
-    monkeypatch.setattr(quality, "first_step_limit", lambda base_first, budget: 0.0)
+    seen = []
+
+    def far_slower(step_s, per_step, baseline_rate, factor):  # the rule, held at 3 steps
+        seen.append((len(step_s), baseline_rate, factor))
+        return baseline_rate is not None and len(step_s) >= 1 + quality.STEADY_STEPS
+
+    monkeypatch.setattr(quality, "far_slower", far_slower)
     writer = rounds.measure_plan(plan, tmp_path, progress=False)
+    assert all(factor == 4.0 for _, _, factor in seen)
     slow = [r for r in writer.rows if r["variant"] == "slow"]
     assert len(slow) == 1 and slow[0]["status"].startswith("too slow: ")
-    assert slow[0]["step_ms"] > 0 and "stopped after 1 step" in slow[0]["status"]
+    assert "stopped after 4 steps" in slow[0]["status"] and slow[0]["step_ms"] > 0
     base = [r for r in writer.rows if r["variant"] == "base"]
     assert len(base) == 1  # nothing left to compare: the baseline's repeats are spared
+    assert base[0]["probe_samples_per_s"] > 0  # from its 3 steady probe steps (of 4)
     summary = stats.summarise(writer.frame()).set_index("variant")
-    assert summary.loc["slow", "verdict"] == "too slow" and summary.loc["slow", "step_ms"] > 0
-
-
-def test_a_variant_many_times_slower_at_its_second_step_is_stopped(tmp_path, monkeypatch):
-    # fp16 on a CPU: a first step under the trial budget, but every step ~20x the baseline's
-    from speedbench.measure import quality
-
-    assert quality.steady_step_limit(0.25) == pytest.approx(2.5)
-    assert quality.steady_step_limit(0.01) == 1.0  # a step that short cannot stall a run
-    cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=3",
-                      "+variants={base:{},slow:{}}", "baseline=base")
-    plan = build_plan(cfg, None)
-    monkeypatch.setattr(quality, "steady_step_limit", lambda base_second: 0.0)
-    writer = rounds.measure_plan(plan, tmp_path, progress=False)
-    slow = [r for r in writer.rows if r["variant"] == "slow"]
-    assert len(slow) == 1 and "stopped after 2 steps" in slow[0]["status"]
-    assert "the baseline's second step" in slow[0]["status"] and slow[0]["step_ms"] > 0
+    assert summary.loc["slow", "verdict"] == schema.STOPPED_SLOWER
+    assert summary.loc["slow", "speedup"] == pytest.approx(
+        slow[0]["probe_samples_per_s"] / base[0]["probe_samples_per_s"])
+    assert summary.loc["slow", "comparisons"] == 1  # a slower call of the run's family
 
 
 def test_transformer_state_is_params_grads_and_adamw_by_hand(tmp_path):

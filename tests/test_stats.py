@@ -165,15 +165,19 @@ def test_family_text_states_comparisons_level_and_loss_meaning():
     assert "quality at equal work" in text
 
 
-def test_a_variant_stopped_as_too_slow_keeps_its_step_time():
+def test_a_variant_stopped_early_keeps_its_step_time_and_counts_in_the_family():
+    import pytest
+
     base = np.array([100, 101, 99, 100, 102.0])
-    t = _rounds(base, {})
+    t = _rounds(base, {}).assign(probe_samples_per_s=80.0)
     slow = {"experiment": "e", "model": "m", "variant": "fp16", "is_baseline": False, "round": 0,
-            "trial": 0, "status": "too slow: 38 s/step, 100x slower than the baseline's first "
-            "step, stopped after 1 step", "samples_per_s": 0.8, "step_ms": 38000.0}
+            "trial": 0, "status": "too slow: 100x slower than the baseline in steady steps "
+            "(38 s/step, median of 3), stopped after 4 steps", "samples_per_s": 0.8,
+            "step_ms": 38000.0, "probe_samples_per_s": 0.8}
     s = stats.summarise(pd.concat([t, pd.DataFrame([slow])])).set_index("variant")
-    assert s.loc["fp16", "verdict"] == schema.TOO_SLOW and s.loc["fp16", "step_ms"] == 38000
-    assert s.loc["fp16", "comparisons"] == 0
+    assert s.loc["fp16", "verdict"] == schema.STOPPED_SLOWER and s.loc["fp16", "step_ms"] == 38000
+    assert s.loc["fp16", "speedup"] == pytest.approx(0.01)  # the probes' ratio, no CI
+    assert s.loc["fp16", "comparisons"] == 1
 
 
 def test_new_bench_keys_are_range_checked():

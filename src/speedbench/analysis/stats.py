@@ -16,6 +16,9 @@ Design (benchmarks/README.md shows the simulation behind each choice):
   equivalent: the adjusted CI lies inside [1 - threshold, 1 + threshold];
   inconclusive: anything else; `min_detectable` says the smallest effect this run could have
   called (the CI's relative half-width, at least the threshold).
+- A fifth, `slower (stopped early)` (STOPPED_SLOWER): a variant the quality probe stopped as
+  far slower (quality.py), with the ratio of the probes' steady throughputs and no CI. It is
+  a slower call of the run, so it counts in the family.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from speedbench.results.schema import OK, TOO_SLOW
+from speedbench.results.schema import OK, STOPPED_SLOWER, TOO_SLOW
 
 FASTER, SLOWER, EQUIVALENT, INCONCLUSIVE = "faster", "slower", "equivalent", "inconclusive"
 # For comparisons without a threshold (two runs compared by report/compare.py, claims).
@@ -186,13 +189,20 @@ def _threshold(g: pd.DataFrame) -> float:
     return DEFAULT_THRESHOLD
 
 
+def _stopped(statuses: pd.Series) -> pd.Series:
+    """Rows of a variant stopped early as far slower (quality.py)."""
+    return statuses.astype(str).str.startswith(TOO_SLOW)
+
+
 def count_comparisons(trials: pd.DataFrame) -> int:
     """Speed-up comparisons a run makes: each non-baseline (experiment, model, variant) with an
-    ok trial whose baseline has one too. The family every CI of the run is adjusted for."""
+    ok trial, or stopped early as far slower, whose baseline has an ok trial. The family every
+    CI of the run is adjusted for."""
     if trials.empty or "status" not in trials:
         return 0
-    ok = trials[trials["status"] == OK]
-    base = ok[ok["is_baseline"].astype(bool)][["experiment", "model"]].drop_duplicates()
+    ok = trials[(trials["status"] == OK) | _stopped(trials["status"])]
+    base = ok[ok["is_baseline"].astype(bool) & (ok["status"] == OK)]
+    base = base[["experiment", "model"]].drop_duplicates()
     others = ok[~ok["is_baseline"].astype(bool)][["experiment", "model", "variant"]]
     others = others.drop_duplicates().merge(base, on=["experiment", "model"])
     return len(others)
@@ -259,11 +269,15 @@ def _medians(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
             med[col] = pd.to_numeric(ok[col], errors="coerce").median()
     if "peak_phase" in ok and ok["peak_phase"].notna().any():
         med["peak_phase"] = ok["peak_phase"].dropna().mode().iloc[0]
-    # A variant stopped as hopeless keeps the step time it measured before it stopped.
-    slow = g[g["status"].astype(str).str.startswith(TOO_SLOW)]
+    # A variant stopped early keeps the step time it measured before it stopped.
+    slow = g[_stopped(g["status"])]
+    measured = ok if len(ok) else slow
     if not len(ok) and len(slow):
         med["samples_per_s"] = pd.to_numeric(slow.get("samples_per_s"), errors="coerce").median()
         med["step_ms"] = pd.to_numeric(slow.get("step_ms"), errors="coerce").median()
+    if "probe_samples_per_s" in measured:  # the too-slow rule's throughput
+        med["probe_samples_per_s"] = pd.to_numeric(measured["probe_samples_per_s"],
+                                                   errors="coerce").median()
     return med
 
 
@@ -280,6 +294,8 @@ def _speedup(row: dict, ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, lev
         rounds = len(paired_log_ratios(a, b))
         speed = paired_ratio_ci(a, b, level)
         verdict = classify(*speed, threshold=threshold)
+    elif _stopped(pd.Series([row["status"]])).iloc[0] and len(base_rows):
+        verdict, speed = STOPPED_SLOWER, (_probe_ratio(row, base_rows), math.nan, math.nan)
     else:
         verdict = _short(row["status"]) if not len(ok) else "no baseline"
     return {"rounds": rounds, "verdict": verdict, "speedup": speed[0], "speedup_lo": speed[1],
@@ -287,6 +303,15 @@ def _speedup(row: dict, ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, lev
             "min_detectable": (min_detectable(speed[1], speed[2], threshold)
                                if verdict == INCONCLUSIVE else math.nan),
             "noise_threshold": threshold}
+
+
+def _probe_ratio(row: dict, base_rows: pd.DataFrame) -> float:
+    """A stopped variant's measured speed-up: its probe's steady throughput over the
+    baseline's (NaN where the run did not record them)."""
+    if "probe_samples_per_s" not in base_rows:
+        return math.nan
+    base = pd.to_numeric(base_rows["probe_samples_per_s"], errors="coerce").median()
+    return row.get("probe_samples_per_s", math.nan) / base if base > 0 else math.nan
 
 
 def _mem_ratio(ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, level: float) -> dict:

@@ -72,7 +72,16 @@ class BenchConfig:
     # The quality probe trains a fresh model from `seed` for this many optimizer steps of the
     # baseline (the same samples seen for every variant), untimed, once per (model, variant).
     quality_steps: int = setting(12, "optimizer steps of the quality probe whose loss is compared "
-                                     "(0: no probe)")
+                                     "(0: no loss; the probe still times the steps "
+                                     "too_slow_factor needs)")
+    # quality.py: stopped when the probe's last 3 steady steps (after its first) each ran this
+    # many times slower per sample than the baseline's steady probe steps, and took >= 0.5 s.
+    too_slow_factor: Optional[float] = setting(4.0, "stop a variant early, verdict \"slower "
+                                                    "(stopped early)\", when each of its last 3 "
+                                                    "steady probe steps (of at least 0.5 s) is "
+                                                    "this many times slower per sample than the "
+                                                    "baseline's median steady probe step; null: "
+                                                    "never")
     time_budget_s: float = setting(600.0, "wall time per model that adaptive rounds may not "
                                           "overrun")
     # A very slow variant (fp16 on a CPU) then times fewer steps; trials.csv's `steps` says so.
@@ -324,6 +333,10 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
             raise ConfigError(f"{p}bench.{key}: {value} is out of range; it must be > 0"
                               + ("" if key in ("time_budget_s", "largest_batch_s")
                                  else ", or null to turn it off"))
+    factor = recipe.bench.too_slow_factor
+    if factor is not None and not factor > 1:
+        raise ConfigError(f"{p}bench.too_slow_factor: {factor} is out of range; it must be > 1 "
+                          "(4 = four times slower), or null never to stop a variant early")
     if recipe.bench.max_trial_s is not None and not recipe.bench.max_trial_s > 0:
         raise ConfigError(f"{p}bench.max_trial_s: {recipe.bench.max_trial_s} is out of range; "
                           "it must be > 0, or null for no cap")

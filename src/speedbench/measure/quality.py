@@ -1,4 +1,4 @@
-"""Quality at equal work, and the first-step check that stops a hopeless variant.
+"""Quality at equal work, and the rule that stops a variant far slower than the baseline.
 
 The loss compared across variants cannot come from the timed trials: their warm-up adapts to
 the machine (3 to 10 steps), so a loss taken after it measures how long the warm-up ran. The
@@ -9,15 +9,19 @@ many). Then it evaluates the loss on one fixed batch, the data set's first EVAL_
 samples, in fp32 with the model in eval mode. Identical recipes give identical losses on the
 CPU. The probe runs once per (model, variant), before the first round, untimed.
 
-Its first two steps are timed: a variant whose first step exceeds `first_step_limit_s` (run.py:
-HOPELESS_FACTOR times the baseline's first step, or the trial budget; only when the experiment
-sets a trial budget, bench.max_trial_s: compile's first step is its compilation), or whose second step
-(past one-time costs) exceeds STEADY_FACTOR times the baseline's second step, is stopped there
-and recorded as `too slow: ...`, and not measured again.
+"Too slow" (`bench.too_slow_factor`, F): every step of the probe is timed. The first is
+warm-up (one-time costs: allocation, kernel choice, compilation); the steps after it are its
+steady steps, and the probe runs at least 1 + STEADY_STEPS steps. The baseline's steady
+throughput is its samples per step over the median of its steady steps. A variant is stopped
+as soon as its last STEADY_STEPS steady steps each took at least MIN_STOP_S and each ran at
+under 1/F of the baseline's steady throughput (samples per second). It is recorded as
+`too slow: ...` with its measured ratio, not measured again, and its verdict is `slower
+(stopped early)` (stats.py). F null: no variant is stopped.
 """
 from __future__ import annotations
 
 import math
+import statistics
 import time
 
 import torch
@@ -30,13 +34,10 @@ from speedbench.measure.train import compute_loss
 from speedbench.results.schema import TOO_SLOW, format_status
 
 EVAL_SAMPLES = 64
-HOPELESS_FACTOR = 20  # a first step this many times the baseline's: stopped after that step
-BUDGET_FACTOR = 3
-MIN_HOPELESS_S = 1.0
-# A second step this many times the baseline's: hopeless. fp16 on a 2-core AVX-512 CPU runs the
-# small ResNet ~22x slower than fp32 yet its first step stays under the budget; an identical
-# recipe's second step on a loaded machine stayed within 2x.
-STEADY_FACTOR = 10
+STEADY_STEPS = 3  # steady steps (after the first) that must all be far slower to stop a variant
+# Shorter steps cannot stall a run, and on a loaded machine a step of a few milliseconds can
+# take several times another for no reason of its own.
+MIN_STOP_S = 0.5
 
 
 def probe_steps(spec, recipe, baseline, ctx: Context) -> int:
@@ -45,62 +46,63 @@ def probe_steps(spec, recipe, baseline, ctx: Context) -> int:
     return max(1, round(samples / batching(spec, recipe, ctx).per_step)) if samples else 0
 
 
-def first_step_limit(baseline_first_s: float, max_trial_s) -> float:
-    """The first-step time past which a variant is hopeless: HOPELESS_FACTOR times the
-    baseline's first step, or the trial budget if that is smaller, but never under
-    BUDGET_FACTOR times the baseline's first step (on a loaded machine one first step of an
-    identical recipe took twice the baseline's, while fp16 on the CPU took 4x a loaded fp32
-    step) nor under MIN_HOPELESS_S (a step that short cannot stall a run)."""
-    limit = HOPELESS_FACTOR * baseline_first_s
-    if max_trial_s:
-        limit = min(limit, max(max_trial_s, BUDGET_FACTOR * baseline_first_s))
-    return max(limit, MIN_HOPELESS_S)
+def steady_rate(step_s: list[float], per_step: int) -> float:
+    """Samples per second of the steady steps (all but the first): per_step over their median;
+    NaN without one."""
+    steady = step_s[1:]
+    return per_step / statistics.median(steady) if steady else math.nan
 
 
-def steady_step_limit(baseline_second_s: float) -> float:
-    """The second-step time past which a variant is hopeless (never under MIN_HOPELESS_S)."""
-    return max(STEADY_FACTOR * baseline_second_s, MIN_HOPELESS_S)
+def far_slower(step_s: list[float], per_step: int, baseline_rate: float | None,
+               factor: float | None) -> bool:
+    """The stopping rule: the last STEADY_STEPS steady steps each took at least MIN_STOP_S and
+    each ran at under 1/`factor` of `baseline_rate` (samples per second)."""
+    last = step_s[1:][-STEADY_STEPS:]
+    if not factor or not baseline_rate or len(last) < STEADY_STEPS:
+        return False
+    return all(t >= MIN_STOP_S and per_step / t * factor < baseline_rate for t in last)
 
 
-def too_slow(step_s: float, baseline_s: float | None, steps_done: int = 1) -> str:
-    which = "first" if steps_done == 1 else "second"
-    ratio = f", {step_s / baseline_s:.0f}x slower than the baseline's {which} step" \
-        if baseline_s else ""
-    plural = "s" if steps_done > 1 else ""
-    return format_status(TOO_SLOW, f"{step_s:.3g} s/step{ratio}, stopped after {steps_done} "
-                                   f"step{plural}")
+def too_slow(step_s: list[float], per_step: int, baseline_rate: float) -> str:
+    """`too slow: 12x slower ...`: the status of a variant stopped early."""
+    rate = steady_rate(step_s, per_step)
+    return format_status(TOO_SLOW, f"{baseline_rate / rate:.3g}x slower than the baseline in "
+                                   f"steady steps ({statistics.median(step_s[1:]):.3g} s/step, "
+                                   f"median of {len(step_s) - 1}), stopped after "
+                                   f"{len(step_s)} steps")
 
 
 def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
-                  first_step_limit_s: float | None = None,
-                  baseline_first_s: float | None = None,
-                  second_step_limit_s: float | None = None,
-                  baseline_second_s: float | None = None) -> dict:
-    """{final_loss, quality_steps, quality_samples, first_step_ms} after `steps` optimizer steps
-    from the seed (at least one step runs, to time it); with `status` 'too slow: ...' when the
-    first step exceeded `first_step_limit_s`, or its second `second_step_limit_s` (then no
-    loss), or `n/a: ...` when a technique cannot act on the model."""
-    per_step = batching(spec, recipe, ctx).per_step
+                  baseline_rate: float | None = None) -> dict:
+    """{final_loss, quality_steps, quality_samples, first_step_ms, second_step_ms,
+    probe_samples_per_s} after `steps` optimizer steps from the seed. It runs at least
+    1 + STEADY_STEPS steps (past `steps`, only timed) where bench.too_slow_factor is set, else
+    at least one, to time it. Given the baseline's steady throughput (`baseline_rate`), a
+    variant far slower (far_slower) is stopped: status 'too slow: ...', no loss. `n/a: ...`
+    when a technique cannot act on the model."""
+    per_step, factor = batching(spec, recipe, ctx).per_step, recipe.bench.too_slow_factor
+    total = max(steps, 1 + STEADY_STEPS if factor else 1)
+    times, loss = [], math.nan
     try:
         with applied(spec, recipe, ctx, dataset) as trainer:
             torch.manual_seed(recipe.bench.seed)  # dropout, per-step noise: the same stream
-            first_s = _timed_step(trainer)
-            out = {"first_step_ms": 1000 * first_s}
-            if first_step_limit_s is not None and first_s > first_step_limit_s:
-                return {**out, **_stopped(first_s, per_step, 1, baseline_first_s)}
-            if steps > 1:
-                second_s = _timed_step(trainer)
-                out["second_step_ms"] = 1000 * second_s
-                if second_step_limit_s is not None and second_s > second_step_limit_s:
-                    return {**out, **_stopped(second_s, per_step, 2, baseline_second_s)}
-            for _ in range(steps - 2):
-                trainer.step()
-            loss = _eval_loss(trainer, spec, dataset, recipe.bench.seed) if steps else math.nan
-            return {"first_step_ms": out["first_step_ms"], "final_loss": loss,
-                    "second_step_ms": out.get("second_step_ms", math.nan),
-                    "quality_steps": steps, "quality_samples": steps * per_step}
+            while len(times) < total:
+                times.append(_timed_step(trainer))
+                if far_slower(times, per_step, baseline_rate, factor):
+                    return {**_timings(times, per_step), **_stopped(times, per_step,
+                                                                    baseline_rate)}
+                if len(times) == steps:
+                    loss = _eval_loss(trainer, spec, dataset, recipe.bench.seed)
     except NotApplicable as exc:
         return {"status": str(exc)}
+    return {**_timings(times, per_step), "final_loss": loss, "quality_steps": steps,
+            "quality_samples": steps * per_step}
+
+
+def _timings(step_s: list[float], per_step: int) -> dict:
+    return {"first_step_ms": 1000 * step_s[0],
+            "second_step_ms": 1000 * step_s[1] if len(step_s) > 1 else math.nan,
+            "probe_samples_per_s": steady_rate(step_s, per_step)}
 
 
 def _timed_step(trainer) -> float:
@@ -111,10 +113,11 @@ def _timed_step(trainer) -> float:
     return time.perf_counter() - t0
 
 
-def _stopped(step_s: float, per_step: int, steps_done: int, baseline_s: float | None) -> dict:
-    """The probe of a hopeless variant: its step time, no loss."""
-    return {"status": too_slow(step_s, baseline_s, steps_done), "steps": steps_done,
-            "samples_per_s": per_step / step_s, "step_ms": 1000 * step_s, "final_loss": math.nan}
+def _stopped(step_s: list[float], per_step: int, baseline_rate: float) -> dict:
+    """The probe of a variant stopped early: its steady step time, no loss."""
+    step = statistics.median(step_s[1:])
+    return {"status": too_slow(step_s, per_step, baseline_rate), "steps": len(step_s) - 1,
+            "samples_per_s": per_step / step, "step_ms": 1000 * step, "final_loss": math.nan}
 
 
 def _eval_loss(trainer, spec, dataset, seed: int) -> float:

@@ -13,7 +13,6 @@ launch.py. After the rounds, the largest batch that fits is searched (capacity.p
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 from pathlib import Path
@@ -164,44 +163,35 @@ class ModelRounds:
 
     def _probe_all(self) -> None:
         """The quality probe of every variant measured in this process, the baseline's first,
-        so that its step times can tell a hopeless variant; a variant found too slow (or n/a)
-        joins `skip`. Variants launched through torchrun keep their timed window's loss."""
+        so that its steady throughput can tell a variant far slower (quality.py); a variant
+        stopped as too slow (or n/a) joins `skip`. Variants launched through torchrun keep
+        their timed window's loss."""
         plan = self.plan
-        base_first = base_second = None
+        base_rate = None
         for name in sorted(plan.variants, key=lambda v: v != plan.baseline):
             recipe = plan.variants[name]
             if name in self.skip or techniques.processes(recipe, self.ctx):
                 continue
             self.bar.set_postfix_str(f"{self.spec.name} {name}: quality probe")
-            got = self._probe(name, base_first, base_second)
+            got = self._probe(name, base_rate)
             if got is None:
                 continue
             if name == plan.baseline:
-                base_first = got["first_step_ms"] / 1000
-                second = got.get("second_step_ms", math.nan) / 1000
-                base_second = second if math.isfinite(second) else None
+                base_rate = got.get("probe_samples_per_s")
             status = str(got.get("status", ""))
             if status.startswith(schema.TOO_SLOW) or schema.is_na(status):
                 self.skip[name] = got.pop("status")
             self.probes[name] = got
 
-    def _probe(self, name: str, base_first, base_second) -> dict | None:
-        """One variant's quality probe, held to the baseline's step times; None on a fault."""
-        recipe, baseline = self.plan.variants[name], self.first
-        limit = limit2 = None
-        if name != self.plan.baseline:
-            # The first-step rule needs a trial budget: an experiment that sets none (compile,
-            # whose first step is the compilation) has said that a slow first step is expected.
-            if base_first and recipe.bench.max_trial_s:
-                limit = quality.first_step_limit(base_first, recipe.bench.max_trial_s)
-            if base_second:
-                limit2 = quality.steady_step_limit(base_second)
+    def _probe(self, name: str, base_rate: float | None) -> dict | None:
+        """One variant's quality probe, held to the baseline's steady throughput; None on a
+        fault."""
+        recipe = self.plan.variants[name]
         try:
             return quality.quality_probe(
                 self.spec, recipe, self.ctx, self.dataset,
-                quality.probe_steps(self.spec, recipe, baseline, self.ctx),
-                first_step_limit_s=limit, baseline_first_s=base_first,
-                second_step_limit_s=limit2, baseline_second_s=base_second)
+                quality.probe_steps(self.spec, recipe, self.first, self.ctx),
+                baseline_rate=None if name == self.plan.baseline else base_rate)
         except Exception:  # its trials will meet the fault and record it
             return None
 

@@ -152,7 +152,9 @@ def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         if r.status != OK:
             if r.status not in reasons:
                 reasons.append(r.status)
-            verdicts.append(f"{str(r.status).split(':')[0]} [{reasons.index(r.status) + 1}]")
+            word = "slower (stopped)" if r.verdict == stats.STOPPED_SLOWER \
+                else str(r.status).split(':')[0]
+            verdicts.append(f"{word} [{reasons.index(r.status) + 1}]")
         else:
             verdicts.append(VERDICT_SHORT.get(r.verdict, _clip(r.verdict, 12)))
     table = pd.DataFrame({

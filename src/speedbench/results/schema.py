@@ -19,6 +19,8 @@ from typing import Iterable
 #   4: the memory split at the peak (params_mem_mb, grads_mem_mb, opt_state_mem_mb,
 #      activation_mem_mb, peak_phase); state_mem_mb counts the gradients (taken before
 #      zero_grad). Before, state_mem_mb left the gradients out and activation_mem_mb held them.
+#      A variant stopped early (`too slow`, from the probe's steady steps) is a comparison of
+#      the family, verdict `slower (stopped early)`; probe_samples_per_s
 #   3: trials.csv's `round` and `position` (trials paired by round), techniques.json; the
 #      techniques' columns (precision, accumulate, ...) after the generic ones in trials.csv,
 #      and none in capacity.csv (its `variant` names the settings)
@@ -48,6 +50,8 @@ TRIAL_COLUMNS = [
     "noise_threshold", "first_step_ms", "second_step_ms", "quality_steps", "quality_samples", "window_loss",
     "state_mem_mb", "activation_mem_mb", "peak_kind",
     "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "peak_phase",
+    # the quality probe's steady throughput (quality.py: the "too slow" rule compares it)
+    "probe_samples_per_s",
 ]
 # The contract: every trials.csv has these (experiment ... final_loss); a reader notes the ones
 # an older run lacks.
@@ -61,7 +65,7 @@ SUMMARY_COLUMNS = [
     # inconclusive row could have shown, the threshold, and the family the CIs are adjusted for
     "rounds", "ci_halfwidth", "min_detectable", "noise_threshold", "comparisons",
     "family_level", "ci_level", "family_scope", "state_mem_mb", "activation_mem_mb",
-    "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "peak_phase",
+    "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "peak_phase", "probe_samples_per_s",
 ]
 # The parts of one optimizer step the phase clock times (train.Trainer.step), in step order.
 PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
@@ -84,8 +88,10 @@ def trial_columns(extra: Iterable[str] = ()) -> list[str]:
 
 # --- status: `ok`, `n/a: <reason>`, `oom`, `oom (<where>)`, `diverged`, `error: <reason>` ----------
 OK, NA, OOM, DIVERGED, ERROR = "ok", "n/a", "oom", "diverged", "error"
-# A hopeless variant, stopped after its first step (quality.py): `too slow: 38 s/step, ...`
+# A variant stopped early, its steady probe steps far slower than the baseline's (quality.py):
+# `too slow: 12x slower ...`; summary.csv's verdict for it is STOPPED_SLOWER
 TOO_SLOW = "too slow"
+STOPPED_SLOWER = "slower (stopped early)"
 # An option the recipe search dropped, its screen CI below 0.5x: `hopeless: 0.05x [...] in step 1`
 HOPELESS = "hopeless"
 KINDS = (OK, NA, OOM, DIVERGED, ERROR, TOO_SLOW, HOPELESS)
