@@ -133,9 +133,10 @@ class ModelRounds:
         plan, spec, recipe = self.plan, self.spec, self.plan.variants[name]
         try:
             nproc = techniques.processes(recipe, self.ctx)
-            if nproc:
+            env = techniques.environment(recipe, self.ctx)
+            if nproc or env:  # torchrun, or a fresh process started with `env`
                 return launch.launch_trial(plan, spec, name, recipe, round_, nproc, position,
-                                           self.book)
+                                           self.book, env)
             return measure_trial(plan, spec, name, recipe, round_, self.dataset, self.dist_env,
                                  self.run_dir, position=position, probe=self.probes.get(name),
                                  book=self.book)
@@ -164,13 +165,13 @@ class ModelRounds:
     def _probe_all(self) -> None:
         """The quality probe of every variant measured in this process, the baseline's first,
         so that its steady throughput can tell a variant far slower (quality.py); a variant
-        stopped as too slow (or n/a) joins `skip`. Variants launched through torchrun keep
-        their timed window's loss."""
+        stopped as too slow (or n/a) joins `skip`. Variants launched in processes of their own
+        (torchrun, or a fresh one) keep their timed window's loss."""
         plan = self.plan
         base_rate = None
         for name in sorted(plan.variants, key=lambda v: v != plan.baseline):
             recipe = plan.variants[name]
-            if name in self.skip or techniques.processes(recipe, self.ctx):
+            if name in self.skip or self._launched(recipe):
                 continue
             self.bar.set_postfix_str(f"{self.spec.name} {name}: quality probe")
             got = self._probe(name, base_rate)
@@ -182,6 +183,11 @@ class ModelRounds:
             if status.startswith(schema.TOO_SLOW) or schema.is_na(status):
                 self.skip[name] = got.pop("status")
             self.probes[name] = got
+
+    def _launched(self, recipe) -> bool:
+        """Whether this recipe's trials run in processes of their own (torchrun, or fresh)."""
+        return bool(techniques.processes(recipe, self.ctx)
+                    or techniques.environment(recipe, self.ctx))
 
     def _probe(self, name: str, base_rate: float | None) -> dict | None:
         """One variant's quality probe, held to the baseline's steady throughput; None on a

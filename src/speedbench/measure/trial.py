@@ -160,6 +160,7 @@ def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profil
         if recipe.profile != "off":
             got.update(profile.profile_trial(trainer, recipe, device, got["steps"], profile_out))
         got.update(techniques.columns(recipe, ctx))  # with what they observed of the trainer
+        got["torch_threads"] = torch.get_num_threads()  # the count the trial ran with
         got.update(flops.reading(ctx, spec, recipe, dataset, b.micro, b.k, book))
     loss, elapsed = got.pop("loss"), got["elapsed_s"]
     got.update({

@@ -16,6 +16,7 @@ from speedbench.techniques import (accumulation, empty_cache, loader, parallel, 
                                    tensor_creation)
 from speedbench.techniques import (attention, checkpointing, compile, cudnn_benchmark,
                                    matmul_precision, memory_format, optimizer)
+from speedbench.techniques import allocator, ddp_tuning, threads
 from speedbench.techniques.base import (GLOBAL_FLAGS, ConfigError, Context, Field, Finding,
                                         Technique, global_snapshot,
                                         restored_global_state)
@@ -34,6 +35,9 @@ _ALL: list[Technique] = [
     matmul_precision.MatmulPrecision(),
     cudnn_benchmark.CudnnBenchmark(),
     optimizer.Optimizer(),
+    threads.Threads(),
+    allocator.Allocator(),
+    ddp_tuning.DdpTuning(),
     parallel.Parallel(),
     compile.Compile(),
 ]
@@ -69,7 +73,7 @@ __all__ = ["REGISTRY", "Technique", "Field", "Context", "Finding", "ConfigError"
            "global_state", "micro_batching", "replicas", "loader_options", "prepare_model",
            "copy_options", "step_context", "grad_scaler", "loss_meter", "optimizer_options",
            "after_step_hooks", "matmul_dtype", "capacity_overrides", "columns", "column_names",
-           "profile_counters", "diagnose", "metadata"]
+           "profile_counters", "diagnose", "metadata", "environment"]
 
 
 def by_name(name: str) -> Technique:
@@ -122,6 +126,14 @@ def processes(recipe: Any, ctx: Context) -> Optional[int]:
         if n is not None:
             return n
     return None
+
+
+def environment(recipe: Any, ctx: Context) -> dict:
+    """Variables the trial's process must start with; non-empty: a fresh process (launch.py)."""
+    env: dict = {}
+    for t in REGISTRY:
+        env.update(t.environment(recipe, ctx))
+    return env
 
 
 @contextlib.contextmanager

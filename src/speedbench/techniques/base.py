@@ -15,6 +15,9 @@ Who calls what, in this order (each hook is called in registry order: see `Techn
   measure.rounds      not_applicable()   asked once per model before the rounds; the first
                                          reason makes the variant's row `n/a: <reason>`
                       processes()        a number: the trial runs under torchrun (launch.py)
+                      environment()      variables a fresh process must start with: the trial
+                                         runs in one of its own (launch.py), or under torchrun
+                                         with them
   measure.session     global_state()     entered for the whole trial, restored on exit
   (applied(): trial,  not_applicable()   asked again, of the trial's own fresh model
   quality probe,      micro_batching()   micro-batch size and micro-batches per optimizer step
@@ -297,6 +300,12 @@ class Technique:
         """Processes speedbench must launch (torchrun) to run this trial, or None to run it
         in this process."""
         return None
+
+    def environment(self, recipe: Any, ctx: Context) -> dict[str, str]:
+        """Environment variables the trial's process must start with (LD_PRELOAD: they act
+        only at start-up). Non-empty: the trial runs in a fresh process of its own, or, when
+        it needs several, torchrun's ranks get them."""
+        return {}
 
     def replicas(self, recipe: Any, ctx: Context) -> int:
         """Devices one process drives for this recipe (DataParallel: all GPUs); 1 otherwise."""

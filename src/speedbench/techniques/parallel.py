@@ -21,6 +21,7 @@ TIP = ("use DistributedDataParallel, one process per GPU (torchrun): DataParalle
 
 
 DISTRIBUTED = ("ddp", "fsdp")  # one process per device, launched through torchrun
+DDP_OPTIONS = "ddp_options"  # ctx.extra: DDP constructor arguments other techniques set
 
 
 def effective(recipe, dist_env) -> str:
@@ -39,14 +40,16 @@ def launch_nproc(recipe, device: str) -> int:
     return min(CPU_DEFAULT_NPROC, distributed.device_count("cpu"))
 
 
-def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
-    """The model as `parallel` says: DDP (one rank, one device), DataParallel (all GPUs), or bare.
-    DDP broadcasts rank 0's weights at construction, so every rank starts equal."""
+def wrap(model: nn.Module, parallel: str, device: torch.device,
+         ddp_options: Optional[dict] = None) -> nn.Module:
+    """The model as `parallel` says: DDP (one rank, one device; `ddp_options` passed on),
+    DataParallel (all GPUs), or bare. DDP broadcasts rank 0's weights at construction, so every
+    rank starts equal."""
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                       else None)
+                                       else None, **(ddp_options or {}))
     if parallel == "fsdp":
         return shard(model)
     if parallel == "dp" and device.type == "cuda":
@@ -111,7 +114,7 @@ def counting_synced_forwards(model: nn.Module):
 class Parallel(Technique):
     name = "parallel"
     # It wraps the model: after every technique that changes the bare model.
-    after = ("tensor_creation", "memory_format", "checkpointing", "attention")
+    after = ("tensor_creation", "memory_format", "checkpointing", "attention", "ddp_tuning")
     card = """\
 **What**: `dp` wraps the model in `nn.DataParallel` over every visible GPU (one process);
 `ddp` runs one process per device under `DistributedDataParallel` (speedbench launches
@@ -185,7 +188,8 @@ fully_shard(model)"""),
         return 1
 
     def prepare_model(self, model, recipe, ctx: Context):
-        return wrap(model, effective(recipe, ctx.dist_env), ctx.device)
+        return wrap(model, effective(recipe, ctx.dist_env), ctx.device,
+                    ctx.extra.get(DDP_OPTIONS))
 
     def capacity_overrides(self, recipe) -> dict:
         return {"parallel": "none"}  # the largest batch is searched on one device
