@@ -40,6 +40,8 @@ RECIPE_NAMES = {"recipe", "cfg", "config", "r", "row"}
 GENERIC = {
     # env.json's record of the process-wide torch flag, whatever the recipe says
     ("measure/env.py", "cudnn_benchmark"),
+    # the report's label for the process's thread counts, read from env.json
+    ("report/render.py", "threads"),
 }
 # (module, word): known leaks still to remove. Each entry is a bug, not a permission.
 KNOWN_LEAKS: set[tuple[str, str]] = set()
