@@ -129,3 +129,27 @@ def test_printed_commands_keep_the_config_flags():
     command = lines[lines.index("  measure again:") + 1:]
     assert command == ["    speedbench --config-dir=conf +experiment=amp "
                        "'hydra.searchpath=[file://more]' model=mynet bench.repeats=6"]
+
+
+def test_recipe_yaml_command_repeats_the_run_with_its_flags(monkeypatch):
+    """The final recipe's command: the config flags and the user's overrides as given, the model,
+    then the recipe; the search's own keys and those the recipe sets are left out."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from speedbench.config import config_dir, register_schema
+    from speedbench.search.driver import rerun_command
+
+    args = ["+experiment=recipe", "+models.mynet={_target_: mynet.build}", "model=mynet",
+            "recipe.budget_s=240", "precision=bf16", "data.path=imgs"]
+    monkeypatch.setattr(sys, "argv", ["speedbench", "--config-dir", "conf", *args])
+    register_schema()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=args, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        command = rerun_command("mynet", ["precision=fp32", "sync=deferred"])
+    finally:
+        HydraConfig.instance().cfg = None
+    assert command == ("speedbench --config-dir=conf '+models.mynet={_target_: mynet.build}' "
+                       "data.path=imgs model=mynet precision=fp32 sync=deferred")
