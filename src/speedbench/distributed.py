@@ -180,6 +180,15 @@ def _agree(value: float, device: torch.device, op) -> float:
     return float(t.item())
 
 
+def same_on_every_rank(value: int, env: Optional[DistEnv]) -> int:
+    """Rank 0's `value` on every rank (as is without torchrun)."""
+    if env is None or not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])
+
+
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank as soon as one rank says so (one small all-reduce)."""
     return bool(_agree(flag, device, dist.ReduceOp.MAX))

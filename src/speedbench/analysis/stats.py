@@ -226,6 +226,8 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
         base_rows = per_model[per_model["is_baseline"].astype(bool)
                               & (per_model["status"] == OK)]
         base_loss = base_rows["final_loss"].median() if len(base_rows) else math.nan
+        position = dict(zip(("position_effect", "position_lo", "position_hi"),
+                            position_effect(per_model, key)))
         for variant, g in per_model.groupby("variant", sort=False):
             ok = g[g["status"] == OK]
             row = {"experiment": experiment, "model": model, "variant": variant,
@@ -237,8 +239,41 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
             row["comparisons"], row["family_level"], row["ci_level"] = comparisons, family, level
             row["family_scope"] = "experiment" if per_experiment else "run"
             row.update(_flops(ok, row["step_ms"]))
-            rows.append(row)
+            rows.append({**row, **position})
     return pd.DataFrame(rows)
+
+
+def position_effect(per_model: pd.DataFrame, key: str = "round",
+                    level: float = 0.95) -> tuple[float, float, float]:
+    """First in its round vs later, over all variants of one model: the ratio of a trial's
+    throughput when it ran first to its throughput at a later position, with a t interval over
+    rounds. Each trial's log throughput less its variant's mean; per round, the first trial's
+    residual less the mean of the others' (the round's own speed cancels). Balanced orders make
+    it unbiased. NaN without positions or below two rounds."""
+    nan = (math.nan,) * 3
+    if "position" not in per_model or not len(per_model):
+        return nan
+    ok = per_model[(per_model["status"] == OK)
+                   & (pd.to_numeric(per_model["samples_per_s"], errors="coerce") > 0)]
+    ok = ok.assign(log=np.log(pd.to_numeric(ok["samples_per_s"])),
+                   pos=pd.to_numeric(ok["position"], errors="coerce")).dropna(subset=["pos"])
+    if ok.empty:
+        return nan
+    ok["res"] = ok["log"] - ok.groupby("variant")["log"].transform("mean")
+    diffs = []
+    for _, r in ok.groupby(key):
+        if len(r) >= 2:
+            first = r["pos"] == r["pos"].min()
+            diffs.append(r.loc[first, "res"].mean() - r.loc[~first, "res"].mean())
+    d = np.asarray(diffs, float)
+    if len(d) < 2:
+        return nan
+    half = t_quantile(level, len(d) - 1) * float(d.std(ddof=1)) / math.sqrt(len(d))
+    return math.exp(d.mean()), math.exp(d.mean() - half), math.exp(d.mean() + half)
+
+
+# A position effect is worth a warning when its CI excludes 1 and it exceeds this (2 %).
+POSITION_MATERIAL = 0.02
 
 
 def summarised(run):
@@ -389,7 +424,7 @@ def spread_warnings(summary: pd.DataFrame) -> list[str]:
         n = float(getattr(r, "unsteady", 0))
         if n > 0:
             unsteady.append(f"{r.model}/{r.variant} {int(n)} of {int(r.trials)}")
-    lines = []
+    lines = _position_warnings(summary)
     if noisy:
         lines.append(f"WARNING: trial spread (IQR/median of samples/s) over {SPREAD_WARN:.0%}: "
                      + ", ".join(noisy) + ". Something else may be using the machine, or the "
@@ -400,6 +435,24 @@ def spread_warnings(summary: pd.DataFrame) -> list[str]:
                      + ", ".join(unsteady)
                      + " (bench.warmup_max or the trial's time cap came first).")
     return lines
+
+
+def _position_warnings(summary: pd.DataFrame) -> list[str]:
+    """A warning for each model whose first-in-round trials ran materially faster or slower."""
+    if "position_effect" not in summary:
+        return []
+    hit = []
+    for (model,), r in summary.groupby(["model"], sort=False):
+        effect, lo, hi = (float(pd.to_numeric(r[c], errors="coerce").iloc[0])
+                          for c in ("position_effect", "position_lo", "position_hi"))
+        if (lo > 1 or hi < 1) and abs(math.log(effect)) > math.log1p(POSITION_MATERIAL):
+            hit.append(f"{model} {effect:.3f}x [{lo:.3f}, {hi:.3f}]")
+    if not hit:
+        return []
+    return ["WARNING: the first trial of a round ran at a different speed from the later ones "
+            "(first vs later, 95 % CI): " + ", ".join(hit) + ". The balanced orders keep the "
+            "speed-ups unbiased, but the machine is warming up, cooling down or carrying state "
+            "from one trial to the next: a longer bench.warmup may help."]
 
 
 def speedup_halfwidths(trials: pd.DataFrame, comparisons: int | None = None) -> dict[str, float]:

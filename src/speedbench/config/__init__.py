@@ -87,7 +87,10 @@ class BenchConfig:
     # A very slow variant (fp16 on a CPU) then times fewer steps; trials.csv's `steps` says so.
     max_trial_s: Optional[float] = setting(6.0, "cap on one trial's wall time (a quarter warm-up, "
                                                 "the rest timed); null: no cap")
-    seed: int = setting(0, "seed of the models' weights, the data and the rounds' shuffled order")
+    seed: int = setting(0, "seed of the models' weights and the data")
+    # The rounds' balanced order is drawn afresh per run; trials.csv's `order_seed` replays it.
+    order_seed: Optional[int] = setting(None, "seed of the rounds' balanced random order; null: "
+                                              "fresh entropy per run (recorded in trials.csv)")
     find_largest_batch: bool = setting(False, "search the largest micro-batch that fits in "
                                               "device memory at the baseline's precision "
                                               "(CUDA; capacity.csv)")
@@ -317,6 +320,7 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
     _at_least(p + "bench.warmup", recipe.bench.warmup, 0)
     _at_least(p + "bench.steps", recipe.bench.steps, 1)
     _at_least(p + "bench.repeats", recipe.bench.repeats, 1)
+    _at_least(p + "bench.order_seed", recipe.bench.order_seed, 0)
     _at_least(p + "bench.warmup_max", recipe.bench.warmup_max, 0)
     _at_least(p + "bench.quality_steps", recipe.bench.quality_steps, 0)
     if not 0 < recipe.bench.noise_threshold < 1:

@@ -1,10 +1,15 @@
-"""The rounds of a plan: every variant of a model once per round, in an order shuffled per round.
+"""The rounds of a plan: every variant of a model once per round, in a balanced random order.
 
-Round r of a run with seed s uses `np.random.default_rng((s, r))` (bench.seed of the baseline):
-independent streams for every (seed, round) pair and the same order on every torchrun rank.
-trials.csv records `round` and `position` (the trial's place in its round, 0 first); `trial`
-equals `round` for older readers. After `bench.repeats` rounds, more follow while a speed-up CI
-is wider than `bench.target_ci` (stats.wants_more_rounds), within the model's time budget.
+The orders come from a Williams design (a Latin square balanced for first-order carry-over; for
+an odd number of variants the square and its mirror image): over one block of k rounds (2k for
+odd k) every variant holds every position once (twice), and follows every other variant equally
+often. Each block shuffles the design's rows and assigns the variants to its letters at random,
+from `order_seed`: fresh entropy per run unless `bench.order_seed` gives one (`bench.seed` fixes
+the models and the data only). trials.csv records `order_seed`, `round` and `position` (the
+trial's place in its round, 0 first), so `bench.order_seed=<that value>` replays a run's orders;
+under torchrun rank 0's seed is used on every rank. `trial` equals `round` for older readers.
+After `bench.repeats` rounds, more follow while a speed-up CI is wider than `bench.target_ci`
+(stats.wants_more_rounds), within the model's time budget.
 
 Before the first round, each model gets its data set, the variants that cannot act here (n/a:
 one row each, in round 0) and a quality probe per variant (quality.py). One trial is
@@ -13,6 +18,7 @@ launch.py. After the rounds, the largest batch that fits is searched (capacity.p
 """
 from __future__ import annotations
 
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -33,10 +39,35 @@ from speedbench.measure.trial import context, dataset_length, header, measure_tr
 from speedbench.results import TrialWriter, schema
 
 
-def round_order(names: list[str], seed: int, round_: int) -> list[str]:
-    """The variants in the order round `round_` runs them: shuffled from (seed, round)."""
-    rng = np.random.default_rng((seed, round_))
-    return [names[i] for i in rng.permutation(len(names))]
+def williams_rows(k: int) -> list[list[int]]:
+    """A Williams design for k letters: k sequences (k even) or 2k (k odd: the square and its
+    mirror image) in which every letter holds every position, and follows every other letter,
+    equally often. Row i is the first row 0, 1, k-1, 2, k-2, ... plus i (mod k)."""
+    first, low, high = [0], 1, k - 1
+    while len(first) < k:
+        first.append(low)
+        low += 1
+        if len(first) < k:
+            first.append(high)
+            high -= 1
+    rows = [[(x + i) % k for x in first] for i in range(k)]
+    return rows + [row[::-1] for row in rows] if k % 2 else rows
+
+
+def round_order(names: list[str], order_seed: int, round_: int, stream: int = 0) -> list[str]:
+    """The variants in the order round `round_` runs them: a row of the Williams design of the
+    round's block, the block's rows in a random order and the variants given to the letters at
+    random, both drawn from (order_seed, stream, block). `stream` tells the models apart."""
+    rows = williams_rows(len(names))
+    block, row = divmod(round_, len(rows))
+    rng = np.random.default_rng([order_seed, stream, block])
+    letters, shuffled = rng.permutation(len(names)), rng.permutation(len(rows))
+    return [names[letters[x]] for x in rows[shuffled[row]]]
+
+
+def fresh_order_seed(dist_env: distributed.DistEnv | None = None) -> int:
+    """Fresh entropy for a run's orders (63 bits), the same on every torchrun rank."""
+    return distributed.same_on_every_rank(secrets.randbits(63), dist_env)
 
 
 def na_variants(plan: Plan, spec: ModelSpec, dist_env: distributed.DistEnv | None) -> dict:
@@ -61,8 +92,9 @@ class ModelRounds:
     """The rounds of one model of a plan, and what comes before and after them."""
 
     def __init__(self, plan: Plan, spec: ModelSpec, dist_env, run_dir: Path | None,
-                 writer: TrialWriter | None, book: FlopsBook, bar):
+                 writer: TrialWriter | None, book: FlopsBook, bar, order_seed: int = 0):
         self.plan, self.spec, self.dist_env, self.run_dir = plan, spec, dist_env, run_dir
+        self.order_seed = order_seed
         self.writer, self.book, self.bar = writer, book, bar
         self.first = plan.variants[plan.baseline]
         self.repeats = max(r.bench.repeats for r in plan.variants.values())
@@ -105,9 +137,10 @@ class ModelRounds:
                            f"{self.first.bench.target_ci}); " + stats.halfwidth_note(self.rows))
 
     def order(self, round_: int) -> list[tuple[int, str]]:
-        """(position, variant) of a round, shuffled; a variant whose repeats are spent sits
-        out the rounds up to the plan's most repeats."""
-        names = round_order(list(self.plan.variants), self.first.bench.seed, round_)
+        """(position, variant) of a round, in the balanced random order; a variant whose
+        repeats are spent sits out the rounds up to the plan's most repeats."""
+        stream = [m.name for m in self.plan.models].index(self.spec.name)
+        names = round_order(list(self.plan.variants), self.order_seed, round_, stream)
         return [(position, name) for position, name in enumerate(names)
                 if not self.repeats > round_ >= self.plan.variants[name].bench.repeats]
 
@@ -213,6 +246,7 @@ class ModelRounds:
                       self.dist_env, position)
 
     def _write(self, record: dict) -> None:
+        record["order_seed"] = self.order_seed  # bench.order_seed=<this> replays the orders
         if self.writer:
             self.writer.append(record)
 
@@ -241,8 +275,10 @@ def measure_plan(plan: Plan, run_dir: Path | None, progress: bool = True,
     if writer:  # the matmul peaks: once per run and dtype, before any trial
         bar.set_postfix_str("matmul peak")
         book.measure_peaks(techniques.matmul_dtype(r) for r in plan.variants.values())
+    seed = plan.variants[plan.baseline].bench.order_seed
+    seed = fresh_order_seed(dist_env) if seed is None else seed
     for spec in plan.models:
-        model = ModelRounds(plan, spec, dist_env, run_dir, writer, book, bar)
+        model = ModelRounds(plan, spec, dist_env, run_dir, writer, book, bar, seed)
         model.prepare()
         for round_ in model.rounds():
             model.run_round(round_)

@@ -39,9 +39,10 @@ TRIAL_COLUMNS = [
     "profile", "reference_step_ms", "phase_step_ms", "profiled_step_ms", "profile_overhead",
     "devices", "rank_step_ms",
     "warmup_steady", "flops_per_step", "achieved_tflops", "peak_tflops",
-    # rounds (run.py): `round` runs every variant of a model once, in a shuffled order;
-    # `position` is the trial's place in its round (0 first). `trial` == `round`.
-    "round", "position",
+    # rounds (measure/rounds.py): `round` runs every variant of a model once, in a balanced
+    # random order drawn from `order_seed`; `position` is the trial's place in its round (0
+    # first). `trial` == `round`.
+    "round", "position", "order_seed",
     # verdicts (stats.py, quality.py, timing.step_memory): the run's noise threshold; the
     # quality probe's first-step time, length and samples (final_loss is its loss; window_loss
     # the timed window's mean, for reference); parameters + gradients + optimizer state, and
@@ -66,6 +67,8 @@ SUMMARY_COLUMNS = [
     "rounds", "ci_halfwidth", "min_detectable", "noise_threshold", "comparisons",
     "family_level", "ci_level", "family_scope", "state_mem_mb", "activation_mem_mb",
     "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "peak_phase", "probe_samples_per_s",
+    # the model's first-in-round throughput over its later trials' (stats.position_effect)
+    "position_effect", "position_lo", "position_hi",
 ]
 # The parts of one optimizer step the phase clock times (train.Trainer.step), in step order.
 PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")

@@ -1,0 +1,102 @@
+"""The rounds' order: a Williams design per block, random from fresh entropy per run,
+replayed from the recorded order_seed; and the position check of the analysis."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from speedbench.analysis import stats
+from speedbench.measure import rounds
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 7])
+def test_williams_design_balances_positions_and_carry_over(k):
+    rows = rounds.williams_rows(k)
+    assert len(rows) == (2 * k if k % 2 else k)
+    per = len(rows) // k
+    for position in range(k):  # every letter at every position equally often
+        assert sorted(r[position] for r in rows) == sorted(list(range(k)) * per)
+    follows = [(a, b) for r in rows for a, b in zip(r, r[1:])]
+    counts = {pair: follows.count(pair) for pair in itertools.permutations(range(k), 2)}
+    assert len(set(counts.values())) == 1  # every ordered pair equally often
+
+
+def test_three_variants_six_rounds_each_first_twice():
+    names = ["fp32", "fp16", "bf16"]
+    for seed in range(20):
+        orders = [rounds.round_order(names, seed, r) for r in range(6)]
+        assert all(sorted(o) == sorted(names) for o in orders)
+        firsts = [o[0] for o in orders]
+        assert all(firsts.count(n) == 2 for n in names), firsts
+
+
+def test_orders_are_random_per_seed_and_replayed():
+    names = ["a", "b", "c", "d"]
+    orders = [rounds.round_order(names, 7, r) for r in range(12)]
+    assert orders == [rounds.round_order(names, 7, r) for r in range(12)]
+    assert orders != [rounds.round_order(names, 8, r) for r in range(12)]
+    assert orders != [rounds.round_order(names, 7, r, stream=1) for r in range(12)]
+    assert rounds.fresh_order_seed() != rounds.fresh_order_seed()
+
+
+def _trials(seed, first_boost=1.0, rounds_=12, k=3):
+    rng = np.random.default_rng(seed)
+    names = [f"v{i}" for i in range(k)]
+    rows = []
+    for r in range(rounds_):
+        speed = 100 * math.exp(rng.normal(0, 0.05))
+        for pos, name in enumerate(rounds.round_order(names, seed, r)):
+            tp = speed * (first_boost if pos == 0 else 1.0) * math.exp(rng.normal(0, 0.01))
+            rows.append({"experiment": "e", "model": "m", "variant": name, "round": r,
+                         "trial": r, "position": pos, "is_baseline": name == "v0",
+                         "status": "ok", "samples_per_s": tp})
+    t = pd.DataFrame(rows)
+    for col in ("step_ms", "data_wait_frac", "peak_mem_mb", "host_rss_mb", "final_loss"):
+        t[col] = 1.0
+    return t
+
+
+def test_position_effect_is_found_and_warned():
+    effect, lo, hi = stats.position_effect(_trials(1, first_boost=0.95))
+    assert lo < 0.95 < hi and hi < 1
+    s = stats.summarise(_trials(1, first_boost=0.95))
+    assert any("first trial of a round" in w for w in stats.spread_warnings(s))
+    # balanced orders: the speed-ups stay unbiased under the position effect
+    assert np.allclose(s[~s["is_baseline"]]["speedup"], 1, atol=0.01)
+    quiet = stats.summarise(_trials(2))
+    assert not any("first trial of a round" in w for w in stats.spread_warnings(quiet))
+
+
+def _measured_orders(tmp_path, monkeypatch, *overrides):
+    """The orders measure_plan runs amp's three variants in, for 6 rounds, with no training."""
+    from conftest import TINY, compose_cfg
+    from speedbench.config import build_plan
+    from speedbench.measure import flops
+
+    def fake(self, variant, round_, position):
+        return {**self._header(variant, round_, position), "status": "ok",
+                "samples_per_s": 1.0, "step_ms": 1.0}
+
+    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision: 1.0)
+    monkeypatch.setattr(rounds.ModelRounds, "measure", fake)
+    monkeypatch.setattr(rounds.ModelRounds, "_probe_all", lambda self: None)
+    plan = build_plan(compose_cfg(*TINY, "model=transformer", "bench.repeats=6",
+                                  "bench.target_ci=null", *overrides, experiment="amp"), "amp")
+    tmp_path.mkdir(exist_ok=True)
+    rounds.measure_plan(plan, tmp_path, progress=False)
+    trials = pd.read_csv(tmp_path / "trials.csv")
+    orders = [tuple(g.sort_values("position")["variant"]) for _, g in trials.groupby("round")]
+    return orders, trials["order_seed"].unique()
+
+
+def test_runs_draw_fresh_orders_and_record_how_to_replay_them(tmp_path, monkeypatch):
+    first, seeds = _measured_orders(tmp_path / "a", monkeypatch)
+    second, _ = _measured_orders(tmp_path / "b", monkeypatch)
+    assert len(seeds) == 1 and first != second  # the same bench.seed, different orders
+    assert sorted(o[0] for o in first) == sorted(["fp32", "fp16", "bf16"] * 2)
+    replay, _ = _measured_orders(tmp_path / "c", monkeypatch, f"bench.order_seed={seeds[0]}")
+    assert replay == first
