@@ -132,17 +132,50 @@ def test_threshold_read_from_trials():
 
 
 class _Bench:
-    target_ci, time_budget_s = 0.03, 100.0
+    target_ci, time_budget_s, repeats = 0.03, 100.0, 5
 
 
-def test_wants_more_rounds_until_narrow_or_out_of_time():
+def test_rounds_stop_at_a_look_once_decided_or_out_of_time():
     rng = np.random.default_rng(3)
-    base = 100 * np.exp(rng.normal(0, 0.05, 5))
-    wide = _rounds(base, {"v": base * np.exp(rng.normal(0, 0.05, 5))}).to_dict("records")
-    narrow = _rounds(base, {"v": base * 1.2}).to_dict("records")
-    assert stats.wants_more_rounds(wide, _Bench, 5, elapsed_s=10)
-    assert not stats.wants_more_rounds(wide, _Bench, 5, elapsed_s=90)  # a 6th would not fit
-    assert not stats.wants_more_rounds(narrow, _Bench, 5, elapsed_s=10)
+    base = 100 * np.exp(rng.normal(0, 0.05, 15))
+    wide = _rounds(base, {"v": base * np.exp(rng.normal(0, 0.05, 15))}).to_dict("records")
+    narrow = _rounds(base[:5], {"v": base[:5] * 1.2}).to_dict("records")
+    five = [r for r in wide if r["round"] < 5]
+    assert stats.wants_more_rounds(five, _Bench, 5, elapsed_s=10)  # 5 more fit: 20 s
+    assert not stats.wants_more_rounds(five, _Bench, 5, elapsed_s=60)  # 10 rounds: 120 s
+    assert not stats.wants_more_rounds(narrow, _Bench, 5, elapsed_s=10)  # decided: faster
+    assert stats.wants_more_rounds(wide[:14], _Bench, 7, elapsed_s=99)  # on to the next look
+    assert not stats.wants_more_rounds(wide, _Bench, 15, elapsed_s=10)  # the last look
+
+
+def test_looks_spend_the_family_error_once():
+    for looks in (1, 2, 3, 5):
+        shares = [stats.spending_share(k, looks) for k in range(1, looks + 1)]
+        assert math.isclose(sum(shares), 1) and all(x > 0 for x in shares)
+    assert stats.sequential_level(4) == stats.comparison_level(4)  # one look: Bonferroni
+    assert stats.sequential_level(4, 1, 3) > 1 - 0.05 / 4
+    assert [stats.look_of(n, 5, 3) for n in (3, 5, 9, 10, 15, 20)] == [1, 1, 1, 2, 3, 3]
+
+
+def test_summary_reports_the_level_of_the_look_it_stopped_at():
+    rng = np.random.default_rng(4)
+    base = 100 * np.exp(rng.normal(0, 0.05, 10))
+    t = _rounds(base, {"v": base * 1.1 * np.exp(rng.normal(0, 0.02, 10)), "w": base})
+    t["min_rounds"], t["looks"] = 5, 3
+    row = stats.summarise(t).set_index("variant").loc["v"]
+    assert row["rounds"] == 10
+    assert math.isclose(row["ci_level"], 1 - 0.05 * stats.spending_share(2, 3) / 2)
+    one_look = stats.summarise(t.assign(looks=1)).set_index("variant").loc["v"]
+    assert one_look["speedup_hi"] - one_look["speedup_lo"] < row["speedup_hi"] - row["speedup_lo"]
+
+
+def test_fewer_rounds_than_the_runs_floor_is_a_screen_not_a_verdict():
+    base = np.array([100, 101, 99, 100, 102.0])
+    screen = _rounds(base[:3], {"v": base[:3] * 1.5}).assign(experiment="screen", min_rounds=3)
+    full = _rounds(base, {"v": base * 1.5}).assign(min_rounds=5)
+    s = stats.summarise(pd.concat([screen, full]), per_experiment=True)
+    verdicts = s[~s["is_baseline"]].set_index("experiment")["verdict"]
+    assert verdicts["screen"] == stats.SCREENING and verdicts["e"] == stats.FASTER
 
 
 def test_report_lead_line_crowns_only_a_significant_result():

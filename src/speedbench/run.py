@@ -19,7 +19,7 @@ from speedbench.analysis import scaling, stats
 from speedbench.config import Plan, build_plan, suite
 from speedbench.measure import diagnosis, env
 from speedbench.measure.flops import FlopsBook
-from speedbench.measure.rounds import measure_plan, na_variants
+from speedbench.measure.rounds import measure_plan, na_variants, planned_comparisons
 from speedbench.measure.trial import check_data
 from speedbench.results import atomic, schema
 
@@ -53,8 +53,10 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
         if run_dir else None
     book = FlopsBook(device)
 
-    def measure(*args):
-        return measure_plan(*args, book=book)
+    family = sum(planned_comparisons(p) for p in plans) if groups is None else None
+
+    def measure(*args):  # adaptive rounds judge CIs at the run's family (a suite's members)
+        return measure_plan(*args, book=book, comparisons=family)
 
     for plan in plans:
         if groups is not None:  # +experiment=recipe: the search runs the plans

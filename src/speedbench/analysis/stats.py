@@ -32,6 +32,9 @@ from speedbench.results.schema import OK, STOPPED_SLOWER, TOO_SLOW
 FASTER, SLOWER, EQUIVALENT, INCONCLUSIVE = "faster", "slower", "equivalent", "inconclusive"
 # For comparisons without a threshold (two runs compared by report/compare.py, claims).
 SAME = "no significant difference"
+# A measurement with fewer rounds than the run's floor (bench.repeats; a recipe search's screen)
+# decides nothing in summary.csv: its verdict says so.
+SCREENING = "screening"
 TOO_FEW = "too few trials"
 BASELINE = "baseline"
 FAMILY_LEVEL = 0.05  # family-wise error rate of a run's faster/slower calls
@@ -78,6 +81,43 @@ def t_quantile(level: float, df: int) -> float:
 def comparison_level(comparisons: int, family: float = FAMILY_LEVEL) -> float:
     """Confidence level of each of `comparisons` Bonferroni-adjusted intervals."""
     return 1 - family / max(1, comparisons)
+
+
+# ---- group-sequential looks: alpha spent across them ----
+
+LOOKS = 3  # adaptive rounds: looks after repeats, 2 x repeats and 3 x repeats rounds at most
+
+
+def spending_share(look: int, looks: int) -> float:
+    """Share of the family's error spent at look `look` of `looks` (equally spaced): the
+    increments of the Pocock-type spending function ln(1 + (e - 1) t) (Lan & DeMets, 1983).
+    One look spends it all."""
+    def spent(t: float) -> float:
+        return math.log1p((math.e - 1) * t)
+    return spent(look / looks) - spent((look - 1) / looks)
+
+
+def sequential_level(comparisons: int, look: int = 1, looks: int = 1,
+                     family: float = FAMILY_LEVEL) -> float:
+    """Level of each of `comparisons` intervals at look `look` of `looks`: Bonferroni over the
+    comparisons and over the looks (each look its spending share). The union bound holds for
+    any stopping rule, so the interval reported at the look a run stops at keeps its level."""
+    return 1 - family * spending_share(look, looks) / max(1, comparisons)
+
+
+def planned_looks(time_budget_s: float, min_rounds: int, round_s: float) -> int:
+    """Looks the model's time budget allows at the first round's pace: `looks` x `min_rounds`
+    rounds must fit, 1 to LOOKS. Chosen after the first round, before any look, so that no
+    error is spent on looks the budget cannot reach."""
+    if not round_s > 0:
+        return LOOKS
+    return max(1, min(LOOKS, int(time_budget_s // (min_rounds * round_s))))
+
+
+def look_of(rounds: int, min_rounds: int, looks: int) -> int:
+    """The look a comparison of `rounds` paired rounds ended at (looks every `min_rounds`
+    rounds): the last one all of whose rounds it has, the first at least."""
+    return max(1, min(looks, rounds // max(1, min_rounds)))
 
 
 def paired_log_ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -211,7 +251,8 @@ def count_comparisons(trials: pd.DataFrame) -> int:
 def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
               per_experiment: bool = False) -> pd.DataFrame:
     """One row per (model, variant): medians over ok trials, the paired speed-up over the
-    baseline with its family-wise adjusted CI, and the verdict.
+    baseline with its family-wise adjusted CI at the level of the look its rounds stopped at,
+    the verdict (`screening` below the run's floor of rounds), and the rounds behind it.
 
     The family is the whole run (a suite's members together), or with `per_experiment` each
     experiment alone: a recipe search's measurements (screens, confirmations, the closing
@@ -219,10 +260,11 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
     rows = []
     key = pair_key(trials)
     run_comparisons = count_comparisons(trials)
+    floor = _floor(trials)
     for (experiment, model), per_model in trials.groupby(["experiment", "model"], sort=False):
         comparisons = count_comparisons(trials[trials["experiment"] == experiment]) \
             if per_experiment else run_comparisons
-        level = comparison_level(comparisons, family)
+        plan = Looks(comparisons, *_schedule(per_model), family)
         base_rows = per_model[per_model["is_baseline"].astype(bool)
                               & (per_model["status"] == OK)]
         base_loss = base_rows["final_loss"].median() if len(base_rows) else math.nan
@@ -233,14 +275,53 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
             row = {"experiment": experiment, "model": model, "variant": variant,
                    "is_baseline": bool(g["is_baseline"].iloc[0]), "status": _status(g["status"]),
                    "trials": len(ok), **_medians(g, ok)}
+            level = plan.level(_rounds_paired(ok, base_rows, key))
             row.update(_mem_ratio(ok, base_rows, key, level))
             row["loss_delta"] = row["final_loss"] - base_loss
-            row.update(_speedup(row, ok, base_rows, key, level, _threshold(g)))
+            row.update(_speedup(row, ok, base_rows, key, level, _threshold(g), floor))
             row["comparisons"], row["family_level"], row["ci_level"] = comparisons, family, level
             row["family_scope"] = "experiment" if per_experiment else "run"
             row.update(_flops(ok, row["step_ms"]))
             rows.append({**row, **position})
     return pd.DataFrame(rows)
+
+
+class Looks:
+    """The looks of one model's rounds: a look every `min_rounds` rounds, `looks` at most."""
+
+    def __init__(self, comparisons: int, min_rounds: int, looks: int,
+                 family: float = FAMILY_LEVEL):
+        self.comparisons, self.min_rounds, self.looks = comparisons, min_rounds, looks
+        self.family = family
+
+    def level(self, rounds: int) -> float:
+        """The CI level of a comparison with `rounds` paired rounds: that of its last look."""
+        look = look_of(rounds, self.min_rounds, self.looks)
+        return sequential_level(self.comparisons, look, self.looks, self.family)
+
+
+def _schedule(per_model: pd.DataFrame) -> tuple[int, int]:
+    """(min_rounds, looks) the rounds loop recorded (trials.csv; the first round's rows have
+    no `looks` yet when it was planned after them); (1, 1), one look, without."""
+    def most(col: str) -> int:
+        got = pd.to_numeric(per_model[col], errors="coerce").dropna() \
+            if col in per_model else pd.Series(dtype=float)
+        return int(got.max()) if len(got) else 1
+    return max(1, most("min_rounds")), max(1, most("looks"))
+
+
+def _floor(trials: pd.DataFrame) -> int:
+    """The run's floor of rounds for a verdict: the most `min_rounds` any measurement of it
+    recorded (bench.repeats); 0 for a run without the column."""
+    got = pd.to_numeric(trials["min_rounds"], errors="coerce").dropna() \
+        if "min_rounds" in trials else pd.Series(dtype=float)
+    return int(got.max()) if len(got) else 0
+
+
+def _rounds_paired(ok: pd.DataFrame, base_rows: pd.DataFrame, key: str) -> int:
+    if not len(ok) or not len(base_rows):
+        return 0
+    return len(paired_log_ratios(*paired(ok, base_rows, "samples_per_s", key)))
 
 
 def position_effect(per_model: pd.DataFrame, key: str = "round",
@@ -259,13 +340,11 @@ def position_effect(per_model: pd.DataFrame, key: str = "round",
                    pos=pd.to_numeric(ok["position"], errors="coerce")).dropna(subset=["pos"])
     if ok.empty:
         return nan
-    ok["res"] = ok["log"] - ok.groupby("variant")["log"].transform("mean")
-    diffs = []
-    for _, r in ok.groupby(key):
-        if len(r) >= 2:
-            first = r["pos"] == r["pos"].min()
-            diffs.append(r.loc[first, "res"].mean() - r.loc[~first, "res"].mean())
-    d = np.asarray(diffs, float)
+    res = ok["log"] - ok.groupby("variant")["log"].transform("mean")
+    first = ok["pos"] == ok.groupby(key)["pos"].transform("min")
+    by_round = res.groupby([ok[key], first]).mean().unstack()
+    d = (by_round[True] - by_round[False]).dropna().to_numpy(float) \
+        if {True, False} <= set(by_round.columns) else np.array([])
     if len(d) < 2:
         return nan
     half = t_quantile(level, len(d) - 1) * float(d.std(ddof=1)) / math.sqrt(len(d))
@@ -317,7 +396,7 @@ def _medians(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
 
 
 def _speedup(row: dict, ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, level: float,
-             threshold: float) -> dict:
+             threshold: float, floor: int = 0) -> dict:
     """The paired speed-up over the baseline, its CI and verdict, and the rounds behind it."""
     speed, rounds = (math.nan,) * 3, 0
     if row["is_baseline"]:
@@ -328,7 +407,7 @@ def _speedup(row: dict, ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, lev
         a, b = paired(ok, base_rows, "samples_per_s", key)
         rounds = len(paired_log_ratios(a, b))
         speed = paired_ratio_ci(a, b, level)
-        verdict = classify(*speed, threshold=threshold)
+        verdict = classify(*speed, threshold=threshold) if rounds >= floor else SCREENING
     elif _stopped(pd.Series([row["status"]])).iloc[0] and len(base_rows):
         verdict, speed = STOPPED_SLOWER, (_probe_ratio(row, base_rows), math.nan, math.nan)
     else:
@@ -455,41 +534,70 @@ def _position_warnings(summary: pd.DataFrame) -> list[str]:
             "from one trial to the next: a longer bench.warmup may help."]
 
 
-def speedup_halfwidths(trials: pd.DataFrame, comparisons: int | None = None) -> dict[str, float]:
-    """Relative half-width of each non-baseline variant's paired speed-up CI so far, at the
-    Bonferroni level for `comparisons` (default: this frame's own count). NaN below two
-    rounds; variants with no ok trial are left out."""
+def speedups(trials: pd.DataFrame, level: float) -> dict[str, tuple]:
+    """(speed-up, lo, hi, verdict) of each non-baseline variant's paired speed-up so far, at
+    `level`; variants with no ok trial are left out."""
     if "samples_per_s" not in trials or "status" not in trials:
         return {}
     ok = trials[trials["status"] == OK]
     key = pair_key(trials)
-    level = comparison_level(comparisons or count_comparisons(trials))
     base = ok[ok["is_baseline"].astype(bool)]
     out = {}
     for variant, g in ok[~ok["is_baseline"].astype(bool)].groupby("variant", sort=False):
-        _, lo, hi = paired_ratio_ci(*paired(g, base, "samples_per_s", key), level) \
+        ci = paired_ratio_ci(*paired(g, base, "samples_per_s", key), level) \
             if len(base) else (math.nan,) * 3
-        out[variant] = relative_halfwidth(lo, hi)
+        out[variant] = (*ci, classify(*ci, threshold=_threshold(g)))
     return out
 
 
+def speedup_halfwidths(trials: pd.DataFrame, comparisons: int | None = None,
+                       level: float | None = None) -> dict[str, float]:
+    """Relative half-width of each non-baseline variant's paired speed-up CI so far, at
+    `level` (default: Bonferroni for `comparisons`, default this frame's own count). NaN
+    below two rounds."""
+    level = level or comparison_level(comparisons or count_comparisons(trials))
+    return {v: relative_halfwidth(lo, hi) for v, (_, lo, hi, _) in speedups(trials, level).items()}
+
+
+def decided(trials: pd.DataFrame, level: float, target_ci: float | None) -> bool:
+    """Every comparison called (faster, slower or equivalent) at `level`, or its CI no wider
+    than +-target_ci: nothing more to learn from more rounds."""
+    for _, lo, hi, verdict in speedups(trials, level).values():
+        narrow = target_ci is not None and relative_halfwidth(lo, hi) <= target_ci
+        if verdict == INCONCLUSIVE and not narrow:  # NaN (too few rounds) is not narrow
+            return False
+    return True
+
+
 def wants_more_rounds(rows: list[dict], bench, rounds: int, elapsed_s: float,
-                      comparisons: int | None = None) -> bool:
-    """Adaptive repetition: after bench.repeats rounds (the caller's minimum), another round of
-    every variant is wanted while some speed-up CI's relative half-width exceeds
-    bench.target_ci, and one more round, at the mean pace so far, still fits in
-    bench.time_budget_s (the per-model budget). target_ci null: no extra rounds."""
-    if bench.target_ci is None or not rows or rounds == 0:
+                      comparisons: int | None = None, min_rounds: int | None = None,
+                      looks: int = LOOKS) -> bool:
+    """Group-sequential rounds. A look after every `min_rounds` rounds (bench.repeats, the
+    floor), `looks` at most (planned_looks); bench.target_ci null: one look. At a look the
+    rounds stop when every
+    comparison is decided (stats.decided, at that look's level for the run's `comparisons`,
+    the level summary.csv reports) or when the rounds to the next look would not fit in
+    bench.time_budget_s at the mean pace so far; between two looks they go on."""
+    min_rounds = min_rounds or bench.repeats
+    if bench.target_ci is None or not rows or rounds < min_rounds:
+        return rounds < min_rounds
+    if rounds % min_rounds:
+        return True  # the next look's rounds were found to fit when it was chosen
+    look = rounds // min_rounds
+    if look >= looks:
         return False
-    widths = speedup_halfwidths(pd.DataFrame(rows), comparisons)
-    if all(w <= bench.target_ci for w in widths.values()):  # NaN (too few rounds) is not narrow
+    frame = pd.DataFrame(rows)
+    level = sequential_level(comparisons or count_comparisons(frame), look, looks)
+    if decided(frame, level, bench.target_ci):
         return False
-    return elapsed_s * (rounds + 1) / rounds <= bench.time_budget_s
+    return elapsed_s * (rounds + min_rounds) / rounds <= bench.time_budget_s
 
 
 METHOD = ("Speed-up = geometric mean of the per-round ratios of a variant's throughput to the "
           "baseline's in the same round, with a Student t interval over rounds, "
-          "Bonferroni-adjusted for every comparison of the run. faster / slower: the interval "
+          "Bonferroni-adjusted for every comparison of the run and for the looks of adaptive "
+          "rounds (rounds stop at a look once every comparison is decided; each look spends a "
+          "Pocock-type share of the error). faster / slower: the interval "
           "excludes 1 and the estimate exceeds the noise threshold; equivalent: the interval "
           "lies within +-threshold; inconclusive: anything else.")
 
@@ -510,7 +618,7 @@ def family_text(summary: pd.DataFrame) -> str:
                       f"any false faster/slower call in one experiment is at most {fam:.0%}. ")
         else:
             family = (f"{m} comparison{'' if m == 1 else 's'} in this run; each CI is at level "
-                      f"{comparison_level(m, fam):.2%} (Bonferroni), so the chance of any false "
+                      f"{_levels_text(summary, m, fam)}, so the chance of any false "
                       f"faster/slower call in the whole run is at most {fam:.0%}. ")
         parts.append(
             family + "Noise threshold: "
@@ -519,6 +627,17 @@ def family_text(summary: pd.DataFrame) -> str:
             "summary.csv).")
     parts.append(LOSS_MEANING)
     return " ".join(parts)
+
+
+def _levels_text(summary: pd.DataFrame, m: int, fam: float) -> str:
+    """The CIs' level: one Bonferroni level, or the range the looks of adaptive rounds gave."""
+    levels = pd.to_numeric(summary.get("ci_level"), errors="coerce").dropna()
+    low, high = (levels.min(), levels.max()) if len(levels) else (comparison_level(m, fam),) * 2
+    if math.isclose(low, high, abs_tol=1e-9):
+        return f"{low:.2%} (Bonferroni)"
+    return (f"{low:.2%} to {high:.2%} (Bonferroni over the comparisons and over the looks of "
+            "the adaptive rounds: each look spends its share of the error, so the interval of "
+            "the look a comparison stopped at keeps its level)")
 
 
 # What the loss column means (the quality probe, trial.py: same seed, same optimizer steps and
@@ -530,6 +649,6 @@ LOSS_MEANING = ("Loss = quality at equal work: each variant trains a fresh model
                 "recipes give identical losses; loss Δ is the difference from the baseline's.")
 
 
-def halfwidth_note(rows: list[dict]) -> str:
-    widths = speedup_halfwidths(pd.DataFrame(rows))
+def halfwidth_note(rows: list[dict], level: float | None = None) -> str:
+    widths = speedup_halfwidths(pd.DataFrame(rows), level=level)
     return ", ".join(f"{v} +-{w:.1%}" for v, w in widths.items()) or "no speed-up to narrow"

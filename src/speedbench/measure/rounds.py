@@ -8,8 +8,11 @@ from `order_seed`: fresh entropy per run unless `bench.order_seed` gives one (`b
 the models and the data only). trials.csv records `order_seed`, `round` and `position` (the
 trial's place in its round, 0 first), so `bench.order_seed=<that value>` replays a run's orders;
 under torchrun rank 0's seed is used on every rank. `trial` equals `round` for older readers.
-After `bench.repeats` rounds, more follow while a speed-up CI is wider than `bench.target_ci`
-(stats.wants_more_rounds), within the model's time budget.
+`bench.repeats` rounds are the floor; with `bench.target_ci` the rounds are group-sequential
+(stats.wants_more_rounds): a look after every `bench.repeats` rounds, stats.LOOKS at most, that
+stops once every comparison is decided at the look's level, or when the next look's rounds would
+not fit in the model's time budget. Each row records the schedule (`min_rounds`, `looks`), from
+which the analysis finds the level of the look a comparison stopped at.
 
 Before the first round, each model gets its data set, the variants that cannot act here (n/a:
 one row each, in round 0) and a quality probe per variant (quality.py). One trial is
@@ -92,9 +95,10 @@ class ModelRounds:
     """The rounds of one model of a plan, and what comes before and after them."""
 
     def __init__(self, plan: Plan, spec: ModelSpec, dist_env, run_dir: Path | None,
-                 writer: TrialWriter | None, book: FlopsBook, bar, order_seed: int = 0):
+                 writer: TrialWriter | None, book: FlopsBook, bar, order_seed: int = 0,
+                 comparisons: int | None = None):
         self.plan, self.spec, self.dist_env, self.run_dir = plan, spec, dist_env, run_dir
-        self.order_seed = order_seed
+        self.order_seed, self.comparisons = order_seed, comparisons or planned_comparisons(plan)
         self.writer, self.book, self.bar = writer, book, bar
         self.first = plan.variants[plan.baseline]
         self.repeats = max(r.bench.repeats for r in plan.variants.values())
@@ -103,6 +107,11 @@ class ModelRounds:
         self.skip: dict[str, str] = {}  # variant -> its n/a or too-slow status
         self.probes: dict[str, dict] = {}  # variant -> its quality probe
         self.rows: list[dict] = []  # the measured records, for the adaptive rule
+        # Looks at the rounds: one without bench.target_ci or under torchrun (every rank would
+        # have to decide alike); else planned after the first round (None until then).
+        adaptive = self.first.bench.target_ci is not None and dist_env is None
+        self.looks: int | None = None if adaptive else 1
+        self.clock = time.perf_counter  # the simulation (benchmarks/verdict_sim.py) keeps its own
 
     def prepare(self) -> None:
         """The data set, the n/a variants (all of them without a baseline) and the probes."""
@@ -123,18 +132,26 @@ class ModelRounds:
             self._probe_all()
 
     def rounds(self) -> Iterator[int]:
-        """`repeats` rounds; then, with bench.target_ci (the baseline's), more while CIs are
-        wide. Not under torchrun: every rank would have to take the same decision."""
-        started, round_ = time.perf_counter(), 0
-        while round_ < self.repeats or (self.dist_env is None and stats.wants_more_rounds(
-                self.rows, self.first.bench, round_, time.perf_counter() - started)):
+        """`repeats` rounds; then, with bench.target_ci (the baseline's), group-sequential
+        looks (stats.wants_more_rounds), as many as the time budget allows at the first
+        round's pace (stats.planned_looks). Not under torchrun: every rank would have to take
+        the same decision."""
+        started, round_ = self.clock(), 0
+        while round_ < self.repeats or (self.looks > 1 and stats.wants_more_rounds(
+                self.rows, self.first.bench, round_, self.clock() - started,
+                self.comparisons, self.repeats, self.looks)):
             if round_ >= self.repeats:
                 self.bar.total += len(self.plan.variants)
             yield round_
             round_ += 1
-        if round_ > self.repeats:
-            self.bar.write(f"{self.spec.name}: {round_} rounds (bench.target_ci="
-                           f"{self.first.bench.target_ci}); " + stats.halfwidth_note(self.rows))
+            if self.looks is None:  # after the first round: its pace plans the looks
+                self.looks = stats.planned_looks(self.first.bench.time_budget_s, self.repeats,
+                                                 self.clock() - started)
+        if self.looks and self.looks > 1:
+            look = stats.look_of(round_, self.repeats, self.looks)
+            level = stats.sequential_level(self.comparisons, look, self.looks)
+            self.bar.write(f"{self.spec.name}: {round_} rounds, look {look} of {self.looks} "
+                           f"(CIs at {level:.2%}): " + stats.halfwidth_note(self.rows, level))
 
     def order(self, round_: int) -> list[tuple[int, str]]:
         """(position, variant) of a round, in the balanced random order; a variant whose
@@ -146,7 +163,7 @@ class ModelRounds:
 
     def run_round(self, round_: int) -> None:
         # past the minimum, rounds go on while a CI is wide: no fixed total to show
-        of = f"/{self.repeats}" if round_ < self.repeats else " (extra: a CI is still wide)"
+        of = f"/{self.repeats}" if round_ < self.repeats else " (a comparison is undecided)"
         for position, name in self.order(round_):
             self.bar.set_postfix_str(f"{self.spec.name} {name} round {round_ + 1}{of}")
             if name in self.skip:
@@ -246,7 +263,8 @@ class ModelRounds:
                       self.dist_env, position)
 
     def _write(self, record: dict) -> None:
-        record["order_seed"] = self.order_seed  # bench.order_seed=<this> replays the orders
+        # bench.order_seed=<order_seed> replays the orders; the looks give the CI's level
+        record.update(order_seed=self.order_seed, min_rounds=self.repeats, looks=self.looks)
         if self.writer:
             self.writer.append(record)
 
@@ -261,13 +279,20 @@ def progress_bar(plan: Plan, show: bool):
                 dynamic_ncols=True, disable=not show, smoothing=0)
 
 
+def planned_comparisons(plan: Plan) -> int:
+    """The speed-up comparisons a plan asks for: each non-baseline variant on each model."""
+    return (len(plan.variants) - 1) * len(plan.models)
+
+
 def measure_plan(plan: Plan, run_dir: Path | None, progress: bool = True,
                  dist_env: distributed.DistEnv | None = None, writer: TrialWriter | None = None,
-                 book: FlopsBook | None = None) -> TrialWriter | None:
+                 book: FlopsBook | None = None, comparisons: int | None = None
+                 ) -> TrialWriter | None:
     """Every trial of the plan, rows appended to trials.csv as they end (to `writer`'s, when a
     suite gathers several plans in one file). Under torchrun every rank runs every trial; rank 0
     alone (the one given a run_dir) writes. `book` holds the run's FLOP counts and peaks
-    (shared by a suite's plans: the peaks are measured once per run)."""
+    (shared by a suite's plans: the peaks are measured once per run). `comparisons`: the run's
+    family, which the stopping rule judges CIs for (default: this plan's)."""
     if writer is None and run_dir:
         writer = TrialWriter(run_dir / "trials.csv", techniques.column_names())
     book = book or FlopsBook(torch.device(plan.device))
@@ -278,7 +303,7 @@ def measure_plan(plan: Plan, run_dir: Path | None, progress: bool = True,
     seed = plan.variants[plan.baseline].bench.order_seed
     seed = fresh_order_seed(dist_env) if seed is None else seed
     for spec in plan.models:
-        model = ModelRounds(plan, spec, dist_env, run_dir, writer, book, bar, seed)
+        model = ModelRounds(plan, spec, dist_env, run_dir, writer, book, bar, seed, comparisons)
         model.prepare()
         for round_ in model.rounds():
             model.run_round(round_)
