@@ -140,6 +140,23 @@ BAD_INPUTS = [
     ("no_experiment", ["+experiment=nosuch"], "hydra", "nosuch"),
     ("model_malformed", ["model={_target_: x"], "hydra", "{_target_: x"),
     ("variants_value", ["variants={a: 1}"], "hydra", "variants"),
+    # values that reach the OS: refused before the run directory exists
+    ("seed_negative", ["bench.seed=-1"], "config", "bench.seed"),
+    ("seed_huge", ["bench.seed=99999999999999999999999"], "config", "bench.seed"),
+    ("seed_2_32", ["bench.seed=4294967296"], "config", "bench.seed"),
+    ("max_trial_inf_ddp", ["bench.max_trial_s=inf", "parallel=ddp", "nproc=2"], "config",
+     "bench.max_trial_s"),
+    ("max_trial_nan", ["bench.max_trial_s=nan"], "config", "bench.max_trial_s"),
+    ("dist_timeout_inf_ddp", ["dist_timeout_s=inf", "parallel=ddp", "nproc=2"], "config",
+     "dist_timeout_s"),
+    ("dist_timeout_1e12_ddp", ["dist_timeout_s=1e12", "parallel=ddp", "nproc=2"], "config",
+     "dist_timeout_s"),
+    ("time_budget_inf", ["bench.time_budget_s=inf"], "config", "bench.time_budget_s"),
+    ("largest_batch_inf", ["bench.largest_batch_s=inf"], "config", "bench.largest_batch_s"),
+    ("quality_steps_huge", ["bench.quality_steps=1000000000"], "config", "bench.quality_steps"),
+    ("quality_steps_negative", ["bench.quality_steps=-1"], "config", "bench.quality_steps"),
+    ("variant_seed_negative", ["+variants={a: {bench.seed: -5}}"], "config",
+     "variants.a.bench.seed"),
 ]
 if not torch.cuda.is_available():
     BAD_INPUTS.append(("no_cuda", ["device=cuda"], "config", "device"))

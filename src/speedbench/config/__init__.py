@@ -309,7 +309,11 @@ def _at_most(key: str, value: Any, high: int) -> None:
 # Upper bounds of the size knobs: far above any useful run, low enough that a typo cannot ask
 # for more memory than a machine has.
 SIZE_LIMITS = {"batch_size": 65_536, "data.samples": 10_000_000, "bench.steps": 1_000_000,
-               "bench.warmup": 100_000, "bench.warmup_max": 100_000, "bench.repeats": 10_000}
+               "bench.warmup": 100_000, "bench.warmup_max": 100_000, "bench.repeats": 10_000,
+               "bench.quality_steps": 10_000}
+# Values handed to the OS: numpy's and torch's seeds take [0, 2^32) everywhere; subprocess and
+# datetime overflow on an infinite or astronomically long timeout (11.6 days is far above any run).
+SEED_LIMIT, SECONDS_LIMIT = 2 ** 32, 1_000_000.0
 
 
 def check_recipe(recipe: DictConfig, where: str = "") -> None:
@@ -350,9 +354,23 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
     for key in ("lr", "dist_timeout_s"):
         if not recipe[key] > 0:
             raise ConfigError(f"{p}{key}: {recipe[key]} is out of range; it must be > 0")
+    _check_os_values(recipe, p)
     if recipe.data.path is not None and not _exists(recipe.data.path):
         raise ConfigError(f"{p}data.path: '{recipe.data.path}' does not exist; give an ImageFolder "
                           "directory (image models) or a text file (token models)")
+
+
+def _check_os_values(recipe: DictConfig, p: str) -> None:
+    """The seed and the time limits, which reach numpy, torch, subprocess and datetime."""
+    if not 0 <= recipe.bench.seed < SEED_LIMIT:
+        raise ConfigError(f"{p}bench.seed: {recipe.bench.seed} is out of range; it must be an "
+                          f"integer >= 0 and < 2^32 ({SEED_LIMIT:,})")
+    for key in ("bench.max_trial_s", "bench.time_budget_s", "bench.largest_batch_s",
+                "dist_timeout_s"):
+        value = OmegaConf.select(recipe, key)
+        if value is not None and not value <= SECONDS_LIMIT:  # inf and nan too
+            raise ConfigError(f"{p}{key}: {value} is out of range; it must be a finite number of "
+                              f"seconds, at most {SECONDS_LIMIT:,.0f}")
 
 
 def _exists(path: str) -> bool:
