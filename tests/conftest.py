@@ -64,7 +64,9 @@ def run_main(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
     out, err, code = io.StringIO(), io.StringIO(), 0
     root = logging.getLogger()
-    saved = (sys.argv, os.getcwd(), signal.getsignal(signal.SIGTERM), root.handlers[:], root.level)
+    stopping = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    handlers = {sig: signal.getsignal(sig) for sig in stopping}  # main() installs its own
+    saved = (sys.argv, os.getcwd(), root.handlers[:], root.level)
     GlobalHydra.instance().clear()
     try:
         sys.argv = ["speedbench", *args]
@@ -74,9 +76,10 @@ def run_main(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     except SystemExit as end:
         code = end.code if isinstance(end.code, int) else int(end.code is not None)
     finally:
-        sys.argv, cwd_before, sigterm, root.handlers[:], level = saved
+        sys.argv, cwd_before, root.handlers[:], level = saved
         os.chdir(cwd_before)
-        signal.signal(signal.SIGTERM, sigterm)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         root.setLevel(level)
         GlobalHydra.instance().clear()
     return subprocess.CompletedProcess(sys.argv, code, out.getvalue(), err.getvalue())

@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import hydra
@@ -23,7 +22,7 @@ from speedbench.config import FREE_FORM, ConfigError, config_dir, config_flags, 
 
 register_schema()
 
-EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 130, 128 + signal.SIGTERM
+EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
 
 def experiment_names() -> list[str]:
@@ -121,17 +120,19 @@ def _quiet_libraries() -> None:
     logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
 
 
-def interrupted_line(cfg: DictConfig, experiment: str | None, started: float) -> str:
-    """What Ctrl-C left behind: the run directory made since `started` and its finished trials."""
-    candidates = [Path(cfg.run_dir)] if cfg.get("run_dir") else \
-        [p for p in Path(cfg.out_dir).glob("*/*") if p.is_dir()]
-    made = [p for p in candidates if p.is_dir() and p.stat().st_mtime >= started - 1]
-    if not made:
+def interrupted_line(run_dir: Path | None) -> str:
+    """What Ctrl-C left behind in this run's own directory (None: it had not made one)."""
+    if run_dir is None or not run_dir.is_dir():
         return "speedbench: interrupted; nothing was written"
-    run_dir = max(made, key=lambda p: p.stat().st_mtime).resolve()
+    run_dir = run_dir.resolve()
     trials = run_dir / "trials.csv"
-    rows = max(0, len(trials.read_text().splitlines()) - 1) if trials.is_file() else 0
-    kept = "no finished trial" if not rows else f"{rows} finished trial{'s' * (rows != 1)}"
+    rows = max(0, trials.read_bytes().count(b"\n") - 1) if trials.is_file() else 0
+    if not rows:
+        return f"speedbench: interrupted; no trial had finished (the run's config is in {run_dir})"
+    kept = f"{rows} finished trial{'s' * (rows != 1)}"
+    if (run_dir / "summary.csv").is_file():  # stopped while the report was being written
+        return (f"speedbench: interrupted; kept {kept} and summary.csv in {run_dir} (no report: "
+                f"python -m speedbench.report {run_dir} builds it)")
     return (f"speedbench: interrupted; kept {kept} in {run_dir} (no summary: "
             f"python -m speedbench.report {run_dir} builds one from them)")
 
@@ -142,7 +143,6 @@ def _hydra_main(cfg: DictConfig) -> None:
     from speedbench.run import run
 
     experiment = HydraConfig.get().runtime.choices.get("experiment")
-    started = time.time()
     try:
         run(cfg, experiment,
             overrides=config_flags(sys.argv[1:]) + list(HydraConfig.get().overrides.task))
@@ -152,8 +152,8 @@ def _hydra_main(cfg: DictConfig) -> None:
         sys.exit(EXIT_USAGE)
     except KeyboardInterrupt as exc:
         if os.environ.get("RANK", "0") == "0":
-            print("\n" + interrupted_line(cfg, experiment, started), file=sys.stderr)
-        sys.exit(EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
+            print("\n" + interrupted_line(getattr(exc, "run_dir", None)), file=sys.stderr)
+        sys.exit(_exit_status(exc))
 
 
 def import_from_here() -> None:
@@ -164,18 +164,38 @@ def import_from_here() -> None:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, taken like Ctrl-C: a launched DDP trial's processes are killed and its temp
-    folder removed on the way out (by default SIGTERM ends Python with no cleanup at all)."""
+    """SIGTERM or SIGHUP (a closed terminal), taken like Ctrl-C: a launched DDP trial's
+    processes are killed and its temp folder removed on the way out (by default both signals
+    end Python with no cleanup at all)."""
+
+    def __init__(self, signum: int):
+        super().__init__()
+        self.signum = signum
 
 
-def _on_sigterm(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends at once
-    raise Terminated()
+STOPPING = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
+
+
+def _on_signal(signum, frame):
+    # The first signal starts the cleanup; later ones (a service manager's second SIGTERM,
+    # Ctrl-C pressed twice) are ignored so that they cannot cut it short and leave temp folders
+    # behind. The cleanup is bounded: it kills the launched processes and removes files.
+    for sig in STOPPING:
+        signal.signal(sig, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt()
+    raise Terminated(signum)
+
+
+def _exit_status(exc: KeyboardInterrupt) -> int:
+    return 128 + exc.signum if isinstance(exc, Terminated) else EXIT_INTERRUPTED
 
 
 def main() -> None:
     if "RANK" not in os.environ:  # not a torchrun rank: those stop the way torchrun expects
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        for sig in STOPPING:
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+                signal.signal(sig, _on_signal)
     import_from_here()
     try:
         problem = command_line_problem(sys.argv[1:])
@@ -186,7 +206,7 @@ def main() -> None:
     except KeyboardInterrupt as exc:  # before the run started (composing, importing torch)
         print("\nspeedbench: interrupted before the run started; nothing was written",
               file=sys.stderr)
-        sys.exit(EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
+        sys.exit(_exit_status(exc))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,23 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
         resolved["claims"] = suite.combined_claims(plans)
     run_dir = _open_run_dir(cfg, experiment, plans, resolved, dist_env, device) \
         if distributed.is_main(dist_env) else None
+    try:
+        return _conduct(cfg, plans, groups, run_dir, resolved, dist_env, device, progress,
+                        experiment, overrides)
+    except KeyboardInterrupt as exc:
+        exc.run_dir = run_dir  # the interrupt's line names this run's folder, no other
+        raise
+    finally:
+        if run_dir is not None:
+            results.release_run_dir(run_dir)
+
+
+def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, resolved: dict,
+             dist_env, device, progress: bool, experiment: str | None,
+             overrides: list[str] | None) -> Path | None:
+    """Measure every plan into run_dir's trials.csv, then analyse, write and report."""
+    from speedbench.search import driver as recipe
+
     started = time.perf_counter()
     distributed.init_process_group(dist_env, device, cfg.dist_timeout_s)
     distributed.outlive_peer_failure(dist_env)
@@ -87,7 +104,8 @@ def _open_run_dir(cfg: DictConfig, experiment: str | None, plans: list[Plan], re
         if suite.is_suite(cfg):
             (run_dir / "members").mkdir()
             for plan in plans:  # each member's own resolved config, to repeat it alone
-                atomic.write_text(run_dir / "members" / f"{plan.experiment}.yaml",
+                name = results.file_name(plan.experiment)
+                atomic.write_text(run_dir / "members" / f"{name}.yaml",
                                   OmegaConf.to_yaml(plan.config, resolve=True))
         atomic.write_text(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
         machine = env.collect(plans[0].device)
@@ -95,9 +113,17 @@ def _open_run_dir(cfg: DictConfig, experiment: str | None, plans: list[Plan], re
         results.write_env(machine, run_dir)
         results.write_json(techniques.metadata(), run_dir / "techniques.json")
     except OSError as exc:  # nothing measured yet: leave no folder behind
-        shutil.rmtree(run_dir, ignore_errors=True)
+        _discard(run_dir)
         raise results.write_failed(exc, None) from None
+    except KeyboardInterrupt:  # likewise: Ctrl-C before the first trial leaves nothing
+        _discard(run_dir)
+        raise
     return run_dir
+
+
+def _discard(run_dir: Path) -> None:
+    shutil.rmtree(run_dir, ignore_errors=True)
+    results.release_run_dir(run_dir)
 
 
 def _summary(writer: results.TrialWriter, plans: list[Plan], per_experiment: bool):

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from speedbench import distributed, techniques
 from speedbench.measure import flops, profile
-from speedbench.results import schema
+from speedbench.results import file_name, schema
 from speedbench.config import ModelSpec, Plan, micro_batch
 from speedbench.measure.data import build_dataset
 from speedbench.measure.flops import FlopsBook
@@ -113,7 +113,8 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
     ctx = context(plan, dist_env)
     record = header(plan, spec, variant, recipe, trial, dist_env, position)
     try:
-        out = run_dir / "profile" / spec.name / variant if run_dir and trial == 0 else None
+        out = run_dir / "profile" / file_name(spec.name) / file_name(variant) \
+            if run_dir and trial == 0 else None
         record.update(_measured(spec, recipe, ctx, dataset, out, book))
         if dist_env is not None:
             record = distributed.gather_record(record, dist_env)

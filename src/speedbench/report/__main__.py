@@ -7,11 +7,29 @@ results/compare/<timestamp>/.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
+import signal
 import sys
 from pathlib import Path
 
+from speedbench import results
 from speedbench.results.runs import ReportError
+
+
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _Stopped(KeyboardInterrupt):
+    """A signal, taken like Ctrl-C: the temp file being written is removed on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__()
+        self.signum = signum
+
+
+def _on_signal(signum, frame):
+    for sig in STOPPING:  # one cleanup, not cut short by a second signal
+        signal.signal(sig, signal.SIG_IGN)
+    raise _Stopped(signum)
 
 
 def main(argv=None) -> int:
@@ -25,20 +43,16 @@ def main(argv=None) -> int:
                         help="where to write the report (one run: default its own directory; "
                              "several: default results/compare/<timestamp>)")
     args = parser.parse_args(argv)
-    from speedbench.report.compare import compare_runs
-    from speedbench.report.render import write_report
-
+    if argv is None:  # the command itself, not a call from Python
+        for sig in STOPPING:
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+                signal.signal(sig, _on_signal)
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         print(f"speedbench.report: error: --out {args.out} is a file, not a directory",
               file=sys.stderr)
         return 2
     try:
-        if len(args.run_dirs) == 1:
-            md = write_report(args.run_dirs[0], out_dir=args.out)
-        else:
-            stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-            out = args.out or Path("results", "compare", stamp)
-            md = compare_runs(args.run_dirs, out)
+        md = _write(args.run_dirs, args.out)
     except ReportError as exc:
         print(f"speedbench.report: error: {exc}", file=sys.stderr)
         return 2
@@ -47,8 +61,24 @@ def main(argv=None) -> int:
         print(f"speedbench.report: error: could not write the report: {exc.strerror or exc}"
               f"{where}; report.md and report.html were left as they were", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:
+        print("\nspeedbench.report: interrupted; no file was left half-written (run it again "
+              "for the whole report)", file=sys.stderr)
+        return 128 + (exc.signum if isinstance(exc, _Stopped) else signal.SIGINT)
     print(f"report: {md.with_suffix('.html')} (and {md.name} beside it)")
     return 0
+
+
+def _write(run_dirs: list[Path], out: Path | None) -> Path:
+    from speedbench.report.compare import compare_runs
+    from speedbench.report.render import write_report
+
+    if len(run_dirs) == 1:
+        if results.run_in_progress(run_dirs[0]):  # its own report would replace this one
+            raise ReportError(f"{run_dirs[0]}: its run is still going; rebuild the report "
+                              "when it has ended")
+        return write_report(run_dirs[0], out_dir=out)
+    return compare_runs(run_dirs, out)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from speedbench.results import atomic
+from speedbench.results import atomic, fresh_dir
 from speedbench.analysis import stats
 from speedbench.report import plots
 from speedbench.report.document import Document, slug, write
@@ -276,12 +276,14 @@ def build_document(runs: list[Run], out_dir: Path) -> Document:
     return doc
 
 
-def compare_runs(run_dirs: list, out_dir: Path) -> Path:
-    """Load the runs, write report.md/report.html comparing them into out_dir; returns report.md."""
+def compare_runs(run_dirs: list, out_dir: Path | None) -> Path:
+    """Load the runs, write report.md/report.html comparing them into out_dir (None: a new
+    folder results/compare/<timestamp>[-n], made atomically so that two comparisons started in
+    the same second never share one); returns report.md."""
     runs = [stats.summarised(load_run(p)) for p in run_dirs]
     label_runs(runs)
     align(runs)  # fails before anything is written when nothing can be compared
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir) if out_dir is not None else fresh_dir(Path("results", "compare"))
     atomic.real_dir(out_dir / "plots")
     write(build_document(runs, out_dir), out_dir, plots.DPI)
     return out_dir / "report.md"

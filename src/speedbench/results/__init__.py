@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import hashlib
 import io
 import json
+import os
+import re
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -18,6 +21,11 @@ from speedbench.results.schema import (CAPACITY_COLUMNS, FINDING_COLUMNS, FORMAT
                                        PHASE_COLUMNS, RECIPE_COLUMNS, SUMMARY_COLUMNS,
                                        TRIAL_COLUMNS, trial_columns)  # noqa: F401
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock
+    fcntl = None
+
 
 class OutputError(ConfigError):
     """The run's files cannot be written (no permission, a full disk): one line naming the
@@ -26,27 +34,106 @@ class OutputError(ConfigError):
 
 def new_run_dir(out_dir: str, experiment: str, explicit: Optional[str] = None) -> Path:
     """`<out_dir>/<experiment>/<timestamp>`, made unique; or the explicit path given, which
-    must be new or an empty folder: a run never writes over files it did not make."""
+    must be new or an empty folder: a run never writes over files it did not make.
+
+    The folder comes locked for this process's run (`release_run_dir` ends that): a second
+    run given the same run_dir is refused even when it comes between the mkdir and the first
+    file, and the report tool refuses to rebuild a report while its run is still going."""
     if explicit:
-        path = Path(explicit)
-        if path.exists() or path.is_symlink():
-            if (path / "trials.csv").exists():
-                raise FileExistsError(f"run_dir: '{explicit}' already holds a run; choose another")
-            if not path.is_dir() or path.is_symlink() or any(path.iterdir()):
-                raise FileExistsError(f"run_dir: '{explicit}' exists and is not an empty folder; "
-                                      "choose a new one (nothing was written)")
-        _mkdir(path, "run_dir", exist_ok=True)
-        return path
+        return _claim(Path(explicit), explicit)
+    path = fresh_dir(Path(out_dir) / experiment)
+    _lock(path)
+    return path
+
+
+def fresh_dir(base: Path, key: str = "out_dir") -> Path:
+    """`<base>/<timestamp>`, or `<timestamp>-1`, `-2`, ... : a new folder, made with a mkdir
+    that fails if it exists, so that two processes started in the same second never share one."""
     stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    base = Path(out_dir) / experiment
     for n in range(1000):
         path = base / (stamp if n == 0 else f"{stamp}-{n}")
         try:
-            _mkdir(path, "out_dir")
-            return path
+            _mkdir(path, key)
         except FileExistsError:
             continue
-    raise FileExistsError(f"could not make a fresh run directory under {base}")
+        return path
+    raise FileExistsError(f"could not make a fresh folder under {base}")
+
+
+def _claim(path: Path, given: str) -> Path:
+    """The explicit run_dir, made or taken empty, and locked; then checked empty again, since
+    another run may have taken it between the first check and the lock."""
+    if path.exists() or path.is_symlink():
+        if (path / "trials.csv").exists():
+            raise FileExistsError(f"run_dir: '{given}' already holds a run; choose another")
+        if not path.is_dir() or path.is_symlink() or any(path.iterdir()):
+            raise FileExistsError(f"run_dir: '{given}' exists and is not an empty folder; "
+                                  "choose a new one (nothing was written)")
+    try:
+        _mkdir(path, "run_dir")
+    except FileExistsError:
+        pass  # an empty folder given (or one just made by another run): the lock decides
+    if not _lock(path) or any(path.iterdir()):
+        release_run_dir(path)
+        raise FileExistsError(f"run_dir: '{given}' already holds a run; choose another")
+    return path
+
+
+_LOCKS: dict[Path, int] = {}  # run directory -> the descriptor holding its lock
+
+
+def _lock(path: Path) -> bool:
+    """An exclusive lock on the folder for this process's run; False when another holds it.
+    The kernel drops it when the process ends, however it ends: no stale lock file."""
+    if fcntl is None:  # no flock (Windows): the atomic mkdir still keeps runs apart
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _LOCKS[Path(path)] = fd
+    return True
+
+
+def release_run_dir(path: Path) -> None:
+    """The run in `path` is over (its report written, or stopped): its folder unlocked."""
+    fd = _LOCKS.pop(Path(path), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def run_in_progress(path: Path) -> bool:
+    """Whether a run is still going in `path` (its process holds the folder's lock)."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def file_name(name: str) -> str:
+    """A name (a model's, a variant's) as one file name inside the run directory: names are
+    data, never paths. Separators, `..`, NUL and anything but ASCII letters, digits and `_.+=-`
+    are replaced, at most 80 characters; a name that had to change gets a short hash of itself,
+    so that two names never share a file."""
+    safe = re.sub(r"[^A-Za-z0-9_.+=-]", "_", str(name)).lstrip(".")
+    if safe == name and 0 < len(safe) <= 80:
+        return safe
+    digest = hashlib.sha256(str(name).encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{safe[:60] or 'x'}-{digest}"
 
 
 def _mkdir(path: Path, key: str, exist_ok: bool = False) -> None:

@@ -1,0 +1,306 @@
+"""One run, one directory, one truth: races between runs, rebuilds and comparisons, names that
+try to be paths, and signals in every phase of a run and of the report tool.
+
+Race windows are widened the way a loaded machine widens them: a run paused with SIGSTOP, a
+folder taken before the second process gets there. Every subprocess is one this test started,
+ended by its pid.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import SMALL_MODELS, TINY, default_sigint, run_main
+from test_reliability import DDP_ENV, _leftovers, _processes_mentioning, snapshot
+from test_report import make_run
+
+from speedbench import results
+from speedbench.report.__main__ import main as report_main
+
+T = [*TINY, *SMALL_MODELS, "model=transformer", "bench.repeats=1"]
+
+
+def _start(args: list[str], cwd: Path, tmp: Path, module: str = "speedbench",
+           env: dict | None = None) -> subprocess.Popen:
+    """`python -m module args` in the background, its temp folders in `tmp`."""
+    tmp.mkdir(exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args], cwd=cwd, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
+        env={**os.environ, **DDP_ENV, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def _wait_for(predicate, proc: subprocess.Popen, seconds: float = 300) -> bool:
+    """Poll `predicate` every 5 ms while `proc` runs."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and proc.poll() is None:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return predicate()
+
+
+def _rows(run_dir: Path) -> int:
+    trials = run_dir / "trials.csv"
+    return max(0, trials.read_bytes().count(b"\n") - 1) if trials.is_file() else 0
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+# --- F1: a rebuild during a run --------------------------------------------------------------
+
+def test_a_report_rebuild_is_refused_while_its_run_is_going(tmp_path, capsys):
+    run = tmp_path / "r"
+    proc = _start([*T, "bench.repeats=2", f"run_dir={run}"], tmp_path, tmp_path / "tmp")
+    try:
+        assert _wait_for(lambda: _rows(run) >= 1, proc), _finish(proc)[1][-3000:]
+        proc.send_signal(signal.SIGSTOP)  # the run paused mid-way, as on a busy machine
+        rc = report_main([str(run)])
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert len(err.splitlines()) == 1 and "its run is still going" in err, err
+    assert not (run / "report.md").exists()
+    _, stderr = _finish(proc)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "no summary.csv" not in (run / "report.md").read_text()
+    assert report_main([str(run)]) == 0  # once it has ended, the rebuild goes ahead
+
+
+def test_the_run_dir_lock_lasts_for_the_run_and_ends_with_it(tmp_path):
+    run_dir = results.new_run_dir(str(tmp_path), "x")
+    assert results.run_in_progress(run_dir)
+    results.release_run_dir(run_dir)
+    assert not results.run_in_progress(run_dir)
+
+
+# --- F4: two runs, one explicit run_dir --------------------------------------------------------
+
+@pytest.mark.parametrize("exists", [False, True], ids=["new", "empty_folder"])
+def test_two_runs_given_one_run_dir_cannot_both_take_it(tmp_path, exists):
+    target = tmp_path / "r"
+    if exists:
+        target.mkdir()
+    first = results.new_run_dir(str(tmp_path), "x", str(target))
+    try:  # the first run has made (or taken) it and written nothing yet: the race's window
+        with pytest.raises(FileExistsError, match="already holds a run"):
+            results.new_run_dir(str(tmp_path), "x", str(target))
+    finally:
+        results.release_run_dir(first)
+
+
+def test_a_second_run_into_a_taken_run_dir_is_refused_in_one_line(tmp_path):
+    target = tmp_path / "r"
+    held = results.new_run_dir(str(tmp_path), "x", str(target))
+    try:
+        proc = run_main(*T, f"run_dir={target}", cwd=tmp_path)
+    finally:
+        results.release_run_dir(held)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip() == f"speedbench: error: run_dir: '{target}' already holds a run; " \
+                                  "choose another"
+    assert not any(target.iterdir())
+
+
+# --- F3: comparisons in the same second -------------------------------------------------------
+
+def test_comparisons_started_in_the_same_second_get_a_folder_each(tmp_path, monkeypatch):
+    a, b = make_run(tmp_path / "a"), make_run(tmp_path / "b", speed=1.2, seed=1)
+    monkeypatch.chdir(tmp_path)
+    now = dt.datetime.now()
+    taken = []  # another comparison's folders for the seconds to come: the same-second case
+    for s in range(30):
+        stamp = (now + dt.timedelta(seconds=s)).strftime("%Y-%m-%d_%H-%M-%S")
+        folder = tmp_path / "results" / "compare" / stamp
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "report.md").write_text("another comparison\n")
+        taken.append(folder)
+    before = {f: snapshot(f) for f in taken}
+    assert report_main([str(a), str(b)]) == 0
+    assert report_main([str(b), str(a)]) == 0
+    assert {f: snapshot(f) for f in taken} == before, "a comparison wrote into another's folder"
+    made = [p for p in (tmp_path / "results" / "compare").iterdir() if p not in taken]
+    assert len(made) == 2 and all((p / "report.html").is_file() for p in made), made
+
+
+# --- F2: names are data, never paths ------------------------------------------------------------
+
+HOSTILE_NAMES = ["..", ".", "../../../../escaped", "/abs/escape", "a/b", "a\\b", "a\0b",
+                 "-x", "x" * 300, "ünï😀", "", " ", "a\nb", "~", "$HOME", "con", ".hidden"]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES, ids=range(len(HOSTILE_NAMES)))
+def test_a_name_becomes_one_plain_file_name(name, tmp_path):
+    safe = results.file_name(name)
+    assert safe not in ("", ".", "..") and not safe.startswith(".")
+    assert "/" not in safe and "\\" not in safe and "\0" not in safe and len(safe) <= 80
+    assert (tmp_path / safe).resolve().parent == tmp_path.resolve()
+    assert safe.isascii() and safe.isprintable() and " " not in safe
+    others = [n for n in HOSTILE_NAMES if n != name]
+    assert safe not in {results.file_name(n) for n in others}, "two names share a file name"
+
+
+def test_plain_names_keep_their_file_names():
+    for name in ("fp32", "amp_bf16", "ddp-2", "lr=0.1", "a.b+c"):
+        assert results.file_name(name) == name
+
+
+@pytest.mark.parametrize("profile", ["advanced", pytest.param("pytorch", marks=pytest.mark.slow)])
+def test_variant_names_that_look_like_paths_stay_inside_the_run_dir(tmp_path, profile):
+    work = tmp_path / "work" / "a" / "b" / "c"  # room for `..` to climb inside tmp_path
+    work.mkdir(parents=True)
+    outside = tmp_path / "victim"
+    outside.mkdir()
+    names = ["../../../../../../escaped", str(outside / "abs"), "x" * 300, ".."]
+    variants = ", ".join(f"{n}: {{precision: fp32}}" for n in names)
+    before = set(tmp_path.rglob("*"))
+    proc = run_main(*T, f"profile={profile}", f"+variants={{{variants}}}", f"baseline={names[0]}",
+                    "bench.quality_steps=0", f"out_dir={work / 'out'}", cwd=work)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = next((work / "out").rglob("trials.csv")).parent
+    escaped = [p for p in set(tmp_path.rglob("*")) - before if not p.is_relative_to(work / "out")]
+    assert not escaped, escaped
+    folders = sorted(p.name for p in (run_dir / "profile" / "transformer").iterdir())
+    assert len(folders) == len(names) and all(results.file_name(n) in folders for n in names)
+    trials = pd.read_csv(run_dir / "trials.csv", keep_default_na=False)
+    assert set(trials["variant"]) == set(names)  # the names themselves are kept as data
+
+
+# --- signals in every phase: one line, nothing left (F5, F7, F8, F18) ---------------------------
+
+DDP = ["+experiment=dp_vs_ddp", "bench.repeats=1"]
+
+
+def _in_startup(run: Path, tmp: Path) -> bool:
+    return True  # at once: Python is still importing torch and composing the config
+
+
+def _in_trial(run: Path, tmp: Path) -> bool:
+    return (run / "trials.csv").is_file()
+
+
+def _in_ddp_start(run: Path, tmp: Path) -> bool:
+    return any(p.name.startswith("speedbench-ddp-") for p in tmp.iterdir())
+
+
+def _in_report(run: Path, tmp: Path) -> bool:
+    return (run / "summary.csv").is_file()
+
+
+# phase -> (extra overrides, when to send, what the line says)
+PHASES = {
+    "startup": ([], _in_startup, "nothing was written"),
+    "trial": ([], _in_trial, None),
+    "ddp_start": (DDP, _in_ddp_start, None),
+    "report": ([], _in_report, "and summary.csv in"),
+}
+STOPPING = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+
+
+def _stopped_run(tmp_path: Path, phase: str, signals: list[int]) -> dict:
+    """A run in its own out_dir, sent `signals` (50 ms apart) once in `phase`; a decoy run
+    directory, newer than the run's own, shares the out_dir."""
+    extra, ready, _ = PHASES[phase]
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    proc = _start([*T, *extra, f"out_dir={out}"], tmp_path, tmp)
+    own = lambda: next((p.parent for p in out.rglob("config.yaml")), None)  # noqa: E731
+    try:
+        assert _wait_for(lambda: ready(own() or out / "none", tmp), proc), _finish(proc)[1]
+        decoy = out / "default" / "9999-12-31_23-59-59"
+        if phase != "startup":
+            decoy.mkdir(parents=True)
+            (decoy / "trials.csv").write_text("experiment\nx\nx\nx\n")
+        for i, sig in enumerate(signals):
+            time.sleep(0.05 * bool(i))
+            proc.send_signal(sig)
+        _, err = _finish(proc, timeout=120)
+        ranks_gone = _wait_for_true(lambda: not _processes_mentioning(str(tmp)), 30)
+        return {"rc": proc.returncode, "err": err, "run": own(), "out": out, "tmp": tmp,
+                "ranks_gone": ranks_gone, "decoy": decoy}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for line in _processes_mentioning(str(tmp)):  # only what this test started
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+
+
+def _wait_for_true(predicate, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not predicate():
+        time.sleep(0.2)
+    return predicate()
+
+
+def _check_stopped(result: dict, phase: str, sig: int) -> None:
+    err, run = result["err"], result["run"]
+    assert result["rc"] == 128 + sig, err[-3000:]
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("speedbench: interrupted"), err[-3000:]
+    assert result["ranks_gone"], _processes_mentioning(str(result["tmp"]))
+    assert _wait_for_true(lambda: not _leftovers(result["tmp"]), 10), _leftovers(result["tmp"])
+    assert not [p for p in result["out"].rglob("*") if p.name.endswith(".tmp")]
+    text = PHASES[phase][2]
+    if text:
+        assert text in last, last
+    if run is not None and phase != "startup":
+        assert str(run.resolve()) in last and str(result["decoy"]) not in last, last
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", STOPPING, ids=lambda s: s.name)
+@pytest.mark.parametrize("phase", [p for p in PHASES if p != "ddp_start"])
+def test_a_signal_in_any_phase_gives_one_line_and_leaves_nothing(tmp_path, phase, sig):
+    _check_stopped(_stopped_run(tmp_path, phase, [sig]), phase, sig)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("signals", [[signal.SIGINT], [signal.SIGTERM], [signal.SIGHUP],
+                                     [signal.SIGTERM, signal.SIGTERM],
+                                     [signal.SIGHUP, signal.SIGINT]],
+                         ids=lambda s: "-".join(x.name for x in s))
+def test_signals_as_a_ddp_trial_starts_leave_no_temp_folder(tmp_path, signals):
+    _check_stopped(_stopped_run(tmp_path, "ddp_start", signals), "ddp_start", signals[0])
+
+
+def test_a_second_signal_during_the_cleanup_is_ignored(tmp_path):
+    proc = _start([*T, f"out_dir={tmp_path / 'out'}"], tmp_path, tmp_path / "tmp")
+    assert _wait_for(lambda: (tmp_path / "out").exists(), proc), _finish(proc)[1]
+    for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        proc.send_signal(sig)
+        time.sleep(0.02)
+    _, err = _finish(proc, timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        "speedbench: interrupted"), err[-3000:]
+
+
+# --- the report tool's Ctrl-C and SIGTERM (F12, F16) -------------------------------------------
+
+@pytest.mark.parametrize("sig", STOPPING, ids=lambda s: s.name)
+def test_a_signal_to_the_report_tool_gives_one_line_and_no_temp_file(tmp_path, sig):
+    run = make_run(tmp_path / "run", models=("resnet",), repeats=3)
+    proc = _start([str(run)], tmp_path, tmp_path / "tmp", module="speedbench.report")
+    assert _wait_for(lambda: (run / "plots").is_dir(), proc, 120), _finish(proc)
+    proc.send_signal(sig)  # the plots are being drawn and written
+    _, err = _finish(proc, timeout=120)
+    assert proc.returncode == 128 + sig, err[-3000:]
+    assert err.strip() == "speedbench.report: interrupted; no file was left half-written (run " \
+                          "it again for the whole report)", err[-3000:]
+    assert not [p for p in run.rglob("*") if p.name.endswith(".tmp")]
