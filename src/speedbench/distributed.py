@@ -261,16 +261,33 @@ def with_rank(status: str, rank: int) -> str:
     return schema.format_status(st.kind, reason)
 
 
-def blame(status: str, rank: int, reported: set, world_size: int) -> str:
-    """The row status for a failed job whose first failure was `status` on `rank`: when that
-    failure is a timeout and some ranks reported none, those ranks hung (the others only
-    waited for them), and the status names them."""
+# How a rank sees a peer that died (SIGKILL, the OOM killer, a segfault): its socket closes.
+LOST_PEER = re.compile(r"connection (reset|closed)|broken pipe|peer closed|end of file",
+                       re.IGNORECASE)
+
+
+def blame(status: str, rank: int, reported: set, world_size: int,
+          deaths: Optional[dict] = None) -> str:
+    """The row status for a failed job whose first failure was `status` on `rank`. The ranks
+    that reported nothing are the cause when that failure is a timeout (they hung: the others
+    only waited) or a lost connection (they died: the others only lost them); `deaths` (rank ->
+    signal name, from torchrun's summary) says how a rank died when that is known."""
     silent = sorted(set(range(world_size)) - set(reported))
+    seen = f"rank {rank}: {schema.reason_of(status)}"
     if silent and re.search(r"timed? ?out", status, re.IGNORECASE):
         ranks = ", ".join(map(str, silent))
         return schema.format_status(schema.ERROR, f"rank {ranks} hung: no answer within "
-                                    f"dist_timeout_s (rank {rank}: {schema.reason_of(status)})")
+                                    f"dist_timeout_s ({seen})")
+    if silent and LOST_PEER.search(status):
+        died = "; ".join(f"rank {r} died: {(deaths or {}).get(r, 'its connection was lost')}"
+                         for r in silent)
+        return schema.format_status(schema.ERROR, f"{died} ({seen})")
     return with_rank(status, rank)
+
+
+def failed() -> bool:
+    """Whether a trial of this rank failed (report_failure has said so in one line)."""
+    return _failed
 
 
 FAILURE_KEY = "speedbench/failure/"

@@ -180,11 +180,24 @@ def _launch_failure(job: Path, returncode: int, output: str, nproc: int) -> str:
             pass  # a rank killed while writing: the others' records still tell
     if errors:
         first = min(errors, key=lambda e: e["time"])
-        return blame(first["status"], first["rank"], {e["rank"] for e in errors}, nproc)
+        return blame(first["status"], first["rank"], {e["rank"] for e in errors}, nproc,
+                     killed_ranks(output))
     lines = [ln.strip() for ln in output.splitlines()
              if re.match(r"^\s*\w+(Error|Exception)\b.*:", ln)]
     detail = lines[-1][:160] if lines else "no message (SPEEDBENCH_DEBUG=1 shows its output)"
     return f"error: torchrun exited with status {returncode}: {detail}"
+
+
+def killed_ranks(output: str) -> dict:
+    """rank -> the signal that ended it, from torchrun's failure summary (`rank : 1 ...`
+    then `exitcode : -9`)."""
+    found = {}
+    for rank, code in re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*-(\d+)", output):
+        try:
+            found[int(rank)] = signal.Signals(int(code)).name
+        except ValueError:
+            found[int(rank)] = f"signal {code}"
+    return found
 
 
 def _write_rank_error(job: Path, env: DistEnv, exc: BaseException) -> None:
