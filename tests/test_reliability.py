@@ -174,7 +174,7 @@ def _with_out_dir(row, folder: Path) -> list[str]:
 
 
 def test_the_bad_input_table_is_large_enough():
-    assert len(BAD_INPUTS) >= 25 and len({r[0] for r in BAD_INPUTS}) == len(BAD_INPUTS)
+    assert len(BAD_INPUTS) >= 40 and len({r[0] for r in BAD_INPUTS}) == len(BAD_INPUTS)
 
 
 def _cli_row(row, root: Path, call=run_cli) -> dict:
@@ -280,9 +280,12 @@ def _link_out(run: Path, name: str, target: Path) -> None:
     os.symlink(target, run / name)
 
 
-def _members(run: Path) -> None:
+def _members(run: Path, bomb: bool = False) -> None:
     (run / "members").mkdir()
-    (run / "members" / "a.yaml").write_text("[: not yaml")
+    if bomb:
+        _alias_bomb(run / "members" / "a.yaml")
+    else:
+        (run / "members" / "a.yaml").write_text("[: not yaml")
     (run / "members" / "b.yaml").write_text("- a list\n")
     (run / "members" / "c.yaml").write_text("bench: 5\n")
 
@@ -346,7 +349,43 @@ HOSTILE_RUNS = [
      "no env.json"),
     ("trials_not_utf8", lambda r, o: (r / "trials.csv").write_bytes(b"\xff\xfe\x00garbage"), 2,
      "not a readable CSV file"),
+    ("yaml_alias_bomb", lambda r, o: _alias_bomb(r / "config.yaml"), 0, "uses YAML aliases"),
+    ("members_alias_bomb", lambda r, o: _members(r, bomb=True), 0,
+     "members/a.yaml is not a readable"),
+    ("trials_over_the_size_limit", lambda r, o: _grow(r / "trials.csv", 21_000_000), 2,
+     "more than a run writes"),
+    ("summary_over_the_size_limit", lambda r, o: _grow(r / "summary.csv", 21_000_000), 0,
+     "summary recomputed from trials.csv"),
+    ("config_utf8", lambda r, o: _config(r, note="ünï 😀 名前"), 0, "## Experiment: amp"),
+    ("config_a_folder", lambda r, o: ((r / "config.yaml").unlink(), (r / "config.yaml").mkdir()),
+     0, "## Experiment: amp"),
+    ("env_a_link_loop", lambda r, o: ((r / "env.json").unlink(),
+                                      (r / "env.json").symlink_to(r / "env.json")), 0,
+     "no env.json"),
+    ("trials_a_folder", lambda r, o: ((r / "trials.csv").unlink(), (r / "trials.csv").mkdir()),
+     2, "trials.csv is not a regular file"),
+    ("env_huge_value", lambda r, o: _env_value(r, "x" * 5_000_000), 0, "## Experiment: amp"),
 ]
+
+
+def _alias_bomb(path: Path, levels: int = 7) -> None:
+    """A "billion laughs" appended to a YAML file: 9^levels strings from a few hundred bytes."""
+    lines = ['bomb0: &b0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"bomb{i}: &b{i} [{', '.join([f'*b{i - 1}'] * 9)}]" for i in range(1, levels)]
+    with path.open("a") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def _grow(path: Path, size: int) -> None:
+    """The file's data rows repeated until it holds `size` bytes."""
+    header, *rows = path.read_text().splitlines(keepends=True)
+    body = "".join(rows) or "x\n"
+    path.write_text(header + body * (size // len(body) + 1))
+
+
+def _env_value(run: Path, value: str) -> None:
+    env = json.loads((run / "env.json").read_text())
+    (run / "env.json").write_text(json.dumps({**env, "env": {**env.get("env", {}), "BIG": value}}))
 
 
 @pytest.mark.parametrize("row", HOSTILE_RUNS, ids=lambda r: r[0])
@@ -376,7 +415,7 @@ def test_hostile_run_directory_through_the_report_tool(row, tmp_path, capsys):
 
 
 def test_the_hostile_run_table_is_large_enough():
-    assert len(HOSTILE_RUNS) >= 10 and len({r[0] for r in HOSTILE_RUNS}) == len(HOSTILE_RUNS)
+    assert len(HOSTILE_RUNS) >= 30 and len({r[0] for r in HOSTILE_RUNS}) == len(HOSTILE_RUNS)
 
 
 def test_out_pointing_at_a_file_is_refused_in_one_line(tmp_path, capsys):

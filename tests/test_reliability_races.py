@@ -187,7 +187,8 @@ DDP = ["+experiment=dp_vs_ddp", "bench.repeats=1"]
 
 
 def _in_startup(run: Path, tmp: Path) -> bool:
-    return True  # at once: Python is still importing torch and composing the config
+    time.sleep(1)  # Python has started; it is still importing torch and composing the config
+    return True
 
 
 def _in_trial(run: Path, tmp: Path) -> bool:
@@ -304,3 +305,94 @@ def test_a_signal_to_the_report_tool_gives_one_line_and_no_temp_file(tmp_path, s
     assert err.strip() == "speedbench.report: interrupted; no file was left half-written (run " \
                           "it again for the whole report)", err[-3000:]
     assert not [p for p in run.rglob("*") if p.name.endswith(".tmp")]
+
+
+# --- F15: a dead rank is named as the cause ---------------------------------------------------
+
+TORCHRUN_SUMMARY = """Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_14:30:01
+  host      : box
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4242
+"""
+RESET = "error: RuntimeError: Read error [127.0.0.1]:14573: Connection reset by peer"
+
+
+def test_a_rank_that_died_is_blamed_not_the_one_that_lost_it():
+    from speedbench.distributed import blame
+    from speedbench.measure.launch import killed_ranks
+
+    assert killed_ranks(TORCHRUN_SUMMARY) == {1: "SIGKILL"}
+    assert blame(RESET, 0, {0}, 2, killed_ranks(TORCHRUN_SUMMARY)) == \
+        "error: rank 1 died: SIGKILL (rank 0: RuntimeError: Read error [127.0.0.1]:14573: " \
+        "Connection reset by peer)"
+    assert blame(RESET, 0, {0}, 2).startswith("error: rank 1 died: its connection was lost (")
+    assert blame(RESET, 0, {0, 1}, 2).startswith("error: rank 0: RuntimeError")  # both said
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_sigkilled_torchrun_rank_is_named_and_the_survivor_says_one_line(tmp_path):
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    variants = "+variants={a: {precision: fp32}, b: {precision: fp32}}"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "speedbench", *T, "bench.steps=400", "bench.max_trial_s=60", variants,
+         "baseline=a", f"out_dir={out}"], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **DDP_ENV, "TMPDIR": str(tmp)})
+    try:
+        rank1 = lambda: [ln for ln in _processes_mentioning(str(out))  # noqa: E731
+                         if "torch.distributed.run" not in ln]
+        assert _wait_for(lambda: any(out.rglob("trials.csv")), proc)
+        time.sleep(3)  # into the first trial's window
+        pids = sorted(int(ln.split(":")[0]) for ln in rank1())
+        os.kill(pids[-1], signal.SIGKILL)  # the later-started rank: rank 1
+        output, _ = _finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "Error executing job" not in output, output[-3000:]  # Hydra's traceback on rank 0
+    assert "speedbench: rank 0 of 2 failed" in output, output[-3000:]
+    status = pd.read_csv(next(out.rglob("trials.csv")))["status"].iloc[0]
+    assert status.startswith("error: rank 1 died"), status
+
+
+# --- F9, F19: huge or hostile inputs to a comparison ------------------------------------------
+
+def test_a_comparison_shortens_huge_values_and_reads_no_yaml_alias(tmp_path):
+    from test_reliability import _alias_bomb, _env_value
+
+    a, b = make_run(tmp_path / "a"), make_run(tmp_path / "b", speed=1.2, seed=1)
+    _env_value(a, "a" * 2_000_000)
+    _env_value(b, "b" * 2_000_000)
+    for run in (a, b):
+        _alias_bomb(run / "config.yaml")
+    assert report_main([str(a), str(b), "--out", str(tmp_path / "cmp")]) == 0
+    md = (tmp_path / "cmp" / "report.md").read_text()
+    assert (tmp_path / "cmp" / "report.html").stat().st_size < 2_000_000
+    assert "(2,000,000 characters)" in md and "uses YAML aliases" in md
+
+
+# --- F17: an ASCII-only locale -----------------------------------------------------------------
+
+def test_an_ascii_locale_reads_runs_as_utf8_and_prints_what_it_can(tmp_path):
+    run = make_run(tmp_path / "run")
+    cfg = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(cfg + "note: ünï 😀\n", encoding="utf-8")
+    ascii_only = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
+                  "PYTHONIOENCODING": ""}
+    proc = subprocess.run([sys.executable, "-m", "speedbench.report", str(run)],
+                          capture_output=True, env={**os.environ, **ascii_only}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "not valid YAML" not in (run / "report.md").read_text(encoding="utf-8")
+    said = subprocess.run(  # what a run prints at its end: variant names in any script
+        [sys.executable, "-c", "from speedbench.__main__ import console_never_fails; "
+         r"console_never_fails(); print('fp32 vs \u00fcn\u00ef\U0001f600')"],
+        capture_output=True, env={**os.environ, **ascii_only}, timeout=300)
+    assert said.returncode == 0 and said.stdout == b"fp32 vs ?n??\n", said.stderr[-3000:]

@@ -14,15 +14,64 @@ import signal
 import sys
 from pathlib import Path
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
-
-from speedbench.config import FREE_FORM, ConfigError, config_dir, config_flags, register_schema
-
-register_schema()
-
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a closed terminal), taken like Ctrl-C: a launched DDP trial's
+    processes are killed and its temp folder removed on the way out (by default both signals
+    end Python with no cleanup at all)."""
+
+    def __init__(self, signum: int):
+        super().__init__()
+        self.signum = signum
+
+
+STOPPING = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+def _on_signal(signum, frame):
+    # The first signal starts the cleanup; later ones (a service manager's second SIGTERM,
+    # Ctrl-C pressed twice) are ignored so that they cannot cut it short and leave temp folders
+    # behind. The cleanup is bounded: it kills the launched processes and removes files.
+    for sig in STOPPING:
+        signal.signal(sig, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt()
+    raise Terminated(signum)
+
+
+def _exit_status(exc: KeyboardInterrupt) -> int:
+    return 128 + exc.signum if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+
+
+def _take_signals() -> None:
+    if "RANK" not in os.environ:  # not a torchrun rank: those stop the way torchrun expects
+        for sig in STOPPING:  # an ignored one stays ignored (nohup's SIGHUP, or a 2nd signal)
+            if signal.getsignal(sig) not in (signal.SIG_IGN, _on_signal):
+                signal.signal(sig, _on_signal)
+
+
+def _before_the_run(exc: KeyboardInterrupt) -> None:
+    print("\nspeedbench: interrupted before the run started; nothing was written",
+          file=sys.stderr)
+    sys.exit(_exit_status(exc))
+
+
+if __name__ == "__main__":
+    _take_signals()  # before the slow imports below (torch): a signal there gets one line too
+
+try:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig
+
+    from speedbench.config import (FREE_FORM, ConfigError, config_dir, config_flags,
+                                   register_schema)
+
+    register_schema()
+except KeyboardInterrupt as exc:
+    _before_the_run(exc)
 
 
 def experiment_names() -> list[str]:
@@ -150,6 +199,16 @@ def _hydra_main(cfg: DictConfig) -> None:
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: say it once
             print(f"speedbench: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
+    except Exception:
+        from speedbench import distributed
+
+        if not distributed.failed():
+            raise
+        # A rank's failed trial, already said in one line and written as a row: no traceback,
+        # and no interpreter teardown with a broken process group (see exit_cleanly).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     except KeyboardInterrupt as exc:
         if os.environ.get("RANK", "0") == "0":
             print("\n" + interrupted_line(getattr(exc, "run_dir", None)), file=sys.stderr)
@@ -163,39 +222,17 @@ def import_from_here() -> None:
         sys.path.insert(0, os.getcwd())
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP (a closed terminal), taken like Ctrl-C: a launched DDP trial's
-    processes are killed and its temp folder removed on the way out (by default both signals
-    end Python with no cleanup at all)."""
-
-    def __init__(self, signum: int):
-        super().__init__()
-        self.signum = signum
-
-
-STOPPING = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
-
-
-def _on_signal(signum, frame):
-    # The first signal starts the cleanup; later ones (a service manager's second SIGTERM,
-    # Ctrl-C pressed twice) are ignored so that they cannot cut it short and leave temp folders
-    # behind. The cleanup is bounded: it kills the launched processes and removes files.
-    for sig in STOPPING:
-        signal.signal(sig, signal.SIG_IGN)
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt()
-    raise Terminated(signum)
-
-
-def _exit_status(exc: KeyboardInterrupt) -> int:
-    return 128 + exc.signum if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+def console_never_fails() -> None:
+    """Print what the terminal cannot show as '?' (an ASCII-only locale and a variant named
+    in another script), never end a finished run in a UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
 
 
 def main() -> None:
-    if "RANK" not in os.environ:  # not a torchrun rank: those stop the way torchrun expects
-        for sig in STOPPING:
-            if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
-                signal.signal(sig, _on_signal)
+    _take_signals()
+    console_never_fails()
     import_from_here()
     try:
         problem = command_line_problem(sys.argv[1:])
@@ -203,10 +240,8 @@ def main() -> None:
             print(f"speedbench: error: {problem}", file=sys.stderr)
             sys.exit(EXIT_USAGE)
         _hydra_main()
-    except KeyboardInterrupt as exc:  # before the run started (composing, importing torch)
-        print("\nspeedbench: interrupted before the run started; nothing was written",
-              file=sys.stderr)
-        sys.exit(_exit_status(exc))
+    except KeyboardInterrupt as exc:  # before the run started (composing the config)
+        _before_the_run(exc)
 
 
 if __name__ == "__main__":

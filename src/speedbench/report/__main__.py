@@ -44,6 +44,9 @@ def main(argv=None) -> int:
                              "several: default results/compare/<timestamp>)")
     args = parser.parse_args(argv)
     if argv is None:  # the command itself, not a call from Python
+        for stream in (sys.stdout, sys.stderr):  # an ASCII-only terminal: '?', no traceback
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(errors="replace")
         for sig in STOPPING:
             if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
                 signal.signal(sig, _on_signal)

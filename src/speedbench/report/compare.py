@@ -39,18 +39,33 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+MOST_CHARS, MOST_ROWS = 200, 200  # a cell and a table of differences, at most
+
+
+def shortened(text: str, most: int = MOST_CHARS) -> str:
+    """`text`, cut to about `most` characters, saying how long it was: a report is read, and
+    one huge value (an environment variable of 50 MB) must not make it huge."""
+    return text if len(text) <= most else f"{text[:most - 30]}… ({len(text):,} characters)"
+
+
 def differences(runs: list[Run], what: str = "env", ignored=ENV_IGNORED) -> pd.DataFrame:
     """One row per entry of env.json (what="env") or config.yaml (what="cfg") whose value
-    differs between runs (absent shown as '-')."""
+    differs between runs (absent shown as '-'), names and values shortened, at most MOST_ROWS
+    rows (then a last row counts the rest)."""
     flat = [_flatten(getattr(r, what)) for r in runs]
     keys = list(dict.fromkeys(k for f in flat for k in f))
-    rows = []
+    rows, more = [], 0
     for k in keys:
         if k.split(".")[0] in ignored:
             continue
         values = [f.get(k, "-") for f in flat]
-        if len(set(values)) > 1:
-            rows.append({"setting": k, **{r.label: v for r, v in zip(runs, values)}})
+        if len(set(values)) > 1 and len(rows) < MOST_ROWS:
+            rows.append({"setting": shortened(k),
+                         **{r.label: shortened(str(v)) for r, v in zip(runs, values)}})
+        elif len(set(values)) > 1:
+            more += 1
+    if more:
+        rows.append({"setting": f"… and {more:,} more", **{r.label: "" for r in runs}})
     return pd.DataFrame(rows, columns=["setting"] + [r.label for r in runs])
 
 

@@ -198,7 +198,7 @@ def write_env(env: dict, run_dir: Path) -> None:
 
 def update_json(path: Path, **entries) -> None:
     """Entries added to a JSON file (env.json's end-of-run figures), the file replaced whole."""
-    data = json.loads(Path(path).read_text())
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
     write_json({**data, **entries}, path)
 
 

@@ -147,7 +147,7 @@ def _members(path: Path, notes: list[str]) -> dict:
     members = {}
     for p in sorted((path / "members").glob("*.yaml")) if (path / "members").is_dir() else []:
         try:
-            bench = (yaml.safe_load(p.read_text()) or {}).get("bench", {}) if p.is_file() else None
+            bench = (_yaml(p) or {}).get("bench", {}) if p.is_file() else None
         except (yaml.YAMLError, UnicodeDecodeError, AttributeError, OSError):
             bench = None
         if isinstance(bench, dict):
@@ -169,9 +169,18 @@ def _regular(path: Path) -> bool:
     return path.is_file()
 
 
+# A run's CSV files stay far below this (a long suite writes a few MB); a larger one is not a
+# run's, and reading it, let alone plotting every trial, would take gigabytes of memory.
+MAX_CSV_MB = 20
+
+
 def _read_csv(path: Path) -> pd.DataFrame:
     if not _regular(path):
         raise ReportError(f"{path} is not a regular file")
+    size_mb = path.stat().st_size / 1e6
+    if size_mb > MAX_CSV_MB:
+        raise ReportError(f"{path} is {size_mb:,.0f} MB, more than a run writes (at most "
+                          f"{MAX_CSV_MB} MB are read)")
     try:  # only empty cells are missing: pandas would read a verdict "n/a" as NaN
         return pd.read_csv(path, keep_default_na=False, na_values=[""])
     except pd.errors.EmptyDataError:
@@ -202,6 +211,23 @@ def _optional_table(path: Path, columns: tuple[str, ...],
     return df
 
 
+def _unusable_summary(summary: pd.DataFrame, trials: pd.DataFrame,
+                      notes: list[str]) -> Optional[str]:
+    """Why summary.csv cannot be used as written (None: it can; its names are then cleaned)."""
+    lacking = [c for c in SUMMARY_CONTRACT if c not in summary.columns]
+    if lacking:
+        return f"summary.csv lacks {', '.join(lacking)}: summary recomputed from trials.csv"
+    if _numbers(summary, SUMMARY_NUMERIC, "summary.csv", notes):
+        return "summary.csv holds cells that are not numbers: summary recomputed from trials.csv"
+    for c in KEYS:
+        summary[c] = _names(summary[c])
+    summary["is_baseline"] = _bool(summary["is_baseline"])
+    have = set(map(tuple, summary[KEYS].to_numpy()))
+    if have != set(map(tuple, trials[KEYS].drop_duplicates().to_numpy())):
+        return "summary.csv does not match trials.csv: summary recomputed from trials.csv"
+    return None
+
+
 def _summary(path: Path, trials: pd.DataFrame, notes: list[str]) -> Optional[pd.DataFrame]:
     """summary.csv as the run wrote it; None, with a note, when absent or unusable."""
     file = path / "summary.csv"
@@ -212,19 +238,11 @@ def _summary(path: Path, trials: pd.DataFrame, notes: list[str]) -> Optional[pd.
         reason = ("no summary.csv (the run was interrupted or is still going): "
                   f"summary recomputed from the {len(trials)} trials written")
     else:
-        summary = _read_csv(file)
-        lacking = [c for c in SUMMARY_CONTRACT if c not in summary.columns]
-        if lacking:
-            reason = f"summary.csv lacks {', '.join(lacking)}: summary recomputed from trials.csv"
-        elif _numbers(summary, SUMMARY_NUMERIC, "summary.csv", notes):
-            reason = "summary.csv holds cells that are not numbers: summary recomputed from trials.csv"
-        else:
-            for c in KEYS:
-                summary[c] = _names(summary[c])
-            summary["is_baseline"] = _bool(summary["is_baseline"])
-            have = set(map(tuple, summary[KEYS].to_numpy()))
-            if have != set(map(tuple, trials[KEYS].drop_duplicates().to_numpy())):
-                reason = "summary.csv does not match trials.csv: summary recomputed from trials.csv"
+        try:
+            summary = _read_csv(file)
+            reason = _unusable_summary(summary, trials, notes)
+        except ReportError as exc:  # unreadable or too large: trials.csv still tells
+            reason = f"{exc}: summary recomputed from trials.csv"
     if reason:
         notes.append(reason)
         return None
@@ -327,7 +345,7 @@ def _env_file(file: Path, notes: list[str]) -> dict:
         notes.append("no env.json: environment unknown")
         return {}
     try:
-        return _env(json.loads(file.read_text()), notes)
+        return _env(json.loads(file.read_text(encoding="utf-8")), notes)
     except (json.JSONDecodeError, UnicodeDecodeError, OSError):
         notes.append("env.json is not valid JSON: environment unknown")
         return {}
@@ -337,10 +355,32 @@ def _config_file(file: Path, notes: list[str]) -> dict:
     if not _regular(file):
         return {}
     try:
-        return yaml.safe_load(file.read_text()) or {}
+        return _yaml(file) or {}
+    except AliasError:
+        notes.append("config.yaml uses YAML aliases, which speedbench never writes (they can "
+                     "expand without bound): claims and settings unknown")
     except (yaml.YAMLError, UnicodeDecodeError, OSError):
         notes.append("config.yaml is not valid YAML: claims and settings unknown")
-        return {}
+    return {}
+
+
+def _yaml(path: Path):
+    """A YAML file speedbench wrote, read back as UTF-8 whatever the locale, without aliases."""
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=NoAliasLoader)
+
+
+class AliasError(yaml.YAMLError):
+    """A YAML alias, in a file speedbench writes without any."""
+
+
+class NoAliasLoader(yaml.SafeLoader):
+    """safe_load without aliases: `*a` repeats a whole subtree, so a few hundred bytes of nested
+    aliases expand to gigabytes once the values are copied (a "billion laughs" file)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise AliasError("a YAML alias")
+        return super().compose_node(parent, index)
 
 
 def load_profile_tables(run_dir) -> Optional[tuple[pd.DataFrame, pd.DataFrame]]:
@@ -362,14 +402,14 @@ def load_recipe(run_dir) -> Optional[pd.DataFrame]:
 def load_recipe_yaml(run_dir) -> dict:
     """recipe.yaml (the recipe found per model); empty when absent."""
     path = Path(run_dir) / "recipe.yaml"
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    return (yaml.safe_load(path.read_text(encoding="utf-8")) or {}) if path.is_file() else {}
 
 
 def load_techniques(run_dir) -> Optional[dict]:
     """techniques.json (the registry's metadata as the run had it); None when the run has none
     (it predates the file) or it is unreadable."""
     try:
-        return json.loads((Path(run_dir) / "techniques.json").read_text())
+        return json.loads((Path(run_dir) / "techniques.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
