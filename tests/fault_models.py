@@ -1,6 +1,9 @@
 """Models that fail on purpose, for the fault-handling tests (given to speedbench via _target_)."""
 from __future__ import annotations
 
+import threading
+import time
+
 import torch
 import torch.nn as nn
 
@@ -19,6 +22,9 @@ class Tiny(nn.Module):
             raise RuntimeError("this model breaks under autocast")
         if half and self.fail == "oom_in_autocast":
             raise torch.OutOfMemoryError("pretend the device ran out of memory")
+        if self.fail == "leaves_a_thread" and not any(
+                t.name == "left-behind" for t in threading.enumerate()):
+            threading.Thread(target=time.sleep, args=(3600,), name="left-behind").start()
         out = self.net(x)
         if half and self.fail == "nan_in_autocast":
             out = out * float("nan")

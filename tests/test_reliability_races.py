@@ -8,6 +8,7 @@ ended by its pid.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import signal
 import subprocess
@@ -396,3 +397,61 @@ def test_an_ascii_locale_reads_runs_as_utf8_and_prints_what_it_can(tmp_path):
          r"console_never_fails(); print('fp32 vs \u00fcn\u00ef\U0001f600')"],
         capture_output=True, env={**os.environ, **ascii_only}, timeout=300)
     assert said.returncode == 0 and said.stdout == b"fp32 vs ?n??\n", said.stderr[-3000:]
+
+
+# --- F11: threads the model's code left behind ----------------------------------------------
+
+def test_a_run_ends_after_its_report_though_the_model_left_a_thread_running(tmp_path):
+    model = ("model={_target_: fault_models.Tiny, fail: leaves_a_thread, "
+             "dataset: {kind: images, image_size: 16, num_classes: 10}}")
+    proc = subprocess.run([sys.executable, "-m", "speedbench", *TINY, "bench.repeats=1", model,
+                           f"out_dir={tmp_path / 'out'}"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, **DDP_ENV})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "speedbench: the model's code left 1 thread(s) running (left-behind); exiting without "
+        "waiting for them"), proc.stderr[-3000:]
+    assert "report.html" in proc.stdout
+
+
+# --- a busy machine ----------------------------------------------------------------------------
+
+BUSY = {"cores": 2, "load_start": 4.1, "load_highest": 4.9, "load_end": 4.4, "cpu_steal": 0.0,
+        "own_cpu_share": 0.31, "busy": True}
+
+
+def test_a_busy_machine_is_said_first_and_no_share_of_peak_exceeds_100(tmp_path):
+    run = make_run(tmp_path / "run", models=("resnet",))
+    env = json.loads((run / "env.json").read_text())
+    (run / "env.json").write_text(json.dumps({**env, "machine_load": BUSY}))
+    summary = pd.read_csv(run / "summary.csv")
+    summary["peak_fraction"] = [4.47, 0.5, 23.48][:len(summary)]
+    summary.to_csv(run / "summary.csv", index=False)
+    assert report_main([str(run)]) == 0
+    md = (run / "report.md").read_text()
+    body = [ln for ln in md.splitlines()[1:] if ln.strip()]
+    assert body[1].startswith("> The machine was busy: load 4.9 on 2 cores (CPU steal 0 %; this "
+                              "run got 31 % of them); figures are noisy"), body[:3]
+    assert "447" not in md and "2,348" not in md and "over 100 (peak measured low)" in md
+    assert "4.1 at the start, 4.9 at most, 4.4 at the end, on 2 cores" in md
+
+
+@pytest.mark.slow
+def test_a_run_beside_a_cpu_bound_process_starts_with_the_busy_note(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(4 * cores)]  # 4 x the cores: the 1-minute load climbs within a run
+    try:
+        time.sleep(20)
+        proc = subprocess.run([sys.executable, "-m", "speedbench", *T, "bench.repeats=2",
+                               f"out_dir={tmp_path / 'out'}"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=900, env={**os.environ, **DDP_ENV})
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("The machine was busy: load "), proc.stdout[:500]
+    md = next((tmp_path / "out").rglob("report.md")).read_text()
+    assert [ln for ln in md.splitlines()[1:] if ln.strip()][1].startswith(
+        "> The machine was busy: load "), md[:800]

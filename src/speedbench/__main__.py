@@ -244,8 +244,36 @@ def main() -> None:
         _before_the_run(exc)
 
 
-if __name__ == "__main__":
-    main()
-    from speedbench import distributed
+def cli() -> None:
+    """The command (`speedbench`, `python -m speedbench`): main(), then leave, even when model
+    code left threads running that would keep Python waiting for them forever."""
+    try:
+        main()
+        code = 0
+    except SystemExit as end:
+        if not isinstance(end.code, (int, type(None))):
+            raise
+        code = end.code or 0
+    if code == 0:
+        from speedbench import distributed
 
-    distributed.exit_cleanly()  # under torchrun: leave without torch's teardown at finalization
+        distributed.exit_cleanly()  # under torchrun: leave without torch's teardown
+    _leave_despite_threads(code)
+    sys.exit(code)
+
+
+def _leave_despite_threads(code: int) -> None:
+    import threading
+
+    left = [t.name for t in threading.enumerate()
+            if t.is_alive() and not t.daemon and t is not threading.main_thread()]
+    if left:
+        print(f"speedbench: the model's code left {len(left)} thread(s) running "
+              f"({', '.join(left[:3])}); exiting without waiting for them", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    cli()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -83,10 +84,10 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
             measure(plan, run_dir, progress, dist_env, writer)
     if writer is None:
         return None
-    summary, profiled = _analyse_and_write(cfg, plans, run_dir, writer, resolved,
-                                           groups is not None, progress, measure)
+    summary, profiled, load = _analyse_and_write(cfg, plans, run_dir, writer, resolved,
+                                                 groups is not None, progress, measure)
     _report(summary, run_dir, writer, experiment, overrides, groups is None, profiled,
-            time.perf_counter() - started)
+            time.perf_counter() - started, load)
     return run_dir
 
 
@@ -134,7 +135,7 @@ def _summary(writer: results.TrialWriter, plans: list[Plan], per_experiment: boo
 def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer, resolved: dict,
                        per_experiment: bool, progress: bool, measure):
     """summary.csv, phases.csv and findings.csv, each suggested knob measured when asked, and
-    the report. Returns the summary and whether any trial was profiled."""
+    the report. Returns the summary, whether any trial was profiled, and the machine's load."""
     from speedbench.report.render import write_report
     from speedbench.search import check_findings
 
@@ -146,20 +147,25 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
             check_findings.check(plans, run_dir, writer, progress, measure)
             summary = _summary(writer, plans, per_experiment)
             results.write_summary(summary, run_dir)
-        env.record_end(run_dir / "env.json")  # the load average at the end, beside the start's
+        load = env.record_end(run_dir / "env.json")  # the load over the run, beside the start's
         write_report(run_dir, cfg=resolved)
     except OSError as exc:  # a full disk: a run is complete with summary.csv and its report
         (run_dir / "summary.csv").unlink(missing_ok=True)
         raise results.write_failed(exc, run_dir) from None
-    return summary, profiled
+    return summary, profiled, load
 
 
 def _report(summary, run_dir: Path, writer, experiment: str | None,
-            overrides: list[str] | None, table: bool, profiled: bool, took_s: float) -> None:
-    """The console's lines; exit status 1 when no trial succeeded."""
+            overrides: list[str] | None, table: bool, profiled: bool, took_s: float,
+            load: dict) -> None:
+    """The console's lines (a busy machine said first); exit status 1 when no trial
+    succeeded."""
     from speedbench.report import recommend  # the report's first section, in a few lines
-    from speedbench.report.render import console_lines, report_line
+    from speedbench.report.render import busy_note, console_lines, report_line
 
+    busy = busy_note({"machine_load": load})
+    if busy:
+        print(textwrap.fill(busy, width=100) + "\n")
     print("\n".join(console_lines(summary, experiment, overrides, table=table)))
     if profiled:
         from speedbench.report.profile_section import console_text

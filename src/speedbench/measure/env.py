@@ -6,6 +6,8 @@ import os
 import platform
 import subprocess
 import sys
+import threading
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -66,10 +68,84 @@ def cpu_flags(cpuinfo: str | None = None) -> list[str] | None:
     return None
 
 
-def record_end(env_path: Path) -> None:
-    """Add the load average at the end of the run to env.json: with the one at the start, it
-    says whether something else used the machine meanwhile."""
-    results.update_json(env_path, load_average_end=load_average())
+def record_end(env_path: Path) -> dict:
+    """Add the machine's load over the run to env.json (`load_average_end`, and `machine_load`:
+    the load average at the start, its highest 1-minute value while the run went, at the end,
+    CPU steal and this process's own CPU share, and whether that makes the machine busy).
+    Returns machine_load."""
+    load = _WATCH.summary()
+    results.update_json(env_path, load_average_end=load_average(), machine_load=load)
+    return load
+
+
+# A busy machine: other work kept the cores (load above 1.5 x the usable cores, the run itself
+# counting for about one per core) or the hypervisor took them (steal above 10 %).
+BUSY_LOAD_PER_CORE, BUSY_STEAL = 1.5, 0.10
+
+
+class _LoadWatch:
+    """The load average sampled every few seconds by a daemon thread (it sleeps in between),
+    from the run's start (collect) to its end (record_end), with /proc/stat's steal and this
+    process's CPU time over the same span."""
+
+    def __init__(self):
+        self.started, self.thread = None, None
+
+    def start(self) -> None:
+        self.started = (time.monotonic(), _own_cpu_s(), _cpu_jiffies())
+        self.first, self.highest = load_average(), None
+        if self.thread is None:  # one sampler for the process, however many runs it makes
+            self.thread = threading.Thread(target=self._sample, daemon=True,
+                                           name="speedbench-load")
+            self.thread.start()
+
+    def _sample(self) -> None:
+        while True:
+            now = load_average()
+            if now and (self.highest is None or now[0] > self.highest):
+                self.highest = now[0]
+            time.sleep(5)
+
+    def summary(self) -> dict:
+        if self.started is None:
+            return {}
+        wall0, cpu0, jiffies0 = self.started
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            os.cpu_count() or 1
+        end = load_average()
+        wall = max(time.monotonic() - wall0, 1e-9)
+        steal = _steal_fraction(jiffies0, _cpu_jiffies())
+        seen = [x for x in (self.highest, end and end[0], self.first and self.first[0])
+                if x is not None]
+        highest = max(seen, default=None)
+        busy = (highest is not None and highest > BUSY_LOAD_PER_CORE * cores) or \
+            (steal is not None and steal > BUSY_STEAL)
+        return {"cores": cores, "load_start": self.first and self.first[0],
+                "load_highest": highest, "load_end": end and end[0], "cpu_steal": steal,
+                "own_cpu_share": round((_own_cpu_s() - cpu0) / wall / cores, 3), "busy": busy}
+
+
+def _own_cpu_s() -> float:
+    t = os.times()  # this process and its finished children (DataLoader workers, launches)
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(steal, total) CPU time of the whole machine from /proc/stat; None elsewhere."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def _steal_fraction(before, after) -> float | None:
+    if not before or not after or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]), 3)
+
+
+_WATCH = _LoadWatch()
 
 
 def _git(*args: str) -> str | None:
@@ -175,6 +251,9 @@ def numerics() -> dict:
 
 
 def collect(device: str) -> dict:
+    """env.json's facts at the run's start; the machine's load is watched from now on, for
+    record_end."""
+    _WATCH.start()
     gpus = cuda_devices()
     smi = nvidia_smi() if gpus else []
     return {

@@ -53,7 +53,7 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         # digits, so that 0.724 and 92.1 read alike.
         "GFLOP/s": _col(summary, "achieved_tflops").map(_gflops),
         "peak GFLOP/s": _col(summary, "peak_tflops").map(_gflops),
-        "% of peak": _col(summary, "peak_fraction").map(lambda v: _sig(100 * v, 2)),
+        "% of peak": _col(summary, "peak_fraction").map(peak_share),
     })
     if "scaling_efficiency" in summary:  # data-parallel variants (scaling.py)
         table.insert(4, "devices", summary["devices"])
@@ -71,6 +71,32 @@ def _sig(x, digits: int = 3) -> str:
     if x is None or not math.isfinite(x):
         return "-"
     return f"{x:,.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"
+
+
+def peak_share(fraction) -> str:
+    """A share of the measured peak in %; above 100 % the peak itself was measured low (other
+    work held the cores while it was timed), so no number is shown."""
+    if fraction is not None and math.isfinite(fraction) and fraction > 1:
+        return "over 100 (peak measured low)"
+    return _sig(100 * fraction, 2) if fraction is not None else "-"
+
+
+def busy_note(env: dict) -> Optional[str]:
+    """One line when the machine was busy while the run went (env.json's machine_load), with
+    what to do about it; None when it was not, or the run predates the record."""
+    load = env.get("machine_load") if isinstance(env, dict) else None
+    if not isinstance(load, dict) or not load.get("busy"):
+        return None
+    steal = load.get("cpu_steal")
+    share = load.get("own_cpu_share")
+    details = [f"CPU steal {100 * steal:.0f} %" if isinstance(steal, (int, float)) else None,
+               f"this run got {100 * share:.0f} % of them" if isinstance(share, (int, float))
+               else None]
+    said = "; ".join(d for d in details if d)
+    return (f"The machine was busy: load {load.get('load_highest')} on {load.get('cores')} "
+            f"cores{f' ({said})' if said else ''}; figures are noisy and speed-ups may come out "
+            "inconclusive. Measure again on a quiet machine, or give speedbench fewer threads "
+            "(OMP_NUM_THREADS) than the cores left free.")
 
 
 def _gflops(tflops) -> str:
@@ -167,7 +193,7 @@ def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         "mem x": _col(summary, "mem_ratio").map(lambda v: _num(v, "{:.2f}")),
         "loss": summary["final_loss"].map(lambda v: _num(v, "{:.3g}")),
         "GFLOP/s": _col(summary, "achieved_tflops").map(_gflops),
-        "% peak": _col(summary, "peak_fraction").map(lambda v: _sig(100 * v, 2)),
+        "% peak": _col(summary, "peak_fraction").map(peak_share),
     })
     if "scaling_efficiency" in summary:
         table.insert(5, "devices", summary["devices"].map(lambda v: _num(v, "{:.0f}")))
@@ -295,11 +321,23 @@ def env_pairs(env: dict) -> list[tuple[str, str]]:
     ]
     if env.get("cpu_flags") is not None:
         pairs.insert(2, ("CPU flags", " ".join(env["cpu_flags"]) or "none of those that matter"))
-    if env.get("load_average"):
-        end = env.get("load_average_end")
-        pairs.insert(-3, ("load average (1 min)", f"{env['load_average'][0]} at the start"
-                          + (f", {end[0]} at the end" if end else "")))
+    if env.get("machine_load") or env.get("load_average"):
+        pairs.insert(-3, ("load average (1 min)", _load_text(env)))
     return pairs
+
+
+def _load_text(env: dict) -> str:
+    load = env.get("machine_load")
+    if not isinstance(load, dict) or not load:  # a run before the machine's load was watched
+        start, end = env.get("load_average"), env.get("load_average_end")
+        first = lambda x: x[0] if isinstance(x, list) and x else "unknown"  # noqa: E731
+        return f"{first(start)} at the start" + (f", {first(end)} at the end" if end else "")
+    steal, share = load.get("cpu_steal"), load.get("own_cpu_share")
+    number = lambda x: isinstance(x, (int, float))  # noqa: E731
+    return (f"{load.get('load_start')} at the start, {load.get('load_highest')} at most, "
+            f"{load.get('load_end')} at the end, on {load.get('cores')} cores"
+            + (f"; CPU steal {100 * steal:.0f} %" if number(steal) else "")
+            + (f"; this run's CPU share {100 * share:.0f} %" if number(share) else ""))
 
 
 def method_text(cfg: dict) -> str:
@@ -460,6 +498,9 @@ def build_document(run: Run, out_dir: Path) -> Document:
     devices = ", ".join(dict.fromkeys(run.trials["device"].astype(str)))
     doc = Document(title=f"speedbench report: {', '.join(experiments)}",
                    subtitle=f"{run.path.name} · {devices} · {len(run.trials)} trials")
+    busy = busy_note(run.env)
+    if busy:  # first: it explains every figure below
+        doc.note(busy)
     recommendation_section(doc, run, out_dir)
     for experiment in experiments:
         experiment_section(doc, run, experiment, out_dir)
