@@ -611,7 +611,8 @@ def _processes_mentioning(text: str) -> list[str]:
 
 
 def _leftovers(tmp: Path) -> list[str]:
-    return [p.name for p in tmp.iterdir() if p.name.startswith(("speedbench-ddp-", "torchelastic_"))]
+    return [p.name for p in tmp.iterdir()  # launched trials: DDP, or a fresh process
+            if p.name.startswith(("speedbench-launch-", "speedbench-ddp-", "torchelastic_"))]
 
 
 def _wait_until(predicate, seconds: float) -> bool:

@@ -197,7 +197,7 @@ def _in_trial(run: Path, tmp: Path) -> bool:
 
 
 def _in_ddp_start(run: Path, tmp: Path) -> bool:
-    return any(p.name.startswith("speedbench-ddp-") for p in tmp.iterdir())
+    return any(p.name.startswith("speedbench-launch-") for p in tmp.iterdir())
 
 
 def _in_report(run: Path, tmp: Path) -> bool:
