@@ -1,16 +1,21 @@
-"""Error rates of speedbench's verdicts, simulated with a synthetic timing source.
+"""Error rates of speedbench's verdicts, simulated through the code the command line runs.
 
-No training: each trial's throughput is drawn from a noise model shaped like a shared 2-core
-CPU (heavy-tailed trial noise, interference outliers, drift within and across rounds, a
-position effect), for runs of one baseline and several variants measured in shuffled rounds.
-The analysis is the one stats.summarise applies (paired per-round log-ratios, Student t
-interval, Bonferroni over the run's comparisons, adaptive rounds until the CI is narrow or the
-round cap is reached), vectorised over runs; the verdicts are stats.classify's.
+Each simulated run drives measure.rounds.ModelRounds itself (its balanced orders, its rounds
+loop and the group-sequential stopping of stats.wants_more_rounds), on a simulated clock with
+the experiment's time budget, with a simulated measurer in place of training; then
+stats.summarise gives the verdicts, as run.py does. Only the measurer and the clock are
+simulated.
 
-    python benchmarks/verdict_sim.py            # the table in benchmarks/README.md
-    python benchmarks/verdict_sim.py --runs 20000 --rounds 5 --max-rounds 12
+The noise is fitted to the committed reference trials (results/reference/*/trials.csv, every
+measurement with 5+ complete rounds): a two-way fit (round + variant) of log throughput gives
+the per-trial sd, the sd of the round effect (what pairing removes) and the standardised
+residuals, which the simulation resamples (their light tails included). A position effect (the
+first trial of a round slower by 0-5 %) is the stress case the balanced orders must absorb.
 
-tests/test_verdicts_sim.py runs the same code with 1,000+ runs.
+    python benchmarks/verdict_sim.py              # the table in benchmarks/README.md
+    python benchmarks/verdict_sim.py --runs 200   # quicker, rougher
+
+tests/test_verdicts_sim.py runs a small version.
 """
 from __future__ import annotations
 
@@ -18,143 +23,190 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
 from speedbench.analysis import stats  # noqa: E402
+from speedbench.measure.rounds import ModelRounds  # noqa: E402
 
-# Noise model, all on the log scale of throughput (0.03 ~ 3 %).
-TRIAL_SD = 0.04        # per-trial noise, Student t with 3 degrees of freedom scaled to this sd
-ROUND_DRIFT_SD = 0.02  # random walk of the machine's speed from one round to the next
-SLOPE_SD = 0.01        # drift within a round, per position
-FIRST_SLOW = 0.02      # the first trial of a round runs this much slower (cold caches)
-OUTLIER_P = 0.05       # chance that another job interferes with a trial...
-OUTLIER_HIT = (0.10, 0.40)  # ...and slows it by this much
-CODES = {stats.FASTER: 1, stats.SLOWER: -1, stats.EQUIVALENT: 0, stats.INCONCLUSIVE: 2}
+# The default `+experiment=amp` on a 2-core CPU: bench.repeats 5, target_ci 0.03,
+# time_budget_s 30 per model, and about 2 s per trial (a round of 3 variants, fp16 stopped,
+# takes ~4-6 s on the reference machine).
+AMP = dict(repeats=5, target_ci=0.03, time_budget_s=30.0, trial_s=2.0)
 
 
-def throughputs(rng: np.random.Generator, runs: int, rounds: int, effects: np.ndarray
-                ) -> np.ndarray:
-    """Simulated samples/s, shape (runs, rounds, variants); variant 0 is the baseline and
-    `effects[v]` each variant's true speed-up (1.0 = identical)."""
-    v = len(effects)
-    t = rng.standard_t(3, (runs, rounds, v)) * TRIAL_SD / math.sqrt(3)  # var of t3 is 3
-    drift = np.cumsum(rng.normal(0, ROUND_DRIFT_SD, (runs, rounds, 1)), axis=1)
-    position = np.argsort(rng.random((runs, rounds, v)), axis=2)  # shuffled order per round
-    slope = rng.normal(0, SLOPE_SD, (runs, rounds, 1)) * position
-    cold = -FIRST_SLOW * (position == 0)
-    hit = rng.random((runs, rounds, v)) < OUTLIER_P
-    outlier = np.where(hit, np.log1p(-rng.uniform(*OUTLIER_HIT, (runs, rounds, v))), 0.0)
-    log_tp = math.log(100.0) + np.log(effects) + t + drift + slope + cold + outlier
-    return np.exp(log_tp)
+# ---- the noise model, fitted to real trials ----
+
+def fit(paths=None, min_rounds: int = 5) -> dict:
+    """Per-trial sd, round-effect sd and pooled standardised residuals (log throughput) of the
+    reference measurements with at least `min_rounds` complete rounds."""
+    paths = paths or sorted((ROOT / "results" / "reference").glob("*/trials.csv"))
+    trial_sd, round_sd, residuals = [], [], []
+    for path in paths:
+        t = pd.read_csv(path)
+        t = t[t["status"] == "ok"]
+        key = "round" if "round" in t else "trial"
+        for _, g in t.groupby(["experiment", "model"]):
+            y = np.log(g.pivot_table(index=key, columns="variant", values="samples_per_s",
+                                     aggfunc="median")).dropna()
+            r, v = y.shape
+            if r < min_rounds or v < 2:
+                continue
+            e = y.sub(y.mean(axis=1), axis=0).sub(y.mean(axis=0), axis=1) + y.values.mean()
+            var_e = float((e.values ** 2).sum()) / ((r - 1) * (v - 1))
+            var_round = max(0.0, float(y.mean(axis=1).var(ddof=1)) - var_e / v)
+            trial_sd.append(math.sqrt(var_e))
+            round_sd.append(math.sqrt(var_round))
+            residuals.append(e.values.ravel() / math.sqrt(var_e * (r - 1) * (v - 1) / (r * v)))
+    z = np.concatenate(residuals)
+    return {"trial_sd": float(np.median(trial_sd)), "round_sd": float(np.median(round_sd)),
+            "residuals": (z - z.mean()) / z.std(), "measurements": len(trial_sd)}
 
 
-def verdicts(tp: np.ndarray, min_rounds: int, threshold: float, target_ci: float | None,
-             family: float = stats.FAMILY_LEVEL) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(verdict codes (runs, comparisons): +1 faster, -1 slower, 0 equivalent, 2 inconclusive;
-    rounds used per run; relative CI half-widths), with adaptive stopping: after `min_rounds`,
-    a run stops at the first round count where every half-width <= target_ci, else at the cap
-    (all rounds simulated)."""
-    runs, max_rounds, v = tp.shape
-    m = v - 1
-    level = stats.comparison_level(m, family)
-    d = np.log(tp[:, :, 1:]) - np.log(tp[:, :, :1])  # (runs, rounds, m)
-    n = np.arange(1, max_rounds + 1)[None, :, None]
-    s1, s2 = np.cumsum(d, axis=1), np.cumsum(d * d, axis=1)
-    mean = s1 / n
-    var = np.maximum(s2 - n * mean ** 2, 0) / np.maximum(n - 1, 1)
-    crit = np.array([stats.t_quantile(level, k - 1) if k > 1 else np.inf
-                     for k in range(1, max_rounds + 1)])[None, :, None]
-    half = np.where(n > 1, np.where(np.isfinite(crit), crit, 0) * np.sqrt(var / n), np.inf)
-    width = np.expm1(half)  # relative half-width, sqrt(hi/lo) - 1
-    stop = np.full(runs, max_rounds - 1)
-    if target_ci is not None:
-        narrow = (width <= target_ci).all(axis=2)
-        narrow[:, :min_rounds - 1] = False
-        first = np.where(narrow.any(axis=1), narrow.argmax(axis=1), max_rounds - 1)
-        stop = first
-    idx = np.arange(runs)
-    mean, half, width = mean[idx, stop], half[idx, stop], width[idx, stop]
-    lo, hi, point = np.exp(mean - half), np.exp(mean + half), np.exp(mean)
-    classify = np.vectorize(lambda *ci: CODES[stats.classify(*ci, threshold=threshold)])
-    return classify(point, lo, hi), stop + 1, width
+# ---- one simulated model: the CLI's rounds loop with a simulated measurer ----
+
+class _Bar:
+    total = 0
+
+    def write(self, *_): ...
+
+    def set_postfix_str(self, *_): ...
+
+    def update(self, *_): ...
 
 
-def aa_rate(runs: int = 1000, variants: int = 7, min_rounds: int = 5, max_rounds: int = 12,
-            threshold: float = stats.DEFAULT_THRESHOLD, target_ci: float | None = 0.03,
-            seed: int = 0) -> dict:
-    """A/A: `variants` identical recipes (one the baseline). Share of runs with any
-    faster/slower call (the family-wise false-call rate), and of comparisons called equivalent."""
+class SimRounds(ModelRounds):
+    """ModelRounds with throughputs drawn from the noise model instead of training, and a
+    simulated clock (each trial takes `trial_s` at 100 samples/s, longer when slower)."""
+
+    def __init__(self, effects: dict[str, float], bench, noise: dict, rng, comparisons: int,
+                 position_effect: float = 0.0, trial_s: float = 2.0):
+        names = list(effects)
+        self.plan = SimpleNamespace(variants={n: SimpleNamespace(bench=bench) for n in names},
+                                    baseline=names[0], models=[SimpleNamespace(name="m")],
+                                    experiment="sim")
+        self.spec, self.first, self.repeats = self.plan.models[0], self.plan.variants[names[0]], \
+            bench.repeats
+        self.dist_env = self.run_dir = self.writer = None
+        self.bar, self.skip, self.probes, self.rows = _Bar(), {}, {}, []
+        self.order_seed, self.comparisons = int(rng.integers(2 ** 62)), comparisons
+        self.looks = None if bench.target_ci is not None else 1
+        self.effects, self.noise, self.rng = effects, noise, rng
+        self.position_effect, self.trial_s, self.now, self.round_effect = \
+            position_effect, trial_s, 0.0, {}
+        self.clock = lambda: self.now
+
+    def measure(self, name: str, round_: int, position: int) -> dict:
+        noise = self.noise
+        if round_ not in self.round_effect:
+            self.round_effect[round_] = self.rng.normal(0, noise["round_sd"])
+        log_tp = (math.log(100 * self.effects[name]) + self.round_effect[round_]
+                  + noise["trial_sd"] * self.rng.choice(noise["residuals"])
+                  + (math.log1p(-self.position_effect) if position == 0 else 0.0))
+        tp = math.exp(log_tp)
+        self.now += self.trial_s * 100 / tp
+        return {"experiment": "sim", "model": "m", "variant": name,
+                "is_baseline": name == self.plan.baseline, "trial": round_, "round": round_,
+                "position": position, "status": "ok", "samples_per_s": tp,
+                "step_ms": 1000 / tp, "data_wait_frac": 0.0, "peak_mem_mb": 1.0,
+                "host_rss_mb": 1.0, "final_loss": 1.0, "noise_threshold": 0.05}
+
+
+def simulate(effects: dict[str, float], noise: dict, rng, repeats: int = 5,
+             target_ci: float | None = 0.03, time_budget_s: float = 30.0, trial_s: float = 2.0,
+             position_effect: float = 0.0) -> pd.DataFrame:
+    """One run of one model, as the CLI runs it: the rounds, then stats.summarise."""
+    bench = SimpleNamespace(repeats=repeats, target_ci=target_ci, time_budget_s=time_budget_s)
+    sim = SimRounds(effects, bench, noise, rng, len(effects) - 1, position_effect, trial_s)
+    for round_ in sim.rounds():
+        sim.run_round(round_)
+    return stats.summarise(pd.DataFrame(sim.rows))
+
+
+# ---- the measures ----
+
+def cell(variants: int, effect: float, runs: int, noise: dict, seed: int,
+         position_effect: float = 0.0, **settings) -> dict:
+    """`runs` simulated runs of a baseline and `variants - 1` variants; the first non-baseline
+    variant is `effect` times faster, the others identical. Family-wise false calls (any
+    faster/slower among the identical ones), coverage of every CI, power on the first
+    variant, mean rounds."""
     rng = np.random.default_rng(seed)
-    tp = throughputs(rng, runs, max_rounds, np.ones(variants))
-    code, used, width = verdicts(tp, min_rounds, threshold, target_ci)
-    return {"runs": runs, "family_false_call": float((np.abs(code) == 1).any(axis=1).mean()),
-            "equivalent": float((code == 0).mean()), "rounds_mean": float(used.mean()),
-            "halfwidth_median": float(np.median(width))}
+    effects = {"v0": 1.0, **{f"v{i}": 1.0 for i in range(1, variants)}}
+    effects["v1"] = effect
+    false_runs = covered = cis = called = rounds = 0
+    for _ in range(runs):
+        s = simulate(effects, noise, rng, position_effect=position_effect, **settings)
+        s = s[~s["is_baseline"]].set_index("variant")
+        truth = pd.Series(effects).loc[s.index]
+        calls = s["verdict"].isin([stats.FASTER, stats.SLOWER])
+        nulls = truth == 1.0
+        false_runs += bool((calls & nulls).any())
+        covered += int(((s["speedup_lo"] <= truth) & (truth <= s["speedup_hi"])).sum())
+        cis += len(s)
+        want = stats.FASTER if effect > 1 else stats.SLOWER
+        called += s.loc["v1", "verdict"] == want
+        rounds += int(s["rounds"].max())
+    return {"family_false": false_runs / runs, "coverage": covered / cis,
+            "power": called / runs, "rounds": rounds / runs}
 
 
-def power(effect: float, runs: int = 1000, variants: int = 7, min_rounds: int = 5,
-          max_rounds: int = 12, threshold: float = stats.DEFAULT_THRESHOLD,
-          target_ci: float | None = 0.03, seed: int = 1) -> dict:
-    """One variant truly `effect` times faster, the others identical to the baseline: share
-    of runs that call it faster (slower when effect < 1), and runs with a false call on the
-    identical ones."""
-    rng = np.random.default_rng(seed)
-    effects = np.ones(variants)
-    effects[1] = effect
-    tp = throughputs(rng, runs, max_rounds, effects)
-    code, used, _ = verdicts(tp, min_rounds, threshold, target_ci)
-    want = 1 if effect > 1 else -1
-    return {"effect": effect, "called": float((code[:, 0] == want).mean()),
-            "false_call_others": float((np.abs(code[:, 1:]) == 1).any(axis=1).mean()),
-            "rounds_mean": float(used.mean())}
+def aa_rows(variants: list[int], runs: int, noise: dict, settings: dict, seed: int = 0
+            ) -> list[str]:
+    """A/A rows: identical variants, without and with a 5 % first-in-round slowdown."""
+    lines = []
+    for v in variants:
+        for pos in (0.0, 0.05):
+            r = cell(v, 1.0, runs, noise, seed + v, pos, **settings)
+            lines.append(f"| {v} | {pos:.0%} | {r['family_false']:.2%} | {r['coverage']:.2%} | "
+                         f"{r['rounds']:.1f} |")
+    return lines
 
 
-def bootstrap_aa(runs: int = 2000, variants: int = 7, rounds: int = 5, resamples: int = 2000,
-                 threshold: float = stats.DEFAULT_THRESHOLD, seed: int = 2) -> float:
-    """The alternative rejected: a percentile bootstrap over rounds of the mean log-ratio, at
-    the same Bonferroni level. Family-wise false-call rate under A/A."""
-    rng = np.random.default_rng(seed)
-    tp = throughputs(rng, runs, rounds, np.ones(variants))
-    d = np.log(tp[:, :, 1:]) - np.log(tp[:, :, :1])  # (runs, rounds, m)
-    level = stats.comparison_level(variants - 1)
-    pick = rng.integers(0, rounds, (resamples, rounds))
-    boots = d[:, pick, :].mean(axis=2)  # (runs, resamples, m)
-    lo = np.exp(np.quantile(boots, (1 - level) / 2, axis=1))
-    hi = np.exp(np.quantile(boots, (1 + level) / 2, axis=1))
-    point = np.exp(d.mean(axis=1))
-    call = ((lo > 1) & (point > 1 + threshold)) | ((hi < 1) & (point < 1 - threshold))
-    return float(call.any(axis=1).mean())
+def power_rows(runs: int, noise: dict, settings: dict, seed: int = 0) -> list[str]:
+    """Power rows: 3 variants, one truly 1.1x / 1.2x / 1.3x faster."""
+    lines = []
+    for effect in (1.1, 1.2, 1.3):
+        r = cell(3, effect, runs, noise, seed + int(effect * 100), **settings)
+        lines.append(f"| {effect:.1f}x | {r['power']:.1%} | {r['coverage']:.2%} | "
+                     f"{r['rounds']:.1f} |")
+    return lines
+
+
+AA_HEAD = ["| variants | position effect | A/A family-wise false calls | CI coverage | mean rounds |",
+           "|---|---|---|---|---|"]
+POWER_HEAD = ["| true speed-up (3 variants) | called faster | CI coverage | mean rounds |",
+              "|---|---|---|---|"]
+
+
+def table(runs: int, noise: dict, seed: int = 0) -> list[str]:
+    """The Markdown tables of benchmarks/README.md: the default amp settings (a 30 s budget:
+    one look), then the default budget of 600 s (group-sequential looks)."""
+    lines = [f"Noise fitted to {noise['measurements']} reference measurements: per-trial sd "
+             f"{noise['trial_sd']:.3f}, round-effect sd {noise['round_sd']:.3f} (log scale); "
+             f"{runs} runs per row."]
+    for name, settings, variants in (("amp defaults", AMP_SETTINGS, range(2, 8)),
+                                     ("bench.time_budget_s=600", LONG_SETTINGS, (2, 3, 7))):
+        lines += ["", f"{name}: {settings}", "", *AA_HEAD,
+                  *aa_rows(list(variants), runs, noise, settings, seed), "", *POWER_HEAD,
+                  *power_rows(runs, noise, settings, seed)]
+    return lines
+
+
+AMP_SETTINGS = dict(AMP)
+LONG_SETTINGS = dict(AMP, time_budget_s=600.0)
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=10000)
-    p.add_argument("--variants", type=int, default=7)
-    p.add_argument("--rounds", type=int, default=5, help="minimum rounds (bench.repeats)")
-    p.add_argument("--max-rounds", type=int, default=12, help="rounds the time budget allows")
-    p.add_argument("--target-ci", type=float, default=0.03)
-    p.add_argument("--threshold", type=float, default=stats.DEFAULT_THRESHOLD)
-    p.add_argument("--bootstrap", action="store_true",
-                   help="also the A/A rate of a bootstrap over rounds (the rejected method)")
+    p.add_argument("--runs", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    kw = dict(runs=a.runs, variants=a.variants, min_rounds=a.rounds, max_rounds=a.max_rounds,
-              threshold=a.threshold, target_ci=a.target_ci)
-    aa = aa_rate(**kw)
-    print(f"A/A, {a.variants} identical variants, {a.runs} runs, rounds {a.rounds}..{a.max_rounds}"
-          f" (mean {aa['rounds_mean']:.1f}): runs with any faster/slower call "
-          f"{aa['family_false_call']:.2%}; comparisons called equivalent {aa['equivalent']:.1%};"
-          f" median CI half-width {aa['halfwidth_median']:.1%}")
-    if a.bootstrap:
-        print(f"A/A with a percentile bootstrap over {a.rounds} rounds instead of the t interval: "
-              f"runs with any faster/slower call {bootstrap_aa(rounds=a.rounds):.2%}")
-    print("| true speed-up | called | false calls on the 5 identical | mean rounds |")
-    print("|---|---|---|---|")
-    for effect in (0.8, 0.9, 1.05, 1.1, 1.2, 1.3, 1.5):
-        r = power(effect, **kw)
-        print(f"| {effect:.2f}x | {r['called']:.1%} | {r['false_call_others']:.2%} | "
-              f"{r['rounds_mean']:.1f} |")
+    print("\n".join(table(a.runs, fit(), a.seed)))
 
 
 if __name__ == "__main__":
