@@ -90,13 +90,15 @@ def run(world: World, grp=None, **kw) -> S.SearchResult:
     return S.search(grp or groups(), NAIVE, world, clock=world.clock, **kw)
 
 
-@pytest.mark.parametrize("stall_p, rounds, rate", [(0.0, 8, 0.95), (0.05, 8, 0.5),
-                                                   (0.0, 5, 0.8)])
+@pytest.mark.parametrize("stall_p, rounds, rate", [(0.0, 12, 0.95), (0.0, 8, 0.75),
+                                                   (0.0, 5, 0.35), (0.05, 12, 0.3)])
 def test_finds_the_recipe_with_an_interaction(stall_p, rounds, rate):
-    """Screens of 3 rounds rank, confirmations of `rounds` rounds decide. Without stalls nearly
-    every search is right, at 5 rounds too; trials that stall (run at 50-90 % speed) with
-    probability stall_p widen the intervals and cost power: about half the searches still
-    find the whole recipe."""
+    """Screens of 3 rounds rank, confirmations of `rounds` rounds decide. An option is added
+    only when its CI clears 1 + min_gain, at a level within the run's family-wise error spent
+    over the steps (selection.Spending): a later step's 1.08x needs rounds. Without stalls
+    every search is right at 12 rounds, three in four at 8; trials that stall (run at 50-90 %
+    speed) with probability stall_p widen the intervals and cost power (the measurer's
+    adaptive rounds, absent here, buy some back)."""
     right = 0
     for seed in range(40):
         result = run(World(EFFECTS, seed, stall_p=stall_p, rounds=rounds))
@@ -135,7 +137,7 @@ def test_interaction_workers_useless_before_bf16():
 def test_waterfall_and_ablation_bracket_the_truth():
     covered_final, covered_marginal, found, n = 0, 0, 0, 30
     for seed in range(n):
-        world = World(EFFECTS, seed)
+        world = World(EFFECTS, seed, stall_p=0, rounds=12)
         result = run(world)
         if len(result.chosen) != 3:
             continue
@@ -151,14 +153,14 @@ def test_waterfall_and_ablation_bracket_the_truth():
                     without.update({k: NAIVE[k] for k in o.overrides})
             covered_marginal += row["lo"] <= world.truth(result.final) / world.truth(without) \
                 <= row["hi"]
-    print(f"\nthree techniques found in {found}/{n} searches (5 % of trials stalled); of those, "
+    print(f"\nthree techniques found in {found}/{n} searches (12 rounds); of those, "
           f"the final CI covers the true {1.3 * 1.2 * 1.08:.3f}x in {covered_final}/{found}, "
           f"the marginal CIs cover the truth in {covered_marginal}/{3 * found}")
-    assert found >= 0.6 * n  # stalls cost power; the intervals of what is found stay honest
+    assert found >= 0.8 * n
     assert covered_final >= 0.85 * found
     assert covered_marginal >= 0.85 * 3 * found
     # bf16's marginal in the presence of workers includes the workers it unlocked
-    result = run(World(EFFECTS, seed=3))
+    result = run(World(EFFECTS, seed=3, stall_p=0, rounds=12))
     marg = {r["option"]: r for r in result.ablation}
     assert marg["precision=bf16"]["marginal"] > marg["precision=bf16"]["step_gain"]
 
@@ -171,7 +173,7 @@ def null_groups(k: int) -> list[S.Group]:
 @pytest.mark.parametrize("stall_p, rounds", [(0.0, 8), (0.15, 8), (0.0, 5), (0.05, 5)])
 def test_null_techniques_are_rarely_added(stall_p, rounds):
     """Five techniques with no effect next to one real one: how often does the search add any
-    null one? Family-wise control per step keeps it near alpha (0.05)."""
+    null one? The run's error control, spent over the steps, keeps it below alpha (0.05)."""
     runs, added, real = 300, 0, 0
     grp = [groups()[2], *null_groups(5)]
     for seed in range(runs):
@@ -183,8 +185,8 @@ def test_null_techniques_are_rarely_added(stall_p, rounds):
     print(f"\nstalls {stall_p:.0%}, {rounds} rounds: a null technique added in {added}/{runs} searches "
           f"({added / runs:.1%}); the real 1.08x found in {real}/{runs}")
     assert added / runs <= 0.05
-    if stall_p == 0:  # a quiet machine: the real effect is found in most searches
-        assert real / runs >= 0.8
+    if stall_p == 0:  # a quiet machine: the real effect is found in most searches at 8 rounds
+        assert real / runs >= (0.9 if rounds == 8 else 0.5)
 
 
 def test_failed_and_na_options_are_never_retried():
@@ -214,24 +216,63 @@ def test_hopeless_option_dropped_after_one_step():
 
 
 def test_budget_is_respected_and_the_stop_said():
-    # each recipe costs 6 s (6 rounds x 1 s); step 1 measures 7 recipes = 42 s
-    world = World(EFFECTS, seed=0)
+    # a trial costs 1 s; a step's screen of 7 recipes x 3 rounds is 21 s, its confirmation
+    # 3 x 8 = 24 s, the closing's reserve naive and final x 5 rounds = 10 s
+    world = World(EFFECTS, seed=0, stall_p=0)
     result = run(world, budget_s=80)
-    assert result.elapsed_s <= 80
+    assert result.elapsed_s <= 80 + world.cost_s  # within the budget plus one trial
     assert result.stopped.startswith("time budget")
-    assert len(result.steps) == 1
-    # no closing measurement fitted either: the waterfall is the product of step gains, said so
-    assert any("did not fit" in n for n in result.notes) or result.ablation
+    assert result.chosen and not result.undecided
+    # every cumulative figure was measured, never a product of step gains
+    assert all(math.isfinite(w["lo"]) for w in result.waterfall[-1:])
     messages = []
-    run(World(EFFECTS, seed=0), progress=messages.append)
+    run(World(EFFECTS, seed=0, stall_p=0), progress=messages.append)
     assert messages[0].startswith("step 1:") and any(m.startswith("closing") for m in messages)
 
 
+@pytest.mark.parametrize("budget_s", [5, 30, 40])
+def test_a_budget_too_short_decides_nothing_and_says_so(budget_s):
+    """The pilot's trial sizes the first screen; a screen or a confirmation that cannot fit is
+    not started, and the search says it decided nothing, with the time a step would need."""
+    world = World(EFFECTS, seed=0, stall_p=0)
+    result = run(world, budget_s=budget_s)
+    assert result.elapsed_s <= budget_s + world.cost_s
+    assert result.chosen == [] and result.waterfall == []
+    assert result.undecided.startswith("not decided: the budget ran out ")
+    assert "a full search needs about " in result.undecided
+    needs = float(result.undecided.split("needs about ")[1].split(" s")[0])
+    assert needs > budget_s
+    assert set(world.calls[0]) == {"current"}  # the pilot: one trial of the naive recipe
+
+
 def test_budget_large_enough_runs_to_the_end():
-    world = World(EFFECTS, seed=0)
+    world = World(EFFECTS, seed=0, stall_p=0)
     result = run(world, budget_s=10_000)
-    assert result.stopped in ("no remaining option was significantly faster", "no candidate left")
-    assert result.ablation and result.elapsed_s <= 10_000
+    assert result.stopped.startswith(("no remaining option was significantly faster",
+                                      "no candidate left"))
+    assert result.ablation and result.elapsed_s <= 10_000 and not result.undecided
+
+
+def test_an_option_is_added_only_when_its_ci_clears_min_gain():
+    """A true 1.03x option with min_gain 5 %: its point estimate often passes 1.05, its CI's
+    lower bound almost never; the search adds it (almost) never."""
+    grp = [groups()[2]]
+    added = 0
+    for seed in range(100):
+        world = World({("sync", "deferred"): 1.03}, seed, stall_p=0, rounds=8)
+        result = S.search(grp, {"sync": "item"}, world, clock=world.clock, min_gain=0.05)
+        added += bool(result.chosen)
+        for step in result.steps:
+            if step.chosen:
+                assert step.confirmations[step.chosen].lo > 1.05
+    assert added <= 5
+
+
+def test_spending_adds_up_to_the_searchs_share():
+    spend = S.Spending(0.05)
+    total = spend.closing() + sum(spend.screen(k) + spend.confirm(k) for k in range(1, 10_000))
+    assert total == pytest.approx(0.05, rel=1e-3) and total <= 0.05
+    assert spend.confirm(1) > spend.confirm(2) > spend.confirm(3)
 
 
 def test_memory_trading_needs_a_limit():
@@ -286,4 +327,4 @@ def test_nothing_significant_keeps_naive():
     world = World({}, seed=0)
     result = run(world)
     assert result.chosen == [] and result.final == NAIVE
-    assert result.waterfall == [result.waterfall[0]] and result.ablation == []
+    assert result.waterfall == [] and result.ablation == [] and not result.undecided

@@ -15,25 +15,32 @@ The search:
    current recipe, in a fresh paired measurement with rounds added until the CIs are narrow
    (the measurer's adaptive rounds). Their gains are that fresh measurement's, so picking the
    screen's winners does not bias them; the CIs are Bonferroni-adjusted over the options
-   confirmed together, so a step adds an option with no real gain with probability at most
-   alpha. The fastest option whose CI excludes 1 and whose gain reaches `min_gain` is added.
+   confirmed together. An option is added only on significance: the lower bound of its CI
+   must clear 1 + `min_gain` (a point estimate above it is not enough); of those, the fastest.
    (Screening and deciding in one measurement, Bonferroni over every option of the step, needed
    a t quantile of ~24 at 3 rounds and ~7 at 5: on a 2-core CPU it found nothing beyond bf16);
 4. options of one group are mutually exclusive, so the group leaves the pool once chosen; an
    option that was n/a, failed or was hopeless (its own measurer's verdict, or a screening CI,
    Bonferroni-adjusted over the step's options, entirely below `hopeless_below`, 0.5x) is
    dropped for good, never retried;
-5. stops when no option is confirmed faster, when the pool is empty, or when the next step
-   (and the closing measurement) would not fit in the time budget: it then keeps what it has
-   and says so;
+5. stops when no option is confirmed, when the pool is empty, or when the next screen or
+   confirmation (with the closing measurement kept in reserve) would not fit in the time
+   budget, estimated from the measured time per trial (a one-trial pilot of the naive recipe
+   gives the first figure). A search the budget stopped before it decided anything says so
+   (`SearchResult.undecided`) and estimates the time one step and its closing need;
 6. a closing measurement runs the naive recipe, each prefix of the chosen stack and each
    leave-one-out recipe side by side, giving the waterfall (cumulative speed-up over naive,
    paired, with CI) and the ablation (each chosen option's marginal contribution in the
-   presence of the others: final over final-without-it, with CI).
+   presence of the others: final over final-without-it, with CI). When only part of it fits,
+   it measures the final recipe against naive alone. A speed-up is never a product of step
+   gains: those were chosen for being large, so they are shown as gains "when added",
+   conditional on selection.
 
 Every interval is stats.paired_ratio_ci, the summary's Student t interval on the logs of
-per-round ratios; each measurement's family is its own, as summary.csv's rows of a recipe run
-are (stats.summarise with per_experiment).
+per-round ratios. Error control is the run's (`Spending`): the search gets a share of the
+run's alpha, fixed before it starts and spent in advance over its measurements, each
+measurement Bonferroni-adjusted over its own comparisons; the level each measurement used is
+returned (`SearchResult.levels`) so that summary.csv states the same intervals.
 """
 from __future__ import annotations
 
@@ -135,6 +142,8 @@ class SearchResult:
     stopped: str  # why forward selection ended
     notes: list[str]
     elapsed_s: float
+    levels: dict[str, float] = field(default_factory=dict)  # measurement -> its CI level
+    undecided: str = ""  # "not decided: the budget ran out ..." when nothing was decided
 
 
 # --- statistics on paired rounds ---------------------------------------------------------------
@@ -205,15 +214,14 @@ def _apply(base: Overrides, *options: Option) -> Overrides:
 # --- the search ---------------------------------------------------------------------------------------
 @dataclass
 class Budget:
-    """The search's time budget and the cost model that keeps it: a recipe in a screen (or in
-    the closing measurement) costs about the mean seen so far per recipe; a confirmation about
-    the mean confirmation so far (before the first, as much as two screened recipes)."""
+    """The search's time budget and its cost model: seconds per trial, measured (the mean over
+    the measurements so far, probes and set-up included), times the trials a measurement will
+    run."""
 
     total_s: Optional[float]
     clock: Callable[[], float] = time.monotonic
     started: float = 0.0
-    per_recipe: list[float] = field(default_factory=list)
-    per_confirmation: list[float] = field(default_factory=list)
+    per_trial: list[float] = field(default_factory=list)
 
     def start(self) -> None:
         self.started = self.clock()
@@ -224,25 +232,53 @@ class Budget:
     def left(self) -> Optional[float]:
         return None if self.total_s is None else self.total_s - self.elapsed()
 
-    def record(self, seconds: float, recipes: int) -> None:
-        self.per_recipe.append(seconds / max(recipes, 1))
+    def record(self, seconds: float, arms: dict[str, Arm]) -> None:
+        trials = sum(int(np.isfinite(a.samples_per_s).sum()) for a in arms.values()
+                     if a.samples_per_s)
+        if trials:
+            self.per_trial.append(seconds / trials)
 
-    def record_confirmation(self, seconds: float) -> None:
-        self.per_confirmation.append(seconds)
+    def estimate(self, trials: int) -> float:
+        return float(np.mean(self.per_trial)) * trials if self.per_trial else 0.0
 
-    def estimate(self, recipes: int, confirmations: int = 0) -> float:
-        per = float(np.mean(self.per_recipe)) if self.per_recipe else 0.0
-        confirm = float(np.mean(self.per_confirmation)) if self.per_confirmation else 2 * per
-        return per * recipes + confirm * confirmations
-
-    def fits(self, recipes: int, confirmations: int = 0) -> bool:
+    def fits(self, trials: int) -> bool:
         left = self.left()
-        return left is None or self.estimate(recipes, confirmations) <= left
+        return left is None or self.estimate(trials) <= left
+
+
+@dataclass(frozen=True)
+class Spending:
+    """The search's share of the run's family-wise error, spent in advance: a fifth for the
+    closing measurement, the rest over the steps, step k getting 1/(k(k+1)) of it (these sum
+    to 1 however many steps come, and early steps, which decide the most, get the most), a
+    tenth of a step's share to its screen (it only sets aside options surely less than half
+    as fast) and the rest to its confirmation. Fixed before anything is measured, so the shares add up to at most `alpha`
+    whatever the search finds."""
+
+    alpha: float
+
+    def closing(self) -> float:
+        return self.alpha / 5
+
+    def screen(self, step: int) -> float:
+        return self._step(step) / 10
+
+    def confirm(self, step: int) -> float:
+        return self._step(step) * 9 / 10
+
+    def _step(self, step: int) -> float:
+        return self.alpha * 4 / 5 / (step * (step + 1))
+
+
+def significant_gain(lo: float, min_gain: float) -> bool:
+    """The search's rule: an option is added only when its whole CI clears 1 + min_gain."""
+    return bool(np.isfinite(lo) and lo > 1 + min_gain)
 
 
 @dataclass(frozen=True)
 class Rules:
-    """The search's decision settings (see `search`)."""
+    """The search's decision settings (see `search`); `min_rounds` is the measurer's minimum
+    of rounds in a confirmation or the closing measurement (bench.repeats)."""
 
     alpha: float = 0.05
     min_gain: float = 0.02
@@ -250,6 +286,7 @@ class Rules:
     screen_rounds: Optional[int] = 3
     confirm_top: int = 2
     max_memory_mb: Optional[float] = None
+    min_rounds: int = 5
 
     def fits_memory(self, arm: Arm) -> bool:
         return self.max_memory_mb is None or not (arm.peak_mem_mb > self.max_memory_mb)
@@ -258,14 +295,16 @@ class Rules:
 def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
            budget_s: Optional[float] = None, max_memory_mb: Optional[float] = None,
            alpha: float = 0.05, min_gain: float = 0.02, hopeless_below: float = 0.5,
-           screen_rounds: Optional[int] = 3, confirm_top: int = 2,
+           screen_rounds: Optional[int] = 3, confirm_top: int = 2, min_rounds: int = 5,
            progress: Callable[[str], None] = lambda msg: None,
            clock: Callable[[], float] = time.monotonic) -> SearchResult:
     """Greedy forward selection from `naive` (screen, then confirm the best), then the closing
-    waterfall/ablation measurement."""
+    waterfall/ablation measurement. `alpha` is this search's share of the run's family-wise
+    error."""
     budget = Budget(budget_s, clock)
     budget.start()
-    rules = Rules(alpha, min_gain, hopeless_below, screen_rounds, confirm_top, max_memory_mb)
+    rules = Rules(alpha, min_gain, hopeless_below, screen_rounds, confirm_top, max_memory_mb,
+                  min_rounds)
     forward = _Forward(groups, naive, measure, budget, rules, progress)
     stopped = "no candidate left"
     while any(forward.pool.values()):
@@ -273,30 +312,44 @@ def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
         if why is not None:
             stopped = why
             break
-    waterfall, ablation = _close(forward, alpha, min_gain)
+    waterfall, ablation = _close(forward)
     return SearchResult(naive=naive, chosen=forward.chosen,
                         final=_apply(naive, *forward.chosen), steps=forward.steps,
                         waterfall=waterfall, ablation=ablation, excluded=forward.excluded,
-                        stopped=stopped, notes=forward.notes, elapsed_s=budget.elapsed())
+                        stopped=stopped, notes=forward.notes, elapsed_s=budget.elapsed(),
+                        levels=forward.levels, undecided=forward.undecided(stopped))
 
 
 class _Forward:
     """The forward selection's state: the options left per group, those dropped for good, the
-    chosen stack and every step's record."""
+    chosen stack, every step's record and the CI level of every measurement."""
 
     def __init__(self, groups: list[Group], naive: Overrides, measure: Measurer, budget: Budget,
                  rules: Rules, progress: Callable[[str], None]):
         self.naive, self.measure, self.budget = naive, measure, budget
         self.rules, self.progress = rules, progress
+        self.spend = Spending(rules.alpha)
         self.pool = {g.name: list(g.options) for g in eligible_groups(groups, rules.max_memory_mb)}
         self.excluded: dict[str, str] = {}
         self.chosen: list[Option] = []
         self.steps: list[StepRecord] = []
         self.notes: list[str] = []
+        self.levels: dict[str, float] = {}  # measurement ("step 1", "closing"...) -> CI level
+        self.out_of_budget = False
+        self.needs_s = math.nan  # what the step the budget stopped would have needed
         if rules.max_memory_mb is None and any(g.trades_memory for g in groups):
             self.notes.append("techniques that trade speed for memory ("
                               + ", ".join(g.name for g in groups if g.trades_memory)
                               + ") were not candidates: set recipe.max_memory_mb to let them in")
+
+    def reserve(self) -> int:
+        """Trials kept back for the closing: at least the final recipe against naive."""
+        return 2 * self.rules.min_rounds
+
+    def step_trials(self, options: int) -> int:
+        """Trials of one whole step: its screen and its confirmation."""
+        screen = (options + 1) * (self.rules.screen_rounds or self.rules.min_rounds)
+        return screen + (self.rules.confirm_top + 1) * self.rules.min_rounds
 
     def step(self) -> Optional[str]:
         """One step: screen every option left, confirm the best, add the winner. Returns why
@@ -304,27 +357,27 @@ class _Forward:
         n, budget = len(self.steps) + 1, self.budget
         current = _apply(self.naive, *self.chosen)
         options = [o for opts in self.pool.values() for o in opts]
-        # this step, then the closing measurement (naive, prefixes, leave-one-outs) must fit
-        closing = 2 * (len(self.chosen) + 1) + 1
-        if self.steps and not budget.fits(len(options) + 1 + closing, 1):
-            return (f"time budget: step {n} ({len(options)} options) would need about "
-                    f"{budget.estimate(len(options) + 1, 1):.0f} s plus "
-                    f"{budget.estimate(closing):.0f} s to close, "
-                    f"{max(budget.left(), 0):.0f} s were left")
+        if budget.total_s is not None and not budget.per_trial:
+            why = self._pilot(current)
+            if why:
+                return why
+        screen = (len(options) + 1) * (self.rules.screen_rounds or self.rules.min_rounds)
+        if not budget.fits(screen + self.reserve()):
+            return self._over_budget(f"step {n}'s screen ({len(options)} options)",
+                                     self.step_trials(len(options)))
         self.progress(f"step {n}: screening {len(options)} options on top of "
                       f"{' + '.join(o.label for o in self.chosen) or 'naive'}")
         recipes = {"current": current, **{o.label: _apply(current, o) for o in options}}
         t0 = budget.clock()
         arms = self.measure(recipes, step=f"step {n}", time_left_s=budget.left(),
                             rounds=self.rules.screen_rounds)
-        # cost per recipe measured (n/a ones cost nothing and are not measured again)
-        budget.record(budget.clock() - t0, sum(a.status == OK for a in arms.values()))
+        budget.record(budget.clock() - t0, arms)
         ref = arms.get("current")
         if ref is None or ref.status != OK:
             return (f"the current recipe could not be measured in step {n} "
                     f"({ref.status if ref else 'missing'})")
         record, ranked = self._screen(n, current, options, arms)
-        best, why = self._decide(record, ranked, recipes, closing)
+        best, why = self._decide(record, ranked, recipes)
         record.elapsed_s = budget.clock() - t0
         if best is None:
             return why
@@ -336,6 +389,37 @@ class _Forward:
                       f"[{best.lo:.2f}, {best.hi:.2f}])")
         return None
 
+    def _pilot(self, current: Overrides) -> Optional[str]:
+        """One trial of the current recipe: the first measured time per trial, so that the
+        first screen is started only when it fits."""
+        self.progress("pilot: one trial of the naive recipe, to size the first screen")
+        t0 = self.budget.clock()
+        arms = self.measure({"current": current}, step="pilot", time_left_s=self.budget.left(),
+                            rounds=1)
+        self.budget.record(self.budget.clock() - t0, arms)
+        ref = arms.get("current")
+        if ref is None or ref.status != OK or not self.budget.per_trial:
+            return ("the naive recipe could not be measured "
+                    f"({ref.status if ref else 'missing'})")
+        return None
+
+    def _over_budget(self, what: str, trials: int) -> str:
+        """Why the budget stops the search here; remembers what a step would have needed."""
+        self.out_of_budget = True
+        self.needs_s = self.budget.elapsed() + self.budget.estimate(trials + self.reserve())
+        return (f"time budget: {what} and the closing would need about "
+                f"{self.budget.estimate(trials + self.reserve()):.0f} s, "
+                f"{max(self.budget.left() or 0, 0):.0f} s were left")
+
+    def undecided(self, stopped: str) -> str:
+        """Non-empty when the budget ended the search before it decided anything: what to say
+        first."""
+        if not self.out_of_budget or self.chosen:
+            return ""
+        where = "after screening" if self.steps else "before the first screen"
+        return (f"not decided: the budget ran out {where}; a full search needs about "
+                f"{self.needs_s:.0f} s (recipe.budget_s was {self.budget.total_s:.0f})")
+
     def _screen(self, n: int, current: Overrides, options: list[Option],
                 arms: dict[str, Arm]) -> tuple[StepRecord, list[Comparison]]:
         """The screen's record, and the options worth confirming, best first."""
@@ -343,7 +427,8 @@ class _Forward:
         found = {o.label: arms[o.label].status if o.label in arms else "error: not measured"
                  for o in options if o.label not in arms or arms[o.label].status != OK}
         ok = [o for o in options if o.label not in found]
-        level = stats.comparison_level(len(ok), self.rules.alpha)
+        level = stats.comparison_level(len(ok), self.spend.screen(n))
+        self.levels[f"step {n}"] = level
         results = compare_at({o.label: rounds_of(arms[o.label], ref) for o in ok}, level,
                              self.rules.min_gain)
         comparisons = {lab: Comparison(lab, s, lo, hi, v, paired_rounds(arms[lab], ref))
@@ -370,33 +455,38 @@ class _Forward:
             self.pool[name] = [o for o in self.pool[name] if o.label not in statuses]
 
     def _decide(self, record: StepRecord, ranked: list[Comparison], recipes: dict[str, Overrides],
-                closing: int) -> tuple[Optional[Comparison], str]:
+                ) -> tuple[Optional[Comparison], str]:
         """Confirm the screen's best in a fresh measurement; the option to add, or why none."""
         top = ranked[:self.rules.confirm_top]
         if not top:
             return None, "no remaining option was faster in the screen"
-        if not self.budget.fits(closing, 1):
-            return None, (f"time budget: confirming step {record.index}'s best would not leave "
-                          "time to close")
+        confirm = (len(top) + 1) * self.rules.min_rounds
+        if not self.budget.fits(confirm + self.reserve()):
+            return None, self._over_budget(f"confirming step {record.index}'s best", confirm)
         self.progress(f"step {record.index}: confirming " + ", ".join(
             f"{c.label} (screened {c.speedup:.2f}x)" for c in top))
         t1 = self.budget.clock()
+        left = self.budget.left()  # its extra rounds may not eat the closing's reserve
         arms = self.measure({"current": recipes["current"],
                              **{c.label: recipes[c.label] for c in top}},
-                            step=f"step {record.index} confirm", time_left_s=self.budget.left())
-        self.budget.record_confirmation(self.budget.clock() - t1)
+                            step=f"step {record.index} confirm",
+                            time_left_s=None if left is None else
+                            left - self.budget.estimate(self.reserve()))
+        self.budget.record(self.budget.clock() - t1, arms)
         return self._confirm(arms, top, record)
 
     def _confirm(self, arms: dict[str, Arm], top: list[Comparison],
                  record: StepRecord) -> tuple[Optional[Comparison], str]:
         """The confirmation measurement's verdicts (fresh rounds, CIs Bonferroni-adjusted over
-        the options confirmed together) and the option to add: the fastest one confirmed."""
+        the options confirmed together, within the step's share) and the option to add: the
+        fastest one whose CI clears 1 + min_gain."""
         ref = arms.get("current") or Arm("error: not measured")
         if ref.status != OK:
             for c in top:
                 record.confirmations[c.label] = _failed(c.label, ref.status)
             return None, f"the current recipe could not be measured ({ref.status})"
-        level = stats.comparison_level(len(top), self.rules.alpha)
+        level = stats.comparison_level(len(top), self.spend.confirm(record.index))
+        self.levels[f"step {record.index} confirm"] = level
         winners = []
         for c in top:
             arm = arms.get(c.label) or Arm("error: not measured")
@@ -409,10 +499,11 @@ class _Forward:
                                                self.rules.min_gain).values()
             confirmed = Comparison(c.label, s, lo, hi, verdict, paired_rounds(arm, ref))
             record.confirmations[c.label] = confirmed
-            if confirmed.verdict == stats.FASTER and self.rules.fits_memory(arm):
+            if significant_gain(lo, self.rules.min_gain) and self.rules.fits_memory(arm):
                 winners.append(confirmed)
         best = max(winners, key=lambda c: c.speedup, default=None)
-        return best, "no remaining option was significantly faster"
+        return best, (f"no remaining option was significantly faster (CI above "
+                      f"{1 + self.rules.min_gain:.2f}x)")
 
 
 def _failed(label: str, status: str) -> Comparison:
@@ -420,7 +511,8 @@ def _failed(label: str, status: str) -> Comparison:
 
 
 def _waterfall(chosen: list[Option], step_gain: dict[str, Comparison]) -> list[dict]:
-    """The waterfall's rows, each with its step gain; the closing measurement fills the rest."""
+    """The waterfall's rows, each with its gain when added (conditional on selection); the
+    closing measurement fills the cumulative speed-ups over naive."""
     waterfall = [{"label": NAIVE, "option": "", "speedup": 1.0, "lo": math.nan, "hi": math.nan,
                   "step_gain": math.nan, "step_lo": math.nan, "step_hi": math.nan}]
     for o in chosen:
@@ -431,60 +523,75 @@ def _waterfall(chosen: list[Option], step_gain: dict[str, Comparison]) -> list[d
     return waterfall
 
 
-def _close(forward: _Forward, alpha: float, min_gain: float) -> tuple[list[dict], list[dict]]:
-    """Waterfall and ablation from one closing measurement; the step gains stand in when it
-    cannot run (nothing chosen, or no time left)."""
-    chosen, budget, notes = forward.chosen, forward.budget, forward.notes
-    step_gain = {s.chosen: s.confirmations[s.chosen] for s in forward.steps if s.chosen}
-    waterfall = _waterfall(chosen, step_gain)
-    if not chosen:
-        return waterfall, []
-    # labels people read in trials.csv: "naive", "bf16", "bf16 + workers=2", "without bf16"
+def _closing_recipes(forward: _Forward) -> tuple[list[str], dict[str, str], dict[str, Overrides]]:
+    """Labels people read in trials.csv ("naive", "bf16", "bf16 + workers=2", "without bf16")
+    and their recipes: naive, each prefix of the stack and each leave-one-out."""
+    chosen = forward.chosen
     prefix = [NAIVE] + [" + ".join(o.label for o in chosen[:i]) for i in range(1, len(chosen) + 1)]
     without = {o.label: f"without {o.label}" for o in chosen}
     recipes = {prefix[i]: _apply(forward.naive, *chosen[:i]) for i in range(len(chosen) + 1)}
     for o in chosen:
         recipes[without[o.label]] = _apply(forward.naive, *[c for c in chosen if c is not o])
+    return prefix, without, recipes
+
+
+def _close(forward: _Forward) -> tuple[list[dict], list[dict]]:
+    """Waterfall and ablation from one closing measurement, every figure measured: the whole
+    closing when it fits, else the final recipe against naive alone (no ablation), else no
+    cumulative figure at all, said in the notes. Nothing chosen: no waterfall."""
+    chosen, budget, notes, rules = forward.chosen, forward.budget, forward.notes, forward.rules
+    if not chosen:
+        return [], []
+    step_gain = {s.chosen: s.confirmations[s.chosen] for s in forward.steps if s.chosen}
+    waterfall = _waterfall(chosen, step_gain)
+    prefix, without, recipes = _closing_recipes(forward)
     unique = _unique(recipes)  # a prefix equals a leave-one-out (the last option's): once
-    if not budget.fits(len(set(unique.values()))):
-        notes.append("the closing measurement (cumulative speed-ups over naive and the ablation) "
-                     "did not fit in the time budget: the waterfall shows the products of the step "
-                     "gains, without CI, and there is no ablation")
-        cumulative = 1.0
-        for row in waterfall[1:]:
-            cumulative *= row["step_gain"]
-            row["speedup"] = cumulative
-        return waterfall, []
-    forward.progress(f"closing: naive, {len(chosen)} prefixes and {len(chosen)} leave-one-out "
-                     "recipes")
+    wanted = list(dict.fromkeys(unique.values()))
+    if not budget.fits(len(wanted) * rules.min_rounds):
+        wanted = [NAIVE, prefix[-1]]
+        notes.append("only the final recipe against naive fitted in the time budget: no "
+                     "cumulative figure for the stages between, and no ablation")
+        if not budget.fits(len(wanted) * rules.min_rounds):
+            notes.append("the closing measurement did not fit in the time budget: the final "
+                         "recipe was not measured against naive")
+            return waterfall, []
+    forward.progress(f"closing: {', '.join(wanted)}")
     t0 = budget.clock()
-    measured = forward.measure({lab: recipes[lab] for lab in dict.fromkeys(unique.values())},
-                               step="closing", time_left_s=budget.left())
-    budget.record(budget.clock() - t0, len(measured))
+    measured = forward.measure({lab: recipes[lab] for lab in wanted}, step="closing",
+                               time_left_s=budget.left())
+    budget.record(budget.clock() - t0, measured)
     arms = {lab: measured.get(unique[lab], Arm("error: not measured")) for lab in recipes}
     if not (arms[NAIVE].status == OK and arms[prefix[-1]].status == OK):
         notes.append("the closing measurement failed for the naive or the final recipe: "
                      "no cumulative speed-ups, no ablation")
         return waterfall, []
-    # the family of summary.csv's rows for this measurement: every recipe against naive
+    ablate = len(wanted) > 2 or len(chosen) == 1
+    # the family of this measurement: every recipe against naive (summary.csv's rows) and
+    # each leave-one-out (with one option chosen, that is the final recipe against naive),
+    # within the closing's share
     against_naive = sum(a.status == OK for lab, a in measured.items() if lab != NAIVE)
+    extra = len(chosen) if ablate and len(chosen) > 1 else 0
+    level = stats.comparison_level(against_naive + extra, forward.spend.closing())
+    forward.levels["closing"] = level
     cum = compare_at({prefix[i]: rounds_of(arms[prefix[i]], arms[NAIVE])
-                      for i in range(1, len(chosen) + 1) if arms[prefix[i]].status == OK},
-                     stats.comparison_level(against_naive, alpha), min_gain)
+                      for i in range(1, len(chosen) + 1)
+                      if prefix[i] in measured and arms[prefix[i]].status == OK},
+                     level, rules.min_gain)
     for i, row in enumerate(waterfall[1:], start=1):
         if prefix[i] in cum:
             row["speedup"], row["lo"], row["hi"], row["verdict"] = cum[prefix[i]]
+    if not ablate:
+        return waterfall, []
     return waterfall, _ablation(chosen, arms[prefix[-1]], {o.label: arms[without[o.label]]
                                                            for o in chosen},
-                                step_gain, alpha, min_gain)
+                                step_gain, level, rules.min_gain)
 
 
 def _ablation(chosen: list[Option], final: Arm, without: dict[str, Arm],
-              step_gain: dict[str, Comparison], alpha: float, min_gain: float) -> list[dict]:
+              step_gain: dict[str, Comparison], level: float, min_gain: float) -> list[dict]:
     """Each chosen option's marginal contribution: final / final-without-it, paired."""
     marg = compare_at({o.label: rounds_of(final, without[o.label]) for o in chosen
-                       if without[o.label].status == OK},
-                      stats.comparison_level(len(chosen), alpha), min_gain)
+                       if without[o.label].status == OK}, level, min_gain)
     ablation = []
     for o in chosen:
         s, lo, hi, v = marg.get(o.label, (math.nan, math.nan, math.nan,
