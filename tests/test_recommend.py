@@ -100,6 +100,8 @@ def test_report_layer_does_not_import_torch():
 
 
 def test_waterfall_figure(tmp_path):
+    """Each bar is a measured cumulative speed-up with its CI; a stage the closing measurement
+    did not measure is left out, never drawn from a product of step gains."""
     from speedbench.report import waterfall
     rows = pd.DataFrame([
         {"model": "vae", "label": "naive", "speedup": 1.0, "lo": NAN, "hi": NAN, "step_gain": NAN},
@@ -109,14 +111,15 @@ def test_waterfall_figure(tmp_path):
          "step_gain": 1.2},
         {"model": "t", "label": "naive", "speedup": 1.0, "lo": NAN, "hi": NAN, "step_gain": NAN},
         {"model": "t", "label": "+ sync=deferred", "speedup": NAN, "lo": NAN, "hi": NAN,
-         "step_gain": 1.1},  # closing measurement missing: drawn from the step gain
+         "step_gain": 1.1},  # closing measurement missing: not drawn
     ])
     figs = waterfall.figures(rows)
     assert set(figs) == {"vae", "t"}
     ax = figs["vae"].axes[0]
-    assert [t.get_text() for t in ax.get_xticklabels()][-1] == "final"
-    assert any("1.55x" in t.get_text() for t in ax.texts)
-    assert any("1.10x" in t.get_text() for t in figs["t"].axes[0].texts)
+    assert [t.get_text() for t in ax.get_xticklabels()][-1] == "+ workers=2"
+    assert any("1.55x\n[1.40, 1.70]" in t.get_text() for t in ax.texts)
+    assert not any("1.10x" in t.get_text() for t in figs["t"].axes[0].texts)
+    assert [t.get_text() for t in figs["t"].axes[0].get_xticklabels()] == ["naive"]
     from speedbench.report.plots import save
     save(figs["vae"], tmp_path / "w.png")
     assert (tmp_path / "w.png").stat().st_size > 1000
@@ -186,9 +189,11 @@ def test_a_recipe_search_is_advised_from_recipe_csv():
     rec = pd.DataFrame([
         {"model": "vae", "table": "waterfall", "step": 0, "label": "naive", "speedup": 1.0},
         {"model": "vae", "table": "waterfall", "step": 1, "label": "+ precision=bf16",
-         "option": "precision=bf16", "speedup": 1.3, "lo": 1.2, "hi": 1.4, "step_gain": 1.3},
+         "option": "precision=bf16", "speedup": 1.3, "lo": 1.2, "hi": 1.4, "step_gain": 1.3,
+         "verdict": "faster"},
         {"model": "vae", "table": "waterfall", "step": 2, "label": "+ workers=w2",
-         "option": "workers=w2", "speedup": 1.5, "lo": 1.4, "hi": 1.6, "step_gain": 1.15},
+         "option": "workers=w2", "speedup": 1.5, "lo": 1.4, "hi": 1.6, "step_gain": 1.15,
+         "verdict": "faster"},
         {"model": "vae", "table": "ablation", "option": "precision=bf16", "speedup": 1.45,
          "lo": 1.3, "hi": 1.6, "verdict": "faster"},
         {"model": "vae", "table": "ablation", "option": "workers=w2", "speedup": 1.15,
@@ -227,3 +232,64 @@ def test_a_recipe_search_is_advised_from_recipe_csv():
     recommend.add_section(doc, summ, rec)
     md = to_markdown(doc)
     assert "use: the recipe precision=bf16 + workers=w2" in md and "recipe-step1" not in md
+
+
+def _search(waterfall_verdict: str, ablation_verdict: str, undecided: str = "") -> pd.DataFrame:
+    rows = [{"model": "vae", "table": "waterfall", "step": 0, "label": "naive", "speedup": 1.0},
+            {"model": "vae", "table": "waterfall", "step": 1, "label": "+ optimizer=fused",
+             "option": "optimizer=fused", "speedup": 1.16, "lo": 1.00, "hi": 1.35,
+             "step_gain": 1.2, "step_lo": 1.1, "step_hi": 1.3, "verdict": waterfall_verdict},
+            {"model": "vae", "table": "ablation", "option": "optimizer=fused", "speedup": 1.16,
+             "lo": 1.00, "hi": 1.35, "verdict": ablation_verdict},
+            {"model": "vae", "table": "chosen", "option": "optimizer=fused"}]
+    if undecided:
+        rows = [{"model": "vae", "table": "step", "step": 1, "option": "sync=deferred",
+                 "speedup": 1.1, "lo": 0.8, "hi": 1.4, "verdict": "inconclusive"},
+                {"model": "vae", "table": "undecided", "label": undecided}]
+    return pd.DataFrame(rows)
+
+
+def test_use_only_for_a_significant_contribution():
+    """An inconclusive recipe or contribution is 'not settled', never next to 'use'; the gain
+    when added is labelled conditional on selection."""
+    summ = pd.DataFrame([row("recipe", "vae", "naive", "baseline", 1.0, baseline=True)])
+    (advice,) = recommend.advise(summ, _search("inconclusive", "inconclusive"))
+    text = "\n".join(recommend.lines(advice))
+    assert advice.use == []
+    assert "use: nothing measured here was significantly faster than the naive recipe" in text
+    assert "not settled: the recipe optimizer=fused, 1.16x [1.00, 1.35] over naive" in text
+    assert "when added (conditional on its selection)" in text
+    for line in text.splitlines():
+        assert not (line.startswith("use:") and "inconclusive" in line)
+    (advice,) = recommend.advise(summ, _search("faster", "faster"))
+    assert [i.technique.strip() for i in advice.use] == ["the recipe optimizer=fused",
+                                                         "optimizer=fused"]
+
+
+def test_an_undecided_search_says_so_first_and_offers_no_recipe():
+    why = ("not decided: the budget ran out after screening; a full search needs about 410 s "
+           "(recipe.budget_s was 240)")
+    summ = pd.DataFrame([row("recipe-step1", "vae", "current", "baseline", 1.0, baseline=True)])
+    (advice,) = recommend.advise(summ, _search("", "", undecided=why))
+    out = recommend.lines(advice)
+    assert out[0] == why
+    assert not any(line.startswith("use:") for line in out)
+    assert not any("final recipe" in line for line in out)
+    assert any(line.startswith("not settled: sync=deferred") for line in out)
+
+
+def test_a_host_setting_is_called_best_only_when_significant():
+    from speedbench.report import host_sweep
+    trials = pd.DataFrame([
+        {"experiment": "workers", "model": "m", "variant": v, "status": "ok",
+         "data.num_workers": n, "samples_per_s": tp, "data_wait_frac": 0.1, "host_rss_mb": 100.0}
+        for v, n, tp in (("w0", 0, 10.0), ("w2", 2, 12.0))])
+    s = host_sweep.sweep(trials, "data.num_workers")
+    verdicts = pd.DataFrame([row("workers", "m", "w0", "baseline", 1.0, baseline=True),
+                             row("workers", "m", "w2", "inconclusive", 1.2, 0.9, 1.6)])
+    text = host_sweep.best_settings(host_sweep.with_verdicts(s, verdicts), "data.num_workers")
+    assert "data.num_workers=2" in text and "no setting is called best" in text
+    assert "the best setting" not in text
+    verdicts.loc[1, "verdict"] = "faster"
+    text = host_sweep.best_settings(host_sweep.with_verdicts(s, verdicts), "data.num_workers")
+    assert "the best setting: significantly faster" in text

@@ -76,16 +76,18 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
     def measure(*args):  # adaptive rounds judge CIs at the run's family (a suite's members)
         return measure_plan(*args, book=book, comparisons=family)
 
+    levels = {}  # (experiment, model) -> the CI level a recipe search used there
     for plan in plans:
         if groups is not None:  # +experiment=recipe: the search runs the plans
-            recipe.execute(cfg, plan, groups, run_dir, writer, progress, measure,
-                           recipe.cannot_act_for(cfg, na_variants, dist_env))
+            levels.update(recipe.levels(recipe.execute(
+                cfg, plan, groups, run_dir, writer, progress, measure,
+                recipe.cannot_act_for(cfg, na_variants, dist_env))))
         else:
             measure(plan, run_dir, progress, dist_env, writer)
     if writer is None:
         return None
     summary, profiled, load = _analyse_and_write(cfg, plans, run_dir, writer, resolved,
-                                                 groups is not None, progress, measure)
+                                                 levels, progress, measure)
     _report(summary, run_dir, writer, experiment, overrides, groups is None, profiled,
             time.perf_counter() - started, load)
     return run_dir
@@ -127,25 +129,31 @@ def _discard(run_dir: Path) -> None:
     results.release_run_dir(run_dir)
 
 
-def _summary(writer: results.TrialWriter, plans: list[Plan], per_experiment: bool):
+def _summary(writer: results.TrialWriter, plans: list[Plan], family: float, levels: dict):
     frame = _in_plan_order(writer.frame(), plans)
-    return scaling.add_efficiency(stats.summarise(frame, per_experiment=per_experiment), frame)
+    return scaling.add_efficiency(stats.summarise(frame, family, levels=levels), frame)
 
 
 def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer, resolved: dict,
-                       per_experiment: bool, progress: bool, measure):
+                       levels: dict, progress: bool, measure):
     """summary.csv, phases.csv and findings.csv, each suggested knob measured when asked, and
     the report. Returns the summary, whether any trial was profiled, and the machine's load."""
     from speedbench.report.render import write_report
     from speedbench.search import check_findings
 
-    summary = _summary(writer, plans, per_experiment)
+    # the findings' checks get their own share of the run's error, set aside before any
+    # interval is written: checking them never widens the run's intervals afterwards
+    checks = cfg.recipe.check_findings and any(r.get("profile_data") is not None
+                                               for r in writer.rows)
+    family = stats.FAMILY_LEVEL - (check_findings.SHARE if checks else 0.0)
+    summary = _summary(writer, plans, family, levels)
     try:
         results.write_summary(summary, run_dir)
         profiled = diagnosis.write_tables(run_dir, writer.rows)  # phases.csv, findings.csv
-        if profiled and cfg.recipe.check_findings:  # each suggested knob measured
+        if profiled and checks:  # each suggested knob measured
             check_findings.check(plans, run_dir, writer, progress, measure)
-            summary = _summary(writer, plans, per_experiment)
+            summary = _summary(writer, plans, family, {
+                **levels, **check_findings.levels(run_dir, writer.frame())})
             results.write_summary(summary, run_dir)
         load = env.record_end(run_dir / "env.json")  # the load over the run, beside the start's
         write_report(run_dir, cfg=resolved)

@@ -249,22 +249,31 @@ def count_comparisons(trials: pd.DataFrame) -> int:
 
 
 def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
-              per_experiment: bool = False) -> pd.DataFrame:
+              per_experiment: bool = False,
+              levels: dict[tuple[str, str], float] | None = None) -> pd.DataFrame:
     """One row per (model, variant): medians over ok trials, the paired speed-up over the
     baseline with its family-wise adjusted CI at the level of the look its rounds stopped at,
     the verdict (`screening` below the run's floor of rounds), and the rounds behind it.
 
     The family is the whole run (a suite's members together), or with `per_experiment` each
-    experiment alone: a recipe search's measurements (screens, confirmations, the closing
-    one) are separate decisions, each adjusted over its own comparisons, as the search is."""
+    experiment alone (runs written before the run-wide allotment). `levels` gives the CI level
+    of the (experiment, model) pairs whose share of the run's error was allotted in advance
+    (a recipe search's measurements, the findings' checks); the other comparisons share
+    `family`."""
     rows = []
     key = pair_key(trials)
-    run_comparisons = count_comparisons(trials)
+    levels = levels or {}
+    allotted = trials[["experiment", "model"]].apply(tuple, axis=1).isin(set(levels)) \
+        if len(trials) else pd.Series(dtype=bool)
+    run_comparisons = count_comparisons(trials[~allotted] if len(trials) else trials)
     floor = _floor(trials)
     for (experiment, model), per_model in trials.groupby(["experiment", "model"], sort=False):
         comparisons = count_comparisons(trials[trials["experiment"] == experiment]) \
             if per_experiment else run_comparisons
         plan = Looks(comparisons, *_schedule(per_model), family)
+        fixed = levels.get((experiment, model))  # allotted in advance: the level it used
+        if fixed is not None:
+            comparisons = count_comparisons(per_model)
         base_rows = per_model[per_model["is_baseline"].astype(bool)
                               & (per_model["status"] == OK)]
         base_loss = base_rows["final_loss"].median() if len(base_rows) else math.nan
@@ -275,12 +284,13 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
             row = {"experiment": experiment, "model": model, "variant": variant,
                    "is_baseline": bool(g["is_baseline"].iloc[0]), "status": _status(g["status"]),
                    "trials": len(ok), **_medians(g, ok)}
-            level = plan.level(_rounds_paired(ok, base_rows, key))
+            level = fixed if fixed is not None else plan.level(_rounds_paired(ok, base_rows, key))
             row.update(_mem_ratio(ok, base_rows, key, level))
             row["loss_delta"] = row["final_loss"] - base_loss
             row.update(_speedup(row, ok, base_rows, key, level, _threshold(g), floor))
             row["comparisons"], row["family_level"], row["ci_level"] = comparisons, family, level
-            row["family_scope"] = "experiment" if per_experiment else "run"
+            row["family_scope"] = "allotted" if (experiment, model) in levels else \
+                "experiment" if per_experiment else "run"
             row.update(_flops(ok, row["step_ms"]))
             rows.append({**row, **position})
     return pd.DataFrame(rows)
@@ -611,7 +621,14 @@ def family_text(summary: pd.DataFrame) -> str:
             if summary["family_level"].notna().any() else FAMILY_LEVEL
         thr = pd.to_numeric(summary.get("noise_threshold"), errors="coerce").dropna()
         scope = summary["family_scope"].dropna() if "family_scope" in summary else pd.Series()
-        if len(scope) and (scope == "experiment").all():
+        if len(scope) and (scope == "allotted").any():
+            family = ("The run's 5 % family-wise error was shared out before anything was "
+                      "measured (a recipe search's measurements, the findings' checks: "
+                      "docs/experiments.md); each CI is at the level of its share, Bonferroni-"
+                      "adjusted over its measurement's comparisons (ci_level in summary.csv), "
+                      f"so the chance of any false faster/slower call in the whole run is at "
+                      f"most {FAMILY_LEVEL:.0%}. ")
+        elif len(scope) and (scope == "experiment").all():
             family = (f"Each experiment of this run is its own family (a recipe search's "
                       f"measurements are separate decisions; up to {m} comparisons in one): its "
                       f"CIs are Bonferroni-adjusted over its own comparisons, so the chance of "

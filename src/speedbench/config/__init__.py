@@ -129,7 +129,10 @@ class RecipeConfig:
                                               "bench.noise_threshold")
     screen_rounds: int = setting(3, "paired rounds in which each step screens every option")
     confirm_top: int = setting(2, "the best options of a screen measured again, afresh, to decide")
-    skip: list[str] = setting(doc="candidate groups left out of the search", factory=list)
+    skip: list[str] = setting(doc="candidate groups left out of the search (the experiment's "
+                                  "defaults; replacing the list lets them in)", factory=list)
+    also_skip: list[str] = setting(doc="more candidate groups left out, on top of recipe.skip",
+                                   factory=list)
     check_findings: bool = setting(True, "a profiled run measures each finding's suggested knob "
                                          "before the report recommends it")
 

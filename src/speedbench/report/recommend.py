@@ -10,7 +10,11 @@ included. Rules:
   hopeless;
 - **could not test here**: n/a (with its reason), failures (oom, error, diverged), no baseline.
 Each `use` gain was measured alone against that experiment's plain-PyTorch baseline; stacking
-them is what `+experiment=recipe` measures.
+them is what `+experiment=recipe` measures. A recipe search is advised from recipe.csv: `use`
+for the final recipe only when it is significantly faster than naive, and for a technique of
+it only when its contribution in the presence of the others is; the rest of the stack is
+`not settled`. A search the budget stopped before it decided anything opens with "not
+decided: ..." and offers no recipe.
 
 Never imports torch: report layer.
 """
@@ -54,6 +58,9 @@ class Advice:
     untested: list[Item] = field(default_factory=list)
     also_faster: dict[str, list[str]] = field(default_factory=dict)  # technique -> other variants
     notes: list[str] = field(default_factory=list)  # what a recipe search set aside, and why
+    unsettled: list[Item] = field(default_factory=list)  # a search's stack, not significant
+    undecided: str = ""  # "not decided: the budget ran out ...": said first
+    searched: bool = False  # advised from a recipe search: its baseline is the naive recipe
 
 
 _ci = ratio_ci
@@ -164,38 +171,18 @@ def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None) -> list[Ad
 
 
 def advise_recipe(model: str, rows: pd.DataFrame, summary: pd.DataFrame) -> Advice:
-    """Advice from a recipe search: use the final stack (each technique with its marginal
-    contribution in the presence of the others), skip what the last step it was measured in
-    found not faster, could-not-test what was n/a or failed."""
-    advice = Advice(model)
+    """Advice from a recipe search: use the final stack when it is significantly faster than
+    naive, each technique when its contribution in the presence of the others is; skip what
+    the last step it was measured in found not faster; could-not-test what was n/a or
+    failed."""
+    advice = Advice(model, searched=True)
     table = {name: g for name, g in rows.groupby("table", sort=False)}
+    undecided = table.get("undecided", pd.DataFrame()).get("label", [])
+    advice.undecided = str(undecided.iloc[0]) if len(undecided) else ""
     waterfall = table.get("waterfall", pd.DataFrame())
     chosen = list(table.get("chosen", pd.DataFrame()).get("option", []))
     if chosen and len(waterfall):
-        last = waterfall.iloc[-1].to_dict()
-        memory = "memory not measured"
-        closing = summary[(summary["experiment"] == "recipe") & (summary["model"] == model)] \
-            if "experiment" in summary else pd.DataFrame()
-        final = closing[closing["variant"] == " + ".join(chosen)]
-        naive = closing[closing["variant"] == "naive"]
-        if len(final):
-            memory = memory_text(final.iloc[0].to_dict(),
-                                 naive.iloc[0].to_dict() if len(naive) else None)
-        effect = _ci(_get(last, "speedup"), _get(last, "lo"), _get(last, "hi"))
-        advice.use.append(Item("the recipe " + " + ".join(chosen),
-                               f"{effect} over naive, {memory}", _get(last, "speedup"), effect))
-        ablation = {r["option"]: r for r in table.get("ablation", pd.DataFrame()).to_dict("records")}
-        for option in chosen:
-            a = ablation.get(option)
-            if a is not None and math.isfinite(_get(a, "speedup")):
-                effect = _ci(_get(a, "speedup"), _get(a, "lo"), _get(a, "hi"))
-                text = f"{effect} with the others ({a.get('verdict')})"
-            else:
-                w = waterfall[waterfall["option"] == option]
-                w = w.iloc[0].to_dict() if len(w) else {}
-                effect = _ci(_get(w, "step_gain"), _get(w, "step_lo"), _get(w, "step_hi"))
-                text = f"{effect} when added"
-            advice.use.append(Item(f"  {option}", text, math.inf, effect, part=True))
+        _stack(advice, chosen, waterfall, table.get("ablation", pd.DataFrame()), summary)
     # per option, its latest figure: a confirmation outranks the screen of its step
     steps = pd.concat([table.get("step", pd.DataFrame()).assign(_confirmed=0),
                        table.get("confirm", pd.DataFrame()).assign(_confirmed=1)])
@@ -209,15 +196,62 @@ def advise_recipe(model: str, rows: pd.DataFrame, summary: pd.DataFrame) -> Advi
             kind, text = _classify({**last, "status": OK, "speedup_lo": last.get("lo"),
                                     "speedup_hi": last.get("hi")})
             where = f" (step {int(last['step'])})"
-            advice.skip.append(Item(str(option), (text if kind != "use" else
-                                                  f"{text}, smaller than the option chosen")
-                                    + where, _get(last, "speedup")))
+            if kind == "use":
+                text = f"{text}, not added: its CI did not clear 1 + the minimal gain, or " \
+                       "another option was faster"
+            # an undecided search advises nothing: what it saw is not settled
+            (advice.unsettled if advice.undecided else advice.skip).append(
+                Item(str(option), text + where, _get(last, "speedup")))
     for r in table.get("excluded", pd.DataFrame()).to_dict("records"):
         kind, text = _classify({"status": r.get("status"), "verdict": ""})
         (advice.skip if kind == "skip" else advice.untested).append(Item(str(r["option"]), text))
     advice.skip.sort(key=lambda i: i.speedup if math.isfinite(i.speedup) else math.inf)
     advice.notes = [str(n) for n in table.get("note", pd.DataFrame()).get("label", [])]
     return advice
+
+
+def _stack(advice: Advice, chosen: list[str], waterfall: pd.DataFrame, ablation: pd.DataFrame,
+           summary: pd.DataFrame) -> None:
+    """The final recipe and its techniques: `use` where significant, else `not settled`."""
+    last = waterfall.iloc[-1].to_dict()
+    effect = _ci(_get(last, "speedup"), _get(last, "lo"), _get(last, "hi"))
+    name = "the recipe " + " + ".join(chosen)
+    if str(last.get("verdict")) == FASTER:
+        text = f"{effect} over naive, {_closing_memory(advice.model, chosen, summary)}"
+        advice.use.append(Item(name, text, _get(last, "speedup"), effect))
+    else:
+        advice.unsettled.append(Item(name, f"{effect} over naive, not significantly faster" if
+                                     effect != "-" else "not measured against naive"))
+    marginal = {r["option"]: r for r in ablation.to_dict("records")}
+    for option in chosen:
+        a = marginal.get(option, {})
+        w = waterfall[waterfall["option"] == option]
+        w = w.iloc[0].to_dict() if len(w) else {}
+        when = _ci(_get(w, "step_gain"), _get(w, "step_lo"), _get(w, "step_hi"))
+        added = f"{when} when added (conditional on its selection)"
+        if str(a.get("verdict")) == FASTER:
+            effect = _ci(_get(a, "speedup"), _get(a, "lo"), _get(a, "hi"))
+            advice.use.append(Item(f"  {option}", f"{effect} with the others, significant; "
+                                   f"{added}", math.inf, effect, part=True))
+        elif math.isfinite(_get(a, "speedup")):
+            effect = _ci(_get(a, "speedup"), _get(a, "lo"), _get(a, "hi"))
+            advice.unsettled.append(Item(option, f"{effect} with the others, not significant; "
+                                         f"{added}"))
+        else:
+            advice.unsettled.append(Item(option, f"contribution with the others not measured; "
+                                         f"{added}"))
+
+
+def _closing_memory(model: str, chosen: list[str], summary: pd.DataFrame) -> str:
+    """The final recipe's peak memory over naive's, from the closing measurement's rows."""
+    if "experiment" not in summary:
+        return "memory not measured"
+    closing = summary[(summary["experiment"] == "recipe") & (summary["model"] == model)]
+    final = closing[closing["variant"] == " + ".join(chosen)]
+    naive = closing[closing["variant"] == "naive"]
+    if not len(final):
+        return "memory not measured"
+    return memory_text(final.iloc[0].to_dict(), naive.iloc[0].to_dict() if len(naive) else None)
 
 
 def _truthy(value) -> bool:
@@ -230,13 +264,15 @@ STACKING = ("Each gain above was measured alone, against plain PyTorch; gains do
 
 def lines(advice: Advice) -> list[str]:
     """The recommendation for one model as report bullets."""
-    out = []
+    out = [advice.undecided] if advice.undecided else []
     for item in advice.use:
         also = advice.also_faster.get(item.technique)
         out.append(f"use: {item.technique}, {item.text}"
                    + (f" (also faster: {', '.join(also)})" if also else ""))
-    if not advice.use:
-        out.append("use: nothing measured here was significantly faster than plain PyTorch")
+    if not advice.use and not advice.undecided:
+        out.append("use: nothing measured here was significantly faster than "
+                   + ("the naive recipe" if advice.searched else "plain PyTorch"))
+    out += [f"not settled: {i.technique}, {i.text}" for i in advice.unsettled]
     out += [f"skip: {i.technique}, {i.text}" for i in advice.skip]
     out += [f"could not test here: {i.technique}, {i.text}" for i in advice.untested]
     out += [f"note: {n}" for n in advice.notes]
@@ -266,7 +302,7 @@ def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3) -> list[s
     for a in advise(summary, load_recipe(run_dir)):
         use = "; ".join(f"{i.technique} {i.effect}" for i in a.use if not i.part) or \
             "nothing significantly faster"
-        out.append(f"{a.model}: use {use}")
+        out.append(f"{a.model}: {a.undecided}" if a.undecided else f"{a.model}: use {use}")
         for label, items in (("skip", a.skip), ("could not test", a.untested)):
             if items:
                 shown = [f"{i.technique} ({_short(i.text)})" for i in items[:width]]

@@ -454,7 +454,7 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
     for warning in stats.spread_warnings(summary):
         doc.note(warning)
     for view in settings.host_sweeps(run):
-        host_sweep.add(doc, trials, view, out_dir)
+        host_sweep.add(doc, trials, view, out_dir, summary)
     capacity = run.capacity[run.capacity["experiment"] == experiment] \
         if run.capacity is not None else pd.DataFrame()
     if len(capacity):
@@ -496,7 +496,9 @@ def build_document(run: Run, out_dir: Path) -> Document:
     claims, the environment, and how it was measured."""
     experiments = run.experiments
     devices = ", ".join(dict.fromkeys(run.trials["device"].astype(str)))
-    doc = Document(title=f"speedbench report: {', '.join(experiments)}",
+    # a recipe search's measurements are its steps, not what the run is about
+    name = "recipe search" if run.recipe_search else ", ".join(experiments)
+    doc = Document(title=f"speedbench report: {name}",
                    subtitle=f"{run.path.name} · {devices} · {len(run.trials)} trials")
     busy = busy_note(run.env)
     if busy:  # first: it explains every figure below

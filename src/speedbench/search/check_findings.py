@@ -24,6 +24,7 @@ from speedbench.results.schema import OK
 from speedbench.search import driver, selection
 
 CHECK_BUDGET_S = 60.0  # per finding checked: the rounds beyond bench.repeats stop there
+SHARE = 0.01  # of the run's 5 %: the checks' family; the experiments share the rest
 VERDICT_TEXT = {stats.FASTER: "recommended", stats.SLOWER: "slower here, not recommended",
                 stats.EQUIVALENT: "no difference here, not recommended"}
 
@@ -38,15 +39,37 @@ def parse_knob(knob: str) -> dict:
     return out
 
 
+def _todo(findings: pd.DataFrame) -> pd.DataFrame:
+    """The findings that suggest a knob to measure."""
+    return findings[findings["knob"].fillna("-").astype(str).str.contains("=")]
+
+
+def _level(todo: pd.DataFrame, alpha: float = SHARE) -> float:
+    """Bonferroni over the knobs to check, counted before any is measured, within `alpha`."""
+    keys = set(zip(todo["experiment"], todo["model"], todo["variant"], todo["knob"]))
+    return stats.comparison_level(len(keys), alpha)
+
+
+def levels(run_dir: Path, trials: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """(check experiment, model) -> the level its check used: summary.csv states the same
+    intervals (stats.summarise's `levels`)."""
+    findings = results.load_findings(run_dir)
+    if findings is None or "experiment" not in trials:
+        return {}
+    level = _level(_todo(findings))
+    checked = trials[trials["experiment"].astype(str).str.startswith("check-")]
+    return {pair: level for pair in zip(checked["experiment"], checked["model"])}
+
+
 def check(plans: list[Plan], run_dir: Path, writer, progress: bool, execute_plan,
-          alpha: float = 0.05) -> Optional[pd.DataFrame]:
+          alpha: float = SHARE) -> Optional[pd.DataFrame]:
     """Measure every suggested knob of findings.csv and write the verdicts into its `check`
     column; the findings, or None when the run has no findings.csv. `execute_plan` is
     rounds.measure_plan."""
     findings = results.load_findings(run_dir)
     if findings is None:
         return None
-    todo = findings[findings["knob"].fillna("-").astype(str).str.contains("=")]
+    todo = _todo(findings)
     if todo.empty:
         return findings
     by_experiment = {p.experiment: p for p in plans}
@@ -60,7 +83,7 @@ def check(plans: list[Plan], run_dir: Path, writer, progress: bool, execute_plan
         else:
             pairs[key] = got
     threshold = float(OmegaConf.select(plans[0].config, "bench.noise_threshold", default=0.02))
-    level = stats.comparison_level(len(pairs), alpha)  # Bonferroni over the findings checked
+    level = _level(todo, alpha)
     for key, (s, lo, hi, verdict) in selection.compare_at(pairs, level, threshold).items():
         effect = f"{s:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else "")
         status[key] = (f"measured {effect} here, "

@@ -23,6 +23,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from speedbench import results
+from speedbench.analysis import stats
 from speedbench.results.schema import OK
 from speedbench.search import selection as search
 from speedbench.config import (ConfigError, ModelSpec, Plan, build_plan, config_flags,
@@ -106,10 +107,11 @@ def check(cfg: DictConfig, plan: Plan, dist_env) -> list[search.Group]:
     if mem is not None and not mem > 0:
         raise ConfigError(f"recipe.max_memory_mb: {mem} is out of range; it must be > 0, or null")
     groups = parse_groups(cfg)
-    unknown = [name for name in cfg.recipe.skip if name not in {g.name for g in groups}]
-    if unknown:
-        raise ConfigError(f"recipe.skip: '{unknown[0]}' is not a candidate group; choose from "
-                          + ", ".join(g.name for g in groups))
+    for key in ("skip", "also_skip"):
+        unknown = [name for name in cfg.recipe[key] if name not in {g.name for g in groups}]
+        if unknown:
+            raise ConfigError(f"recipe.{key}: '{unknown[0]}' is not a candidate group; choose "
+                              "from " + ", ".join(g.name for g in groups))
     naive = {k: v for g in groups for k, v in g.naive.items()}
     recipes = {"naive": naive}
     for g in groups:
@@ -138,7 +140,8 @@ def model_entry(cfg: DictConfig, spec: ModelSpec) -> Any:
 # --- the measurer: a search step as an ordinary plan ----------------------------------------------
 def experiment_name(step: str) -> str:
     """trials.csv's experiment for a search measurement: "step 2" -> recipe-step2 (the
-    screen), "step 2 confirm" -> recipe-step2-confirm, "closing" -> recipe."""
+    screen), "step 2 confirm" -> recipe-step2-confirm, "pilot" -> recipe-pilot, "closing" ->
+    recipe."""
     if step == "closing":
         return CLOSING
     return "recipe-" + step.replace("step ", "step").replace(" ", "-")
@@ -207,7 +210,10 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
     min_gain = cfg.recipe.min_gain
     if min_gain is None:
         min_gain = OmegaConf.select(cfg, "bench.noise_threshold", default=0.02)
-    skipped = [g for g in groups if g.name in cfg.recipe.skip]
+    skipped = [g for g in groups if g.name in {*cfg.recipe.skip, *cfg.recipe.also_skip}]
+    # the run's family-wise error, fixed before anything runs: the findings' share (when a
+    # profiled run will check them) aside, the rest split evenly over the models searched
+    alpha = (stats.FAMILY_LEVEL - check_share(cfg)) / len(plan.models)
     for spec in plan.models:
         naive, kept, notes = search.restrict_naive(groups, cannot_act_for(spec))
         kept = [g for g in kept if g not in skipped]
@@ -221,16 +227,32 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
 
         measurer = TrialMeasurer(cfg, spec, run_dir, writer, progress, execute_plan)
         result = search.search(kept, naive, measurer, budget_s=cfg.recipe.budget_s,
-                               max_memory_mb=cfg.recipe.max_memory_mb, min_gain=min_gain,
-                               screen_rounds=cfg.recipe.screen_rounds,
+                               max_memory_mb=cfg.recipe.max_memory_mb, alpha=alpha,
+                               min_gain=min_gain, screen_rounds=cfg.recipe.screen_rounds,
                                confirm_top=cfg.recipe.confirm_top,
-                               progress=say)
+                               min_rounds=int(cfg.bench.repeats), progress=say)
         result.notes[:0] = notes
-        say(f"done in {result.elapsed_s:.0f} s: {result.stopped}")
+        say(f"done in {result.elapsed_s:.0f} s: {result.undecided or result.stopped}")
         found[spec.name] = result
         entries[spec.name] = model_entry(cfg, spec)
         write_outputs(run_dir, found, entries)
     return found
+
+
+def check_share(cfg: DictConfig) -> float:
+    """The share of the run's family-wise error kept for the findings' checks: set before the
+    search when the run profiles and checks what it finds (check_findings.SHARE), else 0."""
+    from speedbench.search import check_findings
+
+    profiled = OmegaConf.select(cfg, "profile", default="off") != "off"
+    return check_findings.SHARE if profiled and cfg.recipe.check_findings else 0.0
+
+
+def levels(found: dict[str, search.SearchResult]) -> dict[tuple[str, str], float]:
+    """(experiment, model) -> the CI level the search used in that measurement: summary.csv
+    states the same intervals (stats.summarise's `levels`)."""
+    return {(experiment_name(step), model): level for model, r in found.items()
+            for step, level in r.levels.items()}
 
 
 def result_rows(model: str, r: search.SearchResult) -> list[dict]:
@@ -266,6 +288,8 @@ def result_rows(model: str, r: search.SearchResult) -> list[dict]:
                      "group": o.group, "overrides": _yaml_inline(dict(o.overrides))})
     rows.append({"model": model, "table": "stopped", "label": r.stopped,
                  "speedup": r.elapsed_s})
+    if r.undecided:
+        rows.append({"model": model, "table": "undecided", "label": r.undecided})
     for note in r.notes:
         rows.append({"model": model, "table": "note", "label": note})
     return rows
@@ -289,7 +313,10 @@ def recipe_yaml(found: dict[str, search.SearchResult], entries: dict) -> str:
              "# Re-run one with its command: the run's own flags, its model, the recipe"]
     doc = {}
     for model, r in found.items():
-        last = r.waterfall[-1]
+        if r.undecided:  # no recipe to offer: the naive one is no answer
+            doc[model] = {"decided": False, "reason": r.undecided}
+            continue
+        last = r.waterfall[-1] if r.waterfall else {"speedup": 1.0}
         args = [f"{k}={_cli(v)}" for k, v in r.final.items()]
         doc[model] = {
             "overrides": dict(r.final),
