@@ -39,6 +39,8 @@ def test_candidates_are_checked_before_anything_runs():
         _check("+recipe.candidates.sync.colour=red")
     with pytest.raises(ConfigError, match=r"recipe.skip: 'colour' is not a candidate group"):
         _check("recipe.skip=[colour]")
+    with pytest.raises(ConfigError, match=r"recipe.also_skip: 'colour' is not a candidate group"):
+        _check("recipe.also_skip=[colour]")
     with pytest.raises(ConfigError, match=r"recipe.screen_rounds: 0 is out of range"):
         _check("recipe.screen_rounds=0")
     with pytest.raises(ConfigError, match=r"recipe.confirm_top: -2 is out of range"):
@@ -57,19 +59,19 @@ def test_bad_candidate_fails_in_one_line(tmp_path):
 @pytest.mark.slow
 def test_recipe_run_end_to_end(tmp_path):
     out = run_cli(*TINY, "+experiment=recipe", "model=transformer", "bench.repeats=3",
-                  "recipe.budget_s=240", f"out_dir={tmp_path}", *FEW, cwd=tmp_path)
+                  "recipe.budget_s=null", f"out_dir={tmp_path}", *FEW, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     env = json.loads((run_dir / "env.json").read_text())
     assert env["format_version"] == schema.FORMAT_VERSION and "load_average_end" in env
     table = pd.read_csv(run_dir / "recipe.csv")
-    assert {"waterfall", "step", "stopped"} <= set(table["table"])
-    assert table[table["table"] == "waterfall"]["label"].iloc[0] == "naive"
+    assert {"step", "stopped"} <= set(table["table"])
     steps = table[table["table"] == "step"]
     assert set(steps["option"]) >= {"precision=bf16", "sync=deferred"}
     assert steps["speedup"].notna().all()
     chosen = list(table[table["table"] == "chosen"]["option"])
     if chosen:  # the closing measurement ran: cumulative speed-ups and the ablation
+        assert table[table["table"] == "waterfall"]["label"].iloc[0] == "naive"
         assert set(table[table["table"] == "ablation"]["option"]) == set(chosen)
         assert (run_dir / "plots" / "recipe-transformer-waterfall.png").is_file()
     trials = pd.read_csv(run_dir / "trials.csv")
@@ -122,6 +124,13 @@ def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
     assert set(rows["variant"]) == {"as run", "suggested"}
     assert set(rows[rows["variant"] == "suggested"]["status"]) == {"ok"}
     assert "check" in pd.read_csv(tmp_path / "findings.csv")
+    # the check's figures are summary.csv's, at the checks' own share of the run's error
+    from speedbench.analysis import stats
+    summary = stats.summarise(rows, levels=check_findings.levels(tmp_path, rows))
+    row = summary[summary["variant"] == "suggested"].iloc[0]
+    assert findings["check"].iloc[0].startswith(
+        f"measured {row.speedup:.2f}x [{row.speedup_lo:.2f}, {row.speedup_hi:.2f}] here")
+    assert row.ci_level == stats.comparison_level(1, check_findings.SHARE)
     assert check_findings.parse_knob("data.num_workers=2 data.persistent_workers=true") == \
         {"data.num_workers": 2, "data.persistent_workers": True}
 
@@ -133,7 +142,7 @@ def test_recipe_on_a_user_model_does_not_retry_what_failed(tmp_path):
 
     model = ("model={_target_: fault_models.Tiny, fail: error_in_autocast, "
              "dataset: {kind: images, image_size: 32, num_classes: 10}}")
-    cfg = compose_cfg(*TINY, model, "bench.repeats=3", "recipe.budget_s=120",
+    cfg = compose_cfg(*TINY, model, "bench.repeats=2", "recipe.budget_s=null",
                       f"out_dir={tmp_path}", *FEW, experiment="recipe")
     run_dir = run(cfg, "recipe", progress=False)
     table = pd.read_csv(run_dir / "recipe.csv")
@@ -145,3 +154,71 @@ def test_recipe_on_a_user_model_does_not_retry_what_failed(tmp_path):
     final = yaml.safe_load((run_dir / "recipe.yaml").read_text())
     assert list(final) == ["Tiny"] and final["Tiny"]["overrides"]["precision"] == "fp32"
     assert final["Tiny"]["command"].startswith("speedbench 'model={_target_: fault_models.Tiny, ")
+
+
+def _few(*more: str) -> list[str]:
+    """Only precision and sync left as candidates."""
+    return FEW + [f"~recipe.candidates.{g}" for g in ("tensor_creation", "empty_cache")] + list(more)
+
+
+def test_a_budget_too_short_decides_nothing_and_says_so_first(tmp_path):
+    """recipe.budget_s shorter than a screen: the pilot's one trial sizes the screen, which is
+    not started; the report opens with "not decided", recipe.yaml offers no final recipe and
+    no waterfall is drawn; recipe.also_skip adds to recipe.skip."""
+    from speedbench.run import run
+
+    cfg = compose_cfg(*TINY, "model=transformer", "recipe.budget_s=5", f"out_dir={tmp_path}",
+                      *FEW, "recipe.skip=[sync]", "recipe.also_skip=[empty_cache]",
+                      experiment="recipe")
+    run_dir = run(cfg, "recipe", progress=False)
+    trials = pd.read_csv(run_dir / "trials.csv")
+    assert set(trials["experiment"]) == {"recipe-pilot"} and len(trials) == 1  # one trial
+    final = yaml.safe_load((run_dir / "recipe.yaml").read_text())["transformer"]
+    assert final["decided"] is False and "overrides" not in final
+    assert final["reason"].startswith("not decided: the budget ran out before the first screen; "
+                                      "a full search needs about ")
+    md = (run_dir / "report.md").read_text()
+    assert md.splitlines()[0] == "# speedbench report: recipe search"
+    recommendation = md.split("\n## ")[1]
+    assert recommendation.splitlines()[2].startswith("- not decided: the budget ran out")
+    assert "use:" not in recommendation and "final recipe" not in recommendation.lower()
+    assert not list(run_dir.rglob("*waterfall*.png"))
+    notes = pd.read_csv(run_dir / "recipe.csv").query("table == 'note'")["label"]
+    assert any(n.endswith("also_skip): sync, empty_cache; their naive setting stays")
+               for n in notes)
+
+
+def test_summary_recipe_csv_and_the_waterfall_agree_to_the_digit(tmp_path):
+    """One interval function: every comparison recipe.csv gives (screens, confirmations, the
+    waterfall's cumulative speed-ups) is summary.csv's row for the same trials, to the digit,
+    at the level the search used (the run's error shared out in advance)."""
+    from speedbench.run import run
+
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=3", "recipe.budget_s=null",
+                      "recipe.screen_rounds=2", f"out_dir={tmp_path}", *_few(),
+                      experiment="recipe")
+    run_dir = run(cfg, "recipe", progress=False)
+    table = pd.read_csv(run_dir / "recipe.csv")
+    summary = pd.read_csv(run_dir / "summary.csv").set_index(["experiment", "variant"])
+    compared = 0
+    for r in table[table["table"].isin(["step", "confirm"])].itertuples():
+        if r.status != "ok":
+            continue
+        step = f"step {int(r.step)}" + (" confirm" if r.table == "confirm" else "")
+        row = summary.loc[(recipe.experiment_name(step), r.option)]
+        assert (row["speedup"], row["speedup_lo"], row["speedup_hi"]) == \
+            pytest.approx((r.speedup, r.lo, r.hi), rel=1e-12, nan_ok=True)
+        assert row["family_scope"] == "allotted"
+        compared += 1
+    assert compared >= 2
+    chosen = list(table[table["table"] == "chosen"]["option"])
+    waterfall = table[table["table"] == "waterfall"].reset_index(drop=True)
+    for i in range(1, len(waterfall)):
+        if pd.notna(waterfall.loc[i, "lo"]):
+            row = summary.loc[("recipe", " + ".join(chosen[:i]))]
+            assert (row["speedup"], row["speedup_lo"], row["speedup_hi"]) == pytest.approx(
+                tuple(waterfall.loc[i, ["speedup", "lo", "hi"]]), rel=1e-12)
+    # the run's error shared out: no measurement's family is larger than the run's 5 %
+    levels = summary.groupby("experiment")[["ci_level", "comparisons"]].first()
+    spent = ((1 - levels["ci_level"]) * levels["comparisons"]).sum()
+    assert spent <= 0.05 + 1e-12

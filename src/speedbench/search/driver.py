@@ -197,8 +197,21 @@ def arms_from_rows(rows: list[dict], labels: list[str]) -> dict[str, search.Arm]
             if math.isfinite(r):
                 per_round[int(r)] = float(tp)
         mem = pd.to_numeric(ok.get("peak_mem_mb", pd.Series(dtype=float)), errors="coerce")
-        arms[label] = search.Arm(OK, per_round, float(mem.median()) if len(mem) else math.nan)
+        arms[label] = search.Arm(OK, per_round, float(mem.median()) if len(mem) else math.nan,
+                                 trial_seconds(ok))
     return arms
+
+
+def trial_seconds(ok: pd.DataFrame) -> float:
+    """Median seconds of a trial, warm-up included: its timed window scaled by the steps it
+    ran in all (the search's cost model, selection.Budget)."""
+    need = ("elapsed_s", "steps", "warmup_steps")
+    if not all(c in ok for c in need):
+        return math.nan
+    num = {c: pd.to_numeric(ok[c], errors="coerce") for c in need}
+    seconds = num["elapsed_s"] * (num["steps"] + num["warmup_steps"]) / num["steps"]
+    seconds = seconds[seconds > 0]
+    return float(seconds.median()) if len(seconds) else math.nan
 
 
 # --- the whole search for one plan ------------------------------------------------------------------
@@ -218,7 +231,8 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
         naive, kept, notes = search.restrict_naive(groups, cannot_act_for(spec))
         kept = [g for g in kept if g not in skipped]
         if skipped:
-            notes.append("not candidates (recipe.skip): " + ", ".join(g.name for g in skipped)
+            notes.append("not candidates (recipe.skip, recipe.also_skip): "
+                         + ", ".join(g.name for g in skipped)
                          + "; their naive setting stays")
 
         def say(msg: str, model: str = spec.name) -> None:

@@ -25,8 +25,8 @@ The search:
    dropped for good, never retried;
 5. stops when no option is confirmed, when the pool is empty, or when the next screen or
    confirmation (with the closing measurement kept in reserve) would not fit in the time
-   budget, estimated from the measured time per trial (a one-trial pilot of the naive recipe
-   gives the first figure). A search the budget stopped before it decided anything says so
+   budget, estimated from what the measurements so far took (`Budget`; a one-trial pilot of
+   the naive recipe gives the first figures). A search the budget stopped before it decided anything says so
    (`SearchResult.undecided`) and estimates the time one step and its closing need;
 6. a closing measurement runs the naive recipe, each prefix of the chosen stack and each
    leave-one-out recipe side by side, giving the waterfall (cumulative speed-up over naive,
@@ -95,6 +95,7 @@ class Arm:
     status: str  # "ok", or why not: "n/a: ...", "error: ...", "oom", "hopeless: ..."
     samples_per_s: list[float] = field(default_factory=list)
     peak_mem_mb: float = math.nan
+    trial_s: float = math.nan  # seconds one of its trials took, warm-up included, if known
 
 
 class Measurer(Protocol):
@@ -214,14 +215,17 @@ def _apply(base: Overrides, *options: Option) -> Overrides:
 # --- the search ---------------------------------------------------------------------------------------
 @dataclass
 class Budget:
-    """The search's time budget and its cost model: seconds per trial, measured (the mean over
-    the measurements so far, probes and set-up included), times the trials a measurement will
-    run."""
+    """The search's time budget and its cost model, from what the measurements so far took: a
+    measurement of R recipes in N rounds costs R x (overhead per recipe + N x seconds per
+    trial). The trials' own times come from the arms (`Arm.trial_s`); the rest of a
+    measurement's time (data, probes, building models) is overhead, charged per recipe. Arms
+    without trial times charge everything per trial."""
 
     total_s: Optional[float]
     clock: Callable[[], float] = time.monotonic
     started: float = 0.0
     per_trial: list[float] = field(default_factory=list)
+    per_recipe: list[float] = field(default_factory=list)
 
     def start(self) -> None:
         self.started = self.clock()
@@ -233,17 +237,27 @@ class Budget:
         return None if self.total_s is None else self.total_s - self.elapsed()
 
     def record(self, seconds: float, arms: dict[str, Arm]) -> None:
-        trials = sum(int(np.isfinite(a.samples_per_s).sum()) for a in arms.values()
-                     if a.samples_per_s)
-        if trials:
-            self.per_trial.append(seconds / trials)
+        counts = {k: int(np.isfinite(a.samples_per_s).sum()) for k, a in arms.items()
+                  if a.samples_per_s}
+        trials = sum(counts.values())
+        if not trials:
+            return
+        timed = all(np.isfinite(arms[k].trial_s) for k in counts)
+        in_trials = sum(n * arms[k].trial_s for k, n in counts.items()) if timed else seconds
+        in_trials = min(in_trials, seconds)
+        self.per_trial.append(in_trials / trials)
+        self.per_recipe.append((seconds - in_trials) / len(arms))
 
-    def estimate(self, trials: int) -> float:
-        return float(np.mean(self.per_trial)) * trials if self.per_trial else 0.0
+    def cost(self, recipes: int, rounds: int) -> float:
+        """Seconds a measurement of `recipes` recipes in `rounds` rounds should take."""
+        if not self.per_trial:
+            return 0.0
+        return recipes * (float(np.mean(self.per_recipe))
+                          + rounds * float(np.mean(self.per_trial)))
 
-    def fits(self, trials: int) -> bool:
+    def fits(self, seconds: float) -> bool:
         left = self.left()
-        return left is None or self.estimate(trials) <= left
+        return left is None or seconds <= left
 
 
 @dataclass(frozen=True)
@@ -342,14 +356,15 @@ class _Forward:
                               + ", ".join(g.name for g in groups if g.trades_memory)
                               + ") were not candidates: set recipe.max_memory_mb to let them in")
 
-    def reserve(self) -> int:
-        """Trials kept back for the closing: at least the final recipe against naive."""
-        return 2 * self.rules.min_rounds
+    def reserve(self) -> float:
+        """Seconds kept back for the closing: at least the final recipe against naive."""
+        return self.budget.cost(2, self.rules.min_rounds)
 
-    def step_trials(self, options: int) -> int:
-        """Trials of one whole step: its screen and its confirmation."""
-        screen = (options + 1) * (self.rules.screen_rounds or self.rules.min_rounds)
-        return screen + (self.rules.confirm_top + 1) * self.rules.min_rounds
+    def screen_cost(self, options: int) -> float:
+        return self.budget.cost(options + 1, self.rules.screen_rounds or self.rules.min_rounds)
+
+    def confirm_cost(self, options: int) -> float:
+        return self.budget.cost(options + 1, self.rules.min_rounds)
 
     def step(self) -> Optional[str]:
         """One step: screen every option left, confirm the best, add the winner. Returns why
@@ -361,10 +376,10 @@ class _Forward:
             why = self._pilot(current)
             if why:
                 return why
-        screen = (len(options) + 1) * (self.rules.screen_rounds or self.rules.min_rounds)
-        if not budget.fits(screen + self.reserve()):
+        if not budget.fits(self.screen_cost(len(options)) + self.reserve()):
             return self._over_budget(f"step {n}'s screen ({len(options)} options)",
-                                     self.step_trials(len(options)))
+                                     self.screen_cost(len(options))
+                                     + self.confirm_cost(self.rules.confirm_top))
         self.progress(f"step {n}: screening {len(options)} options on top of "
                       f"{' + '.join(o.label for o in self.chosen) or 'naive'}")
         recipes = {"current": current, **{o.label: _apply(current, o) for o in options}}
@@ -403,12 +418,12 @@ class _Forward:
                     f"({ref.status if ref else 'missing'})")
         return None
 
-    def _over_budget(self, what: str, trials: int) -> str:
+    def _over_budget(self, what: str, seconds: float) -> str:
         """Why the budget stops the search here; remembers what a step would have needed."""
         self.out_of_budget = True
-        self.needs_s = self.budget.elapsed() + self.budget.estimate(trials + self.reserve())
+        self.needs_s = self.budget.elapsed() + seconds + self.reserve()
         return (f"time budget: {what} and the closing would need about "
-                f"{self.budget.estimate(trials + self.reserve()):.0f} s, "
+                f"{seconds + self.reserve():.0f} s, "
                 f"{max(self.budget.left() or 0, 0):.0f} s were left")
 
     def undecided(self, stopped: str) -> str:
@@ -460,7 +475,7 @@ class _Forward:
         top = ranked[:self.rules.confirm_top]
         if not top:
             return None, "no remaining option was faster in the screen"
-        confirm = (len(top) + 1) * self.rules.min_rounds
+        confirm = self.confirm_cost(len(top))
         if not self.budget.fits(confirm + self.reserve()):
             return None, self._over_budget(f"confirming step {record.index}'s best", confirm)
         self.progress(f"step {record.index}: confirming " + ", ".join(
@@ -471,7 +486,7 @@ class _Forward:
                              **{c.label: recipes[c.label] for c in top}},
                             step=f"step {record.index} confirm",
                             time_left_s=None if left is None else
-                            left - self.budget.estimate(self.reserve()))
+                            left - self.reserve())
         self.budget.record(self.budget.clock() - t1, arms)
         return self._confirm(arms, top, record)
 
@@ -547,11 +562,11 @@ def _close(forward: _Forward) -> tuple[list[dict], list[dict]]:
     prefix, without, recipes = _closing_recipes(forward)
     unique = _unique(recipes)  # a prefix equals a leave-one-out (the last option's): once
     wanted = list(dict.fromkeys(unique.values()))
-    if not budget.fits(len(wanted) * rules.min_rounds):
+    if not budget.fits(budget.cost(len(wanted), rules.min_rounds)):
         wanted = [NAIVE, prefix[-1]]
         notes.append("only the final recipe against naive fitted in the time budget: no "
                      "cumulative figure for the stages between, and no ablation")
-        if not budget.fits(len(wanted) * rules.min_rounds):
+        if not budget.fits(budget.cost(len(wanted), rules.min_rounds)):
             notes.append("the closing measurement did not fit in the time budget: the final "
                          "recipe was not measured against naive")
             return waterfall, []
