@@ -328,3 +328,14 @@ def test_nothing_significant_keeps_naive():
     result = run(world)
     assert result.chosen == [] and result.final == NAIVE
     assert result.waterfall == [] and result.ablation == [] and not result.undecided
+
+
+def test_the_budget_estimates_from_the_trials_own_times():
+    """A pilot of 30 s whose one trial took 2 s: 2 s a trial, a probe's 2 s per recipe, 26 s
+    fixed (data, one-time costs), not 30 s a trial."""
+    budget = S.Budget(100.0, clock=lambda: 0.0)
+    budget.record(30.0, {"current": S.Arm("ok", [10.0], trial_s=2.0)})
+    assert budget.cost(6, 3) == pytest.approx(26 + 6 * (2 + 3 * 2))
+    untimed = S.Budget(100.0, clock=lambda: 0.0)  # no trial times: all of it per trial
+    untimed.record(30.0, {"current": S.Arm("ok", [10.0, 11.0])})
+    assert untimed.cost(2, 2) == pytest.approx(2 * 2 * 15)

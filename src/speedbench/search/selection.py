@@ -216,16 +216,17 @@ def _apply(base: Overrides, *options: Option) -> Overrides:
 @dataclass
 class Budget:
     """The search's time budget and its cost model, from what the measurements so far took: a
-    measurement of R recipes in N rounds costs R x (overhead per recipe + N x seconds per
-    trial). The trials' own times come from the arms (`Arm.trial_s`); the rest of a
-    measurement's time (data, probes, building models) is overhead, charged per recipe. Arms
-    without trial times charge everything per trial."""
+    measurement of R recipes in N rounds costs a fixed part (data, the n/a checks, one-time
+    costs) plus R x (a per-recipe part, its quality probe, at most one trial's time, + N x
+    seconds per trial). The trials' own times come from the arms (`Arm.trial_s`); arms
+    without them charge everything per trial."""
 
     total_s: Optional[float]
     clock: Callable[[], float] = time.monotonic
     started: float = 0.0
     per_trial: list[float] = field(default_factory=list)
     per_recipe: list[float] = field(default_factory=list)
+    fixed: list[float] = field(default_factory=list)
 
     def start(self) -> None:
         self.started = self.clock()
@@ -246,14 +247,17 @@ class Budget:
         in_trials = sum(n * arms[k].trial_s for k, n in counts.items()) if timed else seconds
         in_trials = min(in_trials, seconds)
         self.per_trial.append(in_trials / trials)
-        self.per_recipe.append((seconds - in_trials) / len(arms))
+        rest = seconds - in_trials
+        per_recipe = min(rest / len(arms), in_trials / trials)
+        self.per_recipe.append(per_recipe)
+        self.fixed.append(rest - per_recipe * len(arms))
 
     def cost(self, recipes: int, rounds: int) -> float:
         """Seconds a measurement of `recipes` recipes in `rounds` rounds should take."""
         if not self.per_trial:
             return 0.0
-        return recipes * (float(np.mean(self.per_recipe))
-                          + rounds * float(np.mean(self.per_trial)))
+        return float(np.mean(self.fixed)) + recipes * (
+            float(np.mean(self.per_recipe)) + rounds * float(np.mean(self.per_trial)))
 
     def fits(self, seconds: float) -> bool:
         left = self.left()
