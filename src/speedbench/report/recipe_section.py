@@ -80,7 +80,7 @@ def add(doc: Document, recipe: pd.DataFrame, run_path: Path, out_dir: Path) -> N
         _ablation(doc, tables.get("ablation"))
         _snippets(doc, tables.get("chosen"), snippets)
         entry = yaml_doc.get(str(model)) if isinstance(yaml_doc, dict) else None
-        if isinstance(entry, dict) and entry.get("command"):
+        if isinstance(entry, dict) and entry.get("command") and entry.get("chosen"):
             doc.para("Re-run the final recipe (recipe.yaml holds its overrides): "
                      f"{entry['command']}")
         _screens(doc, tables.get("step"))

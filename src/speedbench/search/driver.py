@@ -330,12 +330,18 @@ def recipe_yaml(found: dict[str, search.SearchResult], entries: dict) -> str:
         if r.undecided:  # no recipe to offer: the naive one is no answer
             doc[model] = {"decided": False, "reason": r.undecided}
             continue
-        last = r.waterfall[-1] if r.waterfall else {"speedup": 1.0}
+        if not r.chosen:  # decided: nothing beat the naive recipe, which is no recipe to run
+            doc[model] = {"decided": True, "chosen": [], "overrides": dict(r.final),
+                          "reason": f"nothing was added: {r.stopped}; these are the naive "
+                                    "settings the search started from"}
+            continue
+        last = r.waterfall[-1]
         args = [f"{k}={_cli(v)}" for k, v in r.final.items()]
         doc[model] = {
+            "decided": True,
             "overrides": dict(r.final),
             "chosen": [o.label for o in r.chosen],
-            "speedup_over_naive": _num(last.get("speedup")),
+            "speedup_over_naive": _num(last.get("speedup")),  # measured; null if not measured
             "ci": [_num(last.get("lo")), _num(last.get("hi"))],
             "command": rerun_command(entries.get(model, model), args),
         }
