@@ -155,7 +155,12 @@ def test_recipe_on_a_user_model_does_not_retry_what_failed(tmp_path):
     assert set(tried["experiment"]) == {"recipe-step1"}
     final = yaml.safe_load((run_dir / "recipe.yaml").read_text())
     assert list(final) == ["Tiny"] and final["Tiny"]["overrides"]["precision"] == "fp32"
-    assert final["Tiny"]["command"].startswith("speedbench 'model={_target_: fault_models.Tiny, ")
+    # a re-run command only for a chosen stack; the inline model on one line
+    assert ("command" in final["Tiny"]) == bool(final["Tiny"]["chosen"])
+    entry = {"_target_": "fault_models.Tiny", "fail": "error_in_autocast",
+             "dataset": {"kind": "images", "image_size": 32, "num_classes": 10}}
+    assert recipe.rerun_command(entry, ["precision=fp32"]).startswith(
+        "speedbench 'model={_target_: fault_models.Tiny, ")
 
 
 def _few(*more: str) -> list[str]:
