@@ -322,7 +322,7 @@ def test_the_host_sweep_view_is_drawn_where_a_technique_asks_for_it(tmp_path, te
     run = workers_run(tmp_path, techniques.metadata() if techniques_json else None)
     md = write_report(run.path).read_text()
     assert ("### DataLoader workers" in md) is techniques_json
-    assert ("Best setting (highest median throughput): resnet: num_workers=" in md) \
+    assert ("Highest median throughput per model: resnet: num_workers=" in md) \
         is techniques_json
     assert ((run.path / "plots" / "amp-host-num_workers.png").exists()) is techniques_json
     assert ((run.path / "plots" / "amp-sweep-num_workers.png").exists()) is techniques_json
