@@ -75,17 +75,19 @@ def uses_tf32(model: torch.nn.Module, device: torch.device) -> bool:
 
 
 def step_flops(model: torch.nn.Module, loss_kind: str, batch: tuple, micro_batches: int,
-               device: torch.device) -> float:
-    """FLOPs of one optimizer step: forward + backward of `micro_batches` micro-batches like
-    `batch`, counted on `model` in eval mode (a model that recomputes activations in training
-    would count them twice) and without autocast; NaN when they cannot be counted. The model's
-    gradients are dropped afterwards."""
+               device: torch.device, backward: bool = True) -> float:
+    """FLOPs of one optimizer step: forward + backward (forward only without `backward`: an
+    evaluation pass) of `micro_batches` micro-batches like `batch`, counted on `model` in eval
+    mode (a model that recomputes activations in training would count them twice) and without
+    autocast; NaN when they cannot be counted. The model's gradients are dropped afterwards."""
     was_training = model.training
     try:
         x, y = (t.to(device) for t in batch)
         model.eval()
         with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
-            compute_loss(model, loss_kind, x, y).backward()
+            loss = compute_loss(model, loss_kind, x, y)
+            if backward:
+                loss.backward()
         return float(counter.get_total_flops() * micro_batches)
     except Exception:  # a model the counter cannot trace still gets its timings
         return math.nan
@@ -110,7 +112,7 @@ def reading(ctx, spec: ModelSpec, recipe, dataset, micro: int, micro_batches: in
     under the variant's own settings (its tensor creation, matmul precision, TF32 flags)."""
     def count() -> float:
         return step_flops(ctx.model, spec.loss, first_samples(dataset, micro), micro_batches,
-                          ctx.device)
+                          ctx.device, backward=not techniques.forward_only(recipe))
 
     key = (spec.name, micro, OmegaConf.to_yaml(recipe))  # the count depends on every setting
     flops = book.count(key, count) if book is not None else count()

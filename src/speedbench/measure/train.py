@@ -106,6 +106,8 @@ class Trainer:
         self.micro_steps = techniques.micro_batching(1, recipe)[1]
         self.copy_options = techniques.copy_options(recipe, self.ctx)
         self.step_hooks = techniques.step_contexts(recipe, self.ctx)
+        self.zero_grad_options = techniques.zero_grad_options(recipe, self.ctx)
+        self.forward_only = techniques.forward_only(recipe)
         self.after_step_hooks = techniques.after_step_hooks()
         self.loader = loader
         self.batches = forever(loader)
@@ -113,6 +115,9 @@ class Trainer:
 
     def step(self) -> None:
         r, clock, k, ctx = self.recipe, self.clock, self.micro_steps, self.ctx
+        if self.forward_only:
+            self.evaluate()
+            return
         self.model.train()
         for i in range(k):
             with clock("data"):
@@ -136,11 +141,27 @@ class Trainer:
                 self.scaler.update()
             else:
                 self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(**self.zero_grad_options)
         if self.after_step_hooks:
             with clock("other"):
                 for t in self.after_step_hooks:
                     t.after_step(r, ctx)
+        self.optimizer_steps += 1
+
+    def evaluate(self) -> None:
+        """One evaluation pass in place of a step: the same batches, forward and loss only, in
+        eval mode, under the techniques' step contexts (which decide whether autograd records)."""
+        clock = self.clock
+        self.model.eval()
+        for _ in range(self.micro_steps):
+            with clock("data"):
+                batch = next(self.batches)
+            with clock("h2d"):
+                x, y = (t.to(self.device, **self.copy_options) for t in batch)
+            with clock("forward"), self._step_context():
+                loss = compute_loss(self.model, self.spec.loss, x, y)
+            with clock("other"):
+                self.meter.add(loss)
         self.optimizer_steps += 1
 
     def _step_context(self):

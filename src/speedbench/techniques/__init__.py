@@ -73,7 +73,8 @@ __all__ = ["REGISTRY", "Technique", "Field", "Context", "Finding", "ConfigError"
            "global_state", "micro_batching", "replicas", "loader_options", "prepare_model",
            "copy_options", "step_context", "grad_scaler", "loss_meter", "optimizer_options",
            "after_step_hooks", "matmul_dtype", "capacity_overrides", "columns", "column_names",
-           "profile_counters", "diagnose", "metadata", "environment"]
+           "profile_counters", "diagnose", "metadata", "environment", "zero_grad_options",
+           "forward_only"]
 
 
 def by_name(name: str) -> Technique:
@@ -217,6 +218,19 @@ def optimizer_options(recipe: Any, ctx: Context) -> dict:
     for t in REGISTRY:
         opts = t.optimizer_options(opts, recipe, ctx)
     return opts
+
+
+def zero_grad_options(recipe: Any, ctx: Context) -> dict:
+    """Keyword arguments of optimizer.zero_grad(); PyTorch's default frees the gradients."""
+    opts: dict = {"set_to_none": True}
+    for t in REGISTRY:
+        opts = t.zero_grad_options(opts, recipe, ctx)
+    return opts
+
+
+def forward_only(recipe: Any) -> bool:
+    """Whether a step of this recipe is an evaluation pass (forward and loss only)."""
+    return any(t.forward_only(recipe) for t in REGISTRY)
 
 
 def after_step_hooks() -> list[Technique]:

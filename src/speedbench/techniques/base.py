@@ -29,7 +29,10 @@ Who calls what, in this order (each hook is called in registry order: see `Techn
   measure.flops       matmul_dtype()     the dtype the step's matmuls run in (the FLOP peak)
   Trainer (per step)  copy_options()     kwargs of tensor.to(device, ...) for every batch
                       step_context()     entered around each forward pass
-                      grad_scaler(), loss_meter(), optimizer_options(): once, at construction
+                      forward_only()     True: each step is an evaluation pass (model.eval(),
+                                         forward and loss only, no backward, no optimizer step)
+                      grad_scaler(), loss_meter(), optimizer_options(), zero_grad_options():
+                                         once, at construction
                       after_step()       after each optimizer step
   trial (record)      columns()          the technique's columns of the trials.csv row
   profile window      profile_counters() entered around a profiled trial's phase window
@@ -339,6 +342,16 @@ class Technique:
     def optimizer_options(self, opts: dict, recipe: Any, ctx: Context) -> dict:
         """Keyword arguments of the optimizer (e.g. foreach / fused)."""
         return opts
+
+    def zero_grad_options(self, opts: dict, recipe: Any, ctx: Context) -> dict:
+        """Keyword arguments of `optimizer.zero_grad` after each step (set_to_none)."""
+        return opts
+
+    def forward_only(self, recipe: Any) -> bool:
+        """True when this recipe times an evaluation pass instead of a training step: the
+        Trainer puts the model in eval mode and runs forward and loss only, under the
+        techniques' step contexts (no backward, no optimizer step, no after-step hooks)."""
+        return False
 
     def after_step(self, recipe: Any, ctx: Context) -> None:
         """Run after every optimizer step (timed, in the `other` phase)."""
