@@ -17,6 +17,7 @@ from speedbench.techniques import (accumulation, empty_cache, loader, parallel, 
 from speedbench.techniques import (attention, checkpointing, compile, cudnn_benchmark,
                                    matmul_precision, memory_format, optimizer)
 from speedbench.techniques import allocator, ddp_tuning, threads
+from speedbench.techniques import debug_apis, eval_mode, onednn_precision, zero_grad
 from speedbench.techniques.base import (GLOBAL_FLAGS, ConfigError, Context, Field, Finding,
                                         Technique, global_snapshot,
                                         restored_global_state)
@@ -38,6 +39,10 @@ _ALL: list[Technique] = [
     threads.Threads(),
     allocator.Allocator(),
     ddp_tuning.DdpTuning(),
+    zero_grad.ZeroGrad(),
+    eval_mode.EvalMode(),
+    debug_apis.DebugApis(),
+    onednn_precision.OnednnPrecision(),
     parallel.Parallel(),
     compile.Compile(),
 ]
