@@ -22,7 +22,9 @@ the baseline), the variant they are compared with (`versus`, default: the baseli
   other variant; does not hold when another is significantly faster; else inconclusive.
 Scope: `requires: cuda` marks a claim stated for GPUs: n/a on other devices; with
 `min_capability` (e.g. 7.0: the article names V100 and 2080 Ti, compute capability 7.0 and 7.5)
-also n/a on older GPUs. Rows whose variant, or the variant it is compared with, could not run
+also n/a on older GPUs; `cpu_flags` (e.g. [amx_bf16, avx512_bf16]) marks a claim stated for CPUs
+with one of those features (env.json's cpu_flags): n/a on other CPUs and on GPUs. Rows whose
+variant, or the variant it is compared with, could not run
 carry that n/a or failure status as the verdict.
 """
 from __future__ import annotations
@@ -236,6 +238,8 @@ def out_of_scope(claim: dict, device: Optional[str], env: Optional[dict] = None
                  ) -> Optional[str]:
     """'n/a: ...' when the run's device is outside the claim's scope; None when in scope (or
     the device is unknown)."""
+    if claim.get("cpu_flags") and device:
+        return _cpu_scope(claim["cpu_flags"], device, env)
     if claim.get("requires") != "cuda" or not device:
         return None
     if not device.startswith("cuda"):
@@ -247,6 +251,17 @@ def out_of_scope(claim: dict, device: Optional[str], env: Optional[dict] = None
     if need is not None and have is not None and float(have) < float(need):
         return (f"n/a: the claim is stated for GPUs of compute capability {need} or later; "
                 f"this GPU has {have}")
+    return None
+
+
+def _cpu_scope(flags: list, device: str, env: Optional[dict]) -> Optional[str]:
+    """A claim stated for CPUs with one of `flags` (env.json's cpu_flags): n/a elsewhere."""
+    if device != "cpu":
+        return (f"n/a: the claim is stated for CPUs with {' or '.join(flags)}; this run is on "
+                f"{device}")
+    have = (env or {}).get("cpu_flags")
+    if have is not None and not set(flags) & set(have):
+        return f"n/a: the claim is stated for CPUs with {' or '.join(flags)}; this CPU has neither"
     return None
 
 
