@@ -17,7 +17,7 @@ from speedbench.techniques import (accumulation, empty_cache, loader, parallel, 
 from speedbench.techniques import (attention, checkpointing, compile, cudnn_benchmark,
                                    matmul_precision, memory_format, optimizer)
 from speedbench.techniques import allocator, ddp_tuning, threads
-from speedbench.techniques import debug_apis, eval_mode, onednn_precision, zero_grad
+from speedbench.techniques import conv_bias, debug_apis, eval_mode, onednn_precision, zero_grad
 from speedbench.techniques.base import (GLOBAL_FLAGS, ConfigError, Context, Field, Finding,
                                         Technique, global_snapshot,
                                         restored_global_state)
@@ -30,6 +30,7 @@ _ALL: list[Technique] = [
     tensor_creation.TensorCreation(),
     sync.Sync(),
     empty_cache.EmptyCache(),
+    conv_bias.ConvBias(),  # on the bare model, before channels_last and checkpointing
     memory_format.MemoryFormat(),
     checkpointing.Checkpointing(),
     attention.Attention(),
