@@ -19,7 +19,8 @@ from speedbench.results import schema
 # the outputs; the others are deleted from the experiment (Hydra's ~key).
 FEW = [f"~recipe.candidates.{group}" for group in (
     "parallel", "workers", "accumulation", "pinning", "memory_format", "optimizer",
-    "matmul_precision", "cudnn_benchmark", "attention", "compile", "checkpointing")] + \
+    "matmul_precision", "cudnn_benchmark", "attention", "compile", "checkpointing",
+    "zero_grad", "debug_apis", "conv_bias", "onednn_precision")] + \
     ["recipe.skip=[]"]
 
 
