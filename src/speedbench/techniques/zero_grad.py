@@ -37,7 +37,8 @@ whose gradient is None (one that got no gradient), where with zeros it would sti
     acts_on = ActsOn()
     snippets = {"set_to_none": {True: ("free the gradients instead of zeroing them", """\
 opt.step()
-opt.zero_grad(set_to_none=True)  # the default since torch 2.0; or: for p in model.parameters(): p.grad = None""")}}
+opt.zero_grad(set_to_none=True)  # the default since torch 2.0
+# or: for p in model.parameters(): p.grad = None""")}}
     extra_columns = ("held_grad_mb",)
 
     def zero_grad_options(self, opts: dict, recipe, ctx: Context) -> dict:
