@@ -27,9 +27,14 @@ LIBRARIES = {
 LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
             "/usr/local/lib", "/lib/x86_64-linux-gnu")
 MAPS = Path("/proc/self/maps")
+# LD_PRELOAD acts only at a process's start, so the snippet re-executes the script with it set:
+# the shell equivalent is `LD_PRELOAD={library} python train.py`.
 PRELOAD = """\
-# in the shell that starts training (Debian/Ubuntu: apt install {package})
-LD_PRELOAD={library} python train.py"""
+# at the top of train.py (Debian/Ubuntu: apt install {package})
+import os, sys
+if "{library}" not in os.environ.get("LD_PRELOAD", ""):
+    os.environ["LD_PRELOAD"] = "{library}"
+    os.execv(sys.executable, [sys.executable] + sys.argv)"""
 
 
 @functools.lru_cache(maxsize=None)
