@@ -36,9 +36,16 @@ def _on_signal(signum, frame):
     # behind. The cleanup is bounded: it kills the launched processes and removes files.
     for sig in STOPPING:
         signal.signal(sig, signal.SIG_IGN)
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt()
-    raise Terminated(signum)
+    from speedbench import errors  # light: no torch; here, as signals come before the imports
+    raise errors.ask_to_stop(KeyboardInterrupt() if signum == signal.SIGINT
+                             else Terminated(signum))
+
+
+def _quiet_lost_stop(unraisable) -> None:
+    # Python prints "Exception ignored in ..." with a traceback when a signal's exception lands
+    # in a finalizer; errors.stop_if_asked raises that stop again, so the user sees one line.
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
 
 
 def _exit_status(exc: KeyboardInterrupt) -> int:
@@ -231,6 +238,8 @@ def console_never_fails() -> None:
 
 
 def main() -> None:
+    from speedbench import errors
+    errors.clear_stop()
     _take_signals()
     console_never_fails()
     import_from_here()
@@ -247,6 +256,7 @@ def main() -> None:
 def cli() -> None:
     """The command (`speedbench`, `python -m speedbench`): main(), then leave, even when model
     code left threads running that would keep Python waiting for them forever."""
+    sys.unraisablehook = _quiet_lost_stop  # the process's own: not for main() run in-process
     try:
         main()
         code = 0

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from speedbench import distributed, techniques
+from speedbench import distributed, errors, techniques
 from speedbench.analysis import stats
 from speedbench.config import ModelSpec, Plan
 from speedbench.measure import capacity, launch, quality
@@ -165,6 +165,7 @@ class ModelRounds:
         # past the minimum, rounds go on while a CI is wide: no fixed total to show
         of = f"/{self.repeats}" if round_ < self.repeats else " (a comparison is undecided)"
         for position, name in self.order(round_):
+            errors.stop_if_asked()  # a Ctrl-C whose first raise was lost in a finalizer
             self.bar.set_postfix_str(f"{self.spec.name} {name} round {round_ + 1}{of}")
             if name in self.skip:
                 if round_ == 0:  # an n/a variant gets one row, in round 0
