@@ -95,8 +95,8 @@ def test_recipe_run_end_to_end(tmp_path):
     # recipe.yaml's overrides are accepted back by speedbench
     final = yaml.safe_load((run_dir / "recipe.yaml").read_text())["transformer"]
     assert final["overrides"]["precision"] in ("fp32", "bf16", "fp16")
-    args = [f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-            for k, v in final["overrides"].items()]
+    args = [f"{k}={'null' if v is None else str(v).lower() if isinstance(v, bool) else v}"
+            for k, v in final["overrides"].items()]  # as a user types them back
     again = run_cli(*TINY, "model=transformer", "bench.repeats=1", *args,
                     f"out_dir={tmp_path / 'again'}", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]

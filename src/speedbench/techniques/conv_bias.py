@@ -15,6 +15,7 @@ findings check measures before it is recommended.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Literal, Optional
 
 import torch
@@ -65,15 +66,23 @@ def _sequential_pairs(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
     return pairs
 
 
+# Tracing runs the model's forward (on proxies), and with it any side effect of user code: it is
+# done once per model, when the model is prepared, never inside a window another technique
+# counts in (a forward that empties the CUDA cache would be counted once too often).
+_PAIRS: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDictionary()
+
+
 def conv_norm_pairs(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
     """(convolution, batch norm) pairs where the convolution's only consumer is the norm, with
-    the same channels."""
+    the same channels; found once per model."""
     model = bare(model)
-    try:
-        pairs = _traced_pairs(model)
-    except Exception:  # data-dependent control flow and the like: fx cannot trace every model
-        pairs = _sequential_pairs(model)
-    return [(c, n) for c, n in pairs if c.out_channels == n.num_features]
+    if model not in _PAIRS:
+        try:
+            pairs = _traced_pairs(model)
+        except Exception:  # data-dependent control flow and the like: fx cannot trace every model
+            pairs = _sequential_pairs(model)
+        _PAIRS[model] = [(c, n) for c, n in pairs if c.out_channels == n.num_features]
+    return _PAIRS[model]
 
 
 def biased(pairs) -> list[nn.Module]:
@@ -122,9 +131,10 @@ nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),  # the norm canc
         return None
 
     def prepare_model(self, model, recipe, ctx: Context):
+        pairs = conv_norm_pairs(model)  # here, outside every timed or counted window
         if recipe.conv_bias == "keep":
             return model
-        for conv, norm in conv_norm_pairs(model):
+        for conv, norm in pairs:
             if recipe.conv_bias == "add":
                 add_bias(conv)
             elif conv.bias is not None:
