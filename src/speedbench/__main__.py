@@ -27,6 +27,8 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
+from speedbench import errors  # no dependencies: ready before the signals are taken
+
 STOPPING = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
@@ -36,9 +38,13 @@ def _on_signal(signum, frame):
     # behind. The cleanup is bounded: it kills the launched processes and removes files.
     for sig in STOPPING:
         signal.signal(sig, signal.SIG_IGN)
-    from speedbench import errors  # light: no torch; here, as signals come before the imports
-    raise errors.ask_to_stop(KeyboardInterrupt() if signum == signal.SIGINT
-                             else Terminated(signum))
+    stop = errors.ask_to_stop(KeyboardInterrupt() if signum == signal.SIGINT
+                              else Terminated(signum))
+    if not _importing:  # an exception raised inside an import can leave a module half-made
+        raise stop      # (numpy without `subtract`); the stop is raised once the imports end
+
+
+_importing = True
 
 
 def _quiet_lost_stop(unraisable) -> None:
@@ -77,6 +83,8 @@ try:
                                    register_schema)
 
     register_schema()
+    _importing = False
+    errors.stop_if_asked()
 except KeyboardInterrupt as exc:
     _before_the_run(exc)
 
