@@ -82,19 +82,28 @@ def _claim(path: Path, given: str) -> Path:
 _LOCKS: dict[Path, int] = {}  # run directory -> the descriptor holding its lock
 
 
+def _flocked(path: Path, mode: int) -> Optional[int]:
+    """A descriptor of folder `path` holding a non-blocking flock in `mode`; None when another
+    process holds a conflicting lock (OSError when the folder cannot be opened)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def _lock(path: Path) -> bool:
     """An exclusive lock on the folder for this process's run; False when another holds it.
     The kernel drops it when the process ends, however it ends: no stale lock file."""
     if fcntl is None:  # no flock (Windows): the atomic mkdir still keeps runs apart
         return True
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        fd = _flocked(path, fcntl.LOCK_EX)
     except OSError:
         return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
+    if fd is None:
         return False
     _LOCKS[Path(path)] = fd
     return True
@@ -112,16 +121,13 @@ def run_in_progress(path: Path) -> bool:
     if fcntl is None:
         return False
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        fd = _flocked(path, fcntl.LOCK_SH)
     except OSError:
         return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except OSError:
+    if fd is None:
         return True
-    finally:
-        os.close(fd)
+    os.close(fd)
+    return False
 
 
 def file_name(name: str) -> str:
