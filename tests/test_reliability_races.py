@@ -345,7 +345,10 @@ def test_a_sigkilled_torchrun_rank_is_named_and_the_survivor_says_one_line(tmp_p
     tmp.mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         # A fixed order: no broadcast of a fresh one, so the first collective after the
+         # kill is inside a trial, whatever the machine's load
          "-m", "speedbench", *T, "bench.steps=400", "bench.max_trial_s=60", variants,
+         "bench.order_seed=1",
          "baseline=a", f"out_dir={out}"], cwd=tmp_path, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
         env={**os.environ, **DDP_ENV, "TMPDIR": str(tmp)})

@@ -43,6 +43,22 @@ def test_orders_are_random_per_seed_and_replayed():
     assert rounds.fresh_order_seed() != rounds.fresh_order_seed()
 
 
+def test_a_peer_lost_while_agreeing_on_the_order_fails_the_job_in_one_line(monkeypatch, capsys):
+    from speedbench import distributed
+
+    def lost(value, env):
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:23424")
+
+    monkeypatch.setattr(distributed, "_failed", False)  # restored after the test
+    monkeypatch.setattr(distributed, "same_on_every_rank", lost)
+    env = distributed.DistEnv(rank=0, world_size=2, local_rank=0, local_world_size=2, run_id="x")
+    with pytest.raises(RuntimeError):
+        rounds.fresh_order_seed(env)
+    assert distributed.failed()  # so the CLI exits 1 without Hydra's traceback
+    err = capsys.readouterr().err
+    assert "rank 0 of 2 failed in agreeing on the round order" in err, err
+
+
 def _trials(seed, first_boost=1.0, rounds_=12, k=3):
     rng = np.random.default_rng(seed)
     names = [f"v{i}" for i in range(k)]

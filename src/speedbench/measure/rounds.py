@@ -69,8 +69,16 @@ def round_order(names: list[str], order_seed: int, round_: int, stream: int = 0)
 
 
 def fresh_order_seed(dist_env: distributed.DistEnv | None = None) -> int:
-    """Fresh entropy for a run's orders (63 bits), the same on every torchrun rank."""
-    return distributed.same_on_every_rank(secrets.randbits(63), dist_env)
+    """Fresh entropy for a run's orders (63 bits), the same on every torchrun rank. A rank
+    that dies before this first collective fails the job in one line, like a failed trial
+    (there is no trial yet to write a row for)."""
+    try:
+        return distributed.same_on_every_rank(secrets.randbits(63), dist_env)
+    except Exception as exc:
+        if dist_env is None:
+            raise
+        distributed.report_failure(exc, dist_env, "agreeing on the round order")
+        raise
 
 
 def na_variants(plan: Plan, spec: ModelSpec, dist_env: distributed.DistEnv | None) -> dict:
