@@ -17,12 +17,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from speedbench import distributed, results, techniques
 from speedbench.analysis import scaling, stats
+from speedbench.analysis import to_target as target_stats
 from speedbench.config import Plan, build_plan, suite
-from speedbench.measure import diagnosis, env
+from speedbench.measure import diagnosis, env, to_target
 from speedbench.measure.flops import FlopsBook
-from speedbench.measure.rounds import measure_plan, na_variants, planned_comparisons
+from speedbench.measure.rounds import (fresh_order_seed, measure_plan, na_variants,
+                                       planned_comparisons)
 from speedbench.measure.trial import check_data
 from speedbench.results import atomic, schema
+from speedbench.results.runs import load_to_target
 
 
 def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
@@ -84,13 +87,21 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
                 recipe.cannot_act_for(cfg, na_variants, dist_env))))
         else:
             measure(plan, run_dir, progress, dist_env, writer)
+        if plan.config.target.enabled and run_dir is not None and groups is None:
+            # how soon each variant trains (a recipe search checks its final recipe itself)
+            to_target.measure(plan, run_dir, writer.rows, progress, _order_seed(plan))
     if writer is None:
         return None
     summary, profiled, load = _analyse_and_write(cfg, plans, run_dir, writer, resolved,
                                                  levels, progress, measure)
     _report(summary, run_dir, writer, experiment, overrides, groups is None, profiled,
-            time.perf_counter() - started, load)
+            time.perf_counter() - started, load, cfg.bench.noise_threshold)
     return run_dir
+
+
+def _order_seed(plan: Plan) -> int:
+    seed = plan.variants[plan.baseline].bench.order_seed
+    return fresh_order_seed() if seed is None else seed
 
 
 def _plans(cfg: DictConfig, experiment: str | None, overrides: list[str] | None) -> list[Plan]:
@@ -155,6 +166,10 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
             summary = _summary(writer, plans, family, {
                 **levels, **check_findings.levels(run_dir, writer.frame())})
             results.write_summary(summary, run_dir)
+        runs = load_to_target(run_dir)
+        if runs is not None:  # to_target_summary.csv: the time-to-target verdicts
+            atomic.write_csv(target_stats.summarise(runs, cfg.bench.noise_threshold),
+                             run_dir / "to_target_summary.csv", index=False)
         load = env.record_end(run_dir / "env.json")  # the load over the run, beside the start's
         write_report(run_dir, cfg=resolved)
     except OSError as exc:  # a full disk: a run is complete with summary.csv and its report
@@ -165,7 +180,7 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
 
 def _report(summary, run_dir: Path, writer, experiment: str | None,
             overrides: list[str] | None, table: bool, profiled: bool, took_s: float,
-            load: dict) -> None:
+            load: dict, threshold: float = stats.DEFAULT_THRESHOLD) -> None:
     """The console's lines (a busy machine said first); exit status 1 when no trial
     succeeded."""
     from speedbench.report import recommend  # the report's first section, in a few lines
@@ -178,6 +193,10 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
     if profiled:
         from speedbench.report.profile_section import console_text
         print("\n" + console_text(run_dir))
+    runs = load_to_target(run_dir)
+    if runs is not None:
+        from speedbench.report.to_target_section import console_lines as target_lines
+        print("\n" + "\n".join(target_lines(runs, threshold)))
     print("\n" + "\n".join(recommend.console_lines(summary, run_dir)))
     print("\n" + report_line(run_dir, len(writer.rows), took_s))
     failed = [r for r in writer.rows if schema.parse_status(r["status"]).failed]

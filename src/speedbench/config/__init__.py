@@ -9,6 +9,7 @@ every variant of every model, including the checks that depend on how speedbench
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ PROFILES = ("off", "simple", "advanced", "pytorch")
 REFERENCE_MODELS = ("resnet", "vae", "transformer")
 # Keys a variant may not change: they define the experiment, not a recipe.
 NOT_PER_VARIANT = ("model", "models", "variants", "baseline", "claims", "experiment", "out_dir",
-                   "suite", "recipe")
+                   "suite", "recipe", "target")
 
 
 def setting(default: Any = None, doc: str = "", *, values: str = "", factory: Any = None) -> Any:
@@ -138,6 +139,48 @@ class RecipeConfig:
 
 
 @dataclass
+class TargetConfig:
+    # Time to target (measure/to_target.py): after the speed rounds, each variant trains from
+    # `seeds` paired seeds until the held-out loss reaches the target, or a cap runs out.
+    enabled: bool = setting(False, "after the speed rounds, train every variant to a target "
+                                   "held-out loss and compare the wall times (to_target.csv)")
+    seeds: int = setting(3, "paired seeds per variant (the same weights and data order for "
+                            "every variant); the speed-up's CI comes from them")
+    loss: Optional[float] = setting(None, "the target held-out loss; null: the data's entropy "
+                                          "floor + margin (the synthetic tokens), else the worst "
+                                          "baseline seed's loss after `steps` steps")
+    margin: float = setting(0.15, "nats above the entropy floor that count as trained")
+    steps: int = setting(200, "baseline optimizer steps after which the baseline's seeds set the "
+                              "target, where the data has no known floor")
+    max_steps: int = setting(1000, "cap per run, in samples: this many of the baseline's "
+                                   "optimizer steps; a variant not there by then missed")
+    max_s: Optional[float] = setting(120.0, "cap per run on training time (s); null: none")
+    eval_every: int = setting(10, "evaluate the held-out loss every this many baseline steps' "
+                                  "worth of samples (untimed)")
+    eval_samples: int = setting(256, "held-out samples the loss is evaluated on")
+
+
+TARGET_LIMITS = {"seeds": (2, 100), "steps": (1, 1_000_000), "max_steps": (1, 1_000_000),
+                 "eval_every": (1, 1_000_000), "eval_samples": (1, 10_000)}
+
+
+def check_target(cfg: DictConfig) -> None:
+    """Range checks of the `target` group (one line naming the key)."""
+    t = cfg.target
+    for key, (low, high) in TARGET_LIMITS.items():
+        _at_least(f"target.{key}", t[key], low)
+        _at_most(f"target.{key}", t[key], high)
+    if not t.margin > 0:
+        raise ConfigError(f"target.margin: {t.margin} is out of range; it must be > 0 (nats)")
+    if t.loss is not None and not math.isfinite(t.loss):
+        raise ConfigError(f"target.loss: {t.loss} is out of range; it must be a finite loss, or "
+                          "null for the automatic target")
+    if t.max_s is not None and not 0 < t.max_s <= SECONDS_LIMIT:
+        raise ConfigError(f"target.max_s: {t.max_s} is out of range; it must be > 0 and at most "
+                          f"{SECONDS_LIMIT:,.0f} seconds, or null for no cap")
+
+
+@dataclass
 class SpeedbenchConfig:
     device: str = setting("auto", "where to train; auto: CUDA, then MPS, else the CPU",
                           values="|".join(DEVICES))
@@ -169,6 +212,7 @@ class SpeedbenchConfig:
                                     "experiment checks", factory=list)
     suite: SuiteConfig = field(default_factory=SuiteConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
     out_dir: str = setting("results", "where runs go")
     run_dir: Optional[str] = setting(None, "this run's directory; null: "
                                            "`<out_dir>/<experiment>/<timestamp>`")
@@ -539,6 +583,7 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     scale = resolve_scale(cfg.scale, device)
     base = cfg.copy()
     check_recipe(base)
+    check_target(cfg)
 
     entries = _model_entries(cfg.model)
     models = []

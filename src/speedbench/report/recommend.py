@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from speedbench.report.numbers import clip, ratio_ci
-from speedbench.results.runs import load_recipe
+from speedbench.analysis.to_target import recipe_line
+from speedbench.results.runs import load_recipe, load_to_target
 from speedbench.results.schema import HOPELESS, OK, TOO_SLOW
 
 # Verdict words: today's and those of the paired, error-controlled verdicts.
@@ -280,8 +281,9 @@ def lines(advice: Advice) -> list[str]:
 
 
 def add_section(doc, summary: pd.DataFrame, recipe: pd.DataFrame | None = None,
-                title: str = "Recommendation") -> None:
-    """The report's first section: per model, use / skip / could not test here."""
+                title: str = "Recommendation", runs: pd.DataFrame | None = None) -> None:
+    """The report's first section: per model, use / skip / could not test here; a recipe
+    search's time-to-target check of its final recipe (`runs`: to_target.csv) after it."""
     advice = advise(summary, recipe)
     if not advice:
         return
@@ -289,7 +291,8 @@ def add_section(doc, summary: pd.DataFrame, recipe: pd.DataFrame | None = None,
     for a in advice:
         if len(advice) > 1:
             doc.heading(f"{a.model}", 3)
-        doc.bullets(lines(a))
+        target = recipe_line(runs, a.model) if a.searched else ""
+        doc.bullets(lines(a) + ([target] if target else []))
     if any(len(a.use) > 1 and not a.notes and not a.use[0].technique.startswith("the recipe")
            for a in advice):
         doc.para(STACKING)
@@ -299,10 +302,14 @@ def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3) -> list[s
     """The same recommendation in a few lines: per model, the `use` list in full and the first
     `width` skips and untested techniques, the rest counted."""
     out = []
+    runs = load_to_target(run_dir) if run_dir is not None else None
     for a in advise(summary, load_recipe(run_dir)):
         use = "; ".join(f"{i.technique} {i.effect}" for i in a.use if not i.part) or \
             "nothing significantly faster"
         out.append(f"{a.model}: {a.undecided}" if a.undecided else f"{a.model}: use {use}")
+        target = recipe_line(runs, a.model) if a.searched else ""
+        if target:
+            out.append(f"  {target}")
         for label, items in (("skip", a.skip), ("could not test", a.untested)):
             if items:
                 shown = [f"{i.technique} ({_short(i.text)})" for i in items[:width]]

@@ -21,7 +21,7 @@ from speedbench.results import atomic
 from speedbench.analysis import claims as claims_mod
 from speedbench.analysis import stats
 from speedbench.report import (capacity_section, host_sweep, plots, profile_section,
-                               recipe_section, recommend, settings)
+                               recipe_section, recommend, settings, to_target_section)
 from speedbench.report.document import Document, slug, write
 from speedbench.report.numbers import ratio_ci
 from speedbench.results.runs import Run, load_recipe, load_run
@@ -433,6 +433,12 @@ def _remove_stale_figures(out_dir: Path, written: set[str]) -> None:
             png.unlink()
 
 
+def noise_threshold(cfg: dict) -> float:
+    """bench.noise_threshold of the run's config (the default where it is absent)."""
+    value = (cfg.get("bench") or {}).get("noise_threshold") if isinstance(cfg, dict) else None
+    return float(value) if isinstance(value, (int, float)) else stats.DEFAULT_THRESHOLD
+
+
 def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) -> None:
     """Summary table, figures and findings of one experiment of the run."""
     trials = run.trials[run.trials["experiment"] == experiment]
@@ -455,6 +461,9 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
         doc.note(warning)
     for view in settings.host_sweeps(run):
         host_sweep.add(doc, trials, view, out_dir, summary)
+    if run.to_target is not None:
+        to_target_section.add(doc, run.to_target, run.curves, experiment, out_dir,
+                              noise_threshold(run.cfg))
     capacity = run.capacity[run.capacity["experiment"] == experiment] \
         if run.capacity is not None else pd.DataFrame()
     if len(capacity):
@@ -486,7 +495,7 @@ def recommendation_section(doc: Document, run: Run, out_dir: Optional[Path] = No
     """The first section after the title: per model, use / skip / could not test here
     (recommend.py); for a recipe search, how it was found follows (recipe_section.py)."""
     recipe_rows = load_recipe(run.path)
-    recommend.add_section(doc, run.summary, recipe_rows)
+    recommend.add_section(doc, run.summary, recipe_rows, runs=run.to_target)
     if recipe_rows is not None and out_dir is not None:
         recipe_section.add(doc, recipe_rows, run.path, out_dir)
 

@@ -82,6 +82,13 @@ REQUIRED_CAPACITY_COLUMNS = CAPACITY_COLUMNS[:6]
 # recipe.csv (search/driver.py): the search's tables, one `table` kind per row.
 RECIPE_COLUMNS = ["model", "table", "step", "label", "option", "group", "speedup", "lo", "hi",
                   "verdict", "step_gain", "step_lo", "step_hi", "rounds", "status", "overrides"]
+# Time to target (measure/to_target.py): a row per model, variant and seed, and a row per
+# evaluation of each such run
+TO_TARGET_COLUMNS = ["experiment", "model", "variant", "is_baseline", "seed", "position",
+                     "order_seed", "status", "target_loss", "target_source", "entropy_floor",
+                     "final_loss", "steps", "samples", "per_step", "time_s", "cold_s",
+                     "one_time_s", "step_ms"]
+CURVE_COLUMNS = ["experiment", "model", "variant", "seed", "steps", "samples", "train_s", "loss"]
 CAPACITY_LIMIT_FACTOR = 256  # the largest-batch search stops at this many times the model's batch
 
 
@@ -98,8 +105,11 @@ TOO_SLOW = "too slow"
 STOPPED_SLOWER = "slower (stopped early)"
 # An option the recipe search dropped, its screen CI below 0.5x: `hopeless: 0.05x [...] in step 1`
 HOPELESS = "hopeless"
-KINDS = (OK, NA, OOM, DIVERGED, ERROR, TOO_SLOW, HOPELESS)
-_COLON_KINDS = (NA, ERROR, TOO_SLOW, HOPELESS)  # written `kind: reason`; others `kind (reason)`
+# A time-to-target run that did not reach the target within its cap (to_target.py): a miss,
+# counted as infinite time
+MISSED = "missed"
+KINDS = (OK, NA, OOM, DIVERGED, ERROR, TOO_SLOW, HOPELESS, MISSED)
+_COLON_KINDS = (NA, ERROR, TOO_SLOW, HOPELESS, MISSED)  # written `kind: reason`; others `kind (reason)`
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from speedbench import results
 from speedbench.analysis import stats
+from speedbench.analysis import to_target as target_stats
+from speedbench.measure import to_target
+from speedbench.measure.rounds import fresh_order_seed
 from speedbench.results.schema import OK
 from speedbench.search import selection as search
 from speedbench.config import (ConfigError, ModelSpec, Plan, build_plan, config_flags,
@@ -249,6 +252,12 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
         say(f"done in {result.elapsed_s:.0f} s: {result.undecided or result.stopped}")
         found[spec.name] = result
         entries[spec.name] = model_entry(cfg, spec)
+        if cfg.target.enabled and result.chosen:  # does the final recipe train sooner?
+            say("time to target: the final recipe against naive")
+            check = step_plan(cfg, entries[spec.name], {"naive": dict(result.naive),
+                                                        "final": dict(result.final)},
+                              "naive", target_stats.RECIPE_CHECK)
+            to_target.measure(check, run_dir, [], progress, fresh_order_seed())
         write_outputs(run_dir, found, entries)
     return found
 

@@ -1,0 +1,133 @@
+"""The report's "time to target" part: the held-out loss against training time and against
+samples seen (one curve per variant and seed, the target drawn), and the table of
+analysis.to_target, from to_target.csv and curves.csv (measure/to_target.py)."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from speedbench.analysis import to_target
+from speedbench.report import plots
+from speedbench.report.document import Document, slug
+
+METHOD = ("Each variant trains from the same seeds (the same weights and data order per seed) "
+          "until its loss on held-out data reaches the target, evaluated at a fixed cadence of "
+          "samples seen; evaluation is not timed. Time to target = training time to the first "
+          "evaluation at or below it, the first step's one-time cost (compilation, allocation) "
+          "left out and shown apart; a run that does not get there within the cap is a miss, "
+          "counted as infinite. Speed-up = geometric mean of the per-seed ratios (baseline time "
+          "/ variant time) with a t interval at the run's Bonferroni level, split exactly into "
+          "step speed (baseline / variant time per step) x steps (baseline / variant steps "
+          "to target).")
+
+
+def _fmt(x, spec: str = "{:.3g}") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "not reached"
+    return spec.format(x)
+
+
+def _ci(row) -> str:
+    if not math.isfinite(row["speedup"]):
+        return "-"
+    if not (math.isfinite(row["speedup_lo"]) and math.isfinite(row["speedup_hi"])):
+        return f"{row['speedup']:.2f}x"
+    return f"{row['speedup']:.2f}x [{row['speedup_lo']:.2f}, {row['speedup_hi']:.2f}]"
+
+
+def table(summary: pd.DataFrame) -> pd.DataFrame:
+    rows = summary.to_dict("records")
+    return pd.DataFrame({
+        "model": [r["model"] for r in rows],
+        "variant": [r["variant"] for r in rows],
+        "reached": [f"{r['reached']}/{r['seeds']}" for r in rows],
+        "time to target (s, median)": [_fmt(r["time_to_target_s"]) for r in rows],
+        "from cold (s)": [_fmt(r["cold_s"]) for r in rows],
+        "one-time (s)": [_fmt(r["one_time_s"], "{:.2f}") for r in rows],
+        "steps": [_fmt(r["steps_to_target"], "{:.0f}") for r in rows],
+        "ms/step": [_fmt(r["step_ms"]) for r in rows],
+        "speed-up [CI]": [_ci(r) for r in rows],
+        "= step speed": [_fmt(r["step_speed_ratio"], "{:.2f}x") for r in rows],
+        "x steps": [_fmt(r["steps_ratio"], "{:.2f}x") for r in rows],
+        "verdict": [r["verdict"] for r in rows],
+    })
+
+
+def target_text(summary: pd.DataFrame) -> str:
+    parts = []
+    for model, rows in summary.groupby("model", sort=False):
+        r = rows.iloc[0]
+        floor = r["entropy_floor"]
+        reached = rows["reached_loss"].dropna()
+        text = f"{model}: target held-out loss {r['target_loss']:.4g} ({r['target_source']})"
+        if isinstance(floor, float) and math.isfinite(floor):
+            text += (f"; the lowest loss any model can reach on this data (the chain's entropy "
+                     f"rate) is {floor:.4g}")
+        if len(reached):
+            text += f"; loss at the evaluation that reached it: {reached.min():.4g}-{reached.max():.4g}"
+        parts.append(text + ".")
+    return " ".join(parts)
+
+
+@plots._styled
+def curves_figure(curves: pd.DataFrame, summary: pd.DataFrame, model: str):
+    """Held-out loss against training time (left) and samples seen (right), a line per variant
+    and seed, the target dashed and the entropy floor dotted."""
+    rows = curves[curves["model"] == model]
+    fig, (left, right) = plots._panels(2, 5.0, 3.6)
+    variants = list(dict.fromkeys(summary.loc[summary["model"] == model, "variant"]))
+    colours = {v: plots.RUN_COLOURS[i % len(plots.RUN_COLOURS)] for i, v in enumerate(variants)}
+    for (variant, seed), line in rows.groupby(["variant", "seed"], sort=False):
+        first = seed == rows.loc[rows["variant"] == variant, "seed"].iloc[0]
+        label = plots.clip(str(variant), 24) if first else None
+        for ax, x in ((left, "train_s"), (right, "samples")):
+            ax.plot(line[x], line["loss"], color=colours.get(variant, plots.OTHER_COLOUR),
+                    lw=1.2, alpha=0.85, label=label if ax is left else None)
+    head = summary[summary["model"] == model].iloc[0]
+    for ax in (left, right):
+        if math.isfinite(head["target_loss"]):
+            ax.axhline(head["target_loss"], color="#555555", ls="--", lw=1)
+        floor = head["entropy_floor"]
+        if isinstance(floor, float) and math.isfinite(floor):
+            ax.axhline(floor, color="#999999", ls=":", lw=1)
+        ax.set_yscale("log")
+        ax.set_ylabel("held-out loss")
+    left.set_xlabel("training time (s, evaluation excluded)")
+    right.set_xlabel("samples seen")
+    left.legend(fontsize=8, frameon=False)
+    plots._suptitle(fig, f"{model}: held-out loss (dashed: target, dotted: entropy floor)")
+    fig.tight_layout()
+    return fig
+
+
+def add(doc: Document, runs: pd.DataFrame, curves: pd.DataFrame | None, experiment: str,
+        out_dir, threshold: float) -> None:
+    """The section for one experiment, when its run measured time to target."""
+    mine = runs[runs["experiment"] == experiment]
+    if mine.empty:
+        return
+    summary = to_target.summarise(runs, threshold)  # the run's family: every experiment's
+    summary = summary[summary["experiment"] == experiment]
+    doc.heading("Time to target quality", 3)
+    doc.para(target_text(summary))
+    if curves is not None and len(curves):
+        figures = []
+        for model in dict.fromkeys(summary["model"]):
+            path = f"plots/{slug(experiment)}-to-target-{slug(model)}.png"
+            plots.save(curves_figure(curves, summary, model), out_dir / path)
+            figures.append((f"{model}: held-out loss against time and samples", path))
+        doc.figures(figures)
+    doc.table(table(summary))
+    doc.para(METHOD)
+
+
+def console_lines(runs: pd.DataFrame, threshold: float) -> list[str]:
+    """The time-to-target table for the console."""
+    if runs is None or runs.empty:
+        return []
+    summary = to_target.summarise(runs, threshold)
+    return ["Time to target quality", target_text(summary), "",
+            table(summary).to_string(index=False)]

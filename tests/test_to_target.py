@@ -1,0 +1,159 @@
+"""Time to target quality: the entropy floor, one run to a target, the verdicts, and the CLI."""
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import SMALL_MODELS, TINY, compose_cfg, only_run_dir, run_main
+from speedbench.analysis import stats
+from speedbench.analysis import to_target as target_stats
+from speedbench.config import build_plan
+from speedbench.errors import ConfigError
+from speedbench.measure import to_target
+from speedbench.measure.data import MarkovTokens
+from speedbench.measure.trial import context
+from speedbench.results import schema
+
+
+def test_the_entropy_floor_is_the_true_chains_mean_loss():
+    """The floor equals the mean -log p(next | current) under the true chain, estimated from
+    sequences the data set yields (a model that knew the chain would score it)."""
+    ds = MarkovTokens(4000, seq_len=16, vocab_size=32, seed=3)
+    prob = {}
+    for i in range(ds.vocab_size):
+        prev = 0.0
+        for succ, cum in zip(ds.successors[i], ds.cum_weights[i]):
+            prob[(i, succ)] = prob.get((i, succ), 0.0) + cum - prev
+            prev = cum
+    losses = []
+    for k in range(len(ds)):
+        x, y = ds[k]
+        losses += [-math.log(prob[(int(a), int(b))]) for a, b in zip(x, y)]
+    sem = np.std(losses) / math.sqrt(len(losses))
+    floor = to_target.markov_floor(ds)
+    assert abs(np.mean(losses) - floor) < 4 * sem, (np.mean(losses), floor, sem)
+    assert 0 < floor < math.log(ds.vocab_size)
+
+
+def _plan(*overrides):
+    cfg = compose_cfg(*TINY, *SMALL_MODELS, "model=transformer", *overrides)
+    return build_plan(cfg, None)
+
+
+def test_one_run_stops_at_the_target_and_times_only_training():
+    plan = _plan()
+    spec, recipe = plan.models[0], plan.variants[plan.baseline]
+    train, xy, floor = to_target.held_out(spec, recipe, 4000, 64)
+    ctx = context(plan)
+    record, curve = to_target.train_to_target(spec, recipe, ctx, train, xy, target=4.0,
+                                              every=8, cap_samples=4000, cap_s=60)
+    assert record["status"] == schema.OK, record
+    assert curve[0]["steps"] == 0 and curve[0]["loss"] > 4.0  # chance: ln(256) = 5.5
+    assert curve[-1]["loss"] <= 4.0 and all(c["loss"] > 4.0 for c in curve[:-1])
+    assert record["steps"] == curve[-1]["steps"] and record["final_loss"] == curve[-1]["loss"]
+    assert record["time_s"] + record["one_time_s"] == pytest.approx(curve[-1]["train_s"])
+    assert record["cold_s"] >= curve[-1]["train_s"]
+    assert floor < 4.0
+
+
+def test_a_run_that_cannot_get_there_is_a_miss_not_a_number():
+    plan = _plan()
+    spec, recipe = plan.models[0], plan.variants[plan.baseline]
+    train, xy, floor = to_target.held_out(spec, recipe, 400, 32)
+    record, curve = to_target.train_to_target(spec, recipe, context(plan), train, xy,
+                                              target=floor / 2, every=16, cap_samples=64,
+                                              cap_s=60)
+    st = schema.parse_status(record["status"])
+    assert st.kind == schema.MISSED and "> target" in st.reason, record
+    assert curve[-1]["samples"] == 64
+
+
+def _runs(times: dict, steps: dict | None = None, status: dict | None = None) -> pd.DataFrame:
+    rows = []
+    for variant, ts in times.items():
+        for seed, t in enumerate(ts):
+            n = (steps or {}).get(variant, [100] * len(ts))[seed]
+            st = (status or {}).get(variant, ["ok"] * len(ts))[seed]
+            rows.append({"experiment": "e", "model": "m", "variant": variant,
+                         "is_baseline": variant == "base", "seed": seed, "status": st,
+                         "time_s": t, "cold_s": t + 1, "one_time_s": 0.5, "steps": n,
+                         "step_ms": 1000 * t / n, "final_loss": 1.0, "target_loss": 1.0,
+                         "entropy_floor": 0.7, "target_source": "test"})
+    return pd.DataFrame(rows)
+
+
+def test_the_speedup_splits_into_step_speed_and_steps():
+    runs = _runs({"base": [10.0, 11.0, 12.0], "big": [5.0, 5.4, 6.1]},
+                 steps={"base": [100, 110, 120], "big": [25, 27, 30]})
+    row = target_stats.summarise(runs).set_index("variant").loc["big"]
+    assert row["speedup"] == pytest.approx(row["step_speed_ratio"] * row["steps_ratio"])
+    assert row["steps_ratio"] == pytest.approx(4.0, rel=0.02)
+    assert row["step_speed_ratio"] < 1  # each step is slower; it needs a quarter of them
+    assert row["verdict"] == stats.FASTER and row["speedup_lo"] > 1
+    assert row["time_to_target_s"] == 5.4 and row["reached"] == 3
+
+
+def test_misses_count_as_infinite_and_never_get_a_ratio():
+    missed = "missed: held-out loss 2 > target 1"
+    runs = _runs({"base": [10.0, 11.0, 12.0], "bf16": [math.nan, 4.0, math.nan]},
+                 status={"bf16": [missed, "ok", missed]})
+    row = target_stats.summarise(runs).set_index("variant").loc["bf16"]
+    assert math.isinf(row["time_to_target_s"]) and row["reached"] == 1
+    assert math.isnan(row["speedup"]) and "missed the target in 2 of 3" in row["verdict"]
+    base_missed = _runs({"base": [10.0, math.nan, 12.0], "v": [9.0, 9.0, 9.0]},
+                        status={"base": ["ok", missed, "ok"]})
+    row = target_stats.summarise(base_missed).set_index("variant").loc["v"]
+    assert row["verdict"].startswith(target_stats.NO_TARGET)
+
+
+def test_identical_variants_are_not_called_different_at_the_family_level():
+    """A/A through the function the CLI runs, with per-seed noise fitted to real runs: each
+    run's time is its steps (identical) times a per-step time with the spread measured between
+    the paired seeds of identical variants (benchmarks/to_target_sim.py)."""
+    rng = np.random.default_rng(0)
+    false_calls, n = 0, 300  # benchmarks/to_target_sim.py runs 4000 and publishes the rate
+    for _ in range(n):
+        base = rng.lognormal(np.log(10), 0.1, 3)
+        runs = _runs({"base": list(base), **{f"v{k}": list(base * rng.lognormal(0, 0.04, 3))
+                                             for k in range(4)}})
+        verdicts = target_stats.summarise(runs)["verdict"]
+        false_calls += any(v in (stats.FASTER, stats.SLOWER) for v in verdicts)
+    assert false_calls / n <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / n)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("target.seeds=1", "target.seeds"), ("target.margin=0", "target.margin"),
+    ("target.max_s=-1", "target.max_s"), ("target.eval_samples=0", "target.eval_samples"),
+    ("target.loss=inf", "target.loss")])
+def test_bad_target_settings_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        _plan(override)
+
+
+def test_a_variant_cannot_change_the_target():
+    with pytest.raises(ConfigError, match="variants.b.target.seeds"):
+        _plan("+variants={a: {}, b: {target.seeds: 5}}")
+
+
+def test_the_cli_writes_the_runs_curves_verdicts_and_report(tmp_path):
+    random.seed(0)
+    r = run_main(*TINY, *SMALL_MODELS, "model=transformer", "target.enabled=true",
+                 "target.seeds=2", "target.loss=4.5", "target.eval_every=2",
+                 "+variants={a: {precision: fp32}, b: {sync: item}}", "baseline=a",
+                 f"out_dir={tmp_path}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = only_run_dir(tmp_path)
+    runs = pd.read_csv(run / "to_target.csv")
+    assert sorted(runs["variant"]) == ["a", "a", "b", "b"] and (runs["status"] == "ok").all()
+    curves = pd.read_csv(run / "curves.csv")
+    assert set(curves["variant"]) == {"a", "b"} and (curves["steps"] == 0).sum() == 4
+    summary = pd.read_csv(run / "to_target_summary.csv")
+    assert list(summary["variant"]) == ["a", "b"] and summary["reached"].tolist() == [2, 2]
+    report = (run / "report.md").read_text()
+    assert "Time to target quality" in report and "to-target-transformer.png" in report
+    assert list((run / "plots").glob("*to-target-transformer.png"))
+    assert "Time to target quality" in r.stdout
