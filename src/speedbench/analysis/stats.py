@@ -659,11 +659,15 @@ def _levels_text(summary: pd.DataFrame, m: int, fam: float) -> str:
 
 # What the loss column means (the quality probe, trial.py: same seed, same optimizer steps and
 # samples seen for every variant, independent of the timing's warm-up).
-LOSS_MEANING = ("Loss = quality at equal work: each variant trains a fresh model from the same "
-                "seed, on the same data in the same order, for the same number of samples seen "
-                "(bench.quality_steps optimizer steps of the baseline), whatever its timed "
-                "warm-up did; the loss is then evaluated on one fixed batch in fp32. Identical "
-                "recipes give identical losses; loss Δ is the difference from the baseline's.")
+LOSS_MEANING = ("Probe loss = a smoke check at equal work, not a quality verdict: each variant "
+                "trains a fresh model from one seed, on the same data in the same order, for "
+                "the same number of samples seen (bench.quality_steps optimizer steps of the "
+                "baseline), whatever its timed warm-up did; the loss is then evaluated on one "
+                "fixed batch of the training data in fp32. Identical recipes give identical "
+                "losses, and a variant that diverges shows it; but a few steps from one seed "
+                "say little about how well a variant trains (rounding alone moves them). Time "
+                "to target (target.enabled=true) judges that: several seeds, held-out data, "
+                "a CI. loss Δ is the difference from the baseline's probe loss.")
 
 
 def halfwidth_note(rows: list[dict], level: float | None = None) -> str:

@@ -47,7 +47,7 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         "peak mem MB": summary["peak_mem_mb"].map(_num),
         "mem ratio": [_ci(r.mem_ratio, math.nan, math.nan) if "mem_ratio" in summary else "-"
                       for r in summary.itertuples()],
-        "loss": summary["final_loss"].map(lambda v: _num(v, "{:.3f}")),
+        "probe loss": summary["final_loss"].map(lambda v: _num(v, "{:.3f}")),
         # Achieved FLOP/s (FlopCounterMode FLOPs / median step time), the peak measured on the
         # spot in the variant's dtype (flops.py) and the share reached; GFLOP/s at 3 significant
         # digits, so that 0.724 and 92.1 read alike.
@@ -149,7 +149,7 @@ VERDICT_LEGEND = {"faster": "faster/slower: the CI excludes 1",
                   "inconclusive": "inconclusive: neither, more trials needed",
                   "few trials": "few trials: too few trials for a CI"}
 # The columns a narrow terminal loses first.
-DROP_ORDER = ("% peak", "GFLOP/s", "loss", "mem x", "devices", "scaling", "mem MB", "samples/s")
+DROP_ORDER = ("% peak", "GFLOP/s", "probe loss", "mem x", "devices", "scaling", "mem MB", "samples/s")
 
 
 def console_width() -> int:
@@ -191,7 +191,7 @@ def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         "verdict": verdicts,
         "mem MB": summary["peak_mem_mb"].map(lambda v: _num(v, "{:.0f}")),
         "mem x": _col(summary, "mem_ratio").map(lambda v: _num(v, "{:.2f}")),
-        "loss": summary["final_loss"].map(lambda v: _num(v, "{:.3g}")),
+        "probe loss": summary["final_loss"].map(lambda v: _num(v, "{:.3g}")),
         "GFLOP/s": _col(summary, "achieved_tflops").map(_gflops),
         "% peak": _col(summary, "peak_fraction").map(peak_share),
     })
