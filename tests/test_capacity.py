@@ -86,4 +86,4 @@ def test_the_search_runs_one_micro_batch_per_step_on_one_device():
     recipe = build_plan(compose_cfg(*TINY, "accumulate=4", "accumulate_mode=split"),
                         None).variants["default"]
     assert techniques.capacity_overrides(recipe) == {"accumulate": 1, "accumulate_mode": "add",
-                                                     "parallel": "none"}
+                                                     "batch_scale": 1, "parallel": "none"}

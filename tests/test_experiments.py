@@ -135,7 +135,9 @@ def test_experiment_runs_on_cpu_and_says_why_when_na(experiment, tips_run):
     assert ok["final_loss"].map(math.isfinite).all()
     # samples/s and step time describe the same window (one process: torchrun's ranks differ)
     one = ok[ok["world_size"] == 1]
-    per_step = one["batch_size"] * one["accumulate"]
+    # batch_scale_by=accumulate takes batch_scale micro-batches of batch_size per step
+    by_accumulation = one["batch_scale"].where(one["batch_scale_by"] == "accumulate", 1)
+    per_step = one["batch_size"] * one["accumulate"] * by_accumulation
     ratio = (per_step / (one["step_ms"] / 1000)) / one["samples_per_s"]
     assert (ratio.sub(1).abs() < 1e-6).all(), ratio
 

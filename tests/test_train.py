@@ -74,7 +74,10 @@ def test_mixed_precision_runs_autocast_and_scaler_on_cpu(precision):
 @pytest.mark.parametrize("model", ["transformer", "vae", "resnet"])
 def test_loss_falls_on_the_synthetic_data(model):
     """The data has learnable structure: 60 steps reduce each reference model's loss."""
-    cfg = compose_cfg("device=cpu", "scale=small", f"model={model}", "batch_size=16", "lr=3e-3",
+    # The VAE diverges at lr 3e-3 for most random streams (data seeds 1 and 2 did, before and
+    # after augmentation was seeded per sample; seed 0 passed by luck): 1e-3 trains it steadily.
+    lr = "1e-3" if model == "vae" else "3e-3"
+    cfg = compose_cfg("device=cpu", "scale=small", f"model={model}", "batch_size=16", f"lr={lr}",
                       "models.resnet.small.dataset.image_size=32",
                       "models.vae.small.image_size=32", "models.vae.small.dataset.image_size=32",
                       "models.transformer.small.seq_len=32", "models.transformer.small.dataset.seq_len=32")

@@ -7,6 +7,10 @@
 - tokens: sequences from a fixed sparse Markov chain (each token has a few likely successors),
   so a language model can learn it.
 - real data: an ImageFolder directory, or a plain text file read as bytes (vocabulary 256).
+
+Augmentation is seeded per sample: sample i's crop and flip come from a generator seeded from
+(the data set's seed, i), never from the global RNG, so the same sample gets the same pixels
+whatever the number of DataLoader workers and whichever worker loads it.
 """
 from __future__ import annotations
 
@@ -38,12 +42,19 @@ def synthetic_picture(label: int, num_classes: int, size: int, gen: torch.Genera
     return (img.clamp(0, 1) * 255).to(torch.uint8)
 
 
+def sample_generator(seed: int, index: int) -> torch.Generator:
+    """The generator of sample `index`'s random augmentation: the same for the same (seed,
+    index), in any process."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + index)
+
+
 class JpegImages(Dataset):
-    """`length` samples drawn from a pool of JPEG-encoded pictures, decoded per sample."""
+    """`length` samples drawn from a pool of JPEG-encoded pictures, decoded per sample; item i
+    is deterministic in (seed, i)."""
 
     def __init__(self, length: int, image_size: int, num_classes: int, stored_size: Optional[int] = None,
                  pool: int = 256, seed: int = 0, quality: int = 90):
-        self.length, self.image_size = length, image_size
+        self.length, self.image_size, self.seed = length, image_size, seed
         self.stored_size = stored_size or 2 * image_size
         gen = torch.Generator().manual_seed(seed)
         self.labels = torch.randint(0, num_classes, (min(pool, length),), generator=gen)
@@ -56,7 +67,7 @@ class JpegImages(Dataset):
     def __getitem__(self, index: int):
         k = index % len(self.jpegs)
         img = decode_jpeg(self.jpegs[k])  # uint8 CHW
-        return augment(img, self.image_size), self.labels[k]
+        return augment(img, self.image_size, sample_generator(self.seed, index)), self.labels[k]
 
 
 def encode_jpeg(img: torch.Tensor, quality: int) -> bytes:
@@ -81,17 +92,18 @@ def pil_to_tensor(img) -> torch.Tensor:
     return torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1).contiguous()
 
 
-def augment(img: torch.Tensor, size: int) -> torch.Tensor:
-    """Random crop (scale 0.35-1) resized to `size`, random flip, normalise: float CHW."""
+def augment(img: torch.Tensor, size: int, gen: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Random crop (scale 0.35-1) resized to `size`, random flip, normalise: float CHW. The
+    random draws come from `gen` (None: the global RNG)."""
     import torchvision.transforms.v2.functional as TF
 
     _, h, w = img.shape
-    scale = 0.35 + 0.65 * torch.rand(1).item()
+    scale = 0.35 + 0.65 * torch.rand(1, generator=gen).item()
     ch, cw = max(1, int(h * math.sqrt(scale))), max(1, int(w * math.sqrt(scale)))
-    top = int(torch.randint(0, h - ch + 1, (1,)))
-    left = int(torch.randint(0, w - cw + 1, (1,)))
+    top = int(torch.randint(0, h - ch + 1, (1,), generator=gen))
+    left = int(torch.randint(0, w - cw + 1, (1,), generator=gen))
     img = TF.resized_crop(img, top, left, ch, cw, [size, size], antialias=True)
-    if torch.rand(1).item() < 0.5:
+    if torch.rand(1, generator=gen).item() < 0.5:
         img = img.flip(-1)
     return (img.float() / 255 - MEAN) / STD
 
@@ -142,18 +154,35 @@ class TextBytes(Dataset):
         return chunk[:-1], chunk[1:]
 
 
-def image_folder(path: str, image_size: int, num_classes: int) -> Dataset:
+class SeededImageFolder(Dataset):
+    """A torchvision ImageFolder whose sample i is loaded by the folder's own loader and
+    augmented from the generator of (seed, i)."""
+
+    def __init__(self, folder, image_size: int, seed: int = 0):
+        self.folder, self.image_size, self.seed = folder, image_size, seed
+        self.classes = folder.classes
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, index: int):
+        path, label = self.folder.samples[index]
+        img = pil_to_tensor(self.folder.loader(path))
+        return augment(img, self.image_size, sample_generator(self.seed, index)), label
+
+
+def image_folder(path: str, image_size: int, num_classes: int, seed: int = 0) -> Dataset:
     from torchvision.datasets import ImageFolder
 
     try:
-        ds = ImageFolder(path, transform=lambda img: augment(pil_to_tensor(img), image_size))
+        folder = ImageFolder(path)
     except FileNotFoundError as exc:  # no class folder, or no image in any
         raise ConfigError(f"data.path: '{path}' holds no images in class folders "
                           f"({str(exc).splitlines()[0]})") from None
-    if len(ds.classes) > num_classes:
-        raise ConfigError(f"data.path: '{path}' has {len(ds.classes)} classes but the model is "
+    if len(folder.classes) > num_classes:
+        raise ConfigError(f"data.path: '{path}' has {len(folder.classes)} classes but the model is "
                           f"built for {num_classes}; set the model's num_classes")
-    return ds
+    return SeededImageFolder(folder, image_size, seed)
 
 
 def build_dataset(dataset: dict, length: int, path: Optional[str] = None, seed: int = 0) -> Dataset:
@@ -161,7 +190,7 @@ def build_dataset(dataset: dict, length: int, path: Optional[str] = None, seed: 
     kind = dataset["kind"]
     if kind == "images":
         if path:
-            return image_folder(path, dataset["image_size"], dataset["num_classes"])
+            return image_folder(path, dataset["image_size"], dataset["num_classes"], seed=seed)
         return JpegImages(length, dataset["image_size"], dataset["num_classes"],
                           stored_size=dataset.get("stored_size"), seed=seed)
     if path:

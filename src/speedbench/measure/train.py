@@ -99,8 +99,9 @@ class Trainer:
             self.ctx.model = model
             model = techniques.prepare_model(model, recipe, self.ctx)
         self.model = model
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=recipe.lr,
-                                           **techniques.optimizer_options(recipe, self.ctx))
+        # The techniques may set the lr as well as the implementation (foreach, fused).
+        opts = techniques.optimizer_options(recipe, self.ctx)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), **{"lr": recipe.lr, **opts})
         self.scaler = techniques.grad_scaler(recipe, self.ctx)
         self.meter = techniques.loss_meter(recipe, self.ctx)
         self.micro_steps = techniques.micro_batching(1, recipe)[1]
@@ -112,6 +113,7 @@ class Trainer:
         self.loader = loader
         self.batches = forever(loader)
         self.optimizer_steps = 0
+        self.ctx.trainer = self  # the after-step hooks reach the optimizer through it
 
     def step(self) -> None:
         r, clock, k, ctx = self.recipe, self.clock, self.micro_steps, self.ctx

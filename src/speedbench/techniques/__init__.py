@@ -16,7 +16,7 @@ from speedbench.techniques import (accumulation, empty_cache, loader, parallel, 
                                    tensor_creation)
 from speedbench.techniques import (attention, checkpointing, compile, cudnn_benchmark,
                                    matmul_precision, memory_format, optimizer)
-from speedbench.techniques import allocator, ddp_tuning, threads
+from speedbench.techniques import allocator, batch_scale, ddp_tuning, threads
 from speedbench.techniques import conv_bias, debug_apis, eval_mode, onednn_precision, zero_grad
 from speedbench.techniques.base import (GLOBAL_FLAGS, ConfigError, Context, Field, Finding,
                                         Technique, global_snapshot,
@@ -26,6 +26,7 @@ from speedbench.techniques.base import (GLOBAL_FLAGS, ConfigError, Context, Fiel
 _ALL: list[Technique] = [
     precision.Precision(),
     accumulation.Accumulation(),
+    batch_scale.BatchScale(),  # after accumulation: it scales the micro-batch that leaves
     loader.Loader(),
     tensor_creation.TensorCreation(),
     sync.Sync(),

@@ -168,7 +168,7 @@ class Context:
 
     device: where this process trains. dist_env: the torchrun job (speedbench.distributed
     .DistEnv) or None. model: the freshly built model (before prepare_model), or None where there
-    is none yet. trainer: the Trainer of the model once it is built (measure.session), else None.
+    is none yet. trainer: the Trainer of the model once it is built (it sets itself), else None.
     extra: anything a technique keeps for the model it acts on (keys named after it).
     """
 
@@ -340,7 +340,8 @@ class Technique:
         return None
 
     def optimizer_options(self, opts: dict, recipe: Any, ctx: Context) -> dict:
-        """Keyword arguments of the optimizer (e.g. foreach / fused)."""
+        """Keyword arguments of the optimizer (e.g. foreach / fused, or lr: it replaces the
+        recipe's)."""
         return opts
 
     def zero_grad_options(self, opts: dict, recipe: Any, ctx: Context) -> dict:
