@@ -27,7 +27,9 @@ MEMBERS = [n for n, path in FILES.items() if not suite.runs_alone(path)]
 # Experiments of which no variant can act on a CPU (each technique says why).
 NOTHING_ACTS_ON_CPU = {"tensor_creation", "empty_cache"}
 RUN_ALONE = {"tips": "test_tips_runs_every_experiment_into_one_report (below)",
-             "recipe": "tests/test_recipe_cli.py::test_recipe_run_end_to_end"}
+             "recipe": "tests/test_recipe_cli.py::test_recipe_run_end_to_end",
+             "time_to_target": "tests/test_to_target.py::test_the_experiment_file_runs_every_"
+                               "variant_to_the_target"}
 
 
 @pytest.fixture(autouse=True)

@@ -157,3 +157,17 @@ def test_the_cli_writes_the_runs_curves_verdicts_and_report(tmp_path):
     assert "Time to target quality" in report and "to-target-transformer.png" in report
     assert list((run / "plots").glob("*to-target-transformer.png"))
     assert "Time to target quality" in r.stdout
+
+
+def test_the_experiment_file_runs_every_variant_to_the_target(tmp_path):
+    r = run_main("+experiment=time_to_target", *TINY, *SMALL_MODELS, "model=transformer",
+                 "bench.repeats=1", "target.seeds=2", "target.loss=4.5", "target.eval_every=2",
+                 f"out_dir={tmp_path}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = pd.read_csv(only_run_dir(tmp_path) / "to_target.csv")
+    assert sorted(set(runs["variant"])) == ["accumulate_x4", "batch_x2", "batch_x4", "bf16",
+                                            "fp32"]
+    kinds = {schema.parse_status(s).kind for s in runs["status"]}
+    assert kinds <= {schema.OK, schema.MISSED, schema.TOO_SLOW}, runs["status"].tolist()
+    x4 = runs[runs["variant"].isin(["batch_x4", "accumulate_x4"])].sort_values("seed")
+    assert set(x4["per_step"]) == {16}  # 4 x the tiny batch of 4, either way

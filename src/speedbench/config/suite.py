@@ -33,9 +33,11 @@ def _defines_suite(path: Path) -> bool:
 
 
 def runs_alone(path: Path) -> bool:
-    """A suite, or the recipe search (it measures plans of its own): never a member of `*`."""
-    return _defines_suite(path) or bool(OmegaConf.select(OmegaConf.load(path),
-                                                         "recipe.candidates"))
+    """A suite, the recipe search (it measures plans of its own) or an experiment that trains
+    to a target (minutes per variant): never a member of `*`."""
+    cfg = OmegaConf.load(path)
+    return _defines_suite(path) or bool(OmegaConf.select(cfg, "recipe.candidates")) or \
+        bool(OmegaConf.select(cfg, "target.enabled"))
 
 
 def members(cfg: DictConfig, suite_name: str) -> list[str]:
