@@ -171,3 +171,30 @@ def test_the_experiment_file_runs_every_variant_to_the_target(tmp_path):
     assert kinds <= {schema.OK, schema.MISSED, schema.TOO_SLOW}, runs["status"].tolist()
     x4 = runs[runs["variant"].isin(["batch_x4", "accumulate_x4"])].sort_values("seed")
     assert set(x4["per_step"]) == {16}  # 4 x the tiny batch of 4, either way
+
+
+def test_the_recommendation_states_the_time_to_target_verdicts():
+    missed = "missed: held-out loss 2 > target 1"
+    runs = _runs({"base": [10.0, 11.0, 12.0], "big": [5.0, 5.4, 6.1], "same": [10.1, 10.9, 12.2],
+                  "bf16": [math.nan] * 3}, status={"bf16": [missed] * 3})
+    line = target_stats.verdict_line(runs, "m")
+    assert "sooner, significantly: big 2.0" in line, line
+    assert "no ratio: bf16 (missed the target in 3 of 3 seeds)" in line, line
+    assert "same" in line and "sooner, significantly: same" not in line
+    assert target_stats.verdict_line(runs, "other") == "" == target_stats.verdict_line(None, "m")
+
+
+def test_a_recipe_searchs_final_recipe_is_stated_against_naive():
+    runs = _runs({"naive": [10.0, 11.0, 12.0], "final": [5.0, 5.4, 6.1]}).assign(
+        experiment=target_stats.RECIPE_CHECK)
+    runs["is_baseline"] = runs["variant"] == "naive"
+    line = target_stats.recipe_line(runs, "m")
+    assert "the final recipe took 5.4 s, naive 11 s" in line and "sooner than naive" in line
+    assert target_stats.verdict_line(runs, "m") == ""  # not an experiment's verdicts
+
+
+def test_a_variant_that_needs_processes_of_its_own_has_no_time_to_target(tmp_path):
+    plan = _plan("+variants={a: {}, b: {parallel: ddp}}", "baseline=a")
+    stage = to_target.ToTarget(plan, tmp_path, [], progress=False, order_seed=0)
+    skip = stage._not_trained(plan.models[0])
+    assert list(skip) == ["b"] and skip["b"].startswith("n/a: time to target trains in this")

@@ -85,7 +85,9 @@ def _row(exp, model, variant, rows, base, level, threshold) -> dict:
         return {**row, "verdict": stats.BASELINE}
     if all(s.na for s in statuses):
         return {**row, "verdict": "n/a"}
-    base_missed = int((~np.isfinite(_times(base))).sum()) if len(base) else len(rows)
+    if not len(base) or all(parse_status(s).na for s in base["status"]):
+        return {**row, "verdict": "no verdict: the baseline has no time to target here"}
+    base_missed = int((~np.isfinite(_times(base))).sum())
     if base_missed:
         return {**row, "verdict": f"{NO_TARGET} in {base_missed} of {len(base)} seeds"}
     if any(s.kind == TOO_SLOW or (s.kind == MISSED and "stopped" in s.reason)
@@ -161,3 +163,38 @@ def recipe_line(runs: pd.DataFrame | None, model: str,
     return (head + f"took {final['time_to_target_s']:.3g} s, naive "
             f"{naive['time_to_target_s']:.3g} s (medians): {final['speedup']:.2f}x {ci}, "
             f"{sooner}")
+
+
+def _effect(row) -> str:
+    lo, hi = row["speedup_lo"], row["speedup_hi"]
+    ci = f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+    return f"{row['variant']} {row['speedup']:.2f}x{ci}"
+
+
+def verdict_line(runs: pd.DataFrame | None, model: str,
+                 threshold: float = stats.DEFAULT_THRESHOLD) -> str:
+    """`model`'s time-to-target verdicts in one line (sooner / later / as soon / not settled /
+    no ratio), for the recommendation; "" when no experiment of the run measured them."""
+    if runs is None or runs.empty:
+        return ""
+    summary = summarise(runs, threshold)
+    rows = summary[(summary["model"] == model) & (summary["experiment"] != RECIPE_CHECK)]
+    if rows.empty:
+        return ""
+    parts = {"sooner, significantly": [], "later, significantly": [], "as soon (equivalent)": [],
+             "not settled": [], "no ratio": []}
+    for r in rows[~rows["is_baseline"].astype(bool)].to_dict("records"):
+        if not math.isfinite(r["speedup"]):
+            parts["no ratio"].append(f"{r['variant']} ({r['verdict']})")
+            continue
+        key = {stats.FASTER: "sooner, significantly", stats.SLOWER: "later, significantly",
+               stats.EQUIVALENT: "as soon (equivalent)"}.get(r["verdict"], "not settled")
+        parts[key].append(_effect(r))
+    base = rows[rows["is_baseline"].astype(bool)]
+    if base.empty:
+        return ""
+    head = base.iloc[0]
+    said = "; ".join(f"{k}: {', '.join(v)}" for k, v in parts.items() if v)
+    return (f"time to target (held-out loss {head['target_loss']:.4g}, {int(head['seeds'])} "
+            f"seeds, against {head['variant']} at {head['time_to_target_s']:.3g} s): "
+            f"{said or 'no variant'}")

@@ -39,7 +39,7 @@ import torch
 from torch.utils.data import Subset, default_collate
 from tqdm import tqdm
 
-from speedbench import distributed, errors
+from speedbench import distributed, errors, techniques
 from speedbench.config import Plan
 from speedbench.measure.data import JpegImages, MarkovTokens, build_dataset
 from speedbench.measure.quality import far_slower, too_slow
@@ -286,6 +286,12 @@ class ToTarget:
             elif st.kind == schema.TOO_SLOW:
                 out[row["variant"]] = schema.format_status(
                     schema.MISSED, f"not trained: the speed rounds stopped it ({st.reason})")
+        for name, recipe in self.plan.variants.items():
+            if techniques.processes(recipe, self.ctx) or techniques.environment(recipe,
+                                                                                self.ctx):
+                out[name] = schema.na("time to target trains in this process; this variant "
+                                      "needs processes of its own (torchrun or a fresh "
+                                      "environment), so it has no time to target here")
         if distributed.from_environ() is not None:
             reason = "time to target trains in one process; run it without torchrun"
             out.update({n: schema.na(reason) for n in self.plan.variants})

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from speedbench.report.numbers import clip, ratio_ci
-from speedbench.analysis.to_target import recipe_line
+from speedbench.analysis.to_target import recipe_line, verdict_line
 from speedbench.results.runs import load_recipe, load_to_target
 from speedbench.results.schema import HOPELESS, OK, TOO_SLOW
 
@@ -291,7 +291,7 @@ def add_section(doc, summary: pd.DataFrame, recipe: pd.DataFrame | None = None,
     for a in advice:
         if len(advice) > 1:
             doc.heading(f"{a.model}", 3)
-        target = recipe_line(runs, a.model) if a.searched else ""
+        target = recipe_line(runs, a.model) if a.searched else verdict_line(runs, a.model)
         doc.bullets(lines(a) + ([target] if target else []))
     if any(len(a.use) > 1 and not a.notes and not a.use[0].technique.startswith("the recipe")
            for a in advice):
@@ -307,7 +307,7 @@ def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3) -> list[s
         use = "; ".join(f"{i.technique} {i.effect}" for i in a.use if not i.part) or \
             "nothing significantly faster"
         out.append(f"{a.model}: {a.undecided}" if a.undecided else f"{a.model}: use {use}")
-        target = recipe_line(runs, a.model) if a.searched else ""
+        target = recipe_line(runs, a.model) if a.searched else verdict_line(runs, a.model)
         if target:
             out.append(f"  {target}")
         for label, items in (("skip", a.skip), ("could not test", a.untested)):
