@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from speedbench.analysis import to_target
 from speedbench.report import plots
@@ -72,6 +73,20 @@ def target_text(summary: pd.DataFrame) -> str:
     return " ".join(parts)
 
 
+NICE = [m * 10.0 ** e for e in range(-3, 4) for m in (1, 1.5, 2, 3, 5, 7)]
+
+
+def _log_loss_axis(ax) -> None:
+    """A log axis labelled with plain numbers (the figures draw no mathtext)."""
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    ticks = [v for v in NICE if lo <= v <= hi] or [lo, hi]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_ylabel("held-out loss")
+
+
 @plots._styled
 def curves_figure(curves: pd.DataFrame, summary: pd.DataFrame, model: str):
     """Held-out loss against training time (left) and samples seen (right), a line per variant
@@ -80,12 +95,12 @@ def curves_figure(curves: pd.DataFrame, summary: pd.DataFrame, model: str):
     fig, (left, right) = plots._panels(2, 5.0, 3.6)
     variants = list(dict.fromkeys(summary.loc[summary["model"] == model, "variant"]))
     colours = {v: plots.RUN_COLOURS[i % len(plots.RUN_COLOURS)] for i, v in enumerate(variants)}
-    for (variant, seed), line in rows.groupby(["variant", "seed"], sort=False):
-        first = seed == rows.loc[rows["variant"] == variant, "seed"].iloc[0]
-        label = plots.clip(str(variant), 24) if first else None
-        for ax, x in ((left, "train_s"), (right, "samples")):
-            ax.plot(line[x], line["loss"], color=colours.get(variant, plots.OTHER_COLOUR),
-                    lw=1.2, alpha=0.85, label=label if ax is left else None)
+    for variant in variants:  # the table's order: the baseline first
+        for i, (_, line) in enumerate(rows[rows["variant"] == variant].groupby("seed")):
+            label = plots.clip(str(variant), 24) if i == 0 else None
+            for ax, x in ((left, "train_s"), (right, "samples")):
+                ax.plot(line[x], line["loss"], color=colours[variant], lw=1.2, alpha=0.85,
+                        label=label if ax is left else None)
     head = summary[summary["model"] == model].iloc[0]
     for ax in (left, right):
         if math.isfinite(head["target_loss"]):
@@ -93,8 +108,7 @@ def curves_figure(curves: pd.DataFrame, summary: pd.DataFrame, model: str):
         floor = head["entropy_floor"]
         if isinstance(floor, float) and math.isfinite(floor):
             ax.axhline(floor, color="#999999", ls=":", lw=1)
-        ax.set_yscale("log")
-        ax.set_ylabel("held-out loss")
+        _log_loss_axis(ax)
     left.set_xlabel("training time (s, evaluation excluded)")
     right.set_xlabel("samples seen")
     left.legend(fontsize=8, frameon=False)
