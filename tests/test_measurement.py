@@ -419,6 +419,19 @@ def test_quality_probe_gives_identical_losses_for_identical_recipes():
     assert a["quality_steps"] == 3 and a["quality_samples"] == 3 * 4
 
 
+def test_quality_probe_stops_at_its_time_limit_without_a_loss():
+    """F6: a huge bench.quality_steps cannot hold the run in the untimed probe."""
+    import time
+
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=10000",
+                      "bench.max_trial_s=0.05")
+    plan = build_plan(cfg, None)
+    start = time.perf_counter()
+    got = _probe(plan, plan.baseline)
+    assert time.perf_counter() - start < 60  # 10000 steps would take minutes
+    assert math.isnan(got["final_loss"]) and 0 < got["quality_steps"] < 10000, got
+
+
 def test_quality_probe_compares_accumulation_at_equal_samples():
     cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=4",
                       "+variants={k1:{accumulate:1},k2:{accumulate:2}}", "baseline=k1")

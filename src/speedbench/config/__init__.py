@@ -77,7 +77,8 @@ class BenchConfig:
     # baseline (the same samples seen for every variant), untimed, once per (model, variant).
     quality_steps: int = setting(12, "optimizer steps of the quality probe whose loss is compared "
                                      "(0: no loss; the probe still times the steps "
-                                     "too_slow_factor needs)")
+                                     "too_slow_factor needs); a probe stops after 10 x "
+                                     "max_trial_s, its loss then empty")
     # quality.py: stopped when the probe's last 3 steady steps (after its first) each ran this
     # many times slower per sample than the baseline's steady probe steps, and took >= 0.5 s.
     too_slow_factor: Optional[float] = setting(4.0, "stop a variant early, verdict \"slower "
@@ -90,7 +91,8 @@ class BenchConfig:
                                           "overrun")
     # A very slow variant (fp16 on a CPU) then times fewer steps; trials.csv's `steps` says so.
     max_trial_s: Optional[float] = setting(6.0, "cap on one trial's wall time (a quarter warm-up, "
-                                                "the rest timed); null: no cap")
+                                                "the rest timed), checked between steps: a "
+                                                "single slower step still ends; null: no cap")
     seed: int = setting(0, "seed of the models' weights and the data")
     # The rounds' balanced order is drawn afresh per run; trials.csv's `order_seed` replays it.
     order_seed: Optional[int] = setting(None, "seed of the rounds' balanced random order; null: "

@@ -72,12 +72,24 @@ def too_slow(step_s: list[float], per_step: int, baseline_rate: float) -> str:
                                    f"{len(step_s)} steps")
 
 
+PROBE_LIMIT_TRIALS = 10  # the probe may take as long as this many capped trials
+
+
+def probe_limit_s(recipe) -> float | None:
+    """The probe's time limit: PROBE_LIMIT_TRIALS x bench.max_trial_s (None without a cap).
+    A probe that reaches it stops, its loss left empty, so that a huge bench.quality_steps or
+    a very slow model cannot hold a run in the untimed probe."""
+    cap = recipe.bench.max_trial_s
+    return None if cap is None else PROBE_LIMIT_TRIALS * cap
+
+
 def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
                   baseline_rate: float | None = None) -> dict:
     """{final_loss, quality_steps, quality_samples, first_step_ms, second_step_ms,
     probe_samples_per_s} after `steps` optimizer steps from the seed. It runs at least
     1 + STEADY_STEPS steps (past `steps`, only timed) where bench.too_slow_factor is set, else
-    at least one, to time it. Given the baseline's steady throughput (`baseline_rate`), a
+    at least one, to time it, and stops at probe_limit_s (no loss then). Given the baseline's
+    steady throughput (`baseline_rate`), a
     variant far slower (far_slower) is stopped: status 'too slow: ...', no loss. `n/a: ...`
     when a technique cannot act on the model."""
     per_step, factor = batching(spec, recipe, ctx).per_step, recipe.bench.too_slow_factor
@@ -86,6 +98,7 @@ def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
     try:
         with applied(spec, recipe, ctx, dataset) as trainer:
             torch.manual_seed(recipe.bench.seed)  # dropout, per-step noise: the same stream
+            limit = probe_limit_s(recipe)
             while len(times) < total:
                 times.append(_timed_step(trainer))
                 if far_slower(times, per_step, baseline_rate, factor):
@@ -93,10 +106,13 @@ def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
                                                                     baseline_rate)}
                 if len(times) == steps:
                     loss = _eval_loss(trainer, spec, dataset, recipe.bench.seed)
+                if limit is not None and sum(times) > limit:
+                    break  # no loss: the probe's steps are not all done
     except NotApplicable as exc:
         return {"status": str(exc)}
-    return {**_timings(times, per_step), "final_loss": loss, "quality_steps": steps,
-            "quality_samples": steps * per_step}
+    done = min(steps, len(times))  # fewer where the time limit stopped it
+    return {**_timings(times, per_step), "final_loss": loss, "quality_steps": done,
+            "quality_samples": done * per_step}
 
 
 def _timings(step_s: list[float], per_step: int) -> dict:
