@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from speedbench.analysis import stats
-from speedbench.results.schema import MISSED, TOO_SLOW, parse_status
+from speedbench.results.schema import MISSED, OK, TOO_SLOW, parse_status
 
 COLUMNS = ["experiment", "model", "variant", "is_baseline", "status", "seeds", "reached",
            "time_to_target_s", "cold_s", "one_time_s", "steps_to_target", "step_ms",
@@ -133,7 +133,7 @@ def _first(rows: pd.DataFrame, column: str):
 
 def _status(statuses) -> str:
     """ok when every seed reached the target; else the first other status."""
-    return next((str(s) for s in statuses if not s.ok), "ok")
+    return next((str(s) for s in statuses if not s.ok), OK)
 
 
 def recipe_line(runs: pd.DataFrame | None, model: str,

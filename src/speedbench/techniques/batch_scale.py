@@ -114,7 +114,9 @@ for x, y in loader:
         return {"batch_scale": 1}  # the largest micro-batch is searched at the model's batch
 
     def optimizer_options(self, opts: dict, recipe, ctx: Context) -> dict:
-        return {**opts, "lr": lr_at(recipe, 0)}
+        lr = lr_at(recipe, 0)
+        # off (the base lr): no key, so a loop that passes its own lr= keeps working
+        return opts if lr == recipe.lr else {**opts, "lr": lr}
 
     def after_step(self, recipe, ctx: Context) -> None:
         """Sets the next step's lr during the warm-up; nothing once it is over (or without
