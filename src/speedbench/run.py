@@ -21,7 +21,7 @@ from speedbench.analysis import to_target as target_stats
 from speedbench.config import Plan, build_plan, suite
 from speedbench.measure import diagnosis, env, to_target
 from speedbench.measure.flops import FlopsBook
-from speedbench.measure.rounds import (fresh_order_seed, measure_plan, na_variants,
+from speedbench.measure.rounds import (measure_plan, na_variants, plan_order_seed,
                                        planned_comparisons)
 from speedbench.measure.trial import check_data
 from speedbench.results import atomic, schema
@@ -89,7 +89,7 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
             measure(plan, run_dir, progress, dist_env, writer)
         if plan.config.target.enabled and run_dir is not None and groups is None:
             # how soon each variant trains (a recipe search checks its final recipe itself)
-            to_target.measure(plan, run_dir, writer.rows, progress, _order_seed(plan))
+            to_target.measure(plan, run_dir, writer.rows, progress, plan_order_seed(plan))
     if writer is None:
         return None
     summary, profiled, load = _analyse_and_write(cfg, plans, run_dir, writer, resolved,
@@ -97,11 +97,6 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
     _report(summary, run_dir, writer, experiment, overrides, groups is None, profiled,
             time.perf_counter() - started, load, cfg.bench.noise_threshold)
     return run_dir
-
-
-def _order_seed(plan: Plan) -> int:
-    seed = plan.variants[plan.baseline].bench.order_seed
-    return fresh_order_seed() if seed is None else seed
 
 
 def _plans(cfg: DictConfig, experiment: str | None, overrides: list[str] | None) -> list[Plan]:

@@ -81,6 +81,12 @@ def fresh_order_seed(dist_env: distributed.DistEnv | None = None) -> int:
         raise
 
 
+def plan_order_seed(plan: Plan, dist_env: distributed.DistEnv | None = None) -> int:
+    """The plan's order seed: bench.order_seed (the baseline's) to replay, else fresh."""
+    seed = plan.variants[plan.baseline].bench.order_seed
+    return fresh_order_seed(dist_env) if seed is None else seed
+
+
 def na_variants(plan: Plan, spec: ModelSpec, dist_env: distributed.DistEnv | None) -> dict:
     """variant -> why it cannot be measured here (n/a), for the variants that cannot. Asked
     once before the first round, so that the rounds can be shuffled and a variant without a
@@ -309,8 +315,7 @@ def measure_plan(plan: Plan, run_dir: Path | None, progress: bool = True,
     if writer:  # the matmul peaks: once per run and dtype, before any trial
         bar.set_postfix_str("matmul peak")
         book.measure_peaks(techniques.matmul_dtype(r) for r in plan.variants.values())
-    seed = plan.variants[plan.baseline].bench.order_seed
-    seed = fresh_order_seed(dist_env) if seed is None else seed
+    seed = plan_order_seed(plan, dist_env)
     for spec in plan.models:
         model = ModelRounds(plan, spec, dist_env, run_dir, writer, book, bar, seed, comparisons)
         model.prepare()
