@@ -419,6 +419,17 @@ def test_quality_probe_gives_identical_losses_for_identical_recipes():
     assert a["quality_steps"] == 3 and a["quality_samples"] == 3 * 4
 
 
+def test_quality_probe_gives_a_held_out_loss_per_seed_paired_across_variants():
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=3",
+                      "+variants={a:{},b:{},c:{accumulate:2}}", "baseline=a")
+    plan = build_plan(cfg, None)
+    a, b, c = (_probe(plan, name, seeds=3) for name in "abc")
+    assert len(a["seed_losses"]) == 3 and len(set(a["seed_losses"])) == 3  # other seeds
+    assert a["seed_losses"] == b["seed_losses"]  # seed k: the same weights and data order
+    assert a["final_loss"] == a["seed_losses"][0]
+    assert len(c["seed_losses"]) == 3 and c["seed_losses"] != a["seed_losses"]
+
+
 def test_quality_probe_stops_at_its_time_limit_without_a_loss():
     """F6: a huge bench.quality_steps cannot hold the run in the untimed probe."""
     import time
@@ -462,6 +473,11 @@ def test_the_too_slow_rule_needs_three_steady_steps_far_slower():
     # the first step (one-time costs) is never evidence; steps under MIN_STOP_S neither
     assert not quality.far_slower([900, 0.4, 0.4, 0.4], 1, 100.0, 4)
     assert quality.far_slower([0.1, 2, 0.1, 2, 2, 2], 4, rate, 4)  # the last three
+    # one steady step of seconds, over 3F slower, is enough; shorter or milder ones are not
+    assert quality.far_slower([30, 13], 1, 1.0, 4)  # 13x slower, 13 s
+    assert not quality.far_slower([30, 1.9], 1, 10.0, 4)  # 19x slower but under 2 s
+    assert not quality.far_slower([30, 2.5], 4, 10.0, 4)  # 6.25x: not 12x
+    assert not quality.far_slower([30, 0.1, 13], 1, 1.0, 4)  # not every steady step
     assert quality.too_slow([30, 2, 2, 2], 4, rate) == (
         "too slow: 5x slower than the baseline in steady steps (2 s/step, median of 3), "
         "stopped after 4 steps")

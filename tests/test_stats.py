@@ -195,7 +195,7 @@ def test_family_text_states_comparisons_level_and_loss_meaning():
     base = np.array([100, 101, 99, 100, 102.0])
     text = stats.family_text(stats.summarise(_rounds(base, {f"v{i}": base for i in range(6)})))
     assert "6 comparisons" in text and "at most 5%" in text and "99.17%" in text
-    assert "smoke check at equal work" in text and "Time to target" in text
+    assert "paired seeds" in text and "non-inferior" in text and "time to target" in text
 
 
 def test_a_variant_stopped_early_keeps_its_step_time_and_counts_in_the_family():

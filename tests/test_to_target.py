@@ -13,7 +13,7 @@ from speedbench.analysis import stats
 from speedbench.analysis import to_target as target_stats
 from speedbench.config import build_plan
 from speedbench.errors import ConfigError
-from speedbench.measure import to_target
+from speedbench.measure import held_out, to_target
 from speedbench.measure.data import MarkovTokens
 from speedbench.measure.trial import context
 from speedbench.results import schema
@@ -34,7 +34,7 @@ def test_the_entropy_floor_is_the_true_chains_mean_loss():
         x, y = ds[k]
         losses += [-math.log(prob[(int(a), int(b))]) for a, b in zip(x, y)]
     sem = np.std(losses) / math.sqrt(len(losses))
-    floor = to_target.markov_floor(ds)
+    floor = held_out.markov_floor(ds)
     assert abs(np.mean(losses) - floor) < 4 * sem, (np.mean(losses), floor, sem)
     assert 0 < floor < math.log(ds.vocab_size)
 
@@ -47,7 +47,7 @@ def _plan(*overrides):
 def test_one_run_stops_at_the_target_and_times_only_training():
     plan = _plan()
     spec, recipe = plan.models[0], plan.variants[plan.baseline]
-    train, xy, floor = to_target.held_out(spec, recipe, 4000, 64)
+    train, xy, floor = held_out.held_out(spec, recipe, 4000, 64)
     ctx = context(plan)
     record, curve = to_target.train_to_target(spec, recipe, ctx, train, xy, target=4.0,
                                               every=8, cap_samples=4000, cap_s=60)
@@ -63,7 +63,7 @@ def test_one_run_stops_at_the_target_and_times_only_training():
 def test_a_run_that_cannot_get_there_is_a_miss_not_a_number():
     plan = _plan()
     spec, recipe = plan.models[0], plan.variants[plan.baseline]
-    train, xy, floor = to_target.held_out(spec, recipe, 400, 32)
+    train, xy, floor = held_out.held_out(spec, recipe, 400, 32)
     record, curve = to_target.train_to_target(spec, recipe, context(plan), train, xy,
                                               target=floor / 2, every=16, cap_samples=64,
                                               cap_s=60)

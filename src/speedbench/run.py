@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from speedbench import distributed, results, techniques
 from speedbench.analysis import scaling, stats
+from speedbench.analysis import quality as quality_stats
 from speedbench.analysis import to_target as target_stats
 from speedbench.config import Plan, build_plan, suite
 from speedbench.measure import diagnosis, env, to_target
@@ -25,7 +26,7 @@ from speedbench.measure.rounds import (measure_plan, na_variants, plan_order_see
                                        planned_comparisons)
 from speedbench.measure.trial import check_data
 from speedbench.results import atomic, schema
-from speedbench.results.runs import load_to_target
+from speedbench.results.runs import load_quality, load_to_target
 
 
 def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
@@ -135,9 +136,12 @@ def _discard(run_dir: Path) -> None:
     results.release_run_dir(run_dir)
 
 
-def _summary(writer: results.TrialWriter, plans: list[Plan], family: float, levels: dict):
+def _summary(writer: results.TrialWriter, plans: list[Plan], family: float, levels: dict,
+             run_dir: Path, tolerance: float):
+    """summary.csv's rows: the speed verdicts, the scaling and the quality verdicts."""
     frame = _in_plan_order(writer.frame(), plans)
-    return scaling.add_efficiency(stats.summarise(frame, family, levels=levels), frame)
+    summary = scaling.add_efficiency(stats.summarise(frame, family, levels=levels), frame)
+    return quality_stats.attach(summary, load_quality(run_dir), tolerance)
 
 
 def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer, resolved: dict,
@@ -152,14 +156,15 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
     checks = cfg.recipe.check_findings and any(r.get("profile_data") is not None
                                                for r in writer.rows)
     family = stats.FAMILY_LEVEL - (check_findings.SHARE if checks else 0.0)
-    summary = _summary(writer, plans, family, levels)
+    tolerance = plans[0].variants[plans[0].baseline].bench.quality_tolerance
+    summary = _summary(writer, plans, family, levels, run_dir, tolerance)
     try:
         results.write_summary(summary, run_dir)
         profiled = diagnosis.write_tables(run_dir, writer.rows)  # phases.csv, findings.csv
         if profiled and checks:  # each suggested knob measured
             check_findings.check(plans, run_dir, writer, progress, measure)
             summary = _summary(writer, plans, family, {
-                **levels, **check_findings.levels(run_dir, writer.frame())})
+                **levels, **check_findings.levels(run_dir, writer.frame())}, run_dir, tolerance)
             results.write_summary(summary, run_dir)
         runs = load_to_target(run_dir)
         if runs is not None:  # to_target_summary.csv: the time-to-target verdicts

@@ -371,6 +371,10 @@ def summarised(run):
     if run.summary is None:
         # a recipe search adjusts each of its measurements on its own
         run.summary = summarise(run.trials, per_experiment=run.recipe_search)
+        from speedbench.analysis import quality  # it builds on this module
+        bench = run.cfg.get("bench") if isinstance(run.cfg.get("bench"), dict) else {}
+        run.summary = quality.attach(run.summary, run.quality,
+                                     bench.get("quality_tolerance", quality.TOLERANCE))
     return run
 
 
@@ -657,17 +661,19 @@ def _levels_text(summary: pd.DataFrame, m: int, fam: float) -> str:
             "the look a comparison stopped at keeps its level)")
 
 
-# What the loss column means (the quality probe, trial.py: same seed, same optimizer steps and
-# samples seen for every variant, independent of the timing's warm-up).
-LOSS_MEANING = ("Probe loss = a smoke check at equal work, not a quality verdict: each variant "
-                "trains a fresh model from one seed, on the same data in the same order, for "
-                "the same number of samples seen (bench.quality_steps optimizer steps of the "
-                "baseline), whatever its timed warm-up did; the loss is then evaluated on one "
-                "fixed batch of the training data in fp32. Identical recipes give identical "
-                "losses, and a variant that diverges shows it; but a few steps from one seed "
-                "say little about how well a variant trains (rounding alone moves them). Time "
-                "to target (target.enabled=true) judges that: several seeds, held-out data, "
-                "a CI. loss Δ is the difference from the baseline's probe loss.")
+# What the loss columns mean (the quality probe, measure/quality.py; analysis/quality.py)
+LOSS_MEANING = ("Held-out loss = the quality probe's: each variant trains fresh models from "
+                "bench.quality_seeds paired seeds (the same weights and data order for every "
+                "variant in a seed) for the same number of samples seen (bench.quality_steps "
+                "optimizer steps of the baseline), then evaluates them on held-out data in fp32; "
+                "the median over seeds is shown. Loss ratio = the geometric mean of the per-seed "
+                "ratios to the baseline's loss, with a t CI at the Bonferroni level of the run's "
+                "quality comparisons. Quality: non-inferior when the CI's upper end is at most "
+                "1 + bench.quality_tolerance, worse when its lower end is above it, else "
+                "inconclusive; identical numerics give exactly 1. A few steps judge whether a "
+                "technique breaks training, not how well it trains in the end: time to target "
+                "(target.enabled=true) judges that. loss Δ is the difference from the "
+                "baseline's first-seed loss.")
 
 
 def halfwidth_note(rows: list[dict], level: float | None = None) -> str:

@@ -79,14 +79,23 @@ class BenchConfig:
                                      "(0: no loss; the probe still times the steps "
                                      "too_slow_factor needs); a probe stops after 10 x "
                                      "max_trial_s, its loss then empty")
+    quality_seeds: int = setting(3, "paired seeds of the quality probe: each variant's held-out "
+                                    "loss from each, compared with the baseline's by a paired "
+                                    "ratio and CI (1: no CI, no verdict)")
+    quality_tolerance: float = setting(0.05, "non-inferiority margin on the held-out loss ratio: "
+                                             "a variant is non-inferior when the upper end of "
+                                             "its CI is at most 1 + this, worse when the lower "
+                                             "end is above it")
     # quality.py: stopped when the probe's last 3 steady steps (after its first) each ran this
-    # many times slower per sample than the baseline's steady probe steps, and took >= 0.5 s.
+    # many times slower per sample than the baseline's steady probe steps, and took >= 0.5 s;
+    # or when every steady step so far ran 3 x this many times slower and took >= 2 s.
     too_slow_factor: Optional[float] = setting(4.0, "stop a variant early, verdict \"slower "
                                                     "(stopped early)\", when each of its last 3 "
                                                     "steady probe steps (of at least 0.5 s) is "
                                                     "this many times slower per sample than the "
-                                                    "baseline's median steady probe step; null: "
-                                                    "never")
+                                                    "baseline's median steady probe step, or "
+                                                    "each so far (of at least 2 s) 3 x this; "
+                                                    "null: never")
     time_budget_s: float = setting(600.0, "wall time per model that adaptive rounds may not "
                                           "overrun")
     # A very slow variant (fp16 on a CPU) then times fewer steps; trials.csv's `steps` says so.
@@ -359,7 +368,8 @@ def _at_most(key: str, value: Any, high: int) -> None:
 # for more memory than a machine has.
 SIZE_LIMITS = {"batch_size": 65_536, "data.samples": 10_000_000, "bench.steps": 1_000_000,
                "bench.warmup": 100_000, "bench.warmup_max": 100_000, "bench.repeats": 10_000,
-               "bench.quality_steps": 10_000}
+               "bench.quality_steps": 10_000,
+               "bench.quality_seeds": 100}
 # Values handed to the OS: numpy's and torch's seeds take [0, 2^32) everywhere; subprocess and
 # datetime overflow on an infinite or astronomically long timeout (11.6 days is far above any run).
 SEED_LIMIT, SECONDS_LIMIT = 2 ** 32, 1_000_000.0
@@ -379,6 +389,11 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
     _at_least(p + "bench.order_seed", recipe.bench.order_seed, 0)
     _at_least(p + "bench.warmup_max", recipe.bench.warmup_max, 0)
     _at_least(p + "bench.quality_steps", recipe.bench.quality_steps, 0)
+    _at_least(p + "bench.quality_seeds", recipe.bench.quality_seeds, 1)
+    if not 0 < recipe.bench.quality_tolerance < 1:
+        raise ConfigError(f"{p}bench.quality_tolerance: {recipe.bench.quality_tolerance} is out "
+                          "of range; it must be > 0 and < 1 (0.05 = a loss 5 % above the "
+                          "baseline's)")
     if not 0 < recipe.bench.noise_threshold < 1:
         raise ConfigError(f"{p}bench.noise_threshold: {recipe.bench.noise_threshold} is out of "
                           "range; it must be > 0 and < 1 (0.05 = 5 %)")

@@ -2,21 +2,24 @@
 
 The loss compared across variants cannot come from the timed trials: their warm-up adapts to
 the machine (3 to 10 steps), so a loss taken after it measures how long the warm-up ran. The
-quality probe trains a fresh model from the run's seed, on the same data in the same order, for
-the same number of samples seen: bench.quality_steps optimizer steps of the baseline (a variant
-that takes k times the samples per step, accumulation with accumulate_mode=add, runs 1/k as
-many). Then it evaluates the loss on one fixed batch, the data set's first EVAL_SAMPLES
-samples, in fp32 with the model in eval mode. Identical recipes give identical losses on the
-CPU. The probe runs once per (model, variant), before the first round, untimed.
+quality probe trains fresh models from bench.quality_seeds paired seeds (seed k: the same
+initial weights and data order for every variant), each for the same number of samples seen:
+bench.quality_steps optimizer steps of the baseline (a variant that takes k times the samples
+per step, accumulation with accumulate_mode=add, runs 1/k as many). Each is then evaluated on
+held-out data (held_out.py: samples never trained on), in fp32 with the model in eval mode.
+Identical recipes give identical losses on the CPU. analysis/quality.py turns the paired
+per-seed losses into a ratio with a CI and a non-inferiority verdict. The probe runs once per
+(model, variant), before the first round, untimed, and writes quality.csv.
 
 "Too slow" (`bench.too_slow_factor`, F): every step of the probe is timed. The first is
 warm-up (one-time costs: allocation, kernel choice, compilation); the steps after it are its
 steady steps, and the probe runs at least 1 + STEADY_STEPS steps. The baseline's steady
 throughput is its samples per step over the median of its steady steps. A variant is stopped
 as soon as its last STEADY_STEPS steady steps each took at least MIN_STOP_S and each ran at
-under 1/F of the baseline's steady throughput (samples per second). It is recorded as
-`too slow: ...` with its measured ratio, not measured again, and its verdict is `slower
-(stopped early)` (stats.py). F null: no variant is stopped.
+under 1/F of the baseline's steady throughput (samples per second), or at once when every
+steady step so far took at least GROSS_MIN_S and ran at under 1/(GROSS x F) of it. It is
+recorded as `too slow: ...` with its measured ratio, not measured again, and its verdict is
+`slower (stopped early)` (stats.py). F null: no variant is stopped.
 """
 from __future__ import annotations
 
@@ -25,19 +28,22 @@ import statistics
 import time
 
 import torch
-from torch.utils.data import default_collate
 
+from speedbench.measure import held_out
 from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.techniques import Context
 from speedbench.measure.timing import synchronize
-from speedbench.measure.train import compute_loss
 from speedbench.results.schema import TOO_SLOW, format_status
 
-EVAL_SAMPLES = 64
+EVAL_SAMPLES = 128  # held-out samples the probe evaluates
 STEADY_STEPS = 3  # steady steps (after the first) that must all be far slower to stop a variant
 # Shorter steps cannot stall a run, and on a loaded machine a step of a few milliseconds can
 # take several times another for no reason of its own.
 MIN_STOP_S = 0.5
+# A steady step GROSS x F slower that takes seconds is no scheduler hiccup: it stops the variant
+# at once (a 16-bit ResNet step on a CPU without 16-bit instructions: 12 s against 0.6 s), so
+# that its probe does not spend three more such steps proving it.
+GROSS, GROSS_MIN_S = 3, 2.0
 
 
 def probe_steps(spec, recipe, baseline, ctx: Context) -> int:
@@ -56,11 +62,16 @@ def steady_rate(step_s: list[float], per_step: int) -> float:
 def far_slower(step_s: list[float], per_step: int, baseline_rate: float | None,
                factor: float | None) -> bool:
     """The stopping rule: the last STEADY_STEPS steady steps each took at least MIN_STOP_S and
-    each ran at under 1/`factor` of `baseline_rate` (samples per second)."""
-    last = step_s[1:][-STEADY_STEPS:]
-    if not factor or not baseline_rate or len(last) < STEADY_STEPS:
+    each ran at under 1/`factor` of `baseline_rate` (samples per second); or every steady step
+    so far (one is enough) took at least GROSS_MIN_S and ran at under 1/(GROSS x `factor`)."""
+    steady = step_s[1:]
+    if not factor or not baseline_rate or not steady:
         return False
-    return all(t >= MIN_STOP_S and per_step / t * factor < baseline_rate for t in last)
+    if all(t >= GROSS_MIN_S and per_step / t * GROSS * factor < baseline_rate for t in steady):
+        return True
+    last = steady[-STEADY_STEPS:]
+    return len(last) == STEADY_STEPS and all(
+        t >= MIN_STOP_S and per_step / t * factor < baseline_rate for t in last)
 
 
 def too_slow(step_s: list[float], per_step: int, baseline_rate: float) -> str:
@@ -84,28 +95,52 @@ def probe_limit_s(recipe) -> float | None:
 
 
 def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
-                  baseline_rate: float | None = None) -> dict:
-    """{final_loss, quality_steps, quality_samples, first_step_ms, second_step_ms,
-    probe_samples_per_s} after `steps` optimizer steps from the seed. It runs at least
-    1 + STEADY_STEPS steps (past `steps`, only timed) where bench.too_slow_factor is set, else
-    at least one, to time it, and stops at probe_limit_s (no loss then). Given the baseline's
-    steady throughput (`baseline_rate`), a
-    variant far slower (far_slower) is stopped: status 'too slow: ...', no loss. `n/a: ...`
-    when a technique cannot act on the model."""
+                  baseline_rate: float | None = None, seeds: int = 1) -> dict:
+    """{final_loss, seed_losses, quality_steps, quality_samples, first_step_ms, second_step_ms,
+    probe_samples_per_s}: `steps` optimizer steps from each of `seeds` seeds (bench.seed,
+    bench.seed + 1, ...), each then evaluated on held-out data (held_out.py); final_loss is
+    the first seed's. The first seed's steps are timed: it runs at least 1 + STEADY_STEPS
+    steps (past `steps`, only timed) where bench.too_slow_factor is set, else at least one.
+    The probe stops at probe_limit_s (no loss then). Given the baseline's steady throughput
+    (`baseline_rate`), a variant far slower (far_slower) is stopped: status 'too slow: ...',
+    no loss. `n/a: ...` when a technique cannot act on the model."""
+    train, xy, _ = held_out.split(dataset, spec, recipe.bench.seed, EVAL_SAMPLES)
+    started, limit = time.perf_counter(), probe_limit_s(recipe)
+    got = _first_seed(spec, recipe, ctx, train, xy, steps, baseline_rate, limit)
+    if "status" in got or not steps:
+        return got
+    losses = [got["final_loss"]]
+    for k in range(1, seeds):
+        left = None if limit is None else limit - (time.perf_counter() - started)
+        loss = _seed_loss(spec, seeded(recipe, k), ctx, train, xy, steps, left)
+        if loss is None:
+            break  # the time limit: the seeds done so far
+        losses.append(loss)
+    return {**got, "seed_losses": losses}
+
+
+def seeded(recipe, k: int):
+    """`recipe` from seed bench.seed + k: other initial weights and data order."""
+    r = recipe.copy()
+    r.bench.seed = recipe.bench.seed + k
+    return r
+
+
+def _first_seed(spec, recipe, ctx, train, xy, steps, baseline_rate, limit) -> dict:
+    """The first seed: timed steps, the too-slow rule, the held-out loss after `steps`."""
     per_step, factor = batching(spec, recipe, ctx).per_step, recipe.bench.too_slow_factor
     total = max(steps, 1 + STEADY_STEPS if factor else 1)
     times, loss = [], math.nan
     try:
-        with applied(spec, recipe, ctx, dataset) as trainer:
+        with applied(spec, recipe, ctx, train) as trainer:
             torch.manual_seed(recipe.bench.seed)  # dropout, per-step noise: the same stream
-            limit = probe_limit_s(recipe)
             while len(times) < total:
                 times.append(_timed_step(trainer))
                 if far_slower(times, per_step, baseline_rate, factor):
                     return {**_timings(times, per_step), **_stopped(times, per_step,
                                                                     baseline_rate)}
                 if len(times) == steps:
-                    loss = _eval_loss(trainer, spec, dataset, recipe.bench.seed)
+                    loss = held_out.evaluate(trainer.model, spec, xy, trainer.device)
                 if limit is not None and sum(times) > limit:
                     break  # no loss: the probe's steps are not all done
     except NotApplicable as exc:
@@ -113,6 +148,18 @@ def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
     done = min(steps, len(times))  # fewer where the time limit stopped it
     return {**_timings(times, per_step), "final_loss": loss, "quality_steps": done,
             "quality_samples": done * per_step}
+
+
+def _seed_loss(spec, recipe, ctx, train, xy, steps: int, left_s: float | None) -> float | None:
+    """The held-out loss after `steps` untimed steps from recipe's seed; None past `left_s`."""
+    started = time.perf_counter()
+    with applied(spec, recipe, ctx, train) as trainer:
+        torch.manual_seed(recipe.bench.seed)
+        for _ in range(steps):
+            trainer.step()
+            if left_s is not None and time.perf_counter() - started > left_s:
+                return None
+        return held_out.evaluate(trainer.model, spec, xy, trainer.device)
 
 
 def _timings(step_s: list[float], per_step: int) -> dict:
@@ -134,14 +181,3 @@ def _stopped(step_s: list[float], per_step: int, baseline_rate: float) -> dict:
     step = statistics.median(step_s[1:])
     return {"status": too_slow(step_s, per_step, baseline_rate), "steps": len(step_s) - 1,
             "samples_per_s": per_step / step, "step_ms": 1000 * step, "final_loss": math.nan}
-
-
-def _eval_loss(trainer, spec, dataset, seed: int) -> float:
-    """The loss on the data set's first EVAL_SAMPLES samples, in eval mode, without autocast."""
-    n = min(EVAL_SAMPLES, len(dataset))
-    x, y = default_collate([dataset[i] for i in range(n)])
-    trainer.model.eval()
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        return float(compute_loss(trainer.model, spec.loss, x.to(trainer.device),
-                                  y.to(trainer.device)))

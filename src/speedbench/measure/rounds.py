@@ -39,7 +39,7 @@ from speedbench.measure.data import build_dataset
 from speedbench.measure.flops import FlopsBook
 from speedbench.measure.train import build_model
 from speedbench.measure.trial import context, dataset_length, header, measure_trial
-from speedbench.results import TrialWriter, schema
+from speedbench.results import TrialWriter, atomic, schema
 
 
 def williams_rows(k: int) -> list[list[int]]:
@@ -120,6 +120,7 @@ class ModelRounds:
         self.dataset = None
         self.skip: dict[str, str] = {}  # variant -> its n/a or too-slow status
         self.probes: dict[str, dict] = {}  # variant -> its quality probe
+        self.seed_losses: dict[str, list[float]] = {}  # variant -> the probe's held-out losses
         self.rows: list[dict] = []  # the measured records, for the adaptive rule
         # Looks at the rounds: one without bench.target_ci or under torchrun (every rank would
         # have to decide alike); else planned after the first round (None until then).
@@ -247,7 +248,31 @@ class ModelRounds:
             status = str(got.get("status", ""))
             if status.startswith(schema.TOO_SLOW) or schema.is_na(status):
                 self.skip[name] = got.pop("status")
+            self.seed_losses[name] = got.pop("seed_losses", [])
             self.probes[name] = got
+        if self.run_dir is not None:
+            atomic.append_rows(self.run_dir / "quality.csv", schema.QUALITY_COLUMNS,
+                               [r for name in plan.variants for r in self._quality_rows(name)])
+
+    def _quality_rows(self, name: str) -> list[dict]:
+        """quality.csv's rows of a variant: a loss per seed, or one row saying why it has none."""
+        head = {"experiment": self.plan.experiment, "model": self.spec.name, "variant": name,
+                "is_baseline": name == self.plan.baseline}
+        got, seed = self.probes.get(name, {}), self.plan.variants[name].bench.seed
+        losses = self.seed_losses.get(name)
+        if losses:
+            return [{**head, "seed": seed + k, "steps": got["quality_steps"],
+                     "samples": got["quality_samples"], "loss": loss, "status": schema.OK}
+                    for k, loss in enumerate(losses)]
+        if name in self.skip:
+            status = self.skip[name]
+        elif self._launched(self.plan.variants[name]):
+            status = schema.na("the quality probe trains in this process; this variant needs "
+                               "processes of its own")
+        else:
+            status = schema.na("no held-out loss (bench.quality_steps=0, a fault, or the "
+                               "probe's time limit)")
+        return [{**head, "seed": seed, "status": status}]
 
     def _launched(self, recipe) -> bool:
         """Whether this recipe's trials run in processes of their own (torchrun, or fresh)."""
@@ -262,7 +287,8 @@ class ModelRounds:
             return quality.quality_probe(
                 self.spec, recipe, self.ctx, self.dataset,
                 quality.probe_steps(self.spec, recipe, self.first, self.ctx),
-                baseline_rate=None if name == self.plan.baseline else base_rate)
+                baseline_rate=None if name == self.plan.baseline else base_rate,
+                seeds=self.first.bench.quality_seeds)
         except Exception:  # its trials will meet the fault and record it
             return None
 

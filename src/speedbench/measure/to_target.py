@@ -27,83 +27,22 @@ Writes to_target.csv (a row per model, variant and seed) and curves.csv (a row p
 """
 from __future__ import annotations
 
-import csv
-import io
 import math
 import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from torch.utils.data import Subset, default_collate
 from tqdm import tqdm
 
 from speedbench import distributed, errors, techniques
 from speedbench.config import Plan
-from speedbench.measure.data import JpegImages, MarkovTokens, build_dataset
+from speedbench.measure.held_out import evaluate, held_out
 from speedbench.measure.quality import far_slower, too_slow
 from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.measure.timing import synchronize
-from speedbench.measure.train import compute_loss
 from speedbench.measure.trial import context
 from speedbench.results import atomic, schema
-
-EVAL_CHUNK = 64  # held-out samples per forward pass
-
-
-# --- what is reachable ---------------------------------------------------------------------------
-def markov_floor(ds: MarkovTokens) -> float:
-    """The lowest mean next-token loss (nats) any model can reach on `ds`'s sequences: the
-    chain's conditional entropy at each position, averaged over the positions, starting from the
-    uniform first token the data set draws. The chain is Markov, so the best prediction given the
-    whole prefix is the current token's row."""
-    n = ds.vocab_size
-    p = np.zeros((n, n))
-    for i in range(n):
-        prev = 0.0
-        for succ, cum in zip(ds.successors[i], ds.cum_weights[i]):
-            p[i, succ] += cum - prev
-            prev = cum
-    logs = np.log(np.where(p > 0, p, 1.0))
-    row_entropy = -(p * logs).sum(axis=1)
-    dist, total = np.full(n, 1.0 / n), 0.0
-    for _ in range(ds.seq_len):
-        total += float(dist @ row_entropy)
-        dist = dist @ p
-    return total / ds.seq_len
-
-
-def held_out(spec, recipe, samples: int, n_eval: int):
-    """(training data set, held-out batch (x, y), entropy floor or None) for one model."""
-    seed, path = recipe.bench.seed, recipe.data.path
-    train = build_dataset(spec.dataset, samples, path, seed=seed)
-    if isinstance(train, MarkovTokens):  # the same chain, sequences never trained on
-        items = [train[len(train) + i] for i in range(n_eval)]
-        return train, default_collate(items), markov_floor(train)
-    if isinstance(train, JpegImages):  # new pictures of the same classes
-        d = spec.dataset
-        pics = JpegImages(n_eval, d["image_size"], d["num_classes"], d.get("stored_size"),
-                          pool=n_eval, seed=seed + 1_000_003)
-        torch.manual_seed(seed)  # their crops: the same for every variant
-        return train, default_collate([pics[i] for i in range(n_eval)]), None
-    # a user's own data: a seeded random share set aside
-    n = min(n_eval, max(1, len(train) // 10))
-    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
-    torch.manual_seed(seed)
-    return (Subset(train, order[n:]), default_collate([train[i] for i in order[:n]]), None)
-
-
-def evaluate(model, spec, xy, device) -> float:
-    """The mean loss on the held-out batch, in eval mode, without autocast, untimed."""
-    x, y = xy
-    model.eval()
-    total = 0.0
-    with torch.no_grad():
-        for i in range(0, len(x), EVAL_CHUNK):
-            xb, yb = x[i:i + EVAL_CHUNK].to(device), y[i:i + EVAL_CHUNK].to(device)
-            total += float(compute_loss(model, spec.loss, xb, yb)) * len(xb)
-    return total / len(x)
 
 
 # --- one variant, one seed -----------------------------------------------------------------------
@@ -312,24 +251,10 @@ class ToTarget:
                "position": position, "order_seed": self.order_seed, "target_loss": target,
                "target_source": source, "entropy_floor": math.nan if floor is None else floor,
                **record}
-        _append(self.run_dir / "curves.csv", schema.CURVE_COLUMNS,
+        atomic.append_rows(self.run_dir / "curves.csv", schema.CURVE_COLUMNS,
                 [{"experiment": self.plan.experiment, "model": spec.name, "variant": name, "seed": row["seed"], **p} for p in curve])
         # last: a run in to_target.csv has its whole curve
-        _append(self.run_dir / "to_target.csv", schema.TO_TARGET_COLUMNS, [row])
-
-
-def _append(path: Path, columns: list[str], rows: list[dict]) -> None:
-    """Whole CSV lines appended (the header first when the file is new)."""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    new = not path.exists()
-    if new:
-        w.writeheader()
-    w.writerows({k: r.get(k, "") for k in columns} for r in rows)
-    if new:
-        atomic.write_text(path, buf.getvalue())
-    elif rows:
-        atomic.append_text(path, buf.getvalue())
+        atomic.append_rows(self.run_dir / "to_target.csv", schema.TO_TARGET_COLUMNS, [row])
 
 
 def measure(plan: Plan, run_dir: Path, speed_rows: list[dict], progress: bool,

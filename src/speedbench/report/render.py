@@ -47,7 +47,7 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         "peak mem MB": summary["peak_mem_mb"].map(_num),
         "mem ratio": [_ci(r.mem_ratio, math.nan, math.nan) if "mem_ratio" in summary else "-"
                       for r in summary.itertuples()],
-        "probe loss": summary["final_loss"].map(lambda v: _num(v, "{:.3f}")),
+        **_quality(summary, short=False),
         # Achieved FLOP/s (FlopCounterMode FLOPs / median step time), the peak measured on the
         # spot in the variant's dtype (flops.py) and the share reached; GFLOP/s at 3 significant
         # digits, so that 0.724 and 92.1 read alike.
@@ -63,6 +63,27 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     if summary["experiment"].nunique() > 1:
         table.insert(0, "experiment", summary["experiment"])
     return table
+
+
+QUALITY_SHORT = {"non-inferior": "non-inf.", "inconclusive": "inconcl."}
+
+
+def _quality(summary: pd.DataFrame, short: bool) -> dict:
+    """The loss columns: the held-out loss over the probe's seeds, its ratio to the baseline's
+    with the CI (full table only) and the quality verdict (analysis/quality.py); a run
+    written before quality.csv has only its one-seed probe loss."""
+    if "quality_verdict" not in summary:
+        return {"probe loss": summary["final_loss"].map(
+            lambda v: _num(v, "{:.3g}" if short else "{:.3f}"))}
+    # "no loss (too slow: ...)": the status column already gives the reason
+    verdicts = summary["quality_verdict"].fillna("-").astype(str).map(lambda v: v.split(" (")[0])
+    if short:
+        return {"loss": summary["quality_loss"].map(lambda v: _num(v, "{:.3g}")),
+                "quality": verdicts.map(lambda v: QUALITY_SHORT.get(v, _clip(v, 9)))}
+    return {"held-out loss": summary["quality_loss"].map(lambda v: _num(v, "{:.3f}")),
+            "loss ratio [adj. CI]": [_ci(r.loss_ratio, r.loss_ratio_lo, r.loss_ratio_hi)
+                                     for r in summary.itertuples()],
+            "quality": verdicts}
 
 
 def _sig(x, digits: int = 3) -> str:
@@ -149,7 +170,7 @@ VERDICT_LEGEND = {"faster": "faster/slower: the CI excludes 1",
                   "inconclusive": "inconclusive: neither, more trials needed",
                   "few trials": "few trials: too few trials for a CI"}
 # The columns a narrow terminal loses first.
-DROP_ORDER = ("% peak", "GFLOP/s", "probe loss", "mem x", "devices", "scaling", "mem MB", "samples/s")
+DROP_ORDER = ("% peak", "GFLOP/s", "probe loss", "loss", "mem x", "devices", "scaling", "mem MB", "samples/s")
 
 
 def console_width() -> int:
@@ -191,7 +212,7 @@ def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         "verdict": verdicts,
         "mem MB": summary["peak_mem_mb"].map(lambda v: _num(v, "{:.0f}")),
         "mem x": _col(summary, "mem_ratio").map(lambda v: _num(v, "{:.2f}")),
-        "probe loss": summary["final_loss"].map(lambda v: _num(v, "{:.3g}")),
+        **_quality(summary, short=True),
         "GFLOP/s": _col(summary, "achieved_tflops").map(_gflops),
         "% peak": _col(summary, "peak_fraction").map(peak_share),
     })

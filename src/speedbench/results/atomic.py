@@ -6,6 +6,7 @@ the new file, its target is never written through.
 """
 from __future__ import annotations
 
+import csv
 import io
 import os
 import tempfile
@@ -105,3 +106,18 @@ def real_dir(path) -> Path:
         path.unlink()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def append_rows(path: Path, columns: list[str], rows: list[dict]) -> None:
+    """Whole CSV lines appended (the header first when the file is new); a key a row lacks is
+    left empty, one not in `columns` is ignored."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    new = not path.exists()
+    if new:
+        w.writeheader()
+    w.writerows({k: r.get(k, "") for k in columns} for r in rows)
+    if new:
+        write_text(path, buf.getvalue())
+    elif rows:
+        append_text(path, buf.getvalue())

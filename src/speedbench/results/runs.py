@@ -19,7 +19,7 @@ import yaml
 
 from speedbench.results.schema import (CURVE_COLUMNS, FINDING_COLUMNS, OK, PHASE_COLUMNS,
                                        REQUIRED_CAPACITY_COLUMNS, REQUIRED_TRIAL_COLUMNS,
-                                       TO_TARGET_COLUMNS)
+                                       QUALITY_COLUMNS, TO_TARGET_COLUMNS)
 
 # The contract columns without which a run cannot be summarised, plotted or compared at all.
 MINIMUM = ("experiment", "model", "variant", "is_baseline", "status", "samples_per_s")
@@ -64,6 +64,7 @@ class Run:
     capacity: Optional[pd.DataFrame] = None  # capacity.csv: the largest batch that fits
     to_target: Optional[pd.DataFrame] = None  # to_target.csv: a row per variant and seed
     curves: Optional[pd.DataFrame] = None  # curves.csv: the held-out loss as each run trained
+    quality: Optional[pd.DataFrame] = None  # quality.csv: the probe's loss per variant and seed
     recipe_search: bool = False  # recipe.csv beside: each experiment is its own CI family
     format_version: int = 1
     members: dict = field(default_factory=dict)  # a suite's members/*.yaml: bench per experiment
@@ -288,8 +289,14 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
                capacity=_optional_table(path / "capacity.csv", REQUIRED_CAPACITY_COLUMNS, notes),
                to_target=_optional_table(path / "to_target.csv", TO_TARGET_COLUMNS, notes),
                curves=_optional_table(path / "curves.csv", CURVE_COLUMNS, notes),
+               quality=_optional_table(path / "quality.csv", QUALITY_COLUMNS, notes),
                recipe_search=(path / "recipe.csv").is_file(), format_version=version,
                notes=notes, missing=missing, label=path.name)
+
+
+def load_quality(run_dir) -> Optional[pd.DataFrame]:
+    """quality.csv of a run (None without one, or unreadable)."""
+    return _optional_table(Path(run_dir) / "quality.csv", QUALITY_COLUMNS, [])
 
 
 def load_to_target(run_dir) -> Optional[pd.DataFrame]:

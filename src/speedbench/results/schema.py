@@ -70,6 +70,10 @@ SUMMARY_COLUMNS = [
     "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "peak_phase", "probe_samples_per_s",
     # the model's first-in-round throughput over its later trials' (stats.position_effect)
     "position_effect", "position_lo", "position_hi",
+    # the quality probe's held-out loss over its seeds and its paired ratio to the baseline's
+    # (analysis/quality.py)
+    "quality_loss", "quality_seeds", "loss_ratio", "loss_ratio_lo", "loss_ratio_hi",
+    "quality_level", "quality_tolerance", "quality_verdict",
 ]
 # The parts of one optimizer step the phase clock times (train.Trainer.step), in step order.
 PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
@@ -88,6 +92,9 @@ TO_TARGET_COLUMNS = ["experiment", "model", "variant", "is_baseline", "seed", "p
                      "order_seed", "status", "target_loss", "target_source", "entropy_floor",
                      "final_loss", "steps", "samples", "per_step", "time_s", "cold_s",
                      "one_time_s", "step_ms"]
+# quality.csv: the quality probe's held-out loss per model, variant and seed (measure/quality.py)
+QUALITY_COLUMNS = ["experiment", "model", "variant", "is_baseline", "seed", "steps", "samples",
+                   "loss", "status"]
 CURVE_COLUMNS = ["experiment", "model", "variant", "seed", "steps", "samples", "train_s", "loss"]
 CAPACITY_LIMIT_FACTOR = 256  # the largest-batch search stops at this many times the model's batch
 
@@ -108,8 +115,11 @@ HOPELESS = "hopeless"
 # A time-to-target run that did not reach the target within its cap (to_target.py): a miss,
 # counted as infinite time
 MISSED = "missed"
-KINDS = (OK, NA, OOM, DIVERGED, ERROR, TOO_SLOW, HOPELESS, MISSED)
-_COLON_KINDS = (NA, ERROR, TOO_SLOW, HOPELESS, MISSED)  # written `kind: reason`; others `kind (reason)`
+# An option the recipe search refused, its held-out loss significantly worse (selection.py):
+# `refused: held-out loss significantly worse ...`
+REFUSED = "refused"
+KINDS = (OK, NA, OOM, DIVERGED, ERROR, TOO_SLOW, HOPELESS, MISSED, REFUSED)
+_COLON_KINDS = (NA, ERROR, TOO_SLOW, HOPELESS, MISSED, REFUSED)  # written `kind: reason`; others `kind (reason)`
 
 
 @dataclass(frozen=True)

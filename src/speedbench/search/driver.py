@@ -23,10 +23,12 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from speedbench import results
+from speedbench.analysis import quality as quality_stats
 from speedbench.analysis import stats
 from speedbench.analysis import to_target as target_stats
 from speedbench.measure import to_target
 from speedbench.measure.rounds import fresh_order_seed
+from speedbench.results.runs import load_quality
 from speedbench.results.schema import OK
 from speedbench.search import selection as search
 from speedbench.config import (ConfigError, ModelSpec, Plan, build_plan, config_flags,
@@ -168,16 +170,32 @@ class TrialMeasurer:
         for recipe in plan.variants.values():
             if rounds is not None:  # a screen: exactly that many rounds
                 recipe.bench.repeats, recipe.bench.target_ci = rounds, None
-            if step != "closing":
-                # The search decides on speed alone: its probes need only the two steps that
-                # tell a hopeless option (quality.py); the closing one gives the losses.
+            if step != "closing" and not step.endswith("confirm"):
+                # A screen ranks on speed alone: its probes need only the two steps that tell
+                # a hopeless option (quality.py). A confirmation's full probes judge the held-out
+                # loss (an option that trains worse is refused); the closing one reports it.
                 recipe.bench.quality_steps = min(recipe.bench.quality_steps, SEARCH_PROBE_STEPS)
+                recipe.bench.quality_seeds = 1
             if time_left_s is not None:  # adaptive rounds may not outrun the search's budget
                 recipe.bench.time_budget_s = max(1.0, min(recipe.bench.time_budget_s,
                                                           time_left_s / 2))
         start = len(self.writer.rows)
         self.execute(plan, self.run_dir, self.progress, None, self.writer)
-        return arms_from_rows(self.writer.rows[start:], list(recipes))
+        arms = arms_from_rows(self.writer.rows[start:], list(recipes))
+        judged = quality_stats.summarise(_quality_rows(self.run_dir, plan.experiment),
+                                         self.cfg.bench.quality_tolerance)
+        for r in judged.itertuples():
+            if r.variant in arms:
+                arms[r.variant].quality = r.quality_verdict
+                arms[r.variant].quality_note = (f"loss ratio {r.loss_ratio:.3g} "
+                                                f"[{r.loss_ratio_lo:.3g}, {r.loss_ratio_hi:.3g}]")
+        return arms
+
+
+def _quality_rows(run_dir: Path, experiment: str) -> pd.DataFrame:
+    """quality.csv's rows of one measurement (none where it wrote none)."""
+    rows = load_quality(run_dir)
+    return pd.DataFrame() if rows is None else rows[rows["experiment"] == experiment]
 
 
 def arms_from_rows(rows: list[dict], labels: list[str]) -> dict[str, search.Arm]:

@@ -51,8 +51,8 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 
 import numpy as np
 
-from speedbench.analysis import stats
-from speedbench.results.schema import HOPELESS, OK, format_status
+from speedbench.analysis import quality, stats
+from speedbench.results.schema import HOPELESS, OK, REFUSED, format_status
 
 NAIVE = "naive"
 Overrides = dict[str, Any]  # flat recipe keys (dotted for nested ones) -> values
@@ -96,6 +96,10 @@ class Arm:
     samples_per_s: list[float] = field(default_factory=list)
     peak_mem_mb: float = math.nan
     trial_s: float = math.nan  # seconds one of its trials took, warm-up included, if known
+    # its held-out loss against the measurement's first label (analysis/quality.py): the
+    # verdict ("" where not measured) and its figures
+    quality: str = ""
+    quality_note: str = ""
 
 
 class Measurer(Protocol):
@@ -518,11 +522,16 @@ class _Forward:
                                                self.rules.min_gain).values()
             confirmed = Comparison(c.label, s, lo, hi, verdict, paired_rounds(arm, ref))
             record.confirmations[c.label] = confirmed
-            if significant_gain(lo, self.rules.min_gain) and self.rules.fits_memory(arm):
+            if arm.quality == quality.WORSE:  # faster or not, it trains worse: never retried
+                why = format_status(REFUSED, f"held-out loss significantly worse than the "
+                                             f"current recipe's ({arm.quality_note})")
+                record.excluded[c.label] = why
+                self._drop({c.label: why})
+            elif significant_gain(lo, self.rules.min_gain) and self.rules.fits_memory(arm):
                 winners.append(confirmed)
         best = max(winners, key=lambda c: c.speedup, default=None)
         return best, (f"no remaining option was significantly faster (CI above "
-                      f"{1 + self.rules.min_gain:.2f}x)")
+                      f"{1 + self.rules.min_gain:.2f}x) without a worse held-out loss")
 
 
 def _failed(label: str, status: str) -> Comparison:
