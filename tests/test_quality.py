@@ -108,3 +108,36 @@ def test_the_recommendation_skips_a_faster_variant_whose_loss_is_worse():
     assert recommend.lines(advice) == [
         "use: nothing measured here was significantly faster than plain PyTorch",
         "skip: e: fast, 1.50x [1.40, 1.60], but its held-out loss is worse: 1.30x [1.20, 1.40]"]
+
+
+def test_the_rounds_write_paired_seeds_where_a_variant_is_left_to_compare(tmp_path,
+                                                                            monkeypatch):
+    """Identical recipes: the same losses in every seed, non-inferior at exactly 1. A variant
+    stopped as too slow leaves the baseline nothing to compare: its extra seeds are spared."""
+    from conftest import TINY, compose_cfg
+
+    from speedbench.config import build_plan
+    from speedbench.measure import quality as probe, rounds
+    from speedbench.results.runs import load_quality
+
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=1",
+                      "+variants={base:{},same:{},slow:{accumulate:2}}", "baseline=base")
+    real = probe.far_slower
+    monkeypatch.setattr(probe, "far_slower", lambda s, p, rate, f: rate is not None and p == 8
+                        and len(s) >= 2 or real(s, p, rate, f))
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    writer = rounds.measure_plan(build_plan(cfg, None), tmp_path / "a", progress=False)
+    rows = load_quality(tmp_path / "a")
+    assert rows.groupby("variant").size().to_dict() == {"base": 3, "same": 3, "slow": 1}
+    assert rows[rows["variant"] == "slow"]["status"].iloc[0].startswith("too slow: ")
+    base, same = (rows[rows["variant"] == v]["loss"].tolist() for v in ("base", "same"))
+    assert base == same and len(set(base)) == 3
+    judged = quality.summarise(rows, 0.05).set_index("variant")
+    assert judged.loc["same", "quality_verdict"] == quality.NON_INFERIOR
+    assert {r["variant"] for r in writer.rows} == {"base", "same", "slow"}
+
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=1",
+                      "+variants={base:{},slow:{accumulate:2}}", "baseline=base")
+    rounds.measure_plan(build_plan(cfg, None), tmp_path / "b", progress=False)
+    assert load_quality(tmp_path / "b").groupby("variant").size().to_dict() == \
+        {"base": 1, "slow": 1}

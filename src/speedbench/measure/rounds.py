@@ -250,9 +250,28 @@ class ModelRounds:
                 self.skip[name] = got.pop("status")
             self.seed_losses[name] = got.pop("seed_losses", [])
             self.probes[name] = got
+        self._more_seeds()
         if self.run_dir is not None:
             atomic.append_rows(self.run_dir / "quality.csv", schema.QUALITY_COLUMNS,
                                [r for name in plan.variants for r in self._quality_rows(name)])
+
+    def _more_seeds(self) -> None:
+        """The probe's other seeds, once every first seed has run: only where a variant other
+        than the baseline is left to compare (on a CPU without 16-bit instructions, amp stops
+        both 16-bit variants, and the baseline's extra seeds would compare with nothing)."""
+        alive = [n for n, losses in self.seed_losses.items() if losses and n not in self.skip]
+        if not any(n != self.plan.baseline for n in alive):
+            return
+        for name in alive:
+            recipe = self.plan.variants[name]
+            self.bar.set_postfix_str(f"{self.spec.name} {name}: quality seeds")
+            try:
+                self.seed_losses[name] += quality.more_seeds(
+                    self.spec, recipe, self.ctx, self.dataset,
+                    quality.probe_steps(self.spec, recipe, self.first, self.ctx),
+                    self.first.bench.quality_seeds)
+            except Exception:  # its trials will meet the fault and record it
+                continue
 
     def _quality_rows(self, name: str) -> list[dict]:
         """quality.csv's rows of a variant: a loss per seed, or one row saying why it has none."""
@@ -287,8 +306,7 @@ class ModelRounds:
             return quality.quality_probe(
                 self.spec, recipe, self.ctx, self.dataset,
                 quality.probe_steps(self.spec, recipe, self.first, self.ctx),
-                baseline_rate=None if name == self.plan.baseline else base_rate,
-                seeds=self.first.bench.quality_seeds)
+                baseline_rate=None if name == self.plan.baseline else base_rate)
         except Exception:  # its trials will meet the fault and record it
             return None
 
