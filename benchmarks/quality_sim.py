@@ -32,8 +32,9 @@ SEEDS_SD = 0.05  # between seeds: removed by pairing, kept for realism
 
 def fitted_sd(paths: list[str]) -> float:
     """sd of the per-seed log loss ratio (variant / baseline) over the non-baseline variants of
-    the given quality.csv files, around each variant's own mean (a fixed offset is an effect,
-    not noise)."""
+    the given quality.csv files whose numerics differ from the baseline's (a variant with the
+    same loss in every seed has no noise to give), around each variant's own mean (a fixed
+    offset is an effect, not noise)."""
     resid = []
     for path in paths:
         rows = pd.read_csv(path)
@@ -42,7 +43,7 @@ def fitted_sd(paths: list[str]) -> float:
             base = g[g["is_baseline"].astype(bool)].set_index("seed")["loss"]
             for _, v in g[~g["is_baseline"].astype(bool)].groupby("variant"):
                 d = np.log(v.set_index("seed")["loss"] / base).dropna()
-                if len(d) > 1:
+                if len(d) > 1 and (d != 0).any():  # identical numerics: no noise to fit
                     resid += list((d - d.mean()) * np.sqrt(len(d) / (len(d) - 1)))
     if len(resid) < 3:
         raise SystemExit("--fit: fewer than 3 paired seeds of a non-baseline variant found")
