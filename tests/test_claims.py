@@ -70,6 +70,10 @@ def test_versus_compares_with_another_variant():
     v = _evaluate({"kind": "faster", "variants": ["w2"], "versus": "w1"})
     assert v.loc["w2", "measured"].endswith("vs w1")
     assert v.loc["w2", "verdict"] == f"{claims.FAILS} ({stats.EQUIVALENT})"
+    # its memory and loss are against w1 too (2000 MB / 1500 MB), not the baseline's 2.00x
+    assert v.loc["w2", "memory"] == "1.33x" and v.loc["w2", "loss Δ"] == "+0.000"
+    assert _evaluate({"kind": "faster", "variants": ["w2"]}).loc["w2", "memory"] \
+        .startswith("2.00x [")
     missing = _evaluate({"kind": "faster", "variants": ["w2"], "versus": "w9"})
     assert missing.loc["w2", "verdict"] == "n/a: no variant 'w9' in this run"
 

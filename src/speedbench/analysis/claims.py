@@ -293,11 +293,22 @@ def evaluate(claims: list[dict], summary: pd.DataFrame,
                     "tip": claim.get("tip", ""), "source": claim.get("source", ""),
                     "claim": claim.get("quote", ""), "experiment": exp, "model": model,
                     "variant": row["variant"], "measured": measured,
-                    # A memory claim's `measured` is the memory ratio already.
-                    "memory": "-" if claim.get("kind") == "less_memory" else _fmt_ci(
-                        _nan(row.get("mem_ratio")), _nan(row.get("mem_ratio_lo")),
-                        _nan(row.get("mem_ratio_hi"))),
-                    "loss Δ": "-" if math.isnan(_nan(row.get("loss_delta")))
-                    else f"{row['loss_delta']:+.3f}",
-                    "verdict": verdict})
+                    **_costs(claim, row, reference if versus else None), "verdict": verdict})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _costs(claim: dict, row, versus) -> dict:
+    """The memory and loss columns of a claim's row: against the baseline (the summary's
+    paired memory ratio and loss Δ), or against the claim's `versus` row (medians' ratio and
+    difference). A memory claim's `measured` is the memory ratio already."""
+    if versus is None:
+        memory = _fmt_ci(_nan(row.get("mem_ratio")), _nan(row.get("mem_ratio_lo")),
+                         _nan(row.get("mem_ratio_hi")))
+        loss = _nan(row.get("loss_delta"))
+    else:
+        ref_mem = _nan(versus.get("peak_mem_mb"))
+        memory = _fmt_ci(_nan(row.get("peak_mem_mb")) / ref_mem if ref_mem > 0 else math.nan,
+                         math.nan, math.nan)
+        loss = _nan(row.get("final_loss")) - _nan(versus.get("final_loss"))
+    return {"memory": "-" if claim.get("kind") == "less_memory" else memory,
+            "loss Δ": "-" if math.isnan(loss) else f"{loss:+.3f}"}
