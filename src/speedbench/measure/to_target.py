@@ -38,7 +38,7 @@ from tqdm import tqdm
 from speedbench import distributed, errors, techniques
 from speedbench.config import Plan
 from speedbench.measure.held_out import evaluate, held_out
-from speedbench.measure.quality import far_slower, too_slow
+from speedbench.measure.quality import far_slower, seeded, too_slow
 from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.measure.timing import synchronize
 from speedbench.measure.trial import context
@@ -158,7 +158,7 @@ class ToTarget:
             for s in range(cfg.seeds):
                 self.bar.set_postfix_str(f"{spec.name} {self.plan.baseline} seed {s} (target)")
                 runs[(self.plan.baseline, s)] = train_to_target(
-                    spec, self._seeded(first, s), self.ctx, train, xy, None, every=every,
+                    spec, seeded(first, s), self.ctx, train, xy, None, every=every,
                     cap_samples=cfg.steps * base_step, cap_s=cfg.max_s, stop_at_target=False)
                 self.bar.update()
             losses = [r[0].get("final_loss", math.nan) for r in runs.values()]
@@ -178,7 +178,7 @@ class ToTarget:
                 else:
                     self.bar.set_postfix_str(f"{spec.name} {name} seed {s}")
                     record, curve = train_to_target(
-                        spec, self._seeded(self.plan.variants[name], s), self.ctx, train, xy,
+                        spec, seeded(self.plan.variants[name], s), self.ctx, train, xy,
                         target, every=every, cap_samples=cap_samples, cap_s=cfg.max_s,
                         baseline_rate=rate)
                     self.bar.update()
@@ -206,11 +206,6 @@ class ToTarget:
                 "time_s": hit["train_s"] - one_time,
                 "cold_s": record["cold_s"] - (record["time_s"] + one_time) + hit["train_s"],
                 "final_loss": hit["loss"], "per_step": per_step}
-
-    def _seeded(self, recipe, s: int):
-        r = recipe.copy()
-        r.bench.seed = recipe.bench.seed + s
-        return r
 
     def _not_trained(self, spec) -> dict:
         """variant -> why it is not trained: n/a in the speed rounds, or stopped there as far
