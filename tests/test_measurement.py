@@ -129,6 +129,13 @@ def test_rounds_are_added_only_while_the_ci_is_wide(noisy, tmp_path, monkeypatch
                       experiment="amp")
     plan = build_plan(cfg, "amp")
     monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision: 1.0)
+    prepare = rounds.ModelRounds.prepare
+
+    def rounds_only(self):  # no probes, and the whole budget left to the rounds
+        monkeypatch.setattr(self, "_probe_all", lambda: None)
+        prepare(self)
+        self.started = self.clock()
+    monkeypatch.setattr(rounds.ModelRounds, "prepare", rounds_only)
     steady = [100.0]
     monkeypatch.setattr(rounds.ModelRounds, "measure", fake_trials(
         {"fp32": steady, "fp16": [50.0, 150.0] if noisy else steady, "bf16": steady}))
@@ -138,6 +145,28 @@ def test_rounds_are_added_only_while_the_ci_is_wide(noisy, tmp_path, monkeypatch
         assert n > 2  # repeats=2, then more until the 3 s budget is spent
     else:
         assert n == 2
+
+
+def test_the_time_budget_counts_the_probes_and_cuts_the_floor_of_rounds(tmp_path, monkeypatch):
+    """bench.time_budget_s bounds the model's whole time: 4 s of probes, then 1 s per trial on
+    a fake clock, 3 variants: rounds 1-3 take 9 s, and a fourth would end past 4 + 12 > 15."""
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=5", "bench.target_ci=null",
+                      "bench.time_budget_s=15", experiment="amp")
+    plan = build_plan(cfg, "amp")
+    now = [0.0]
+    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision: 1.0)
+    monkeypatch.setattr(rounds.ModelRounds, "_probe_all",
+                        lambda self: now.__setitem__(0, now[0] + 4.0))
+    fake = fake_trials({"fp32": [100.0], "fp16": [100.0], "bf16": [100.0]})
+
+    def measure(self, *args):
+        now[0] += 1.0
+        return fake(self, *args)
+    monkeypatch.setattr(rounds.ModelRounds, "measure", measure)
+    monkeypatch.setattr(rounds.time, "perf_counter", lambda: now[0])
+    writer = rounds.measure_plan(plan, tmp_path, progress=False)
+    assert 1 + max(r["round"] for r in writer.rows) == 3
+    assert now[0] <= 15
 
 
 # --- FLOPs and the peak ------------------------------------------------------------------------
@@ -475,7 +504,8 @@ def test_the_too_slow_rule_needs_three_steady_steps_far_slower():
     assert quality.far_slower([0.1, 2, 0.1, 2, 2, 2], 4, rate, 4)  # the last three
     # one steady step of seconds, over 3F slower, is enough; shorter or milder ones are not
     assert quality.far_slower([30, 13], 1, 1.0, 4)  # 13x slower, 13 s
-    assert not quality.far_slower([30, 1.9], 1, 10.0, 4)  # 19x slower but under 2 s
+    assert quality.far_slower([30, 1.5], 1, 10.0, 4)  # 15x slower, 1.5 s (a 16-bit transformer)
+    assert not quality.far_slower([30, 0.9], 1, 20.0, 4)  # 18x slower but under 1 s
     assert not quality.far_slower([30, 2.5], 4, 10.0, 4)  # 6.25x: not 12x
     assert not quality.far_slower([30, 0.1, 13], 1, 1.0, 4)  # not every steady step
     assert quality.too_slow([30, 2, 2, 2], 4, rate) == (

@@ -50,7 +50,9 @@ def test_identical_variants_are_rarely_called_and_intervals_cover():
     r = sim.cell(3, 1.0, 30, NOISE, seed=3, position_effect=0.05, **sim.AMP_SETTINGS)
     # 30 runs: a 5 % family-wise rate gives 1.5 false runs on average; 7 would mean > 15 %
     assert r["family_false"] <= 0.2 and r["coverage"] >= 0.9, r
-    assert r["rounds"] == 5
+    # amp's 60 s: a round of 3 variants takes about 6 s, so the first round's pace plans two
+    # looks (5 and 10 rounds)
+    assert 5 <= r["rounds"] <= 10, r
 
 
 def test_balanced_orders_absorb_a_position_effect():

@@ -585,13 +585,14 @@ def decided(trials: pd.DataFrame, level: float, target_ci: float | None) -> bool
 
 def wants_more_rounds(rows: list[dict], bench, rounds: int, elapsed_s: float,
                       comparisons: int | None = None, min_rounds: int | None = None,
-                      looks: int = LOOKS) -> bool:
+                      looks: int = LOOKS, budget_s: float | None = None) -> bool:
     """Group-sequential rounds. A look after every `min_rounds` rounds (bench.repeats, the
     floor), `looks` at most (planned_looks); bench.target_ci null: one look. At a look the
     rounds stop when every
     comparison is decided (stats.decided, at that look's level for the run's `comparisons`,
     the level summary.csv reports) or when the rounds to the next look would not fit in
-    bench.time_budget_s at the mean pace so far; between two looks they go on."""
+    `budget_s` (default bench.time_budget_s; the rounds' share of it) at the mean pace so far;
+    between two looks they go on."""
     min_rounds = min_rounds or bench.repeats
     if bench.target_ci is None or not rows or rounds < min_rounds:
         return rounds < min_rounds
@@ -604,7 +605,8 @@ def wants_more_rounds(rows: list[dict], bench, rounds: int, elapsed_s: float,
     level = sequential_level(comparisons or count_comparisons(frame), look, looks)
     if decided(frame, level, bench.target_ci):
         return False
-    return elapsed_s * (rounds + min_rounds) / rounds <= bench.time_budget_s
+    budget_s = bench.time_budget_s if budget_s is None else budget_s
+    return elapsed_s * (rounds + min_rounds) / rounds <= budget_s
 
 
 METHOD = ("Speed-up = geometric mean of the per-round ratios of a variant's throughput to the "

@@ -94,10 +94,11 @@ class BenchConfig:
                                                     "steady probe steps (of at least 0.5 s) is "
                                                     "this many times slower per sample than the "
                                                     "baseline's median steady probe step, or "
-                                                    "each so far (of at least 2 s) 3 x this; "
+                                                    "each so far (of at least 1 s) 3 x this; "
                                                     "null: never")
-    time_budget_s: float = setting(600.0, "wall time per model that adaptive rounds may not "
-                                          "overrun")
+    time_budget_s: float = setting(600.0, "wall time per model that every phase keeps to: "
+                                          "data, quality probes, rounds (the first round "
+                                          "always runs; later ones only if they fit)")
     # A very slow variant (fp16 on a CPU) then times fewer steps; trials.csv's `steps` says so.
     max_trial_s: Optional[float] = setting(6.0, "cap on one trial's wall time (a quarter warm-up, "
                                                 "the rest timed), checked between steps: a "

@@ -40,10 +40,11 @@ STEADY_STEPS = 3  # steady steps (after the first) that must all be far slower t
 # Shorter steps cannot stall a run, and on a loaded machine a step of a few milliseconds can
 # take several times another for no reason of its own.
 MIN_STOP_S = 0.5
-# A steady step GROSS x F slower that takes seconds is no scheduler hiccup: it stops the variant
-# at once (a 16-bit ResNet step on a CPU without 16-bit instructions: 12 s against 0.6 s), so
-# that its probe does not spend three more such steps proving it.
-GROSS, GROSS_MIN_S = 3, 2.0
+# A steady step GROSS x F slower that takes a second or more is no scheduler hiccup: it stops
+# the variant at once (a 16-bit ResNet step on a CPU without 16-bit instructions: 12 s against
+# 0.6 s; a transformer's: 1.5 s against 0.12 s), so that its probe does not spend three more
+# such steps proving it.
+GROSS, GROSS_MIN_S = 3, 1.0
 
 
 def probe_steps(spec, recipe, baseline, ctx: Context) -> int:
@@ -86,38 +87,45 @@ def too_slow(step_s: list[float], per_step: int, baseline_rate: float) -> str:
 PROBE_LIMIT_TRIALS = 10  # the probe may take as long as this many capped trials
 
 
-def probe_limit_s(recipe) -> float | None:
-    """The probe's time limit: PROBE_LIMIT_TRIALS x bench.max_trial_s (None without a cap).
-    A probe that reaches it stops, its loss left empty, so that a huge bench.quality_steps or
-    a very slow model cannot hold a run in the untimed probe."""
+def probe_limit_s(recipe, left_s: float | None = None) -> float | None:
+    """The probe's time limit: PROBE_LIMIT_TRIALS x bench.max_trial_s (None without a cap),
+    or `left_s` (what the model's time budget leaves it) where that is less. A probe that
+    reaches it stops, its loss left empty, so that a huge bench.quality_steps or a very slow
+    model cannot hold a run in the untimed probe."""
     cap = recipe.bench.max_trial_s
-    return None if cap is None else PROBE_LIMIT_TRIALS * cap
+    limits = [t for t in (None if cap is None else PROBE_LIMIT_TRIALS * cap, left_s)
+              if t is not None]
+    return max(0.0, min(limits)) if limits else None
 
 
 def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
-                  baseline_rate: float | None = None, seeds: int = 1) -> dict:
+                  baseline_rate: float | None = None, seeds: int = 1,
+                  left_s: float | None = None) -> dict:
     """{final_loss, seed_losses, quality_steps, quality_samples, first_step_ms, second_step_ms,
     probe_samples_per_s}: `steps` optimizer steps from each of `seeds` seeds (bench.seed,
     bench.seed + 1, ...), each then evaluated on held-out data (held_out.py); final_loss is
     the first seed's. The first seed's steps are timed: it runs at least 1 + STEADY_STEPS
     steps (past `steps`, only timed) where bench.too_slow_factor is set, else at least one.
-    The probe stops at probe_limit_s (no loss then). Given the baseline's steady throughput
+    The probe stops at probe_limit_s (no loss then; `left_s`: the model's budget left). Given the baseline's steady throughput
     (`baseline_rate`), a variant far slower (far_slower) is stopped: status 'too slow: ...',
     no loss. `n/a: ...` when a technique cannot act on the model."""
     train, xy, _ = held_out.split(dataset, spec, recipe.bench.seed, EVAL_SAMPLES)
+    started = time.perf_counter()
     got = _first_seed(spec, recipe, ctx, train, xy, steps, baseline_rate,
-                      probe_limit_s(recipe))
+                      probe_limit_s(recipe, left_s))
     if "status" in got or not steps:
         return got
+    left_s = None if left_s is None else left_s - (time.perf_counter() - started)
     return {**got, "seed_losses": [got["final_loss"],
-                                   *more_seeds(spec, recipe, ctx, dataset, steps, seeds)]}
+                                   *more_seeds(spec, recipe, ctx, dataset, steps, seeds, left_s)]}
 
 
-def more_seeds(spec, recipe, ctx: Context, dataset, steps: int, seeds: int) -> list[float]:
+def more_seeds(spec, recipe, ctx: Context, dataset, steps: int, seeds: int,
+               left_s: float | None = None) -> list[float]:
     """The held-out losses of seeds 1 .. seeds - 1 (the first is quality_probe's), untimed;
-    those done within probe_limit_s where the limit stops them."""
+    those done within probe_limit_s(recipe, left_s) where the limit stops them."""
     train, xy, _ = held_out.split(dataset, spec, recipe.bench.seed, EVAL_SAMPLES)
-    started, limit, losses = time.perf_counter(), probe_limit_s(recipe), []
+    started, limit, losses = time.perf_counter(), probe_limit_s(recipe, left_s), []
     for k in range(1, seeds):
         left = None if limit is None else limit - (time.perf_counter() - started)
         loss = _seed_loss(spec, seeded(recipe, k), ctx, train, xy, steps, left)
@@ -138,6 +146,9 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, baseline_rate, limit) -> di
     """The first seed: timed steps, the too-slow rule, the held-out loss after `steps`."""
     per_step, factor = batching(spec, recipe, ctx).per_step, recipe.bench.too_slow_factor
     total = max(steps, 1 + STEADY_STEPS if factor else 1)
+    # the limit never stops the probe before the too-slow rule has had its steps: a variant
+    # far slower would otherwise escape it into the rounds
+    floor = min(total, 1 + STEADY_STEPS) if factor else 1
     times, loss = [], math.nan
     try:
         with applied(spec, recipe, ctx, train) as trainer:
@@ -149,7 +160,7 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, baseline_rate, limit) -> di
                                                                     baseline_rate)}
                 if len(times) == steps:
                     loss = held_out.evaluate(trainer.model, spec, xy, trainer.device)
-                if limit is not None and sum(times) > limit:
+                if limit is not None and sum(times) > limit and len(times) >= floor:
                     break  # no loss: the probe's steps are not all done
     except NotApplicable as exc:
         return {"status": str(exc)}

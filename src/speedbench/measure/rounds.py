@@ -21,6 +21,7 @@ launch.py. After the rounds, the largest batch that fits is searched (capacity.p
 """
 from __future__ import annotations
 
+import math
 import secrets
 import sys
 import time
@@ -37,6 +38,7 @@ from speedbench.config import ModelSpec, Plan
 from speedbench.measure import capacity, launch, quality
 from speedbench.measure.data import build_dataset
 from speedbench.measure.flops import FlopsBook
+from speedbench.measure.session import batching
 from speedbench.measure.train import build_model
 from speedbench.measure.trial import context, dataset_length, header, measure_trial
 from speedbench.results import TrialWriter, atomic, schema
@@ -105,6 +107,9 @@ def na_variants(plan: Plan, spec: ModelSpec, dist_env: distributed.DistEnv | Non
     return skip
 
 
+TRIAL_SETUP_S = 0.5  # a trial's model and loader built, in the rounds' estimate
+
+
 class ModelRounds:
     """The rounds of one model of a plan, and what comes before and after them."""
 
@@ -127,10 +132,12 @@ class ModelRounds:
         adaptive = self.first.bench.target_ci is not None and dist_env is None
         self.looks: int | None = None if adaptive else 1
         self.clock = time.perf_counter  # the simulation (benchmarks/verdict_sim.py) keeps its own
+        self.started: float | None = None  # when the model's budget began: prepare()
 
     def prepare(self) -> None:
         """The data set, the n/a variants (all of them without a baseline) and the probes."""
         plan, spec = self.plan, self.spec
+        self.started = self.clock()  # bench.time_budget_s counts from here: data, probes, rounds
         self.bar.set_postfix_str(f"{spec.name}: making data")
         world = self.dist_env.world_size if self.dist_env else 1
         self.dataset = build_dataset(spec.dataset, dataset_length(plan, spec, world),
@@ -145,28 +152,81 @@ class ModelRounds:
                                                      f"({plan.baseline}: {why})"))
         if self.dist_env is None:
             self._probe_all()
+            self.bar.write(self.estimate())
 
     def rounds(self) -> Iterator[int]:
-        """`repeats` rounds; then, with bench.target_ci (the baseline's), group-sequential
-        looks (stats.wants_more_rounds), as many as the time budget allows at the first
-        round's pace (stats.planned_looks). Not under torchrun: every rank would have to take
-        the same decision."""
+        """At least one round, then up to `repeats` while the next one fits in what is left of
+        bench.time_budget_s (the data and the probes spent some of it) at the pace so far;
+        then, with bench.target_ci (the baseline's), group-sequential looks
+        (stats.wants_more_rounds), as many as the budget allows at the first round's pace
+        (stats.planned_looks). Not under torchrun: every rank would have to take the same
+        decision, so there the `repeats` rounds all run."""
         started, round_ = self.clock(), 0
-        while round_ < self.repeats or (self.looks > 1 and stats.wants_more_rounds(
-                self.rows, self.first.bench, round_, self.clock() - started,
-                self.comparisons, self.repeats, self.looks)):
+        budget = self.left_s()
+        while self._another_round(round_, self.clock() - started, budget):
             if round_ >= self.repeats:
                 self.bar.total += len(self.plan.variants)
             yield round_
             round_ += 1
             if self.looks is None:  # after the first round: its pace plans the looks
-                self.looks = stats.planned_looks(self.first.bench.time_budget_s, self.repeats,
-                                                 self.clock() - started)
+                self.looks = stats.planned_looks(budget, self.repeats, self.clock() - started)
         if self.looks and self.looks > 1:
             look = stats.look_of(round_, self.repeats, self.looks)
             level = stats.sequential_level(self.comparisons, look, self.looks)
             self.bar.write(f"{self.spec.name}: {round_} rounds, look {look} of {self.looks} "
                            f"(CIs at {level:.2%}): " + stats.halfwidth_note(self.rows, level))
+
+    def _another_round(self, round_: int, elapsed: float, budget: float) -> bool:
+        """Whether round `round_` runs; `elapsed`: the rounds' time so far, `budget`: the
+        seconds of bench.time_budget_s the rounds may take."""
+        if round_ == 0:
+            return True  # a speed-up needs one round at least
+        if round_ < self.repeats:
+            if self.dist_env is not None or elapsed * (round_ + 1) / round_ <= budget:
+                return True
+            self.bar.write(f"{self.spec.name}: {round_} of {self.repeats} rounds: another "
+                           f"would overrun bench.time_budget_s="
+                           f"{self.first.bench.time_budget_s:g} s (wider CIs)")
+            return False
+        return self.looks > 1 and stats.wants_more_rounds(
+            self.rows, self.first.bench, round_, elapsed, self.comparisons, self.repeats,
+            self.looks, budget_s=budget)
+
+    def estimate(self) -> str:
+        """What the rounds should take, from the probes' steady steps (before any round)."""
+        round_s, unknown = 0.0, 0
+        for name, recipe in self.plan.variants.items():
+            rate = self.probes.get(name, {}).get("probe_samples_per_s", math.nan)
+            if name in self.skip:
+                continue
+            if not rate > 0:
+                unknown += 1  # launched in processes of its own, or its probe failed
+                continue
+            b = recipe.bench
+            step_s = batching(self.spec, recipe, self.ctx).per_step / rate
+            # warm-up: between its floor and its most; two untimed steps (memory, FLOPs);
+            # TRIAL_SETUP_S to build the model and its loader
+            warm = (b.warmup + max(b.warmup, b.warmup_max)) / 2 if b.steady_tol else b.warmup
+            round_s += TRIAL_SETUP_S + min((warm + b.steps + 2) * step_s, math.inf
+                                           if b.max_trial_s is None else b.max_trial_s + 2 * step_s)
+        spent, budget, full = self.spent_s(), self.first.bench.time_budget_s, self.repeats * round_s
+        head = f"{self.spec.name}: data and probes took {spent:.0f} s; {self.repeats} rounds "
+        uncounted = f", not counting {unknown} variant(s) without a probe" if unknown else ""
+        if full > budget - spent:
+            return (head + f"would take about {full:.0f} s{uncounted}, more than the "
+                           f"{max(0.0, budget - spent):.0f} s left of bench.time_budget_s="
+                           f"{budget:g} s: fewer rounds, wider CIs")
+        more = " (more if adaptive rounds go on)" if self.looks is None else ""
+        return (head + f"should take about {full:.0f} s{more}{uncounted}; "
+                       f"bench.time_budget_s={budget:g} s bounds the model")
+
+    def spent_s(self) -> float:
+        """Seconds this model has taken since prepare() began (0 before)."""
+        return 0.0 if self.started is None else self.clock() - self.started
+
+    def left_s(self) -> float:
+        """Seconds of bench.time_budget_s left to this model."""
+        return self.first.bench.time_budget_s - self.spent_s()
 
     def order(self, round_: int) -> list[tuple[int, str]]:
         """(position, variant) of a round, in the balanced random order; a variant whose
@@ -262,6 +322,8 @@ class ModelRounds:
         alive = [n for n, losses in self.seed_losses.items() if losses and n not in self.skip]
         if not any(n != self.plan.baseline for n in alive):
             return
+        # the seeds may take half of the model's budget left: the rest is the rounds'
+        share = self.left_s() / 2 / len(alive)
         for name in alive:
             recipe = self.plan.variants[name]
             self.bar.set_postfix_str(f"{self.spec.name} {name}: quality seeds")
@@ -269,7 +331,7 @@ class ModelRounds:
                 self.seed_losses[name] += quality.more_seeds(
                     self.spec, recipe, self.ctx, self.dataset,
                     quality.probe_steps(self.spec, recipe, self.first, self.ctx),
-                    self.first.bench.quality_seeds)
+                    self.first.bench.quality_seeds, left_s=share)
             except Exception:  # its trials will meet the fault and record it
                 continue
 
@@ -306,7 +368,8 @@ class ModelRounds:
             return quality.quality_probe(
                 self.spec, recipe, self.ctx, self.dataset,
                 quality.probe_steps(self.spec, recipe, self.first, self.ctx),
-                baseline_rate=None if name == self.plan.baseline else base_rate)
+                baseline_rate=None if name == self.plan.baseline else base_rate,
+                left_s=self.left_s())
         except Exception:  # its trials will meet the fault and record it
             return None
 
