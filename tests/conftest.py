@@ -18,7 +18,7 @@ TINY = [
     "bench.warmup=1", "bench.steps=2", "bench.repeats=2", "bench.max_trial_s=20",
     "bench.steady_tol=null",  # a fixed warm-up: steady-state detection would add steps
     "bench.target_ci=null",  # exactly `repeats` rounds: no adaptive rounds up to the budget
-    "bench.quality_steps=2",  # a short quality probe per variant
+    "bench.quality_steps=2", "bench.quality_seeds=1",  # a short quality probe per variant
     "models.resnet.small.dataset.image_size=32",
     "models.vae.small.image_size=32", "models.vae.small.dataset.image_size=32",
     "models.transformer.small.seq_len=16", "models.transformer.small.dataset.seq_len=16",
@@ -100,12 +100,32 @@ def _few_threads():
     torch.set_num_threads(n)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true",
+                     help="also run the tests marked slow: whole CLI runs, torchrun jobs, signals "
+                          "and races (about half an hour on 2 cores; CI runs them)")
+
+
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs CUDA")
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    # The developer's loop leaves the slow tier out (`--slow` puts it back); a test named on the
+    # command line, or chosen with -m or -k, always runs.
+    if config.getoption("--slow") or config.getoption("-m") or config.getoption("-k") \
+            or _named(config):
+        return
+    slow = [item for item in items if "slow" in item.keywords]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if "slow" not in item.keywords]
+
+
+def _named(config) -> bool:
+    """Whether the command line names tests (file::test) rather than folders or files."""
+    return any("::" in str(arg) for arg in config.args)
 
 
 def default_sigint() -> None:

@@ -192,6 +192,7 @@ def test_torchrun_cli_writes_one_run_dir_with_world_size_2(tmp_path):
     assert (run_dir / "summary.csv").exists() and (run_dir / "report.md").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_ddp_matches_one_process_and_skips_allreduce_when_accumulating(tmp_path):
     out = run_cli("--standalone", "--nproc_per_node=2", str(TESTS / "ddp_worker.py"), str(tmp_path),
@@ -219,6 +220,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_two_nodes_of_two_processes_over_loopback(tmp_path):
     """The documented two-node command with both agents on 127.0.0.1: world size 4, one run
@@ -249,6 +251,7 @@ def test_two_nodes_of_two_processes_over_loopback(tmp_path):
     assert described["world_size"] == 4
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_a_failed_rank_fails_the_torchrun_job_with_a_record(tmp_path):
     # Rank 0 is mid-step (busy 2 s) when rank 1 fails and torchrun sends it SIGTERM: it must
@@ -285,6 +288,7 @@ def dp_vs_ddp_run(tmp_path_factory) -> Path:
     return only_run_dir(tmp)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_dp_vs_ddp_measures_ddp_and_reports_scaling(dp_vs_ddp_run):
     run_dir = dp_vs_ddp_run
@@ -302,6 +306,7 @@ def test_dp_vs_ddp_measures_ddp_and_reports_scaling(dp_vs_ddp_run):
     assert "scaling eff." in (run_dir / "report.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_a_failed_rank_in_a_launched_ddp_trial_is_its_row_status(dp_vs_ddp_run):
     df = trials(dp_vs_ddp_run).query("model == 'failing'").set_index("variant")

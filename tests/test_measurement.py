@@ -187,6 +187,7 @@ def test_matmul_peak_is_a_positive_rate():
     assert math.isfinite(peak) and peak > 0
 
 
+@pytest.mark.slow
 def test_cli_writes_flops_steady_state_and_peak_columns(tmp_path):
     proc = run_cli("+experiment=amp", *TINY, "model=transformer", "bench.steady_tol=0.5",
                    "bench.warmup_max=4", f"out_dir={tmp_path}", cwd=ROOT,
@@ -448,6 +449,7 @@ def test_quality_probe_gives_identical_losses_for_identical_recipes():
     assert a["quality_steps"] == 3 and a["quality_samples"] == 3 * 4
 
 
+@pytest.mark.slow
 def test_quality_probe_gives_a_held_out_loss_per_seed_paired_across_variants():
     cfg = compose_cfg(*TINY, "model=transformer", "bench.quality_steps=3",
                       "+variants={a:{},b:{},c:{accumulate:2}}", "baseline=a")
@@ -519,6 +521,7 @@ def test_too_slow_factor_is_checked():
         build_plan(cfg, None)
 
 
+@pytest.mark.slow
 def test_a_variant_stopped_early_is_slower_with_its_ratio_and_counts_in_the_family(
         tmp_path, monkeypatch):
     from speedbench.measure import quality

@@ -89,7 +89,6 @@ def _console_command(tmp_path: Path) -> list[str]:
     return [sys.executable, str(bin_dir / "speedbench")]
 
 
-@pytest.mark.slow
 def test_console_command_runs_own_models_and_configs_from_the_users_folder(tmp_path):
     """From a project folder: the module next to the user, a model config in ./conf given with
     --config-dir, a dict-returning model taking model(**batch), a logits model returning a

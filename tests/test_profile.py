@@ -76,6 +76,7 @@ def good_run(tmp_path_factory):
                           "sync=deferred", "data.num_workers=1", "data.persistent_workers=true")
 
 
+@pytest.mark.slow
 def test_poor_recipe_gets_the_findings_that_apply_on_cpu(poor_run):
     f = read(poor_run, "findings.csv")
     # the contract's columns, then `check` when a suggestion was measured (recipe.check_findings)
@@ -95,6 +96,7 @@ def test_poor_recipe_gets_the_findings_that_apply_on_cpu(poor_run):
     assert "called 2 times in 2 steps" in cache["figure"]
 
 
+@pytest.mark.slow
 def test_host_tensors_are_na_on_cpu_and_yield_no_finding(poor_run):
     trials = read(poor_run, "trials.csv")
     status = trials.loc[trials["variant"] == "host_tensors", "status"].iloc[0]
@@ -102,6 +104,7 @@ def test_host_tensors_are_na_on_cpu_and_yield_no_finding(poor_run):
     assert (read(poor_run, "findings.csv")["variant"] != "host_tensors").all()
 
 
+@pytest.mark.slow
 def test_good_recipe_has_no_finding(good_run):
     f = read(good_run, "findings.csv")
     assert list(f.columns) == schema.FINDING_COLUMNS
@@ -109,6 +112,7 @@ def test_good_recipe_has_no_finding(good_run):
     assert "no finding" in (good_run / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_phase_shares_add_up_to_the_step(good_run):
     phases = read(good_run, "phases.csv")
     assert list(phases.columns) == schema.PHASE_COLUMNS
@@ -122,6 +126,7 @@ def test_phase_shares_add_up_to_the_step(good_run):
     assert top["mean_ms"] / top["share"] == pytest.approx(trial["phase_step_ms"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_overhead_is_recorded(good_run):
     trial = read(good_run, "trials.csv").iloc[0]
     assert trial["profile"] == "advanced"
@@ -133,6 +138,7 @@ def test_overhead_is_recorded(good_run):
     assert "### Profiler overhead" in report and "synchronised at the end of every phase" in report
 
 
+@pytest.mark.slow
 def test_cprofile_per_phase(good_run):
     out = good_run / "profile" / "resnet" / "default"
     text = (out / "cprofile.txt").read_text()
@@ -161,6 +167,7 @@ def test_profile_knob_is_validated():
         build_plan(cfg, None)
 
 
+@pytest.mark.slow
 def test_profile_off_writes_no_profile_tables(tmp_path):
     run_dir = run_in_process(tmp_path, "model=transformer")
     assert not (run_dir / "phases.csv").exists() and not (run_dir / "profile").exists()

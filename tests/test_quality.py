@@ -110,6 +110,7 @@ def test_the_recommendation_skips_a_faster_variant_whose_loss_is_worse():
         "skip: e: fast, 1.50x [1.40, 1.60], but its held-out loss is worse: 1.30x [1.20, 1.40]"]
 
 
+@pytest.mark.slow
 def test_the_rounds_write_paired_seeds_where_a_variant_is_left_to_compare(tmp_path,
                                                                             monkeypatch):
     """Identical recipes: the same losses in every seed, non-inferior at exactly 1. A variant
@@ -120,7 +121,7 @@ def test_the_rounds_write_paired_seeds_where_a_variant_is_left_to_compare(tmp_pa
     from speedbench.measure import quality as probe, rounds
     from speedbench.results.runs import load_quality
 
-    cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=1",
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=1", "bench.quality_seeds=3",
                       "+variants={base:{},same:{},slow:{accumulate:2}}", "baseline=base")
     real = probe.far_slower
     monkeypatch.setattr(probe, "far_slower", lambda s, p, rate, f: rate is not None and p == 8
@@ -136,7 +137,7 @@ def test_the_rounds_write_paired_seeds_where_a_variant_is_left_to_compare(tmp_pa
     assert judged.loc["same", "quality_verdict"] == quality.NON_INFERIOR
     assert {r["variant"] for r in writer.rows} == {"base", "same", "slow"}
 
-    cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=1",
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=1", "bench.quality_seeds=3",
                       "+variants={base:{},slow:{accumulate:2}}", "baseline=base")
     rounds.measure_plan(build_plan(cfg, None), tmp_path / "b", progress=False)
     assert load_quality(tmp_path / "b").groupby("variant").size().to_dict() == \

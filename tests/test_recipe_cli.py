@@ -29,6 +29,7 @@ def _check(*overrides: str):
     return recipe.check(cfg, build_plan(cfg, "recipe"), None)
 
 
+@pytest.mark.slow
 def test_candidates_are_checked_before_anything_runs():
     groups = _check()
     assert {"precision", "workers", "sync"} <= {g.name for g in groups}
@@ -50,6 +51,7 @@ def test_candidates_are_checked_before_anything_runs():
         _check("recipe.confirm_top=-2")
 
 
+@pytest.mark.slow
 def test_bad_candidate_fails_in_one_line(tmp_path):
     out = run_cli(*TINY, "+experiment=recipe", "model=transformer", f"out_dir={tmp_path}",
                   "+recipe.candidates.precision.options.fp8.precision=fp8", cwd=tmp_path)
@@ -105,6 +107,7 @@ def test_recipe_run_end_to_end(tmp_path):
     assert rerun["precision"].iloc[0] == final["overrides"]["precision"]
 
 
+@pytest.mark.slow
 def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
     from speedbench import results
     from speedbench.measure.rounds import measure_plan
@@ -138,6 +141,7 @@ def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
         {"data.num_workers": 2, "data.persistent_workers": True}
 
 
+@pytest.mark.slow
 def test_recipe_on_a_user_model_does_not_retry_what_failed(tmp_path):
     """A `_target_` model that breaks under autocast: both precision options fail in step 1 and
     are never measured again; the search goes on with the rest."""
@@ -196,6 +200,7 @@ def test_a_budget_too_short_decides_nothing_and_says_so_first(tmp_path):
                for n in notes)
 
 
+@pytest.mark.slow
 def test_summary_recipe_csv_and_the_waterfall_agree_to_the_digit(tmp_path):
     """One interval function: every comparison recipe.csv gives (screens, confirmations, the
     waterfall's cumulative speed-ups) is summary.csv's row for the same trials, to the digit,

@@ -224,6 +224,7 @@ def test_bad_input_through_main(row, tmp_path):
     _refused_cleanly(row, _cli_row(row, tmp_path, call=run_main))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", [r for r in BAD_INPUTS if r[0] in CLI_ROWS], ids=lambda r: r[0])
 def test_bad_input_through_the_cli(row, cli_results):
     _refused_cleanly(row, cli_results[row[0]])
@@ -534,6 +535,7 @@ def test_cpu_out_of_memory_is_recorded_as_oom(tmp_path):
     assert list(trials["status"]) == ["oom"]
 
 
+@pytest.mark.slow
 def test_a_model_that_cannot_be_built_keeps_its_cause_and_the_exit_status_fails(tmp_path):
     proc = run_cli(*TINY, "bench.repeats=1", f"out_dir={tmp_path}",
                    f"model={{_target_: fault_models.Tiny, nosuch: 1, {IMAGES}}}", cwd=tmp_path,

@@ -64,6 +64,7 @@ def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[str, str]:
 
 # --- F1: a rebuild during a run --------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_report_rebuild_is_refused_while_its_run_is_going(tmp_path, capsys):
     run = tmp_path / "r"
     proc = _start([*T, "bench.repeats=2", f"run_dir={run}"], tmp_path, tmp_path / "tmp")
@@ -161,7 +162,8 @@ def test_plain_names_keep_their_file_names():
         assert results.file_name(name) == name
 
 
-@pytest.mark.parametrize("profile", ["advanced", pytest.param("pytorch", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["advanced", "pytorch"])
 def test_variant_names_that_look_like_paths_stay_inside_the_run_dir(tmp_path, profile):
     work = tmp_path / "work" / "a" / "b" / "c"  # room for `..` to climb inside tmp_path
     work.mkdir(parents=True)
@@ -283,6 +285,7 @@ def test_signals_as_a_ddp_trial_starts_leave_no_temp_folder(tmp_path, signals):
     _check_stopped(_stopped_run(tmp_path, "ddp_start", signals), "ddp_start", signals[0])
 
 
+@pytest.mark.slow
 def test_a_second_signal_during_the_cleanup_is_ignored(tmp_path):
     proc = _start([*T, f"out_dir={tmp_path / 'out'}"], tmp_path, tmp_path / "tmp")
     assert _wait_for(lambda: (tmp_path / "out").exists(), proc), _finish(proc)[1]
@@ -388,6 +391,7 @@ def test_a_comparison_shortens_huge_values_and_reads_no_yaml_alias(tmp_path):
 
 # --- F17: an ASCII-only locale -----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_an_ascii_locale_reads_runs_as_utf8_and_prints_what_it_can(tmp_path):
     run = make_run(tmp_path / "run")
     cfg = (run / "config.yaml").read_text()
@@ -407,6 +411,7 @@ def test_an_ascii_locale_reads_runs_as_utf8_and_prints_what_it_can(tmp_path):
 
 # --- F11: threads the model's code left behind ----------------------------------------------
 
+@pytest.mark.slow
 def test_a_run_ends_after_its_report_though_the_model_left_a_thread_running(tmp_path):
     model = ("model={_target_: fault_models.Tiny, fail: leaves_a_thread, "
              "dataset: {kind: images, image_size: 16, num_classes: 10}}")

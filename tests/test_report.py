@@ -294,6 +294,7 @@ def real_run(tmp_path_factory) -> Path:
     return only_run_dir(root)
 
 
+@pytest.mark.slow
 def test_a_real_run_and_its_comparison_produce_readable_reports(real_run, tmp_path):
     parser = parse_html(real_run / "report.html")
     assert_images_embedded(parser, at_least=2)

@@ -15,6 +15,7 @@ TINY_MODEL = ("model={_target_: fault_models.Tiny, fail: %s, "
               "dataset: {kind: images, image_size: 32, num_classes: 10}}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fail, status", [
     ("error_in_autocast", "error: RuntimeError: this model breaks under autocast"),
     ("oom_in_autocast", "oom"),
@@ -43,6 +44,7 @@ def test_knob_that_cannot_act_is_na_with_reason(tmp_path):
     assert summary.loc["plain", "status"] == "ok"
 
 
+@pytest.mark.slow
 def test_incomplete_run_has_no_summary(tmp_path, monkeypatch):
     """A run that dies half-way leaves trials.csv (what finished) but nothing that looks complete."""
     calls = {"n": 0}

@@ -461,7 +461,6 @@ def test_compile_reports_its_timeline_and_matches_eager_loss(monkeypatch):
     assert math.isnan(eager["compile_s"]) and eager["compile"] == "off"
 
 
-@pytest.mark.slow
 def test_inductor_compiled_model_gives_the_eager_loss():
     common = ["bench.warmup=3", "bench.steps=3"]
     eager, compiled = trial(*common), trial("compile=default", *common)

@@ -110,6 +110,7 @@ def test_misses_count_as_infinite_and_never_get_a_ratio():
     assert row["verdict"].startswith(target_stats.NO_TARGET)
 
 
+@pytest.mark.slow
 def test_identical_variants_are_not_called_different_at_the_family_level():
     """A/A through the function the CLI runs, with per-seed noise fitted to real runs: each
     run's time is its steps (identical) times a per-step time with the spread measured between
@@ -159,6 +160,7 @@ def test_the_cli_writes_the_runs_curves_verdicts_and_report(tmp_path):
     assert "Time to target quality" in r.stdout
 
 
+@pytest.mark.slow
 def test_the_experiment_file_runs_every_variant_to_the_target(tmp_path):
     r = run_main("+experiment=time_to_target", *TINY, *SMALL_MODELS, "model=transformer",
                  "bench.repeats=1", "target.seeds=2", "target.loss=4.5", "target.eval_every=2",

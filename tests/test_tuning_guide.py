@@ -185,6 +185,7 @@ CONV_BIAS_MODEL = {"_target_": "test_tuning_guide.ConvBiasNet", "loss": "cross_e
                                                 "num_classes": 10}}
 
 
+@pytest.mark.slow
 def test_a_user_models_conv_bias_is_a_finding_measured_before_it_is_recommended(tmp_path):
     cfg = compose_cfg(*TINY, "bench.repeats=1", "profile=simple", f"run_dir={tmp_path / 'run'}")
     cfg.model = CONV_BIAS_MODEL

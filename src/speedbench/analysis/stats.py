@@ -126,6 +126,9 @@ def paired_log_ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return np.log(num[keep]) - np.log(den[keep])
 
 
+MAX_LOG = 709.0  # math.exp overflows above about 709.78
+
+
 def paired_ratio_ci(num, den, level: float = 0.95) -> tuple[float, float, float]:
     """Geometric mean of the paired ratios num[i]/den[i] with a t interval on their logs;
     (ratio, nan, nan) below two pairs. The only paired interval: the summary, the recipe search
@@ -137,7 +140,9 @@ def paired_ratio_ci(num, den, level: float = 0.95) -> tuple[float, float, float]
     if len(d) < 2:
         return math.exp(centre), math.nan, math.nan
     half = t_quantile(level, len(d) - 1) * float(d.std(ddof=1)) / math.sqrt(len(d))
-    return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
+    # two wild pairs at a strict level: the upper end can pass what a float holds
+    upper = math.exp(centre + half) if centre + half < MAX_LOG else math.inf
+    return math.exp(centre), math.exp(centre - half), upper
 
 
 def relative_halfwidth(lo: float, hi: float) -> float:
