@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 SETUP_RUN = "pip install -e . && python -m speedbench +experiment=amp"
-SETUP_TEST = 'pip install -e ".[test]" && python -m pytest -q'
+SETUP_TEST = 'pip install -e ".[test]" && python -m pytest -q --slow'  # every test, slow tier too
 
 
 def _first_commands(text: str) -> list[str]:
