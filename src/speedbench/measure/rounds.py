@@ -181,6 +181,8 @@ class ModelRounds:
         seconds of bench.time_budget_s the rounds may take."""
         if round_ == 0:
             return True  # a speed-up needs one round at least
+        if all(v in self.skip for v in self.plan.variants if v != self.plan.baseline):
+            return False  # nothing left to compare with the baseline
         if round_ < self.repeats:
             if self.dist_env is not None or elapsed * (round_ + 1) / round_ <= budget:
                 return True
@@ -289,31 +291,45 @@ class ModelRounds:
         capacity.append(self.run_dir / "capacity.csv", row)
 
     def _probe_all(self) -> None:
-        """The quality probe of every variant measured in this process, the baseline's first,
-        so that its steady throughput can tell a variant far slower (quality.py); a variant
-        stopped as too slow (or n/a) joins `skip`. Variants launched in processes of their own
-        (torchrun, or a fresh one) keep their timed window's loss."""
-        plan = self.plan
+        """The quality probe of every variant measured in this process; a variant stopped as
+        too slow (or n/a) joins `skip`. The baseline goes first for its steady throughput
+        alone (the too-slow rule's steps, no loss), which tells a variant far slower
+        (quality.py); its loss is taken after the others, only where one of them is left to
+        compare with it (amp on a CPU without 16-bit instructions stops both 16-bit variants,
+        and the baseline's loss steps would compare with nothing). Variants launched in
+        processes of their own (torchrun, or a fresh one) keep their timed window's loss."""
+        plan, base = self.plan, self.plan.baseline
+        probed = [n for n in plan.variants
+                  if n not in self.skip and not self._launched(plan.variants[n])]
+        others = [n for n in probed if n != base]
+        rate_first = bool(others) and self.first.bench.too_slow_factor is not None
         base_rate = None
-        for name in sorted(plan.variants, key=lambda v: v != plan.baseline):
-            recipe = plan.variants[name]
-            if name in self.skip or self._launched(recipe):
-                continue
-            self.bar.set_postfix_str(f"{self.spec.name} {name}: quality probe")
-            got = self._probe(name, base_rate)
-            if got is None:
-                continue
-            if name == plan.baseline:
-                base_rate = got.get("probe_samples_per_s")
-            status = str(got.get("status", ""))
-            if status.startswith(schema.TOO_SLOW) or schema.is_na(status):
-                self.skip[name] = got.pop("status")
-            self.seed_losses[name] = got.pop("seed_losses", [])
-            self.probes[name] = got
+        if base in probed:
+            got = self._keep(base, self._probe(base, None, steps=0 if rate_first else None))
+            base_rate = got.get("probe_samples_per_s")
+        for name in others:
+            self._keep(name, self._probe(name, base_rate))
+        if rate_first and base not in self.skip and any(
+                n in self.probes and n not in self.skip for n in others):
+            got = self._keep(base, self._probe(base, None))
+            if got:  # the throughput the others were held to
+                got["probe_samples_per_s"] = base_rate
         self._more_seeds()
         if self.run_dir is not None:
             atomic.append_rows(self.run_dir / "quality.csv", schema.QUALITY_COLUMNS,
                                [r for name in plan.variants for r in self._quality_rows(name)])
+
+    def _keep(self, name: str, got: dict | None) -> dict:
+        """A variant's probe kept: its too-slow or n/a status in `skip`, its losses; {} for a
+        probe that met a fault (its trials will record it)."""
+        if got is None:
+            return {}
+        status = str(got.get("status", ""))
+        if status.startswith(schema.TOO_SLOW) or schema.is_na(status):
+            self.skip[name] = got.pop("status")
+        self.seed_losses[name] = got.pop("seed_losses", [])
+        self.probes[name] = got
+        return got
 
     def _more_seeds(self) -> None:
         """The probe's other seeds, once every first seed has run: only where a variant other
@@ -347,6 +363,9 @@ class ModelRounds:
                     for k, loss in enumerate(losses)]
         if name in self.skip:
             status = self.skip[name]
+        elif got and got.get("quality_steps") == 0 and self.first.bench.quality_steps:
+            status = schema.na("no other variant was left to compare with: the baseline's "
+                               "held-out loss was not taken")
         elif self._launched(self.plan.variants[name]):
             status = schema.na("the quality probe trains in this process; this variant needs "
                                "processes of its own")
@@ -360,14 +379,16 @@ class ModelRounds:
         return bool(techniques.processes(recipe, self.ctx)
                     or techniques.environment(recipe, self.ctx))
 
-    def _probe(self, name: str, base_rate: float | None) -> dict | None:
-        """One variant's quality probe, held to the baseline's steady throughput; None on a
-        fault."""
+    def _probe(self, name: str, base_rate: float | None, steps: int | None = None
+               ) -> dict | None:
+        """One variant's quality probe, held to the baseline's steady throughput; `steps` 0:
+        its throughput alone, no loss. None on a fault."""
         recipe = self.plan.variants[name]
+        if steps is None:
+            steps = quality.probe_steps(self.spec, recipe, self.first, self.ctx)
         try:
             return quality.quality_probe(
-                self.spec, recipe, self.ctx, self.dataset,
-                quality.probe_steps(self.spec, recipe, self.first, self.ctx),
+                self.spec, recipe, self.ctx, self.dataset, steps,
                 baseline_rate=None if name == self.plan.baseline else base_rate,
                 left_s=self.left_s())
         except Exception:  # its trials will meet the fault and record it
