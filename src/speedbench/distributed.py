@@ -215,7 +215,7 @@ def gather_record(record: dict, env: DistEnv) -> dict:
 
 def combine(records: list[dict]) -> dict:
     """One row for the job: global throughput is all ranks' samples over the slowest rank's
-    window; memory is the largest rank's; the loss is the ranks' mean."""
+    window; memory and the stall are the largest rank's; the loss is the ranks' mean."""
     first = records[0]
     slowest = max(r["elapsed_s"] for r in records)
     statuses = [r["status"] for r in records if r["status"] != schema.OK]
@@ -232,6 +232,7 @@ def combine(records: list[dict]) -> dict:
         "final_loss": sum(r["final_loss"] for r in records) / len(records),
         "samples": sum(r["samples"] for r in records),
         "rank_step_ms": ";".join(f"{r['step_ms']:.2f}" for r in records),
+        "stall_ms": max(r.get("stall_ms", 0.0) for r in records),  # one rank's stalls the job
     }
 
 

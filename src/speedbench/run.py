@@ -181,14 +181,17 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
 def _report(summary, run_dir: Path, writer, experiment: str | None,
             overrides: list[str] | None, table: bool, profiled: bool, took_s: float,
             load: dict, threshold: float = stats.DEFAULT_THRESHOLD) -> None:
-    """The console's lines (a busy machine said first); exit status 1 when no trial
-    succeeded."""
+    """The console's lines (a busy machine and stalled windows said first); exit status 1
+    when no trial succeeded."""
     from speedbench.report import recommend  # the report's first section, in a few lines
     from speedbench.report.render import busy_note, console_lines, report_line
 
     busy = busy_note({"machine_load": load})
     if busy:
         print(textwrap.fill(busy, width=100) + "\n")
+    stalled = stats.stall_note(writer.frame())
+    if stalled:
+        print(textwrap.fill(stalled, width=100) + "\n")
     print("\n".join(console_lines(summary, experiment, overrides, table=table)))
     if profiled:
         from speedbench.report.profile_section import console_text

@@ -17,8 +17,9 @@ Design (benchmarks/README.md shows the simulation behind each choice):
   inconclusive: anything else; `min_detectable` says the smallest effect this run could have
   called (the CI's relative half-width, at least the threshold).
 - A fifth, `slower (stopped early)` (STOPPED_SLOWER): a variant the quality probe stopped as
-  far slower (quality.py), with the ratio of the probes' steady throughputs and no CI. It is
-  a slower call of the run, so it counts in the family.
+  far slower (quality.py), or whose trial's step ran past bench.max_trial_s's hard cap
+  (trial.py), with the ratio of the probes' steady throughputs (where they have one) and no
+  CI. It is a slower call of the run, so it counts in the family.
 """
 from __future__ import annotations
 
@@ -533,6 +534,47 @@ def spread_warnings(summary: pd.DataFrame) -> list[str]:
                      + ", ".join(unsteady)
                      + " (bench.warmup_max or the trial's time cap came first).")
     return lines
+
+
+# A stalled window: its stall (trials.csv's stall_ms, measure/timing.stall_ms: one step far
+# outside the window's own distribution) cost over this share of the window's time.
+STALL_SHARE = 0.10
+STALLS_NAMED = 3  # the note names this many stalled windows, the largest first
+
+
+def stalled_windows(trials: pd.DataFrame) -> pd.DataFrame:
+    """The trials whose window stalled (stall_ms over STALL_SHARE of elapsed_s), the largest
+    share first, with that share (`stall_share`); none in a run without stall_ms."""
+    if trials is None or "stall_ms" not in trials or "elapsed_s" not in trials:
+        return pd.DataFrame()
+    stall = pd.to_numeric(trials["stall_ms"], errors="coerce") / 1000
+    elapsed = pd.to_numeric(trials["elapsed_s"], errors="coerce")
+    share = stall / elapsed.where(elapsed > 0)
+    hit = trials.assign(stall_ms=1000 * stall, stall_share=share)[share > STALL_SHARE]
+    return hit.sort_values("stall_share", ascending=False, kind="stable")
+
+
+def stall_note(trials: pd.DataFrame) -> str | None:
+    """One line naming the stalled windows (model/variant, round, ms lost and share of the
+    window), with what to do; None when no window stalled."""
+    hit = stalled_windows(trials)
+    if hit.empty:
+        return None
+    named = [f"{r.model}/{r.variant} round {_round_of(r)} lost {r.stall_ms:.0f} ms in one "
+             f"step ({100 * r.stall_share:.0f} % of its window)"
+             for r in hit.head(STALLS_NAMED).itertuples()]
+    more = f", and {len(hit) - STALLS_NAMED} more" if len(hit) > STALLS_NAMED else ""
+    head, its = ("A window stalled", "its figures are") if len(hit) == 1 \
+        else (f"{len(hit)} windows stalled", "their figures are")
+    return (f"{head}: " + "; ".join(named) + f"{more}; {its} noisy (a pause of the process or "
+            "the machine, far outside the trial's own step times). Measure again, on a quiet "
+            "machine, for figures to rely on.")
+
+
+def _round_of(row) -> str:
+    value = getattr(row, "round", getattr(row, "trial", math.nan))
+    number = pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0]
+    return str(int(number)) if pd.notna(number) else "?"
 
 
 def _position_warnings(summary: pd.DataFrame) -> list[str]:

@@ -78,7 +78,8 @@ class BenchConfig:
     quality_steps: int = setting(12, "optimizer steps of the quality probe whose loss is compared "
                                      "(0: no loss; the probe still times the steps "
                                      "too_slow_factor needs); a probe stops after 10 x "
-                                     "max_trial_s, its loss then empty")
+                                     "max_trial_s (a hard cap, even mid-step), its loss then "
+                                     "empty")
     quality_seeds: int = setting(3, "paired seeds of the quality probe: each variant's held-out "
                                     "loss from each, compared with the baseline's by a paired "
                                     "ratio and CI (1: no CI, no verdict)")
@@ -100,9 +101,15 @@ class BenchConfig:
                                           "data, quality probes, rounds (the first round "
                                           "always runs; later ones only if they fit)")
     # A very slow variant (fp16 on a CPU) then times fewer steps; trials.csv's `steps` says so.
+    # measure/watchdog.py makes it a hard cap (trial.trial_limit_s).
     max_trial_s: Optional[float] = setting(6.0, "cap on one trial's wall time (a quarter warm-up, "
-                                                "the rest timed), checked between steps: a "
-                                                "single slower step still ends; null: no cap")
+                                                "the rest timed), checked between steps; and a "
+                                                "hard cap kept by a watchdog: past 2 x this (4 x "
+                                                "when profiling) a step that has itself run this "
+                                                "long is stopped mid-step, status `too slow: "
+                                                "step exceeded ...`, and a process stuck outside "
+                                                "Python max(30 s, this) later is ended (exit "
+                                                "status 124); null: no cap")
     seed: int = setting(0, "seed of the models' weights and the data")
     # The rounds' balanced order is drawn afresh per run; trials.csv's `order_seed` replays it.
     order_seed: Optional[int] = setting(None, "seed of the rounds' balanced random order; null: "

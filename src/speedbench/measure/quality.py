@@ -29,11 +29,11 @@ import time
 
 import torch
 
-from speedbench.measure import held_out
+from speedbench.measure import held_out, watchdog
 from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.techniques import Context
 from speedbench.measure.timing import synchronize
-from speedbench.results.schema import TOO_SLOW, format_status
+from speedbench.results.schema import TOO_SLOW, format_status, na
 
 EVAL_SAMPLES = 128  # held-out samples the probe evaluates
 STEADY_STEPS = 3  # steady steps (after the first) that must all be far slower to stop a variant
@@ -98,23 +98,43 @@ def probe_limit_s(recipe, left_s: float | None = None) -> float | None:
     return max(0.0, min(limits)) if limits else None
 
 
+def limit_status(recipe, limit: float, done: int, steps: int) -> str:
+    """quality.csv's status of a probe that reached its limit (`limit` s) between its steps:
+    PROBE_LIMIT_TRIALS x bench.max_trial_s, or less where the model's time budget was short."""
+    own = probe_limit_s(recipe)
+    source = (f"{PROBE_LIMIT_TRIALS} x bench.max_trial_s" if own is not None and limit >= own
+              else "what bench.time_budget_s left it")
+    return na(f"no held-out loss: the quality probe reached its limit of {limit:.3g} s "
+              f"({source}) after {done} of {steps} steps")
+
+
+def overrun_status(recipe, elapsed_s: float) -> str:
+    """quality.csv's status of a probe its hard cap stopped in a step (watchdog.deadline)."""
+    return na(f"no held-out loss: a step of the quality probe ran past its limit of "
+              f"{PROBE_LIMIT_TRIALS} x bench.max_trial_s ({probe_limit_s(recipe):g} s); "
+              f"stopped after {elapsed_s:.1f} s")
+
+
 def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
-                  baseline_rate: float | None = None, seeds: int = 1,
+                  baseline_rate: float | None = None, seeds: int = 1, what: str = "",
                   left_s: float | None = None) -> dict:
     """{final_loss, seed_losses, quality_steps, quality_samples, first_step_ms, second_step_ms,
     probe_samples_per_s}: `steps` optimizer steps from each of `seeds` seeds (bench.seed,
     bench.seed + 1, ...), each then evaluated on held-out data (held_out.py); final_loss is
     the first seed's. The first seed's steps are timed: it runs at least 1 + STEADY_STEPS
     steps (past `steps`, only timed) where bench.too_slow_factor is set, else at least one.
-    The probe stops at probe_limit_s (no loss then; `left_s`: the model's budget left). Given the baseline's steady throughput
-    (`baseline_rate`), a variant far slower (far_slower) is stopped: status 'too slow: ...',
-    no loss. `n/a: ...` when a technique cannot act on the model."""
+    The probe stops at probe_limit_s (`left_s`: what the model's time budget leaves it),
+    checked between steps; the limit of bench.max_trial_s is also enforced within a step by a
+    hard cap (watchdog.deadline): no loss then, and `quality_status` says why.
+    Given the baseline's steady throughput (`baseline_rate`), a variant far slower
+    (far_slower) is stopped: status 'too slow: ...', no loss. `n/a: ...` when a technique
+    cannot act on the model. `what` names the probe in the watchdog's message."""
     train, xy, _ = held_out.split(dataset, spec, recipe.bench.seed, EVAL_SAMPLES)
     started = time.perf_counter()
     got = _first_seed(spec, recipe, ctx, train, xy, steps, baseline_rate,
-                      probe_limit_s(recipe, left_s))
-    if "status" in got or not steps:
-        return got
+                      probe_limit_s(recipe, left_s), what or f"model {spec.name}")
+    if "status" in got or not steps or "quality_status" in got:
+        return got  # n/a or too slow; no loss asked for; or none: the limit came first
     left_s = None if left_s is None else left_s - (time.perf_counter() - started)
     return {**got, "seed_losses": [got["final_loss"],
                                    *more_seeds(spec, recipe, ctx, dataset, steps, seeds, left_s)]}
@@ -142,16 +162,16 @@ def seeded(recipe, k: int):
     return r
 
 
-def _first_seed(spec, recipe, ctx, train, xy, steps, baseline_rate, limit) -> dict:
+def _first_seed(spec, recipe, ctx, train, xy, steps, baseline_rate, limit, what) -> dict:
     """The first seed: timed steps, the too-slow rule, the held-out loss after `steps`."""
     per_step, factor = batching(spec, recipe, ctx).per_step, recipe.bench.too_slow_factor
     total = max(steps, 1 + STEADY_STEPS if factor else 1)
     # the limit never stops the probe before the too-slow rule has had its steps: a variant
     # far slower would otherwise escape it into the rounds
     floor = min(total, 1 + STEADY_STEPS) if factor else 1
-    times, loss = [], math.nan
+    times, loss, why = [], None, {}  # loss: None until evaluated
     try:
-        with applied(spec, recipe, ctx, train) as trainer:
+        with applied(spec, recipe, ctx, train) as trainer, _capped(probe_limit_s(recipe), what):
             torch.manual_seed(recipe.bench.seed)  # dropout, per-step noise: the same stream
             while len(times) < total:
                 times.append(_timed_step(trainer))
@@ -161,27 +181,48 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, baseline_rate, limit) -> di
                 if len(times) == steps:
                     loss = held_out.evaluate(trainer.model, spec, xy, trainer.device)
                 if limit is not None and sum(times) > limit and len(times) >= floor:
-                    break  # no loss: the probe's steps are not all done
+                    if len(times) < steps:  # no loss: the probe's steps are not all done
+                        why = {"quality_status": limit_status(recipe, limit, len(times), steps)}
+                    break
     except NotApplicable as exc:
         return {"status": str(exc)}
+    except watchdog.StepOverrun as exc:  # a step past the limit: no loss, and why
+        if loss is None and steps:
+            why = {"quality_status": overrun_status(recipe, exc.elapsed_s)}
     done = min(steps, len(times))  # fewer where the time limit stopped it
-    return {**_timings(times, per_step), "final_loss": loss, "quality_steps": done,
-            "quality_samples": done * per_step}
+    return {**_timings(times, per_step), "final_loss": math.nan if loss is None else loss,
+            "quality_steps": done, "quality_samples": done * per_step, **why}
+
+
+def _capped(limit: float | None, what: str) -> watchdog.Deadline:
+    """The probe's limit as a hard cap on its steps (entered once the model is built, left
+    before the recipe's cleanup): a step that would overrun it is stopped (StepOverrun)."""
+    return watchdog.deadline(limit, f"the quality probe of {what}",
+                             f"{PROBE_LIMIT_TRIALS} x bench.max_trial_s")
 
 
 def _seed_loss(spec, recipe, ctx, train, xy, steps: int, left_s: float | None) -> float | None:
-    """The held-out loss after `steps` untimed steps from recipe's seed; None past `left_s`."""
+    """The held-out loss after `steps` untimed steps from recipe's seed; None past `left_s`
+    (checked between steps, and within a step by a hard cap: _capped)."""
     started = time.perf_counter()
-    with applied(spec, recipe, ctx, train) as trainer:
-        torch.manual_seed(recipe.bench.seed)
-        for _ in range(steps):
-            trainer.step()
-            if left_s is not None and time.perf_counter() - started > left_s:
-                return None
-        return held_out.evaluate(trainer.model, spec, xy, trainer.device)
+    try:
+        with applied(spec, recipe, ctx, train) as trainer, \
+                _capped(left_s and left_s - (time.perf_counter() - started),
+                        f"model {spec.name}"):
+            torch.manual_seed(recipe.bench.seed)
+            for _ in range(steps):
+                trainer.step()
+                if left_s is not None and time.perf_counter() - started > left_s:
+                    return None
+            return held_out.evaluate(trainer.model, spec, xy, trainer.device)
+    except watchdog.StepOverrun:
+        return None
 
 
 def _timings(step_s: list[float], per_step: int) -> dict:
+    if not step_s:  # the hard cap stopped the first step
+        return {"first_step_ms": math.nan, "second_step_ms": math.nan,
+                "probe_samples_per_s": math.nan}
     return {"first_step_ms": 1000 * step_s[0],
             "second_step_ms": 1000 * step_s[1] if len(step_s) > 1 else math.nan,
             "probe_samples_per_s": steady_rate(step_s, per_step)}

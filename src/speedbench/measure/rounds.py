@@ -126,6 +126,7 @@ class ModelRounds:
         self.skip: dict[str, str] = {}  # variant -> its n/a or too-slow status
         self.probes: dict[str, dict] = {}  # variant -> its quality probe
         self.seed_losses: dict[str, list[float]] = {}  # variant -> the probe's held-out losses
+        self.no_loss: dict[str, str] = {}  # variant -> why its probe has no loss (a time limit)
         self.rows: list[dict] = []  # the measured records, for the adaptive rule
         # Looks at the rounds: one without bench.target_ci or under torchrun (every rank would
         # have to decide alike); else planned after the first round (None until then).
@@ -250,7 +251,8 @@ class ModelRounds:
                                  **self.probes.get(name, {}), "status": self.skip[name]})
             elif not self._nothing_to_compare(name, round_):
                 record = self.measure(name, round_, position)
-                if schema.is_na(record["status"]):
+                # n/a, or a step past bench.max_trial_s's hard cap: not measured again
+                if schema.parse_status(record["status"]).kind in (schema.NA, schema.TOO_SLOW):
                     self.skip[name] = record["status"]
                 self._write(record)
                 self.rows.append(record)
@@ -328,6 +330,8 @@ class ModelRounds:
         if status.startswith(schema.TOO_SLOW) or schema.is_na(status):
             self.skip[name] = got.pop("status")
         self.seed_losses[name] = got.pop("seed_losses", [])
+        if "quality_status" in got:
+            self.no_loss[name] = got.pop("quality_status")
         self.probes[name] = got
         return got
 
@@ -363,6 +367,8 @@ class ModelRounds:
                     for k, loss in enumerate(losses)]
         if name in self.skip:
             status = self.skip[name]
+        elif name in self.no_loss:
+            status = self.no_loss[name]
         elif got and got.get("quality_steps") == 0 and self.first.bench.quality_steps:
             status = schema.na("no other variant was left to compare with: the baseline's "
                                "held-out loss was not taken")
@@ -384,13 +390,14 @@ class ModelRounds:
         """One variant's quality probe, held to the baseline's steady throughput; `steps` 0:
         its throughput alone, no loss. None on a fault."""
         recipe = self.plan.variants[name]
+        self.bar.set_postfix_str(f"{self.spec.name} {name}: quality probe")
         if steps is None:
             steps = quality.probe_steps(self.spec, recipe, self.first, self.ctx)
         try:
             return quality.quality_probe(
                 self.spec, recipe, self.ctx, self.dataset, steps,
                 baseline_rate=None if name == self.plan.baseline else base_rate,
-                left_s=self.left_s())
+                what=f"model {self.spec.name}, variant {name}", left_s=self.left_s())
         except Exception:  # its trials will meet the fault and record it
             return None
 

@@ -1,11 +1,13 @@
 """Clocks that respect device asynchrony, a per-phase host clock, and a memory sampler.
 
 The throughput window is synchronised at its two ends only: synchronising every step would
-erase the very effects of the sync-point and non_blocking knobs.
+erase the very effects of the sync-point and non_blocking knobs. Each of its steps is still
+timed (StepTimes, without synchronising) so that a stalled window can be flagged (stall_ms).
 """
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
 from collections import defaultdict
@@ -59,28 +61,93 @@ class NullClock:
         yield
 
 
+class StepTimes:
+    """Each step's duration in a timed window, taken without synchronising (timed_steps'
+    `step_times`), for stall_ms.
+
+    On the CPU the host clock times each step: one time.perf_counter() per step. On CUDA the
+    host runs ahead of the device and waits for it only at a host read (the loss every
+    sync_every steps), so a step's host time is not what it cost: a CUDA event recorded after
+    each step (no synchronisation, a few microseconds of host time) times the device's own
+    timeline instead, idle gaps (a paused host) included. Other devices: not measured."""
+
+    def __init__(self, device: torch.device, steps: int):
+        self.device, self.host = device, []
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)] \
+            if device.type == "cuda" else None
+        self.stream = None
+
+    def start(self) -> None:
+        if self.events:
+            self.stream = torch.cuda.current_stream(self.device)
+            self.events[0].record(self.stream)
+
+    def add(self, seconds: float) -> None:
+        self.host.append(seconds)
+        if self.events is not None and len(self.host) < len(self.events):
+            self.events[len(self.host)].record(self.stream)
+
+    def seconds(self) -> Optional[list[float]]:
+        """The steps' durations (s), once the window has ended; None where not measured."""
+        if self.device.type == "cpu":
+            return list(self.host)
+        if not self.events:
+            return None
+        marks = self.events[:len(self.host) + 1]
+        try:
+            return [a.elapsed_time(b) / 1000 for a, b in zip(marks, marks[1:])]
+        except RuntimeError:  # an event not recorded: no figure rather than a wrong one
+            return None
+
+
 def timed_steps(step: Callable[[], None], max_steps: int, device: torch.device,
                 budget_s: Optional[float] = None, min_steps: int = 1,
-                agree: Optional[Callable[[bool], bool]] = None) -> tuple[float, int]:
+                agree: Optional[Callable[[bool], bool]] = None,
+                step_times: Optional[StepTimes] = None) -> tuple[float, int]:
     """Run up to `max_steps` steps between two device synchronisations; (seconds, steps).
 
     The budget is checked on the host clock between steps, without synchronising: a
     slow variant (fp16 on a CPU, say) stops early and its throughput is still exact.
     `agree` turns this process's "over budget" into the decision of all ranks (DDP).
+    `step_times` gets each step's time (StepTimes: no synchronisation either).
     """
     synchronize(device)
-    t0 = time.perf_counter()
+    if step_times is not None:
+        step_times.start()
+    t0 = last = time.perf_counter()
     n = 0
     while n < max_steps:
         step()
         n += 1
-        over = budget_s is not None and n >= min_steps and time.perf_counter() - t0 > budget_s
+        now = time.perf_counter()
+        if step_times is not None:
+            step_times.add(now - last)
+        last = now
+        over = budget_s is not None and n >= min_steps and now - t0 > budget_s
         if agree is not None:
             over = agree(over)
         if over:
             break
     synchronize(device)
     return time.perf_counter() - t0, n
+
+
+# A stalled window: its longest step took over STALL_FACTOR times its median step.
+STALL_FACTOR = 5
+STALL_MIN_STEPS = 3  # fewer steps have no median to stand out from
+
+
+def stall_ms(step_s: Optional[list[float]]) -> float:
+    """The window's stall, in ms: its longest step's excess over the window's median step,
+    when that step took over STALL_FACTOR x the median (a pause of the process or the
+    machine, far outside the trial's own distribution); else 0. `step_s`: each step's time
+    (StepTimes.seconds()); NaN where they were not measured."""
+    if step_s is None:
+        return math.nan
+    if len(step_s) < STALL_MIN_STEPS:
+        return 0.0
+    median, longest = statistics.median(step_s), max(step_s)
+    return 1000 * (longest - median) if longest > STALL_FACTOR * median else 0.0
 
 
 STEADY_WINDOW = 3  # warm-up step times compared by the steady-state rule

@@ -5,7 +5,9 @@ that cannot act here makes the row `n/a: <reason>`), and the trial reads everyth
 applied: timings, memory, the techniques' columns, the FLOPs per step and the TF32 decision.
 The record it returns is whole: identity, round and position, measurements, the quality
 probe's loss and the peak it is compared with. A fault (OOM, exception, NaN loss) becomes the
-row's status, except under torchrun, where it must stop the job.
+row's status, except under torchrun, where it must stop the job. bench.max_trial_s is a hard
+cap on a trial in this process (watchdog.py, trial_limit_s): a step past it is stopped and the
+row's status is `too slow: step exceeded bench.max_trial_s ...`.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import torch
 from omegaconf import DictConfig
 
 from speedbench import distributed, techniques
-from speedbench.measure import flops, profile
+from speedbench.measure import flops, profile, watchdog
 from speedbench.results import file_name, schema
 from speedbench.config import ModelSpec, Plan, micro_batch
 from speedbench.measure.data import build_dataset
@@ -27,8 +29,8 @@ from speedbench.measure.flops import FlopsBook
 from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.errors import ConfigError
 from speedbench.techniques import Context
-from speedbench.measure.timing import PeakRss, PhaseClock, device_peak_mb, release_host_memory, \
-    reset_device_peak, step_memory, timed_steps, warm_up
+from speedbench.measure.timing import PeakRss, PhaseClock, StepTimes, device_peak_mb, \
+    release_host_memory, reset_device_peak, stall_ms, step_memory, timed_steps, warm_up
 from speedbench.measure.train import Trainer
 
 
@@ -46,6 +48,11 @@ def dataset_length(plan: Plan, spec: ModelSpec, world_size: int = 1) -> int:
     return need
 
 
+# A trial in this process may take this many times bench.max_trial_s (watchdog.deadline): its
+# warm-up and window stop near 1x between steps; the memory step and the FLOP count add a step
+# or two. Past it, a step that has itself run bench.max_trial_s is stopped (status `too slow`);
+# a trial of shorter steps (warm-up's floor of bench.warmup steps) runs on.
+OVERRUN_FACTOR = 2
 MAX_SAMPLES = 10_000_000  # per trial: the loader's shuffle alone holds 8 bytes per sample
 
 
@@ -115,11 +122,14 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
     try:
         out = run_dir / "profile" / file_name(spec.name) / file_name(variant) \
             if run_dir and trial == 0 else None
-        record.update(_measured(spec, recipe, ctx, dataset, out, book))
+        record.update(_measured(spec, recipe, ctx, dataset, out, book,
+                                f"model {spec.name}, variant {variant}"))
         if dist_env is not None:
             record = distributed.gather_record(record, dist_env)
     except NotApplicable as exc:
         record["status"] = str(exc)
+    except watchdog.StepOverrun as exc:  # a step past the cap: slower, not a fault
+        record["status"] = overrun_status(recipe, exc.elapsed_s)
     except torch.OutOfMemoryError:
         if dist_env is not None:
             raise
@@ -133,25 +143,57 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
     finally:
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()
-    if record["status"] == schema.OK and probe:
+    if probe and schema.parse_status(record["status"]).kind in (schema.OK, schema.TOO_SLOW):
         record.update(probe)  # final_loss: the quality probe's, at equal work
     if book is not None and distributed.is_main(dist_env):
         book.annotate(record)
     return record
 
 
+def trial_limit_s(recipe: DictConfig, ctx: Context) -> float | None:
+    """The hard cap on a trial in this process (watchdog.deadline), from build to FLOP count:
+    OVERRUN_FACTOR x bench.max_trial_s, as much again when it profiles (the profile windows
+    are budgeted between steps as the trial's are); past it, the step running is stopped once
+    it has run bench.max_trial_s itself. None without a cap, and under torchrun, where the
+    process group's timeouts stop a rank."""
+    cap = recipe.bench.max_trial_s
+    if cap is None or ctx.dist_env is not None:
+        return None
+    return OVERRUN_FACTOR * cap * (2 if recipe.profile != "off" else 1)
+
+
+def overrun_status(recipe: DictConfig, elapsed_s: float) -> str:
+    """`too slow: step exceeded bench.max_trial_s (5 s); stopped after 10.0 s`."""
+    return schema.format_status(schema.TOO_SLOW, f"step exceeded bench.max_trial_s "
+                                f"({recipe.bench.max_trial_s:g} s); stopped after "
+                                f"{elapsed_s:.1f} s")
+
+
+def _deadline(recipe: DictConfig, ctx: Context, what: str) -> watchdog.Deadline:
+    """The trial's hard cap: once past trial_limit_s, the step running is stopped as soon as
+    it has run bench.max_trial_s (a trial of many shorter steps runs on)."""
+    limit, cap = trial_limit_s(recipe, ctx), recipe.bench.max_trial_s
+    return watchdog.deadline(limit, what, f"{limit / cap:g} x bench.max_trial_s = {cap:g} s"
+                             if limit else "", step_s=cap)
+
+
 def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profile_out,
-              book: FlopsBook | None) -> dict:
-    """The measured columns of a trial, the recipe applied (session.applied) for all of it."""
+              book: FlopsBook | None, what: str = "") -> dict:
+    """The measured columns of a trial, the recipe applied (session.applied) for all of it,
+    under the trial's hard cap (trial_limit_s): StepOverrun once it passes."""
     device, b = ctx.device, batching(spec, recipe, ctx)
     clock = PhaseClock(device)
     sampler = distributed.sampler(dataset, ctx.dist_env, recipe.bench.seed)
     release_host_memory()
     reset_device_peak(device)
     with contextlib.ExitStack() as session:  # outlives the memory watch: profiling is not in it
+        guard = session.enter_context(_deadline(recipe, ctx, what or f"model {spec.name}"))
         with PeakRss() as rss:
             trainer = session.enter_context(
                 applied(spec, recipe, ctx, dataset, sampler=sampler, clock=clock))
+            session.callback(guard.disarm)  # the recipe's cleanup is never interrupted
+            trainer.step = guard.stepping(trainer.step)  # each step's end, for the cap
+            session.callback(vars(trainer).pop, "step", None)  # and no cycle left behind
             got = _timed_window(trainer, recipe.bench, ctx)
             # One more step, untimed, for the tensor memory split (not under torchrun: the
             # ranks would all have to take it).
@@ -162,6 +204,7 @@ def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profil
             got.update(profile.profile_trial(trainer, recipe, device, got["steps"], profile_out))
         got.update(techniques.columns(recipe, ctx))  # with what they observed of the trainer
         got["torch_threads"] = torch.get_num_threads()  # the count the trial ran with
+        guard.step_done()  # the FLOP count: a step's work of its own
         got.update(flops.reading(ctx, spec, recipe, dataset, b.micro, b.k, book))
     loss, elapsed = got.pop("loss"), got["elapsed_s"]
     got.update({
@@ -195,6 +238,9 @@ def _timed_window(trainer: Trainer, b, ctx: Context) -> dict:
         budget, steady = None, None
     trainer.clock.reset()
     trainer.meter.reset()
-    elapsed, steps = timed_steps(trainer.step, window, device, budget_s=budget and budget * 3 / 4)
+    times = StepTimes(device, window)  # each step's time: a stalled window stands out
+    elapsed, steps = timed_steps(trainer.step, window, device, budget_s=budget and budget * 3 / 4,
+                                 step_times=times)
     return {"warmup_steps": warm, "warmup_steady": steady, "elapsed_s": elapsed, "steps": steps,
-            "loss": trainer.meter.mean(), "host_reads": trainer.meter.host_reads}
+            "loss": trainer.meter.mean(), "host_reads": trainer.meter.host_reads,
+            "stall_ms": stall_ms(times.seconds())}

@@ -533,6 +533,9 @@ def build_document(run: Run, out_dir: Path) -> Document:
     busy = busy_note(run.env)
     if busy:  # first: it explains every figure below
         doc.note(busy)
+    stalled = stats.stall_note(run.trials)
+    if stalled:  # a window with a step far outside its own distribution
+        doc.note(stalled)
     recommendation_section(doc, run, out_dir)
     for experiment in experiments:
         experiment_section(doc, run, experiment, out_dir)

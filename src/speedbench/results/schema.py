@@ -54,6 +54,9 @@ TRIAL_COLUMNS = [
     "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "peak_phase",
     # the quality probe's steady throughput (quality.py: the "too slow" rule compares it)
     "probe_samples_per_s",
+    # the timed window's stall (timing.stall_ms): its longest step's excess over its median
+    # step, in ms, where that step took over 5x the median; else 0 (NaN: not measured)
+    "stall_ms",
 ]
 # The contract: every trials.csv has these (experiment ... final_loss); a reader notes the ones
 # an older run lacks.
@@ -107,7 +110,9 @@ def trial_columns(extra: Iterable[str] = ()) -> list[str]:
 # --- status: `ok`, `n/a: <reason>`, `oom`, `oom (<where>)`, `diverged`, `error: <reason>` ----------
 OK, NA, OOM, DIVERGED, ERROR = "ok", "n/a", "oom", "diverged", "error"
 # A variant stopped early, its steady probe steps far slower than the baseline's (quality.py):
-# `too slow: 12x slower ...`; summary.csv's verdict for it is STOPPED_SLOWER
+# `too slow: 12x slower ...`, or a step of its trial past bench.max_trial_s's hard cap
+# (trial.py, watchdog.py): `too slow: step exceeded bench.max_trial_s (5 s); stopped after
+# 10.0 s`; summary.csv's verdict for it is STOPPED_SLOWER
 TOO_SLOW = "too slow"
 STOPPED_SLOWER = "slower (stopped early)"
 # An option the recipe search dropped, its screen CI below 0.5x: `hopeless: 0.05x [...] in step 1`
