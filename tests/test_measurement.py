@@ -570,3 +570,21 @@ def test_transformer_state_is_params_grads_and_adamw_by_hand(tmp_path):
     assert row["peak_mem_mb"] == pytest.approx(sum(row[k] for k in (
         "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "activation_mem_mb")))
     assert row["peak_phase"] in ("forward", "backward", "optimizer")
+
+
+def test_a_baseline_alone_runs_every_round_and_stops_once_nothing_is_left_to_compare(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision: 1.0)
+    monkeypatch.setattr(rounds.ModelRounds, "measure", fake_trials({"a": [100.0], "b": [50.0]}))
+    alone = compose_cfg(*TINY, "model=transformer", "bench.repeats=3", "+variants={a:{}}",
+                        "baseline=a")
+    writer = rounds.measure_plan(build_plan(alone, None), tmp_path, progress=False)
+    assert [r["round"] for r in writer.rows] == [0, 1, 2]
+    # b stopped as too slow in its probe: round 0 measures the baseline, then nothing is left
+    stopped = compose_cfg(*TINY, "model=transformer", "bench.repeats=3",
+                          "+variants={a:{},b:{}}", "baseline=a")
+    monkeypatch.setattr(rounds.ModelRounds, "_probe_all",
+                        lambda self: self.skip.update(b="too slow: 9x slower"))
+    (tmp_path / "b").mkdir()
+    writer = rounds.measure_plan(build_plan(stopped, None), tmp_path / "b", progress=False)
+    assert sorted((r["variant"], r["round"]) for r in writer.rows) == [("a", 0), ("b", 0)]

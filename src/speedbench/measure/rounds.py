@@ -182,7 +182,8 @@ class ModelRounds:
         seconds of bench.time_budget_s the rounds may take."""
         if round_ == 0:
             return True  # a speed-up needs one round at least
-        if all(v in self.skip for v in self.plan.variants if v != self.plan.baseline):
+        others = [v for v in self.plan.variants if v != self.plan.baseline]
+        if others and all(v in self.skip for v in others):
             return False  # nothing left to compare with the baseline
         if round_ < self.repeats:
             if self.dist_env is not None or elapsed * (round_ + 1) / round_ <= budget:
