@@ -14,7 +14,9 @@ per-seed losses into a ratio with a CI and a non-inferiority verdict. The probe 
 "Too slow" (`bench.too_slow_factor`, F): every step of the probe is timed. The first is
 warm-up (one-time costs: allocation, kernel choice, compilation); the steps after it are its
 steady steps, and the probe runs at least 1 + STEADY_STEPS steps. The baseline's steady
-throughput is its samples per step over the median of its steady steps. A variant is stopped
+throughput is its samples per step over the median of its steady steps. (rounds.py probes the
+baseline for it alone first, `steps` 0, and takes its loss after the others only where one is
+left to compare.) A variant is stopped
 as soon as its last STEADY_STEPS steady steps each took at least MIN_STOP_S and each ran at
 under 1/F of the baseline's steady throughput (samples per second), or at once when every
 steady step so far took at least GROSS_MIN_S and ran at under 1/(GROSS x F) of it. It is
