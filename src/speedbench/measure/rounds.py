@@ -153,7 +153,7 @@ class ModelRounds:
                                                      f"({plan.baseline}: {why})"))
         if self.dist_env is None:
             self._probe_all()
-            self.bar.write(self.estimate())
+            self.bar.write(self.estimate(), sys.stderr)  # beside the progress bar
 
     def rounds(self) -> Iterator[int]:
         """At least one round, then up to `repeats` while the next one fits in what is left of
@@ -190,7 +190,7 @@ class ModelRounds:
                 return True
             self.bar.write(f"{self.spec.name}: {round_} of {self.repeats} rounds: another "
                            f"would overrun bench.time_budget_s="
-                           f"{self.first.bench.time_budget_s:g} s (wider CIs)")
+                           f"{self.first.bench.time_budget_s:g} s (wider CIs)", sys.stderr)
             return False
         return self.looks > 1 and stats.wants_more_rounds(
             self.rows, self.first.bench, round_, elapsed, self.comparisons, self.repeats,
