@@ -171,7 +171,7 @@ class ModelRounds:
             round_ += 1
             if self.looks is None:  # after the first round: its pace plans the looks
                 self.looks = stats.planned_looks(budget, self.repeats, self.clock() - started)
-        if self.looks and self.looks > 1:
+        if self.looks and self.looks > 1 and not self._nothing_left():
             look = stats.look_of(round_, self.repeats, self.looks)
             level = stats.sequential_level(self.comparisons, look, self.looks)
             self.bar.write(f"{self.spec.name}: {round_} rounds, look {look} of {self.looks} "
@@ -182,9 +182,8 @@ class ModelRounds:
         seconds of bench.time_budget_s the rounds may take."""
         if round_ == 0:
             return True  # a speed-up needs one round at least
-        others = [v for v in self.plan.variants if v != self.plan.baseline]
-        if others and all(v in self.skip for v in others):
-            return False  # nothing left to compare with the baseline
+        if self._nothing_left():
+            return False
         if round_ < self.repeats:
             if self.dist_env is not None or elapsed * (round_ + 1) / round_ <= budget:
                 return True
@@ -195,6 +194,11 @@ class ModelRounds:
         return self.looks > 1 and stats.wants_more_rounds(
             self.rows, self.first.bench, round_, elapsed, self.comparisons, self.repeats,
             self.looks, budget_s=budget)
+
+    def _nothing_left(self) -> bool:
+        """Whether every variant but the baseline is n/a or stopped: nothing to compare."""
+        others = [v for v in self.plan.variants if v != self.plan.baseline]
+        return bool(others) and all(v in self.skip for v in others)
 
     def estimate(self) -> str:
         """What the rounds should take, from the probes' steady steps (before any round)."""
