@@ -408,10 +408,8 @@ class ModelRounds:
 
     def _nothing_to_compare(self, name: str, round_: int) -> bool:
         """After the first round, the baseline's repeats are spared when every other variant
-        is n/a."""
-        others = [v for v in self.plan.variants if v != self.plan.baseline]
-        return (round_ > 0 and name == self.plan.baseline and bool(others)
-                and all(v in self.skip for v in others))
+        is n/a or stopped (one may become so during a round)."""
+        return round_ > 0 and name == self.plan.baseline and self._nothing_left()
 
     def _header(self, name: str, round_: int, position: int) -> dict:
         return header(self.plan, self.spec, name, self.plan.variants[name], round_,
