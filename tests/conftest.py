@@ -19,6 +19,7 @@ TINY = [
     "bench.steady_tol=null",  # a fixed warm-up: steady-state detection would add steps
     "bench.target_ci=null",  # exactly `repeats` rounds: no adaptive rounds up to the budget
     "bench.quality_steps=2", "bench.quality_seeds=1",  # a short quality probe per variant
+    "bench.peak_s=0.05",  # the matmul peak's plumbing, not a settled peak
     "models.resnet.small.dataset.image_size=32",
     "models.vae.small.image_size=32", "models.vae.small.dataset.image_size=32",
     "models.transformer.small.seq_len=16", "models.transformer.small.dataset.seq_len=16",

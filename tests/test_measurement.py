@@ -128,7 +128,7 @@ def test_rounds_are_added_only_while_the_ci_is_wide(noisy, tmp_path, monkeypatch
     cfg = compose_cfg(*TINY, "model=transformer", "bench.target_ci=0.05", "bench.time_budget_s=3",
                       experiment="amp")
     plan = build_plan(cfg, "amp")
-    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision: 1.0)
+    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision, **_: 1.0)
     prepare = rounds.ModelRounds.prepare
 
     def rounds_only(self):  # no probes, and the whole budget left to the rounds
@@ -154,7 +154,7 @@ def test_the_time_budget_counts_the_probes_and_cuts_the_floor_of_rounds(tmp_path
                       "bench.time_budget_s=15", experiment="amp")
     plan = build_plan(cfg, "amp")
     now = [0.0]
-    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision: 1.0)
+    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision, **_: 1.0)
     monkeypatch.setattr(rounds.ModelRounds, "_probe_all",
                         lambda self: now.__setitem__(0, now[0] + 4.0))
     fake = fake_trials({"fp32": [100.0], "fp16": [100.0], "bf16": [100.0]})
@@ -209,7 +209,8 @@ def test_cli_writes_flops_steady_state_and_peak_columns(tmp_path):
 @pytest.mark.parametrize("override, key", [("bench.steady_tol=0", "bench.steady_tol"),
                                             ("bench.target_ci=-0.1", "bench.target_ci"),
                                             ("bench.time_budget_s=0", "bench.time_budget_s"),
-                                            ("bench.warmup_max=-1", "bench.warmup_max")])
+                                            ("bench.warmup_max=-1", "bench.warmup_max"),
+                                            ("bench.peak_s=-1", "bench.peak_s")])
 def test_bench_knobs_are_validated(override, key):
     with pytest.raises(ConfigError, match=key):
         build_plan(compose_cfg(*TINY, override), None)
@@ -287,6 +288,9 @@ def test_peak_is_cached_once_per_run_and_labelled(monkeypatch):
     assert rec["achieved_tflops"] == pytest.approx(0.2)
     assert not flops.uses_tf32(torch.nn.Conv2d(1, 1, 1), torch.device("cpu"))
     assert flops.peak_kind("fp32", True) == "tf32" and flops.peak_kind("bf16", True) == "bf16"
+    skipped = flops.FlopsBook(torch.device("cpu"), peak_s=0)  # bench.peak_s=0: not measured
+    skipped.measure_peaks(["fp32"])
+    assert calls == ["fp32", "bf16"] and math.isnan(skipped.peak("fp32"))
 
 
 def test_flops_and_tf32_are_read_under_the_variants_own_settings(tmp_path, monkeypatch):
@@ -299,7 +303,7 @@ def test_flops_and_tf32_are_read_under_the_variants_own_settings(tmp_path, monke
         return False
 
     monkeypatch.setattr(flops, "uses_tf32", spy)
-    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision: 1.0)
+    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision, **_: 1.0)
     cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=1", "bench.quality_steps=0",
                       "+variants={plain:{},medium:{matmul_precision:medium}}", "baseline=plain")
     writer = rounds.measure_plan(build_plan(cfg, None), tmp_path, progress=False)
@@ -574,7 +578,7 @@ def test_transformer_state_is_params_grads_and_adamw_by_hand(tmp_path):
 
 def test_a_baseline_alone_runs_every_round_and_stops_once_nothing_is_left_to_compare(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision: 1.0)
+    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision, **_: 1.0)
     monkeypatch.setattr(rounds.ModelRounds, "measure", fake_trials({"a": [100.0], "b": [50.0]}))
     alone = compose_cfg(*TINY, "model=transformer", "bench.repeats=3", "+variants={a:{}}",
                         "baseline=a")

@@ -97,7 +97,7 @@ def _measured_orders(tmp_path, monkeypatch, *overrides):
         return {**self._header(variant, round_, position), "status": "ok",
                 "samples_per_s": 1.0, "step_ms": 1.0}
 
-    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision: 1.0)
+    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision, **_: 1.0)
     monkeypatch.setattr(rounds.ModelRounds, "measure", fake)
     monkeypatch.setattr(rounds.ModelRounds, "_probe_all", lambda self: None)
     plan = build_plan(compose_cfg(*TINY, "model=transformer", "bench.repeats=6",

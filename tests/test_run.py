@@ -95,7 +95,7 @@ def test_trials_record_their_round_and_position(tmp_path, monkeypatch):
         return {**self._header(variant, round_, position), "status": "ok",
                 "samples_per_s": 1.0, "step_ms": 1.0}
 
-    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision: 1.0)
+    monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision, **_: 1.0)
     monkeypatch.setattr(rounds.ModelRounds, "measure", fake)
     # no quality probes: on a loaded machine one may stop a variant as too slow
     monkeypatch.setattr(rounds.ModelRounds, "_probe_all", lambda self: None)

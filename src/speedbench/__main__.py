@@ -112,8 +112,8 @@ def schema_keys(node=None, prefix: str = "") -> list[str]:
     return keys
 
 
-def _known(key: str) -> bool:
-    node = _schema()
+def _known(key: str, schema: DictConfig) -> bool:
+    node = schema
     parts = key.split(".")
     for i, part in enumerate(parts):
         if not isinstance(node, DictConfig) or ".".join(parts[:i]) in FREE_FORM:
@@ -140,6 +140,7 @@ def command_line_problem(args: list[str]) -> str | None:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except (Exception, SystemExit):
         return None
+    schema = None  # loaded once: ConfigStore.load deep-copies the whole schema
     for o in parsed:
         key = o.key_or_group
         if key == "hydra/launcher" and not _submitit_installed() and any(
@@ -159,8 +160,9 @@ def command_line_problem(args: list[str]) -> str | None:
                 return (f"unknown experiment {value}{did_you_mean(value, names)} "
                         f"(experiments: {', '.join(names)})")
             continue
-        if not _known(key):
-            keys = schema_keys()
+        schema = _schema() if schema is None else schema
+        if not _known(key, schema):
+            keys = schema_keys(schema)
             hint = did_you_mean(key, keys) or (
                 "; known keys: " + ", ".join(k for k in keys if "." not in k))
             return f"unknown key {key}{hint}"

@@ -73,7 +73,7 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
     distributed.outlive_peer_failure(dist_env)
     writer = results.TrialWriter(run_dir / "trials.csv", techniques.column_names()) \
         if run_dir else None
-    book = FlopsBook(device)
+    book = FlopsBook(device, cfg.bench.peak_s)
 
     family = sum(planned_comparisons(p) for p in plans) if groups is None else None
 

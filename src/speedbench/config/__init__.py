@@ -118,6 +118,9 @@ class BenchConfig:
                                               "device memory at the baseline's precision "
                                               "(CUDA; capacity.csv)")
     largest_batch_s: float = setting(60.0, "time limit of that search, per model")
+    peak_s: float = setting(1.5, "seconds the matmul peak (the denominator of % of peak) may take "
+                                 "per dtype and layout, once per run; 0: not measured, "
+                                 "peak_tflops empty")
 
 
 @dataclass
@@ -416,6 +419,9 @@ def check_recipe(recipe: DictConfig, where: str = "") -> None:
             raise ConfigError(f"{p}bench.{key}: {value} is out of range; it must be > 0"
                               + ("" if key in ("time_budget_s", "largest_batch_s")
                                  else ", or null to turn it off"))
+    if not recipe.bench.peak_s >= 0:
+        raise ConfigError(f"{p}bench.peak_s: {recipe.bench.peak_s} is out of range; it must be "
+                          ">= 0 (0: no peak measured)")
     factor = recipe.bench.too_slow_factor
     if factor is not None and not factor > 1:
         raise ConfigError(f"{p}bench.too_slow_factor: {factor} is out of range; it must be > 1 "
@@ -438,7 +444,7 @@ def _check_os_values(recipe: DictConfig, p: str) -> None:
         raise ConfigError(f"{p}bench.seed: {recipe.bench.seed} is out of range; it must be an "
                           f"integer >= 0 and < 2^32 ({SEED_LIMIT:,})")
     for key in ("bench.max_trial_s", "bench.time_budget_s", "bench.largest_batch_s",
-                "dist_timeout_s"):
+                "bench.peak_s", "dist_timeout_s"):
         value = OmegaConf.select(recipe, key)
         if value is not None and not value <= SECONDS_LIMIT:  # inf and nan too
             raise ConfigError(f"{p}{key}: {value} is out of range; it must be a finite number of "

@@ -11,7 +11,8 @@
 - `matmul_peak_tflops`: a peak measured on the spot, the best rate of a large square matrix
   product in the variant's dtype on the same device, timed between device synchronisations, in
   windows repeated until the best three agree within PEAK_TOL (or PEAK_MAX_S runs out).
-  FlopsBook measures it once per run and dtype and caches it.
+  FlopsBook measures it once per run and dtype and caches it; `bench.peak_s` bounds it
+  (0: not measured, the peak NaN).
 - On CUDA, fp32 work may run as TF32 (cuDNN convolutions by default, matrix products when
   torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision allow it), as the
   trial's own flags say. The fp32 peak is then measured with TF32 on as well, so like is
@@ -207,8 +208,9 @@ class FlopsBook:
     Call `measure_peaks(kinds)` at one fixed point of the run (before the first trial) so
     that every run measures its peaks in the same state of the machine."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, peak_s: float = PEAK_MAX_S):
         self.device = device
+        self.peak_s = peak_s
         self.counts: dict[tuple, float] = {}
         self.peaks: dict[str, float] = {}
 
@@ -220,9 +222,12 @@ class FlopsBook:
 
     def peak(self, kind: str) -> float:
         """The peak TFLOP/s of `kind` (a matmul dtype, or tf32)."""
-        if kind not in self.peaks:
+        if kind not in self.peaks and not self.peak_s:
+            self.peaks[kind] = math.nan
+        elif kind not in self.peaks:
             extra = {"tf32": True} if kind == "tf32" else {}
-            self.peaks[kind] = matmul_peak_tflops(self.device, "fp32" if extra else kind, **extra)
+            self.peaks[kind] = matmul_peak_tflops(self.device, "fp32" if extra else kind,
+                                                  duration_s=self.peak_s, **extra)
         return self.peaks[kind]
 
     def measure_peaks(self, kinds) -> None:

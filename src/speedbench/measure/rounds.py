@@ -448,7 +448,7 @@ def measure_plan(plan: Plan, run_dir: Path | None, progress: bool = True,
     family, which the stopping rule judges CIs for (default: this plan's)."""
     if writer is None and run_dir:
         writer = TrialWriter(run_dir / "trials.csv", techniques.column_names())
-    book = book or FlopsBook(torch.device(plan.device))
+    book = book or FlopsBook(torch.device(plan.device), plan.config.bench.peak_s)
     bar = progress_bar(plan, progress and distributed.is_main(dist_env))
     if writer:  # the matmul peaks: once per run and dtype, before any trial
         bar.set_postfix_str("matmul peak")

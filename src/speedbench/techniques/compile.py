@@ -53,7 +53,12 @@ def _stance() -> str:
         return "default"
 
 
-global_flag("compiler.stance", _stance, lambda v: torch.compiler.set_stance(v))
+def _set_stance(stance: str) -> None:
+    if "torch._dynamo" in sys.modules or stance != "default":  # else it is the default already
+        torch.compiler.set_stance(stance)
+
+
+global_flag("compiler.stance", _stance, _set_stance)
 
 
 def _counters() -> dict:
