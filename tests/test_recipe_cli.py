@@ -179,7 +179,7 @@ def test_a_budget_too_short_decides_nothing_and_says_so_first(tmp_path):
     no waterfall is drawn; recipe.also_skip adds to recipe.skip."""
     from speedbench.run import run
 
-    cfg = compose_cfg(*TINY, "model=transformer", "recipe.budget_s=5", f"out_dir={tmp_path}",
+    cfg = compose_cfg(*TINY, "model=transformer", "recipe.budget_s=1", f"out_dir={tmp_path}",
                       *FEW, "recipe.skip=[sync]", "recipe.also_skip=[empty_cache]",
                       experiment="recipe")
     run_dir = run(cfg, "recipe", progress=False)

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from conftest import SMALL_MODELS, TINY, compose_cfg, only_run_dir, run_main
 from speedbench.analysis import stats
@@ -58,6 +59,30 @@ def test_one_run_stops_at_the_target_and_times_only_training():
     assert record["time_s"] + record["one_time_s"] == pytest.approx(curve[-1]["train_s"])
     assert record["cold_s"] >= curve[-1]["train_s"]
     assert floor < 4.0
+
+
+def test_the_held_out_batch_is_made_once_per_data_set_which_is_still_let_go():
+    import gc
+    import weakref
+
+    from torch.utils.data import Subset
+
+    from speedbench.measure.data import build_dataset
+
+    plan = _plan()
+    spec = plan.models[0]
+    data = build_dataset(spec.dataset, 64, None, seed=0)
+    first, again = held_out.split(data, spec, 0, 8), held_out.split(data, spec, 0, 8)
+    assert first[0] is data and again[1] is first[1]  # the same batch, not made twice
+    assert held_out.split(data, spec, 1, 8)[1] is not first[1]  # another seed: its own
+    user = torch.utils.data.TensorDataset(torch.arange(50.0), torch.arange(50))  # data.path's
+    kept, xy, _ = held_out.split(user, spec, 0, 8)
+    assert isinstance(kept, Subset) and len(kept) == 45 and len(xy[0]) == 5
+    assert not set(kept.indices) & {int(v) for v in xy[0]}  # never trained on
+    gone = weakref.ref(data), weakref.ref(user)
+    del data, user, kept, first, again
+    gc.collect()
+    assert gone[0]() is None and gone[1]() is None
 
 
 def test_a_run_that_cannot_get_there_is_a_miss_not_a_number():

@@ -22,6 +22,7 @@ from speedbench.analysis import to_target as target_stats
 from speedbench.config import Plan, build_plan, suite
 from speedbench.measure import diagnosis, env, to_target
 from speedbench.measure.flops import FlopsBook
+from speedbench.measure.timing import settled_heap
 from speedbench.measure.rounds import (measure_plan, na_variants, plan_order_seed,
                                        planned_comparisons)
 from speedbench.measure.trial import check_data
@@ -52,8 +53,9 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     run_dir = _open_run_dir(cfg, experiment, plans, resolved, dist_env, device) \
         if distributed.is_main(dist_env) else None
     try:
-        return _conduct(cfg, plans, groups, run_dir, resolved, dist_env, device, progress,
-                        experiment, overrides)
+        with settled_heap():
+            return _conduct(cfg, plans, groups, run_dir, resolved, dist_env, device, progress,
+                            experiment, overrides)
     except KeyboardInterrupt as exc:
         exc.run_dir = run_dir  # the interrupt's line names this run's folder, no other
         raise

@@ -9,6 +9,8 @@ Evaluation is in eval mode, without autocast, untimed.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import torch
 from torch.utils.data import Subset, default_collate
@@ -46,22 +48,41 @@ def held_out(spec, recipe, samples: int, n_eval: int):
     return split(train, spec, recipe.bench.seed, n_eval)
 
 
+# per data set: every variant's probe and seed evaluates the same held-out batch. The values
+# never hold the data set itself, or it would never be let go.
+_SPLITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def split(train, spec, seed: int, n_eval: int):
-    """(what to train on, held-out batch (x, y), entropy floor or None) for a built data set."""
+    """(what to train on, held-out batch (x, y), entropy floor or None) for a built data set,
+    made once per data set, model, seed and size (making a batch of pictures takes seconds)."""
+    key = (spec.name, seed, n_eval)
+    try:
+        made = _SPLITS.setdefault(train, {})
+    except TypeError:  # a data set of the user's that cannot be weakly referenced or hashed
+        made = {}
+    if key not in made:
+        made[key] = _held_out(train, spec, seed, n_eval)
+    kept, xy, floor = made[key]
+    return (train if kept is None else Subset(train, kept)), xy, floor
+
+
+def _held_out(train, spec, seed: int, n_eval: int):
+    """(indices of `train` kept for training, or None for all; held-out (x, y); floor)."""
     if isinstance(train, MarkovTokens):  # the same chain, sequences never trained on
         items = [train[len(train) + i] for i in range(n_eval)]
-        return train, default_collate(items), markov_floor(train)
+        return None, default_collate(items), markov_floor(train)
     if isinstance(train, JpegImages):  # new pictures of the same classes
         d = spec.dataset
         pics = JpegImages(n_eval, d["image_size"], d["num_classes"], d.get("stored_size"),
                           pool=n_eval, seed=seed + 1_000_003)
         torch.manual_seed(seed)  # their crops: the same for every variant
-        return train, default_collate([pics[i] for i in range(n_eval)]), None
+        return None, default_collate([pics[i] for i in range(n_eval)]), None
     # a user's own data: a seeded random share set aside
     n = min(n_eval, max(1, len(train) // 10))
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
     torch.manual_seed(seed)
-    return (Subset(train, order[n:]), default_collate([train[i] for i in order[:n]]), None)
+    return order[n:], default_collate([train[i] for i in order[:n]]), None
 
 
 def evaluate(model, spec, xy, device) -> float:

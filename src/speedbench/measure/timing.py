@@ -289,6 +289,22 @@ def device_peak_mb(device: torch.device) -> Optional[float]:
     return None
 
 
+@contextmanager
+def settled_heap():
+    """What is alive before the first trial (modules, the config, the data's code) is nobody's
+    garbage: gc.freeze moves it out of the collector's sight while the run measures, so that a
+    trial's gc.collect (release_host_memory) walks only what the trials made. With torch,
+    Hydra and matplotlib loaded that is ~400,000 objects and 0.2 s a trial on a laptop CPU."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()  # in a process that goes on (a test), collected as before
+
+
 def release_host_memory() -> None:
     """Collect garbage and hand freed heap back to the OS (glibc), so that a trial's resident
     memory growth measures that trial rather than what earlier trials left cached."""
