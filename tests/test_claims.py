@@ -166,3 +166,14 @@ def test_experiment_claims_cite_findable_sources_and_carry_scope():
             # A claim about GPU transfers or GPU speed is judged on CUDA only.
             if claim.get("kind") == "faster" and "gpu" in claim["quote"].lower():
                 assert claim.get("requires") == "cuda", (path.name, claim["quote"])
+
+
+def test_cpu_maker_scope():
+    claim = {"kind": "faster", "cpu_model": "Intel"}  # the openmp experiment's Intel runtime
+    epyc = {"cpu_model": "AMD EPYC 7B13 64-Core Processor"}
+    xeon = {"cpu_model": "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"}
+    assert claims.out_of_scope(claim, "cpu", epyc) == (
+        "n/a: the claim is stated for Intel CPUs; this CPU is AMD EPYC 7B13 64-Core Processor")
+    assert claims.out_of_scope(claim, "cpu", xeon) is None
+    assert claims.out_of_scope(claim, "cuda:0", xeon).startswith("n/a: the claim is stated for "
+                                                                "Intel CPUs; this run is on")

@@ -1,7 +1,8 @@
-"""The process-level tips: intra-op threads x workers x processes, the host allocator loaded
-in a fresh process per trial, and DDP's own knobs."""
+"""The process-level tips: intra-op threads x workers x processes, the host allocator and the
+OpenMP runtime loaded in a fresh process per trial, and DDP's own knobs."""
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -9,13 +10,13 @@ import torch
 import torch.distributed as dist
 
 from conftest import SMALL_MODELS, TINY, compose_cfg
-from speedbench.config import build_plan
+from speedbench.config import ConfigError, build_plan
 from speedbench.measure import launch
 from speedbench.measure.data import build_dataset
 from speedbench.measure.trial import dataset_length, measure_trial
 from speedbench.search import driver
 from speedbench.techniques import Context, allocator, by_name, ddp_tuning, loader, parallel
-from speedbench.techniques import threads
+from speedbench.techniques import environment, openmp, threads
 
 CPU = Context(torch.device("cpu"))
 
@@ -104,11 +105,11 @@ def test_this_process_maps_the_system_malloc_unless_preloaded():
 
 
 def fresh_trial(*overrides: str) -> dict:
-    """One allocator trial launched the way the rounds launch it (launch.py --fresh)."""
+    """One trial launched the way the rounds launch it (launch.py --fresh)."""
     plan = plan_of(*overrides)
     recipe, spec = plan.variants["default"], plan.models[0]
-    env = by_name("allocator").environment(recipe, CPU)
-    assert env, "an allocator variant runs in a fresh process"
+    env = environment(recipe, CPU)
+    assert env, "an allocator or OpenMP variant runs in a fresh process"
     return launch.launch_trial(plan, spec, "default", recipe, 0, None, env=env)
 
 
@@ -130,6 +131,61 @@ def test_an_installed_allocator_is_the_one_the_trial_process_maps(kind):
     assert record["status"] == "ok", record["status"]
     assert record["allocator_library"] == library
     assert kind in record["allocator_loaded"]
+
+
+# --- the OpenMP runtime -------------------------------------------------------------------------
+def test_intel_openmp_missing_is_na_with_the_install_command_and_mistakes_are_named():
+    tech = by_name("openmp")
+    recipe = plan_of("openmp=intel", "openmp_path=/nonexistent/libiomp5.so").variants["default"]
+    reason = tech.not_applicable(recipe, CPU)
+    assert reason.startswith("n/a: Intel OpenMP not found (/nonexistent/libiomp5.so)")
+    assert "install it: pip install intel-openmp" in reason
+    assert tech.not_applicable(plan_of("openmp=gnu").variants["default"], CPU) is None
+    with pytest.raises(ConfigError, match="kmp_blocktime: 1 acts only on Intel's OpenMP"):
+        plan_of("openmp=gnu", "kmp_blocktime=1")
+    with pytest.raises(ConfigError, match="openmp_bind: true acts at a process's start"):
+        plan_of("openmp_bind=true")
+
+
+def test_each_runtime_starts_a_fresh_process_with_its_variables(monkeypatch, tmp_path):
+    monkeypatch.setenv("LD_PRELOAD", "/x/libiomp5.so /y/libother.so")
+    lib = tmp_path / "libiomp5.so"
+    lib.write_bytes(b"")
+    tech = by_name("openmp")
+    assert tech.environment(plan_of().variants["default"], CPU) == {}
+    bound = plan_of("openmp=gnu", "openmp_bind=true").variants["default"]
+    assert tech.environment(bound, CPU) == {"LD_PRELOAD": "/y/libother.so",
+                                            "OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
+    tuned = plan_of("openmp=intel", "openmp_bind=true", "kmp_blocktime=1",
+                    f"openmp_path={lib}").variants["default"]
+    assert tech.environment(tuned, CPU) == {
+        "LD_PRELOAD": f"{lib} /y/libother.so",
+        "KMP_AFFINITY": "granularity=fine,compact,1,0", "KMP_BLOCKTIME": "1"}
+    # with another malloc in the same recipe, both libraries are preloaded
+    both = plan_of("openmp=intel", f"openmp_path={lib}", "allocator=system").variants["default"]
+    assert environment(both, CPU)["LD_PRELOAD"].split() == [
+        "/x/libiomp5.so", "/y/libother.so", str(lib)]
+
+
+def test_this_process_runs_its_parallel_regions_on_gnu_openmp():
+    if "libiomp" in os.environ.get("LD_PRELOAD", "") or not os.path.exists("/proc/self/maps"):
+        pytest.skip("not Linux, or this test process runs with Intel's OpenMP preloaded")
+    assert openmp.serving_library().startswith("libgomp")
+    assert openmp.block_time_ms() is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["gnu", "intel"])
+def test_the_trial_process_runs_on_the_runtime_its_variant_names(runtime):
+    extra = ["openmp_bind=true"] + (["kmp_blocktime=1"] if runtime == "intel" else [])
+    if runtime == "intel" and openmp.find_iomp() is None:
+        pytest.skip("Intel OpenMP is not installed here (pip install intel-openmp)")
+    record = fresh_trial(f"openmp={runtime}", *extra)
+    assert record["status"] == "ok", record["status"]
+    expected = "libiomp5.so" if runtime == "intel" else "libgomp"
+    assert record["openmp_loaded"].startswith(expected), record["openmp_loaded"]
+    assert (record["kmp_blocktime_read"] == 1) if runtime == "intel" else \
+        math.isnan(record["kmp_blocktime_read"])
 
 
 # --- ddp_tuning ---------------------------------------------------------------------------------
@@ -166,6 +222,6 @@ def test_ddp_knobs_train_under_torchrun_on_two_cpu_ranks():
 # --- the recipe search --------------------------------------------------------------------------
 def test_the_recipe_search_considers_threads_the_allocator_and_ddp_knobs():
     groups = {g.name: g for g in driver.parse_groups(compose_cfg(*TINY, experiment="recipe"))}
-    assert {"threads", "allocator", "ddp_tuning"} <= set(groups)
+    assert {"threads", "allocator", "openmp", "ddp_tuning"} <= set(groups)
     assert groups["threads"].naive == {"threads": None}
     assert {o.name for o in groups["allocator"].options} == {"jemalloc", "tcmalloc"}

@@ -240,6 +240,8 @@ def out_of_scope(claim: dict, device: Optional[str], env: Optional[dict] = None
     the device is unknown)."""
     if claim.get("cpu_flags") and device:
         return _cpu_scope(claim["cpu_flags"], device, env)
+    if claim.get("cpu_model") and device:
+        return _cpu_model_scope(claim["cpu_model"], device, env)
     if claim.get("requires") != "cuda" or not device:
         return None
     if not device.startswith("cuda"):
@@ -262,6 +264,16 @@ def _cpu_scope(flags: list, device: str, env: Optional[dict]) -> Optional[str]:
     have = (env or {}).get("cpu_flags")
     if have is not None and not set(flags) & set(have):
         return f"n/a: the claim is stated for CPUs with {' or '.join(flags)}; this CPU has neither"
+    return None
+
+
+def _cpu_model_scope(word: str, device: str, env: Optional[dict]) -> Optional[str]:
+    """A claim stated for one maker's CPUs (`word` in env.json's cpu_model): n/a elsewhere."""
+    if device != "cpu":
+        return f"n/a: the claim is stated for {word} CPUs; this run is on {device}"
+    have = (env or {}).get("cpu_model")
+    if have and word.lower() not in have.lower():
+        return f"n/a: the claim is stated for {word} CPUs; this CPU is {have}"
     return None
 
 

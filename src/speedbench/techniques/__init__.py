@@ -16,7 +16,7 @@ from speedbench.techniques import (accumulation, empty_cache, loader, parallel, 
                                    tensor_creation)
 from speedbench.techniques import (attention, checkpointing, compile, cudnn_benchmark,
                                    matmul_precision, memory_format, optimizer)
-from speedbench.techniques import allocator, batch_scale, ddp_tuning, threads
+from speedbench.techniques import allocator, batch_scale, ddp_tuning, openmp, threads
 from speedbench.techniques import conv_bias, debug_apis, eval_mode, onednn_precision, zero_grad
 from speedbench.techniques.base import (GLOBAL_FLAGS, ConfigError, Context, Field, Finding,
                                         Technique, global_snapshot,
@@ -40,6 +40,7 @@ _ALL: list[Technique] = [
     optimizer.Optimizer(),
     threads.Threads(),
     allocator.Allocator(),
+    openmp.OpenMP(),
     ddp_tuning.DdpTuning(),
     zero_grad.ZeroGrad(),
     eval_mode.EvalMode(),
@@ -140,7 +141,11 @@ def environment(recipe: Any, ctx: Context) -> dict:
     """Variables the trial's process must start with; non-empty: a fresh process (launch.py)."""
     env: dict = {}
     for t in REGISTRY:
-        env.update(t.environment(recipe, ctx))
+        own = t.environment(recipe, ctx)
+        if "LD_PRELOAD" in own and "LD_PRELOAD" in env:  # e.g. jemalloc and Intel's OpenMP
+            own = {**own, "LD_PRELOAD": " ".join(dict.fromkeys(
+                env["LD_PRELOAD"].split() + own["LD_PRELOAD"].split()))}
+        env.update(own)
     return env
 
 
