@@ -428,7 +428,35 @@ def test_a_run_ends_after_its_report_though_the_model_left_a_thread_running(tmp_
 # --- a busy machine ----------------------------------------------------------------------------
 
 BUSY = {"cores": 2, "load_start": 4.1, "load_highest": 4.9, "load_end": 4.4, "cpu_steal": 0.0,
-        "own_cpu_share": 0.31, "busy": True}
+        "own_cpu_share": 0.31, "others_cpu_share": 0.62, "busy": True}
+
+
+def test_busy_means_other_processes_took_the_cores_not_a_lagging_load_average():
+    from speedbench.measure.env import is_busy
+
+    assert not is_busy(4.9, 2, 0.0, 0.05)  # a job that ended just before: the load lags
+    assert is_busy(1.0, 2, 0.0, 0.6) and is_busy(1.0, 2, 0.2, 0.0)  # others; the hypervisor
+    assert is_busy(4.9, 2, None, None) and not is_busy(2.5, 2, None, None)  # no /proc/stat
+
+
+def test_other_processes_cpu_time_is_told_apart_from_the_runs_own():
+    from speedbench.measure import env
+
+    if env._cpu_jiffies() is None:
+        pytest.skip("no /proc/stat here")
+    watch = env._LoadWatch()
+    watch.thread = True  # no sampler thread: the load average is not what this test reads
+    watch.start()
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\n"
+                                "while time.time() - t < 5: pass"])
+    try:
+        time.sleep(1.5)
+        got = watch.summary()  # the spinner is not reaped yet: not this process's child time
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert got["others_cpu_share"] > 0.5 / os.cpu_count(), got  # one core of os.cpu_count()
+    assert got["own_cpu_share"] < 0.2, got  # this process slept
 
 
 def test_a_busy_machine_is_said_first_and_no_share_of_peak_exceeds_100(tmp_path):
@@ -442,7 +470,8 @@ def test_a_busy_machine_is_said_first_and_no_share_of_peak_exceeds_100(tmp_path)
     md = (run / "report.md").read_text()
     body = [ln for ln in md.splitlines()[1:] if ln.strip()]
     assert body[1].startswith("> The machine was busy: load 4.9 on 2 cores (CPU steal 0 %; this "
-                              "run got 31 % of them); figures are noisy"), body[:3]
+                              "run got 31 % of them; other processes 62 %); figures are noisy"), \
+        body[:3]
     assert "447" not in md and "2,348" not in md and "over 100 (peak measured low)" in md
     assert "4.1 at the start, 4.9 at most, 4.4 at the end, on 2 cores" in md
 

@@ -78,9 +78,21 @@ def record_end(env_path: Path) -> dict:
     return load
 
 
-# A busy machine: other work kept the cores (load above 1.5 x the usable cores, the run itself
-# counting for about one per core) or the hypervisor took them (steal above 10 %).
-BUSY_LOAD_PER_CORE, BUSY_STEAL = 1.5, 0.10
+# A busy machine: other work took the cores (over a quarter of the machine's CPU time while the
+# run went, from /proc/stat less the run's own; where that is not known, a load above 1.5 x the
+# usable cores, the run itself counting for about one per core) or the hypervisor took them
+# (steal above 10 %). The load average alone lags by a minute: a job that ended just before the
+# run would make a quiet run look busy.
+BUSY_LOAD_PER_CORE, BUSY_STEAL, BUSY_OTHERS = 1.5, 0.10, 0.25
+
+
+def is_busy(highest: float | None, cores: int, steal: float | None,
+            others: float | None) -> bool:
+    if steal is not None and steal > BUSY_STEAL:
+        return True
+    if others is not None:
+        return others > BUSY_OTHERS
+    return highest is not None and highest > BUSY_LOAD_PER_CORE * cores
 
 
 class _LoadWatch:
@@ -114,15 +126,16 @@ class _LoadWatch:
             os.cpu_count() or 1
         end = load_average()
         wall = max(time.monotonic() - wall0, 1e-9)
-        steal = _steal_fraction(jiffies0, _cpu_jiffies())
+        jiffies, own_s = _cpu_jiffies(), _own_cpu_s() - cpu0
+        steal = _steal_fraction(jiffies0, jiffies)
+        others = _others_fraction(jiffies0, jiffies, own_s)
         seen = [x for x in (self.highest, end and end[0], self.first and self.first[0])
                 if x is not None]
         highest = max(seen, default=None)
-        busy = (highest is not None and highest > BUSY_LOAD_PER_CORE * cores) or \
-            (steal is not None and steal > BUSY_STEAL)
         return {"cores": cores, "load_start": self.first and self.first[0],
                 "load_highest": highest, "load_end": end and end[0], "cpu_steal": steal,
-                "own_cpu_share": round((_own_cpu_s() - cpu0) / wall / cores, 3), "busy": busy}
+                "own_cpu_share": round(own_s / wall / cores, 3), "others_cpu_share": others,
+                "busy": is_busy(highest, cores, steal, others)}
 
 
 def _own_cpu_s() -> float:
@@ -130,13 +143,25 @@ def _own_cpu_s() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def _cpu_jiffies() -> tuple[int, int] | None:
-    """(steal, total) CPU time of the whole machine from /proc/stat; None elsewhere."""
+def _cpu_jiffies() -> tuple[int, int, int] | None:
+    """(steal, total, idle incl. I/O wait) CPU time of the whole machine from /proc/stat, in
+    clock ticks; None elsewhere."""
     try:
         fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
     except (OSError, ValueError):
         return None
-    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8]), sum(fields[3:5])
+
+
+def _others_fraction(before, after, own_s: float) -> float | None:
+    """The share of the machine's CPU time that other processes used between two /proc/stat
+    readings: busy time (neither idle nor stolen) less this process's and its children's."""
+    if not before or not after or after[1] <= before[1] or len(before) < 3:
+        return None
+    total = after[1] - before[1]
+    busy = total - (after[2] - before[2]) - (after[0] - before[0])
+    own = own_s * os.sysconf("SC_CLK_TCK")
+    return round(max(0.0, busy - own) / total, 3)
 
 
 def _steal_fraction(before, after) -> float | None:

@@ -109,9 +109,11 @@ def busy_note(env: dict) -> Optional[str]:
     if not isinstance(load, dict) or not load.get("busy"):
         return None
     steal = load.get("cpu_steal")
-    share = load.get("own_cpu_share")
+    share, others = load.get("own_cpu_share"), load.get("others_cpu_share")
     details = [f"CPU steal {100 * steal:.0f} %" if isinstance(steal, (int, float)) else None,
                f"this run got {100 * share:.0f} % of them" if isinstance(share, (int, float))
+               else None,
+               f"other processes {100 * others:.0f} %" if isinstance(others, (int, float))
                else None]
     said = "; ".join(d for d in details if d)
     return (f"The machine was busy: load {load.get('load_highest')} on {load.get('cores')} "
