@@ -122,10 +122,18 @@ one keeps cores busy spinning that the workers could use."""
     snippets = {
         "openmp": {INTEL: ("Intel's OpenMP runtime (LD_PRELOAD)", PRELOAD)},
         "openmp_bind": {True: ("pin OpenMP threads to cores", """\
-export OMP_PROC_BIND=close OMP_PLACES=cores        # GNU OpenMP (PyTorch's own)
-export KMP_AFFINITY=granularity=fine,compact,1,0   # Intel OpenMP""")},
-        "kmp_blocktime": {ANY: ("Intel OpenMP's threads sleep after {value} ms",
-                                "export KMP_BLOCKTIME={value}")},
+# at the top of train.py: the OpenMP runtime reads these as the process starts
+import os, sys
+if os.environ.get("OMP_PROC_BIND") != "close":
+    os.environ.update(OMP_PROC_BIND="close", OMP_PLACES="cores")  # GNU OpenMP (PyTorch's)
+    os.environ["KMP_AFFINITY"] = "granularity=fine,compact,1,0"  # Intel's OpenMP
+    os.execv(sys.executable, [sys.executable] + sys.argv)""")},
+        "kmp_blocktime": {ANY: ("Intel OpenMP's threads sleep after {value} ms", """\
+# at the top of train.py: Intel's OpenMP reads it as the process starts
+import os, sys
+if os.environ.get("KMP_BLOCKTIME") != "{value}":
+    os.environ["KMP_BLOCKTIME"] = "{value}"
+    os.execv(sys.executable, [sys.executable] + sys.argv)""")},
     }
 
     def check(self, recipe, where: str = "") -> None:
