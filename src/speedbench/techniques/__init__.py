@@ -19,7 +19,7 @@ from speedbench.techniques import (attention, checkpointing, compile, cudnn_benc
 from speedbench.techniques import allocator, batch_scale, ddp_tuning, openmp, threads
 from speedbench.techniques import conv_bias, debug_apis, eval_mode, onednn_precision, zero_grad
 from speedbench.techniques.base import (GLOBAL_FLAGS, ConfigError, Context, Field, Finding,
-                                        Technique, global_snapshot,
+                                        Technique, global_snapshot, joined_preload,
                                         restored_global_state)
 
 # Registration order; it also breaks ties where no `after` relation decides.
@@ -140,12 +140,14 @@ def processes(recipe: Any, ctx: Context) -> Optional[int]:
 def environment(recipe: Any, ctx: Context) -> dict:
     """Variables the trial's process must start with; non-empty: a fresh process (launch.py)."""
     env: dict = {}
+    preloads = []  # e.g. jemalloc's and Intel's OpenMP: both, and neither one's rival
     for t in REGISTRY:
         own = t.environment(recipe, ctx)
-        if "LD_PRELOAD" in own and "LD_PRELOAD" in env:  # e.g. jemalloc and Intel's OpenMP
-            own = {**own, "LD_PRELOAD": " ".join(dict.fromkeys(
-                env["LD_PRELOAD"].split() + own["LD_PRELOAD"].split()))}
+        if "LD_PRELOAD" in own:
+            preloads.append(own["LD_PRELOAD"])
         env.update(own)
+    if len(preloads) > 1:
+        env["LD_PRELOAD"] = joined_preload(preloads)
     return env
 
 

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Literal, Optional
 
-from speedbench.techniques.base import ActsOn, Context, Field, Technique
+from speedbench.techniques.base import ActsOn, Context, Field, Technique, preload_instead
 
 INHERIT, SYSTEM = "inherit", "system"
 # allocator -> (shared libraries, most wanted first; the Debian/Ubuntu package that has the first)
@@ -88,9 +88,7 @@ def kind_of(loaded: str) -> str:
 
 def preload(library: Optional[str]) -> str:
     """LD_PRELOAD for a fresh process: ours without any jemalloc/TCMalloc, `library` first."""
-    kept = [p for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split()
-            if "jemalloc" not in p and "tcmalloc" not in p]
-    return " ".join(([library] if library else []) + kept)
+    return preload_instead(library, tuple(LIBRARIES))
 
 
 class Allocator(Technique):

@@ -50,6 +50,7 @@ This module imports only torch, the standard library and speedbench.errors.
 from __future__ import annotations
 
 import contextlib
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator, Optional
@@ -211,6 +212,27 @@ GLOBAL_FLAGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
     "cudnn.allow_tf32": (lambda: torch.backends.cudnn.allow_tf32,
                          lambda v: setattr(torch.backends.cudnn, "allow_tf32", v)),
 }
+
+
+def inherited_preload() -> list[str]:
+    """This process's LD_PRELOAD entries (space- or colon-separated)."""
+    return os.environ.get("LD_PRELOAD", "").replace(":", " ").split()
+
+
+def preload_instead(library: Optional[str], drop: tuple[str, ...]) -> str:
+    """LD_PRELOAD for a fresh process: `library` first, then this process's entries less those
+    naming a word of `drop` (the libraries `library` replaces)."""
+    kept = [p for p in inherited_preload() if not any(word in p for word in drop)]
+    return " ".join(([library] if library else []) + kept)
+
+
+def joined_preload(values: list[str]) -> str:
+    """One LD_PRELOAD from several techniques' preload_instead values: every library one of
+    them added, then the inherited entries that none of them dropped."""
+    inherited, lists = inherited_preload(), [v.split() for v in values]
+    added = [p for entries in lists for p in entries if p not in inherited]
+    kept = [p for p in inherited if all(p in entries for entries in lists)]
+    return " ".join(dict.fromkeys(added + kept))
 
 
 def global_flag(name: str, read: Callable[[], Any], write: Callable[[Any], None]) -> None:

@@ -20,7 +20,8 @@ import sys
 from typing import Literal, Optional
 
 from speedbench.techniques.allocator import LIB_DIRS, MAPS, ldconfig_paths
-from speedbench.techniques.base import ANY, ActsOn, ConfigError, Context, Field, Technique
+from speedbench.techniques.base import (ANY, ActsOn, ConfigError, Context, Field, Technique,
+                                        preload_instead)
 
 INHERIT, GNU, INTEL = "inherit", "gnu", "intel"
 IOMP = "libiomp5.so"
@@ -78,13 +79,6 @@ def block_time_ms() -> Optional[int]:
         return int(ctypes.CDLL(None).kmp_get_blocktime())
     except (AttributeError, OSError):
         return None
-
-
-def preload(library: Optional[str]) -> str:
-    """LD_PRELOAD for a fresh process: ours without Intel's OpenMP, `library` first."""
-    kept = [p for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split()
-            if "libiomp" not in p]
-    return " ".join(([library] if library else []) + kept)
 
 
 class OpenMP(Technique):
@@ -168,7 +162,7 @@ if os.environ.get("KMP_BLOCKTIME") != "{value}":
     def environment(self, recipe, ctx: Context) -> dict[str, str]:
         if recipe.openmp == INHERIT or ctx.dist_env is not None:
             return {}  # torchrun's ranks are started already
-        env = {"LD_PRELOAD": preload(self.library(recipe))}
+        env = {"LD_PRELOAD": preload_instead(self.library(recipe), ("libiomp",))}
         if recipe.openmp_bind:
             env.update(INTEL_BIND if recipe.openmp == INTEL else GNU_BIND)
         if recipe.kmp_blocktime is not None:
