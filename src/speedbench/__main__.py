@@ -112,8 +112,8 @@ def schema_keys(node=None, prefix: str = "") -> list[str]:
     return keys
 
 
-def _known(key: str, schema: DictConfig) -> bool:
-    node = schema
+def _known(key: str, node: DictConfig) -> bool:
+    """Whether `key` names a key of the schema `node` (or lies under a free-form node)."""
     parts = key.split(".")
     for i, part in enumerate(parts):
         if not isinstance(node, DictConfig) or ".".join(parts[:i]) in FREE_FORM:

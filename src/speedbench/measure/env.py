@@ -156,7 +156,7 @@ def _cpu_jiffies() -> tuple[int, int, int] | None:
 def _others_fraction(before, after, own_s: float) -> float | None:
     """The share of the machine's CPU time that other processes used between two /proc/stat
     readings: busy time (neither idle nor stolen) less this process's and its children's."""
-    if not before or not after or after[1] <= before[1] or len(before) < 3:
+    if not before or not after or after[1] <= before[1]:
         return None
     total = after[1] - before[1]
     busy = total - (after[2] - before[2]) - (after[0] - before[0])

@@ -222,12 +222,11 @@ class FlopsBook:
 
     def peak(self, kind: str) -> float:
         """The peak TFLOP/s of `kind` (a matmul dtype, or tf32)."""
-        if kind not in self.peaks and not self.peak_s:
-            self.peaks[kind] = math.nan
-        elif kind not in self.peaks:
+        if kind not in self.peaks:
             extra = {"tf32": True} if kind == "tf32" else {}
-            self.peaks[kind] = matmul_peak_tflops(self.device, "fp32" if extra else kind,
-                                                  duration_s=self.peak_s, **extra)
+            self.peaks[kind] = matmul_peak_tflops(
+                self.device, "fp32" if extra else kind, duration_s=self.peak_s,
+                **extra) if self.peak_s else math.nan  # bench.peak_s=0: not measured
         return self.peaks[kind]
 
     def measure_peaks(self, kinds) -> None:
