@@ -7,6 +7,12 @@ without changing what the model computes, and reported as a finding that is meas
 """
 from __future__ import annotations
 
+import json
+import os
+import platform
+import subprocess
+import sys
+
 import pandas as pd
 import pytest
 import torch
@@ -93,19 +99,103 @@ def test_emit_nvtx_is_na_on_a_cpu():
 
 # --- onednn_precision ----------------------------------------------------------------------------
 def test_onednn_precision_is_set_inside_and_restored_after():
+    """Runs for real on every CPU: the row says what the setting did here, and says it right."""
     if not onednn_precision.HAS_FLAG:
         pytest.skip("this torch has no torch.backends.mkldnn.fp32_precision")
     before = global_snapshot()
-    with session("onednn_precision=bf16") as trainer:
-        assert torch.backends.mkldnn.fp32_precision == "bf16"
-        assert torch.backends.mkldnn.conv.fp32_precision == "bf16"
-        error = trainer.ctx.extra["onednn_rel_err"]
+    with session("onednn_precision=ieee"):
+        assert torch.backends.mkldnn.fp32_precision == "ieee"
+    try:
+        with session("onednn_precision=bf16") as trainer:
+            assert torch.backends.mkldnn.fp32_precision == "bf16"
+            assert torch.backends.mkldnn.conv.fp32_precision == "bf16"
+            effects = trainer.ctx.extra["onednn_effects"]
+            row = by_name("onednn_precision").columns(trainer.recipe, trainer.ctx)
+    except NotApplicable as why:  # this CPU changes none of the transformer's matmuls
+        assert "changes none of this model's matmul ops" in str(why)
+        effects = next(e for key, e in onednn_precision._EFFECTS.items() if key[0] == "bf16")
+        assert effects["matmul"].math == "unchanged"
+    else:
+        assert effects["matmul"].math != "unchanged"  # else it would have been n/a
+        assert row["onednn_math"] == onednn_precision.math_text(effects)
+        assert row["onednn_matmul_rel_err"] == effects["matmul"].rel_err
     assert global_snapshot() == before
     torch.get_float32_matmul_precision()  # readable again: the mixed-API state is undone
-    if onednn_precision.bf16_hardware() == "none":  # oneDNN keeps fp32 arithmetic
-        assert error < 1e-5
-    else:  # bf16 inputs: about 1e-3 (fp32 gives 1e-7)
-        assert error > 1e-5
+    for effect in effects.values():  # the label follows the measured error, whatever the CPU
+        assert (effect.math == "reduced") == (effect.rel_err > onednn_precision.REDUCED_ERR)
+        assert effect.rel_err < 1e-2  # bf16 inputs: ~1e-3 at worst
+
+
+def test_op_effect_tells_reduced_math_from_a_kernel_change():
+    """The classifier on real arithmetic: bf16 inputs, another fp32 summation order, the same."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(256, 256, generator=gen), torch.randn(256, 256, generator=gen)
+    ref, fp32 = a.double() @ b.double(), a @ b
+    bf16 = (a.bfloat16() @ b.bfloat16()).float()
+    other_order = a[:, :100] @ b[:100] + a[:, 100:] @ b[100:]  # another summation order
+    assert onednn_precision.op_effect(fp32, bf16, ref).math == "reduced"
+    assert onednn_precision.op_effect(fp32, other_order, ref).math == "fp32, other kernel"
+    assert onednn_precision.op_effect(fp32, fp32.clone(), ref).math == "unchanged"
+
+
+def _capped_effects(isa: str) -> dict:
+    """The setting's effects measured in a fresh process whose oneDNN is capped at `isa`."""
+    code = ("import json, torch; from speedbench.techniques import onednn_precision as o\n"
+            "torch.set_num_threads(1)\n"
+            "e = o.measured_effects(lambda: setattr(torch.backends.mkldnn, 'fp32_precision',"
+            " 'bf16'))\n"
+            "print(json.dumps({k: [v.math, v.rel_err] for k, v in e.items()}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "ONEDNN_MAX_CPU_ISA": isa}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_onednn_capped_at_avx2_keeps_fp32_math():
+    """The AVX2 class for real on any x86 CPU: oneDNN capped at AVX2 has no bf16 math (on this
+    torch it does not even take the matmuls), so bf16 reduces nothing."""
+    if not onednn_precision.HAS_FLAG or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("oneDNN's x86 ISA cap")
+    effects = _capped_effects("AVX2")
+    assert {name: math for name, (math, _) in effects.items()} \
+        == {"matmul": "unchanged", "conv": "unchanged"}
+
+
+@pytest.mark.parametrize("effects, na", [
+    # AMX: oneDNN down-converts both (faked: no AMX CPU here)
+    ({"matmul": (3e-3, True), "conv": (2e-3, True)}, False),
+    # AVX-512 bf16 (measured on an EPYC): matmuls to oneDNN's fp32 kernel, convolutions as they were
+    ({"matmul": (4e-7, True), "conv": (2e-7, False)}, False),
+    # AVX2, or tf32 on either: nothing changes
+    ({"matmul": (2e-7, False), "conv": (2e-7, False)}, True),
+])
+def test_onednn_rows_and_n_a_follow_the_measured_effects(monkeypatch, effects, na):
+    """Every CPU class, by the effects it measures (faked here where this CPU cannot show them):
+    measured with a row that says what changed, or n/a with the reason."""
+    fake = {name: onednn_precision.OpEffect(err, changed)
+            for name, (err, changed) in effects.items()}
+    monkeypatch.setattr(onednn_precision, "measured_effects", 
+                        lambda set_value: (set_value(), fake)[1])
+    monkeypatch.setattr(onednn_precision, "_EFFECTS", {})
+    tech = by_name("onednn_precision")
+    plan = build_plan(compose_cfg(*SMALL, "onednn_precision=bf16"), None)
+    ctx = Context(torch.device("cpu"))
+    ctx.model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(),
+                                    torch.nn.Linear(4, 2))
+    recipe = plan.variants["default"]
+    with tech.global_state(recipe, ctx):
+        reason = tech.not_applicable(recipe, ctx)
+        row = tech.columns(recipe, ctx)
+    assert bool(reason) == na
+    if na:
+        assert reason.startswith("n/a: on this CPU") and "matmul or conv ops" in reason
+    else:
+        assert row["onednn_math"] == onednn_precision.math_text(fake)
+        assert row["onednn_conv_rel_err"] == effects["conv"][0]
+    ieee = plan.variants["default"].copy()
+    ieee.onednn_precision = "ieee"  # the baseline is never n/a for changing nothing
+    with tech.global_state(ieee, ctx):
+        assert tech.not_applicable(ieee, ctx) is None
 
 
 def test_bf16_hardware_reads_the_cpu_flags(tmp_path):
