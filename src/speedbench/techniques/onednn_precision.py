@@ -177,7 +177,7 @@ families is n/a.
         err = {name: e.rel_err for name, e in effects.items()}
         return {"onednn_precision": recipe.onednn_precision or "default",
                 "onednn_bf16_hw": bf16_hardware() if ctx.device.type == "cpu" else "-",
-                "onednn_math": math_text(effects) if effects else "-",
+                "onednn_math": math_text(effects) if effects else math.nan,
                 "onednn_matmul_rel_err": err.get("matmul", math.nan),
                 "onednn_conv_rel_err": err.get("conv", math.nan)}
 
