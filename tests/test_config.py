@@ -134,3 +134,63 @@ def test_dist_timeout_s_is_a_run_level_key():
     assert compose_cfg(*TINY, "dist_timeout_s=60").dist_timeout_s == 60
     with pytest.raises(ConfigError, match=r"^dist_timeout_s: -5.0 is out of range"):
         build_plan(compose_cfg(*TINY, "dist_timeout_s=-5"), None)
+
+
+# --- one declaration per key: bounds, and whether a variant may set it ----------------------------
+def _numeric_run_keys():
+    from speedbench.config import docs
+    return [k for k in docs.run_keys() if k.values in ("N", "X")]
+
+
+def test_every_numeric_run_key_declares_its_range():
+    """A number with no declared range is a key whose bad values reach the run: declare its
+    Bounds in `setting(...)` (target.loss is any finite loss: check_target says so)."""
+    assert [k.key for k in _numeric_run_keys() if not k.range] == ["target.loss"]
+
+
+@pytest.mark.parametrize("key", [k.key for k in _numeric_run_keys() if k.range],
+                         ids=lambda k: k)
+def test_each_declared_range_is_enforced_with_the_keys_name(key):
+    from omegaconf import OmegaConf
+
+    from speedbench.config import check_declared
+    declared = _declared(key)
+    nan = [] if declared["type"] is int else [float("nan")]  # an int key cannot hold a NaN
+    for bad in declared["bounds"].bad_values() + nan:
+        cfg = compose_cfg(*TINY)
+        OmegaConf.update(cfg, key, int(bad) if declared["type"] is int else bad)
+        with pytest.raises(ConfigError, match=rf"^{key}: .* is out of range; it must be "):
+            check_declared(cfg)
+
+
+def _declared(key: str) -> dict:
+    """The metadata of a dotted run key's dataclass field, with its type."""
+    import dataclasses
+    import typing
+
+    from speedbench.config import SpeedbenchConfig
+    cls, *path, name = [SpeedbenchConfig, *key.split(".")]
+    for part in path:
+        cls = typing.get_type_hints(cls)[part]
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    t = typing.get_type_hints(cls)[name]
+    base = next((a for a in typing.get_args(t) if a is not type(None)), t)
+    return {**f.metadata, "type": base}
+
+
+def test_a_variant_that_sets_a_run_level_key_is_refused_with_the_key():
+    from speedbench.config import RUN_LEVEL_KEYS
+    assert {"bench.time_budget_s", "bench.target_ci", "bench.order_seed", "bench.quality_seeds",
+            "bench.quality_steps", "bench.quality_tolerance", "bench.find_largest_batch",
+            "bench.largest_batch_s", "bench.peak_s"} <= set(RUN_LEVEL_KEYS)
+    for key in RUN_LEVEL_KEYS:
+        group, name = key.split(".")
+        for override in (f"+variants.b={{{group}: {{{name}: 1}}}}", f"+variants.b.{key}=1"):
+            with pytest.raises(ConfigError, match=rf"^variants\.b\.{key}: a variant cannot "):
+                build_plan(compose_cfg(*TINY, override, experiment="amp"), "amp")
+
+
+def test_a_variant_may_set_the_per_variant_bench_keys():
+    plan = build_plan(compose_cfg(*TINY, "+variants.b.bench.steps=7",
+                                  "+variants.b.bench.max_trial_s=9", experiment="amp"), "amp")
+    assert plan.variants["b"].bench.steps == 7 and plan.variants["b"].bench.max_trial_s == 9

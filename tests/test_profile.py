@@ -94,6 +94,8 @@ def test_poor_recipe_gets_the_findings_that_apply_on_cpu(poor_run):
     assert reads["figure"].startswith("1.0 host reads of the loss per step")
     cache = poor[poor["knob"] == "empty_cache=false"].iloc[0]
     assert "called 2 times in 2 steps" in cache["figure"]
+    # every suggestion was measured (a refused check plan says "not checked: <why>")
+    assert not poor["check"].str.startswith("not checked").any(), list(poor["check"])
 
 
 @pytest.mark.slow

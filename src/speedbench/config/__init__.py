@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from speedbench import distributed, techniques
 from speedbench.errors import ConfigError
+from speedbench.techniques.base import Bounds
 
 SCALES = ("auto", "small", "full")
 DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
@@ -34,13 +35,28 @@ NOT_PER_VARIANT = ("model", "models", "variants", "baseline", "claims", "experim
                    "suite", "recipe", "target")
 
 
-def setting(default: Any = None, doc: str = "", *, values: str = "", factory: Any = None) -> Any:
-    """A schema key with its one-line doc and, for a choice, its values (`a|b|c`): what the
-    generated docs and `--help` show (speedbench.config.docs)."""
-    meta = {"doc": doc, "values": values}
+def setting(default: Any = None, doc: str = "", *, values: str = "", factory: Any = None,
+            choices: tuple = (), per_variant: bool = True, **bounds: Any) -> Any:
+    """A run key, declared once: its default and one-line doc (what the generated docs and
+    `--help` show, speedbench.config.docs); its allowed values, as `choices` (checked) or as
+    `values` text (`cuda:N`, checked where the key is resolved); its range (`bounds`: Bounds's
+    low, gt, lt, high, note, null), which `check_declared` enforces with the techniques' own
+    message; and whether a variant may set it (`per_variant=False`: the run reads it once, so
+    a variant that sets it is refused)."""
+    meta = {"doc": doc, "values": values or "|".join(choices), "choices": choices,
+            "bounds": Bounds(**bounds), "per_variant": per_variant}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+# Upper bounds of the size knobs: far above any useful run, low enough that a typo cannot ask
+# for more memory than a machine has. Values handed to the OS: numpy's and torch's seeds take
+# [0, 2^32) everywhere; subprocess and datetime overflow on an infinite or astronomically long
+# timeout (11.6 days is far above any run).
+STEPS_LIMIT, SEED_LIMIT, SECONDS_LIMIT = 1_000_000, 2 ** 32, 1_000_000.0
+SECONDS = {"gt": 0, "high": SECONDS_LIMIT}  # a time limit: positive, finite, at most 11.6 days
+RUN_LEVEL = {"per_variant": False}
 
 
 @dataclass
@@ -49,44 +65,51 @@ class DataConfig:
     path: Optional[str] = setting(None, "real data: an ImageFolder directory (image models) or a "
                                         "text file (token models); null: synthetic data")
     samples: Optional[int] = setting(None, "size of the synthetic data set; null: sized so that no "
-                                           "trial crosses an epoch end")
+                                           "trial crosses an epoch end", low=1, high=10_000_000)
 
 
 @dataclass
 class BenchConfig:
     warmup: int = setting(3, "optimizer steps run before the timed window, at least "
-                             "(0: no warm-up)")
+                             "(0: no warm-up)", low=0, high=100_000)
     # Warm-up continues past `warmup` until the step time is steady: the last 3 step times lie
     # within `steady_tol` of their median (see timing.warm_up); at most max(warmup, warmup_max).
-    warmup_max: int = setting(10, "warm-up steps at most, while the step time is not yet steady")
+    warmup_max: int = setting(10, "warm-up steps at most, while the step time is not yet steady",
+                              low=0, high=100_000)
     steady_tol: Optional[float] = setting(0.1, "steady: the last 3 warm-up steps within this of "
-                                               "their median; null: exactly `warmup` steps")
-    steps: int = setting(10, "optimizer steps in the timed window")
+                                               "their median; null: exactly `warmup` steps",
+                                          gt=0, null="to turn it off")
+    steps: int = setting(10, "optimizer steps in the timed window", low=1, high=STEPS_LIMIT)
     # The paired, Bonferroni-adjusted CIs need about 5 rounds to call a 1.3x effect in most runs.
     repeats: int = setting(5, "rounds (every variant once, interleaved) before a verdict, and "
-                              "between two looks of adaptive rounds")
+                              "between two looks of adaptive rounds", low=1, high=10_000)
     # Adaptive rounds are group-sequential (stats.wants_more_rounds): a look after every
     # `repeats` rounds, 3 at most, each spending a share of the family-wise error.
     target_ci: Optional[float] = setting(0.03, "adaptive rounds: at a look, stop once every "
                                                "speed-up is decided or its CI's relative "
                                                "half-width is at most this; null: exactly "
-                                               "`repeats`")
+                                               "`repeats`", gt=0, lt=1, **RUN_LEVEL,
+                                          note="relative: 0.03 = +-3 %",
+                                          null="to turn it off")
     noise_threshold: float = setting(0.05, "smallest speed-up that counts: faster/slower need the "
-                                           "estimate beyond it, equivalent the whole CI within it")
+                                           "estimate beyond it, equivalent the whole CI within it",
+                                      gt=0, lt=1, note="0.05 = 5 %")
     # The quality probe trains a fresh model from `seed` for this many optimizer steps of the
     # baseline (the same samples seen for every variant), untimed, once per (model, variant).
     quality_steps: int = setting(12, "optimizer steps of the quality probe whose loss is compared "
                                      "(0: no loss; the probe still times the steps "
                                      "too_slow_factor needs); a probe stops after 10 x "
                                      "max_trial_s (a hard cap, even mid-step), its loss then "
-                                     "empty")
+                                     "empty", low=0, high=10_000, **RUN_LEVEL)
     quality_seeds: int = setting(3, "paired seeds of the quality probe: each variant's held-out "
                                     "loss from each, compared with the baseline's by a paired "
-                                    "ratio and CI (1: no CI, no verdict)")
+                                    "ratio and CI (1: no CI, no verdict)", low=1, high=100,
+                                **RUN_LEVEL)
     quality_tolerance: float = setting(0.05, "non-inferiority margin on the held-out loss ratio: "
                                              "a variant is non-inferior when the upper end of "
                                              "its CI is at most 1 + this, worse when the lower "
-                                             "end is above it")
+                                             "end is above it", gt=0, lt=1, **RUN_LEVEL,
+                                        note="0.05 = a loss 5 % above the baseline's")
     # quality.py: stopped when the probe's last 3 steady steps (after its first) each ran this
     # many times slower per sample than the baseline's steady probe steps, and took >= 0.5 s;
     # or when every steady step so far ran 3 x this many times slower and took >= 2 s.
@@ -96,10 +119,13 @@ class BenchConfig:
                                                     "this many times slower per sample than the "
                                                     "baseline's median steady probe step, or "
                                                     "each so far (of at least 1 s) 3 x this; "
-                                                    "null: never")
+                                                    "null: never", gt=1,
+                                               note="4 = four times slower",
+                                               null="never to stop a variant early")
     time_budget_s: float = setting(600.0, "wall time per model that every phase keeps to: "
                                           "data, quality probes, rounds (the first round "
-                                          "always runs; later ones only if they fit)")
+                                          "always runs; later ones only if they fit)",
+                                     **SECONDS, **RUN_LEVEL)
     # A very slow variant (fp16 on a CPU) then times fewer steps; trials.csv's `steps` says so.
     # measure/watchdog.py makes it a hard cap (trial.trial_limit_s).
     max_trial_s: Optional[float] = setting(6.0, "cap on one trial's wall time (a quarter warm-up, "
@@ -109,18 +135,21 @@ class BenchConfig:
                                                 "long is stopped mid-step, status `too slow: "
                                                 "step exceeded ...`, and a process stuck outside "
                                                 "Python max(30 s, this) later is ended (exit "
-                                                "status 124); null: no cap")
-    seed: int = setting(0, "seed of the models' weights and the data")
+                                                "status 124); null: no cap", **SECONDS,
+                                           null="for no cap")
+    seed: int = setting(0, "seed of the models' weights and the data", low=0, lt=SEED_LIMIT)
     # The rounds' balanced order is drawn afresh per run; trials.csv's `order_seed` replays it.
     order_seed: Optional[int] = setting(None, "seed of the rounds' balanced random order; null: "
-                                              "fresh entropy per run (recorded in trials.csv)")
+                                              "fresh entropy per run (recorded in trials.csv)",
+                                         low=0, lt=SEED_LIMIT, **RUN_LEVEL)
     find_largest_batch: bool = setting(False, "search the largest micro-batch that fits in "
                                               "device memory at the baseline's precision "
-                                              "(CUDA; capacity.csv)")
-    largest_batch_s: float = setting(60.0, "time limit of that search, per model")
+                                              "(CUDA; capacity.csv)", **RUN_LEVEL)
+    largest_batch_s: float = setting(60.0, "time limit of that search, per model", **SECONDS,
+                                     **RUN_LEVEL)
     peak_s: float = setting(1.5, "seconds the matmul peak (the denominator of % of peak) may take "
                                  "per dtype and layout, once per run; 0: not measured, "
-                                 "peak_tflops empty")
+                                 "peak_tflops empty", low=0, high=SECONDS_LIMIT, **RUN_LEVEL)
 
 
 @dataclass
@@ -145,13 +174,18 @@ class RecipeConfig:
     candidates: dict[str, Any] = setting(doc="the recipe search's candidate groups; empty: no "
                                              "search", factory=dict)
     budget_s: Optional[float] = setting(780.0, "the search's time budget per model; it stops "
-                                               "cleanly when it is spent")
+                                               "cleanly when it is spent", **SECONDS,
+                                        null="for no budget")
     max_memory_mb: Optional[float] = setting(None, "memory limit: techniques that trade speed for "
-                                                    "memory are candidates only under one")
+                                                    "memory are candidates only under one", gt=0,
+                                             null="for no limit")
     min_gain: Optional[float] = setting(None, "smallest gain the search adds; null: "
-                                              "bench.noise_threshold")
-    screen_rounds: int = setting(3, "paired rounds in which each step screens every option")
-    confirm_top: int = setting(2, "the best options of a screen measured again, afresh, to decide")
+                                              "bench.noise_threshold", low=0, lt=1,
+                                        note="0.05 = 5 %", null="for bench.noise_threshold")
+    screen_rounds: int = setting(3, "paired rounds in which each step screens every option",
+                                 low=1, high=10_000)
+    confirm_top: int = setting(2, "the best options of a screen measured again, afresh, to "
+                                  "decide", low=1, high=100)
     skip: list[str] = setting(doc="candidate groups left out of the search (the experiment's "
                                   "defaults; replacing the list lets them in)", factory=list)
     also_skip: list[str] = setting(doc="more candidate groups left out, on top of recipe.skip",
@@ -167,39 +201,32 @@ class TargetConfig:
     enabled: bool = setting(False, "after the speed rounds, train every variant to a target "
                                    "held-out loss and compare the wall times (to_target.csv)")
     seeds: int = setting(3, "paired seeds per variant (the same weights and data order for "
-                            "every variant); the speed-up's CI comes from them")
+                            "every variant); the speed-up's CI comes from them", low=2, high=100)
     loss: Optional[float] = setting(None, "the target held-out loss; null: the data's entropy "
                                           "floor + margin (the synthetic tokens), else the worst "
                                           "baseline seed's loss after `steps` steps")
-    margin: float = setting(0.15, "nats above the entropy floor that count as trained")
+    margin: float = setting(0.15, "nats above the entropy floor that count as trained", gt=0,
+                            note="nats")
     steps: int = setting(200, "baseline optimizer steps after which the baseline's seeds set the "
-                              "target, where the data has no known floor")
+                              "target, where the data has no known floor", low=1,
+                         high=STEPS_LIMIT)
     max_steps: int = setting(1000, "cap per run, in samples: this many of the baseline's "
-                                   "optimizer steps; a variant not there by then missed")
-    max_s: Optional[float] = setting(120.0, "cap per run on training time (s); null: none")
+                                   "optimizer steps; a variant not there by then missed",
+                             low=1, high=STEPS_LIMIT)
+    max_s: Optional[float] = setting(120.0, "cap per run on training time (s); null: none",
+                                     **SECONDS, null="for no cap")
     eval_every: int = setting(10, "evaluate the held-out loss every this many baseline steps' "
-                                  "worth of samples (untimed)")
-    eval_samples: int = setting(256, "held-out samples the loss is evaluated on")
-
-
-TARGET_LIMITS = {"seeds": (2, 100), "steps": (1, 1_000_000), "max_steps": (1, 1_000_000),
-                 "eval_every": (1, 1_000_000), "eval_samples": (1, 10_000)}
+                                  "worth of samples (untimed)", low=1, high=STEPS_LIMIT)
+    eval_samples: int = setting(256, "held-out samples the loss is evaluated on", low=1,
+                                high=10_000)
 
 
 def check_target(cfg: DictConfig) -> None:
-    """Range checks of the `target` group (one line naming the key)."""
+    """What the `target` group's declared bounds cannot say (check_declared has the rest)."""
     t = cfg.target
-    for key, (low, high) in TARGET_LIMITS.items():
-        _at_least(f"target.{key}", t[key], low)
-        _at_most(f"target.{key}", t[key], high)
-    if not t.margin > 0:
-        raise ConfigError(f"target.margin: {t.margin} is out of range; it must be > 0 (nats)")
     if t.loss is not None and not math.isfinite(t.loss):
         raise ConfigError(f"target.loss: {t.loss} is out of range; it must be a finite loss, or "
                           "null for the automatic target")
-    if t.max_s is not None and not 0 < t.max_s <= SECONDS_LIMIT:
-        raise ConfigError(f"target.max_s: {t.max_s} is out of range; it must be > 0 and at most "
-                          f"{SECONDS_LIMIT:,.0f} seconds, or null for no cap")
 
 
 @dataclass
@@ -214,13 +241,13 @@ class SpeedbenchConfig:
                          values="|".join(REFERENCE_MODELS) + "|[a,b]|{_target_: ...}")
     models: dict[str, Any] = setting(doc="the models by name (configs/models/)", factory=dict)
     batch_size: Optional[int] = setting(None, "samples per micro-batch per process; null: the "
-                                              "model's, per scale")
-    lr: float = setting(1e-3, "AdamW's learning rate")
+                                              "model's, per scale", low=1, high=65_536)
+    lr: float = setting(1e-3, "AdamW's learning rate", gt=0)
     # Profiling runs in extra windows after the timed one, so throughput stays unprofiled.
     profile: str = setting("off", "simple: phase table; advanced: + cProfile per phase; pytorch: "
-                                  "+ torch.profiler trace", values="|".join(PROFILES))
+                                  "+ torch.profiler trace", choices=PROFILES)
     dist_timeout_s: float = setting(300.0, "a rank waiting this long on its peers fails the run, "
-                                           "no hang")
+                                           "no hang", **SECONDS)
     # The techniques' keys (precision, accumulate, sync, parallel, data.num_workers, ...) are
     # declared in their modules under speedbench/techniques/ and added by `Schema` below.
     data: DataConfig = field(default_factory=DataConfig)
@@ -365,90 +392,44 @@ def _choice(key: str, value: Any, allowed: tuple) -> None:
         raise ConfigError(f"{key}: '{value}' is not allowed; choose one of {', '.join(allowed)}")
 
 
-def _at_least(key: str, value: Any, low: int) -> None:
-    if value is not None and value < low:
-        raise ConfigError(f"{key}: {value} is out of range; it must be an integer >= {low}")
+def check_declared(node: Any, cls: type = SpeedbenchConfig, where: str = "") -> None:
+    """Every run key's declared choices and range, walking the schema's dataclasses: one loop
+    and one message for every run key (the techniques' keys: their Fields, in
+    techniques.validate)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        value = node.get(f.name) if isinstance(node, DictConfig) else None
+        if dataclasses.is_dataclass(hints[f.name]):
+            check_declared(value, hints[f.name], f"{where}{f.name}.")
+        elif f.metadata.get("choices"):
+            _choice(where + f.name, value, f.metadata["choices"])
+        elif "bounds" in f.metadata:
+            f.metadata["bounds"].check(where + f.name, value)
 
 
-def _at_most(key: str, value: Any, high: int) -> None:
-    if value is not None and value > high:
-        raise ConfigError(f"{key}: {value} is out of range; it must be at most {high:,}")
+def run_level_keys(cls: type = SpeedbenchConfig, prefix: str = "") -> list[str]:
+    """The dotted keys declared `per_variant=False`: the run reads them once."""
+    hints, keys = typing.get_type_hints(cls), []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys += run_level_keys(hints[f.name], f"{prefix}{f.name}.")
+        elif not f.metadata.get("per_variant", True):
+            keys.append(prefix + f.name)
+    return keys
 
 
-# Upper bounds of the size knobs: far above any useful run, low enough that a typo cannot ask
-# for more memory than a machine has.
-SIZE_LIMITS = {"batch_size": 65_536, "data.samples": 10_000_000, "bench.steps": 1_000_000,
-               "bench.warmup": 100_000, "bench.warmup_max": 100_000, "bench.repeats": 10_000,
-               "bench.quality_steps": 10_000,
-               "bench.quality_seeds": 100}
-# Values handed to the OS: numpy's and torch's seeds take [0, 2^32) everywhere; subprocess and
-# datetime overflow on an infinite or astronomically long timeout (11.6 days is far above any run).
-SEED_LIMIT, SECONDS_LIMIT = 2 ** 32, 1_000_000.0
+RUN_LEVEL_KEYS = run_level_keys()
 
 
 def check_recipe(recipe: DictConfig, where: str = "") -> None:
     """Range and choice checks for one recipe (the types were checked by OmegaConf): every
-    technique's keys (from their declared types), then the rest."""
-    p = where
+    technique's keys (from their Fields), every run key's declared bounds, then the rules that
+    join keys or look outside the config."""
     techniques.validate(recipe, where)
-    _choice(p + "profile", recipe.profile, PROFILES)
-    _at_least(p + "batch_size", recipe.batch_size, 1)
-    _at_least(p + "data.samples", recipe.data.samples, 1)
-    _at_least(p + "bench.warmup", recipe.bench.warmup, 0)
-    _at_least(p + "bench.steps", recipe.bench.steps, 1)
-    _at_least(p + "bench.repeats", recipe.bench.repeats, 1)
-    _at_least(p + "bench.order_seed", recipe.bench.order_seed, 0)
-    _at_least(p + "bench.warmup_max", recipe.bench.warmup_max, 0)
-    _at_least(p + "bench.quality_steps", recipe.bench.quality_steps, 0)
-    _at_least(p + "bench.quality_seeds", recipe.bench.quality_seeds, 1)
-    if not 0 < recipe.bench.quality_tolerance < 1:
-        raise ConfigError(f"{p}bench.quality_tolerance: {recipe.bench.quality_tolerance} is out "
-                          "of range; it must be > 0 and < 1 (0.05 = a loss 5 % above the "
-                          "baseline's)")
-    if not 0 < recipe.bench.noise_threshold < 1:
-        raise ConfigError(f"{p}bench.noise_threshold: {recipe.bench.noise_threshold} is out of "
-                          "range; it must be > 0 and < 1 (0.05 = 5 %)")
-    if recipe.bench.target_ci is not None and not recipe.bench.target_ci < 1:
-        raise ConfigError(f"{p}bench.target_ci: {recipe.bench.target_ci} is out of range; it "
-                          "must be > 0 and < 1 (relative: 0.03 = +-3 %), or null to turn it off")
-    for key, high in SIZE_LIMITS.items():
-        _at_most(p + key, OmegaConf.select(recipe, key), high)
-    for key in ("steady_tol", "target_ci", "time_budget_s", "largest_batch_s"):
-        value = recipe.bench[key]
-        if value is not None and not value > 0:
-            raise ConfigError(f"{p}bench.{key}: {value} is out of range; it must be > 0"
-                              + ("" if key in ("time_budget_s", "largest_batch_s")
-                                 else ", or null to turn it off"))
-    if not recipe.bench.peak_s >= 0:
-        raise ConfigError(f"{p}bench.peak_s: {recipe.bench.peak_s} is out of range; it must be "
-                          ">= 0 (0: no peak measured)")
-    factor = recipe.bench.too_slow_factor
-    if factor is not None and not factor > 1:
-        raise ConfigError(f"{p}bench.too_slow_factor: {factor} is out of range; it must be > 1 "
-                          "(4 = four times slower), or null never to stop a variant early")
-    if recipe.bench.max_trial_s is not None and not recipe.bench.max_trial_s > 0:
-        raise ConfigError(f"{p}bench.max_trial_s: {recipe.bench.max_trial_s} is out of range; "
-                          "it must be > 0, or null for no cap")
-    for key in ("lr", "dist_timeout_s"):
-        if not recipe[key] > 0:
-            raise ConfigError(f"{p}{key}: {recipe[key]} is out of range; it must be > 0")
-    _check_os_values(recipe, p)
+    check_declared(recipe, where=where)
     if recipe.data.path is not None and not _exists(recipe.data.path):
-        raise ConfigError(f"{p}data.path: '{recipe.data.path}' does not exist; give an ImageFolder "
-                          "directory (image models) or a text file (token models)")
-
-
-def _check_os_values(recipe: DictConfig, p: str) -> None:
-    """The seed and the time limits, which reach numpy, torch, subprocess and datetime."""
-    if not 0 <= recipe.bench.seed < SEED_LIMIT:
-        raise ConfigError(f"{p}bench.seed: {recipe.bench.seed} is out of range; it must be an "
-                          f"integer >= 0 and < 2^32 ({SEED_LIMIT:,})")
-    for key in ("bench.max_trial_s", "bench.time_budget_s", "bench.largest_batch_s",
-                "bench.peak_s", "dist_timeout_s"):
-        value = OmegaConf.select(recipe, key)
-        if value is not None and not value <= SECONDS_LIMIT:  # inf and nan too
-            raise ConfigError(f"{p}{key}: {value} is out of range; it must be a finite number of "
-                              f"seconds, at most {SECONDS_LIMIT:,.0f}")
+        raise ConfigError(f"{where}data.path: '{recipe.data.path}' does not exist; give an "
+                          "ImageFolder directory (image models) or a text file (token models)")
 
 
 def _exists(path: str) -> bool:
@@ -470,11 +451,25 @@ def merge_variant(base: DictConfig, name: str, overrides: Any) -> DictConfig:
         if key.split(".")[0] in NOT_PER_VARIANT:
             raise ConfigError(f"variants.{name}.{key}: a variant cannot change '{key}'; "
                               f"it may set recipe keys such as precision, accumulate, data.*")
+        run_level = [k for k in RUN_LEVEL_KEYS if _sets(key, value, k)]
+        if run_level:
+            raise ConfigError(f"variants.{name}.{run_level[0]}: a variant cannot change it; "
+                              f"it is the run's (set {run_level[0]} for the whole run)")
         try:
             OmegaConf.update(recipe, key, value, merge=True, force_add=False)
         except OmegaConfBaseException as exc:
             raise ConfigError(f"variants.{name}.{key}: {_first_line(exc)}") from None
     return recipe
+
+
+def _sets(key: str, value: Any, dotted: str) -> bool:
+    """Whether the override `key: value` (nested mappings or dotted keys) sets `dotted`."""
+    if key == dotted:
+        return True
+    if not dotted.startswith(key + ".") or not isinstance(value, (dict, DictConfig)):
+        return False
+    rest = dotted[len(key) + 1:]
+    return any(_sets(k, v, rest) for k, v in value.items())
 
 
 def _first_line(exc: Exception) -> str:

@@ -103,8 +103,7 @@ def _measure(plan: Optional[Plan], model: str, variant: str, knob: str, run_dir:
     node = (plan.config.variants or {}).get(variant)  # an empty variant is falsy: {}
     raw = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) \
         else dict(node or {})
-    # unprofiled; adaptive rounds capped, so that checks stay a small part of the run
-    ran = {**driver.flat(raw), "profile": "off", "bench.time_budget_s": CHECK_BUDGET_S}
+    ran = {**driver.flat(raw), "profile": "off"}  # unprofiled
     recipes = {"as run": ran, "suggested": {**ran, **parse_knob(knob)}}
     if progress:
         print(f"checking the finding's suggestion {knob} on {model}/{variant}",
@@ -115,6 +114,8 @@ def _measure(plan: Optional[Plan], model: str, variant: str, knob: str, run_dir:
     except ConfigError as exc:
         return f"not checked: {exc}"
     step.models = [m for m in step.models if m.name == model]
+    for recipe in step.variants.values():  # a run-level key: capped so that checks stay small
+        recipe.bench.time_budget_s = CHECK_BUDGET_S
     start = len(writer.rows)
     execute_plan(step, run_dir, progress, None, writer)
     arms = driver.arms_from_rows(writer.rows[start:], list(recipes))

@@ -100,17 +100,6 @@ def check(cfg: DictConfig, plan: Plan, dist_env) -> list[search.Group]:
     if dist_env is not None:
         raise ConfigError("recipe: run the recipe search without torchrun; it launches torchrun "
                           "itself for the candidates that need several processes")
-    for key in ("screen_rounds", "confirm_top"):
-        value = cfg.recipe[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"recipe.{key}: {value!r} is out of range; it must be an integer "
-                              ">= 1")
-    budget = cfg.recipe.budget_s
-    if budget is not None and not budget > 0:
-        raise ConfigError(f"recipe.budget_s: {budget} is out of range; it must be > 0, or null")
-    mem = cfg.recipe.max_memory_mb
-    if mem is not None and not mem > 0:
-        raise ConfigError(f"recipe.max_memory_mb: {mem} is out of range; it must be > 0, or null")
     groups = parse_groups(cfg)
     for key in ("skip", "also_skip"):
         unknown = [name for name in cfg.recipe[key] if name not in {g.name for g in groups}]

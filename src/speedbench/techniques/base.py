@@ -43,7 +43,7 @@ structured configs support Enum but not Literal, and Enum values would reach tri
 saved config.yaml as Enum objects; so the schema gives OmegaConf the Literal's base type (str)
 and `validate()` checks membership from the Literal itself, with the project's one-line message
 ("precision: 'fp8' is not allowed; choose one of fp32, fp16, bf16"). Types (int, bool, float,
-Optional) are checked by OmegaConf; `low`/`positive` bounds by `validate()`.
+Optional) are checked by OmegaConf; the range (`Bounds`) by `validate()`.
 
 This module imports only torch, the standard library and speedbench.errors.
 """
@@ -66,13 +66,73 @@ ANY = "*"
 
 
 # --- typed recipe keys -----------------------------------------------------------------------------
+_ORDER = (("low", ">=", lambda v, b: v >= b), ("gt", ">", lambda v, b: v > b),
+          ("lt", "<", lambda v, b: v < b), ("high", "at most", lambda v, b: v <= b))
+
+
+def _number(x: Any) -> str:
+    """1000000.0 -> 1,000,000; 0.5 -> 0.5."""
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A numeric key's allowed range: low <= v, gt < v, v < lt, v <= high (None: no bound).
+    NaN fails every bound (each comparison with it is False), inf every upper one. `note` says
+    what a value means ("0.05 = 5 %"); `null` what null does where the key is Optional ("to
+    turn it off"). One range vocabulary, one check and one message for the run's keys
+    (config.setting) and the techniques' (Field)."""
+
+    low: Any = None
+    gt: Any = None
+    lt: Any = None
+    high: Any = None
+    note: str = ""
+    null: str = ""
+
+    def holds(self, value: Any) -> bool:
+        return all(ok(value, getattr(self, name)) for name, _, ok in _ORDER
+                   if getattr(self, name) is not None)
+
+    def check(self, key: str, value: Any) -> None:
+        """Raise ConfigError, one line naming the key and the range, for a number outside it."""
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or self.holds(value):
+            return
+        raise ConfigError(f"{key}: {value} is out of range; it must be "
+                          f"{self.text(isinstance(value, int))}")
+
+    def text(self, integer: bool) -> str:
+        """`an integer >= 1 and at most 10,000`, `> 0 and < 1 (0.05 = 5 %), or null to ...`."""
+        parts = self._parts()
+        if not integer and self.high is not None:
+            parts[-1] = f"finite and {parts[-1]}"
+        text = ("an integer " if integer and parts else "") + " and ".join(parts)
+        return text + (f" ({self.note})" if self.note else "") + \
+            (f", or null {self.null}" if self.null else "")
+
+    def short(self) -> str:
+        """The range as the docs' values column shows it: `>= 1, at most 10,000`."""
+        return ", ".join(self._parts())
+
+    def _parts(self) -> list[str]:
+        return [f"{word} {_number(getattr(self, name))}" for name, word, _ in _ORDER
+                if getattr(self, name) is not None]
+
+    def bad_values(self) -> list:
+        """Values `check` must reject, one per bound."""
+        bad = [None if self.low is None else self.low - 1, self.gt, self.lt,
+               None if self.high is None else self.high + 1]
+        return [b for b in bad if b is not None]
+
+
 @dataclass(frozen=True)
 class Field:
     """One recipe key a technique owns.
 
     key: flat (`precision`) or grouped (`data.num_workers`; the group must exist in the schema).
     type: int, float, bool, str, Optional[...] or Literal[...] (choices, validated here).
-    low: smallest allowed value (ints); positive: value must be > 0 (floats). None passes both.
+    low, gt, lt, high: its range (Bounds); None passes every bound.
     doc: one line, shown in the generated docs and `--help`.
     column: its trials.csv column; "" (the default): the key with `.` -> `_`
     (`optimizer.impl` -> `optimizer_impl`); None: not recorded.
@@ -83,14 +143,20 @@ class Field:
     default: Any
     doc: str = ""
     low: Optional[int] = None
-    positive: bool = False
     column: Optional[str] = ""
+    gt: Any = None
+    lt: Any = None
+    high: Any = None
 
     @property
     def column_name(self) -> Optional[str]:
         if self.column is None:
             return None
         return self.column or self.key.replace(".", "_")
+
+    @property
+    def bounds(self) -> Bounds:
+        return Bounds(self.low, self.gt, self.lt, self.high)
 
     @property
     def choices(self) -> Optional[tuple]:
@@ -116,21 +182,11 @@ class Field:
         if choices is not None and value not in choices:
             raise ConfigError(f"{key}: '{value}' is not allowed; choose one of "
                               f"{', '.join(str(c) for c in choices)}")
-        if self.low is not None and value < self.low:
-            raise ConfigError(f"{key}: {value} is out of range; it must be an integer >= {self.low}")
-        if self.positive and not value > 0:
-            raise ConfigError(f"{key}: {value} is out of range; it must be > 0")
+        self.bounds.check(key, value)
 
     def bad_values(self) -> list:
         """Values `validate` must reject (the generic registry tests use them)."""
-        bad = []
-        if self.choices is not None:
-            bad.append("not-a-choice")
-        if self.low is not None:
-            bad.append(self.low - 1)
-        if self.positive:
-            bad.append(0)
-        return bad
+        return (["not-a-choice"] if self.choices is not None else []) + self.bounds.bad_values()
 
 
 def _is_optional(t: Any) -> bool:
