@@ -30,7 +30,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from speedbench.analysis import stats  # noqa: E402
+from speedbench.analysis import intervals, stats  # noqa: E402
 from speedbench.measure.rounds import ModelRounds  # noqa: E402
 
 # The default `+experiment=amp` on a 2-core CPU: bench.repeats 5, target_ci 0.03,
@@ -144,12 +144,12 @@ def cell(variants: int, effect: float, runs: int, noise: dict, seed: int,
         s = simulate(effects, noise, rng, position_effect=position_effect, **settings)
         s = s[~s["is_baseline"]].set_index("variant")
         truth = pd.Series(effects).loc[s.index]
-        calls = s["verdict"].isin([stats.FASTER, stats.SLOWER])
+        calls = s["verdict"].isin([intervals.FASTER, intervals.SLOWER])
         nulls = truth == 1.0
         false_runs += bool((calls & nulls).any())
         covered += int(((s["speedup_lo"] <= truth) & (truth <= s["speedup_hi"])).sum())
         cis += len(s)
-        want = stats.FASTER if effect > 1 else stats.SLOWER
+        want = intervals.FASTER if effect > 1 else intervals.SLOWER
         called += s.loc["v1", "verdict"] == want
         rounds += int(s["rounds"].max())
     return {"family_false": false_runs / runs, "coverage": covered / cis,

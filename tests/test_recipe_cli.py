@@ -131,12 +131,12 @@ def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
     assert set(rows[rows["variant"] == "suggested"]["status"]) == {"ok"}
     assert "check" in pd.read_csv(tmp_path / "findings.csv")
     # the check's figures are summary.csv's, at the checks' own share of the run's error
-    from speedbench.analysis import stats
+    from speedbench.analysis import intervals, stats
     summary = stats.summarise(rows, levels=check_findings.levels(tmp_path, rows))
     row = summary[summary["variant"] == "suggested"].iloc[0]
     assert findings["check"].iloc[0].startswith(
         f"measured {row.speedup:.2f}x [{row.speedup_lo:.2f}, {row.speedup_hi:.2f}] here")
-    assert row.ci_level == stats.comparison_level(1, check_findings.SHARE)
+    assert row.ci_level == intervals.comparison_level(1, check_findings.SHARE)
     assert check_findings.parse_knob("data.num_workers=2 data.persistent_workers=true") == \
         {"data.num_workers": 2, "data.persistent_workers": True}
 

@@ -17,7 +17,7 @@ import yaml
 from conftest import TINY, only_run_dir, run_cli
 
 from speedbench import results
-from speedbench.analysis import stats
+from speedbench.analysis import intervals, stats
 from speedbench.report.__main__ import main as report_main
 from speedbench.report.compare import comparison_rows, config_differences, env_differences
 from speedbench.report.render import write_report
@@ -226,8 +226,8 @@ def test_comparison_ratio_uses_the_trials_of_both_runs(tmp_path):
     label_runs([a, b])
     keys = [("amp", "resnet", "fp32"), ("amp", "vae", "bf16")]
     rows = comparison_rows([a, b], keys)
-    assert list(rows["verdict"]) == [stats.FASTER, stats.FASTER]
-    expected = stats.unpaired_ratio_ci(
+    assert list(rows["verdict"]) == [intervals.FASTER, intervals.FASTER]
+    expected = intervals.unpaired_ratio_ci(
         b.trials.query("model == 'resnet' and variant == 'fp32'")["samples_per_s"],
         a.trials.query("model == 'resnet' and variant == 'fp32'")["samples_per_s"])
     assert rows.iloc[0][["ratio", "lo", "hi"]].tolist() == pytest.approx(list(expected))

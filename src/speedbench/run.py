@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from speedbench import distributed, results, techniques
-from speedbench.analysis import scaling, stats
+from speedbench.analysis import intervals, scaling, stats
 from speedbench.analysis import quality as quality_stats
 from speedbench.analysis import to_target as target_stats
 from speedbench.config import Plan, build_plan, suite
@@ -157,7 +157,7 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
     # interval is written: checking them never widens the run's intervals afterwards
     checks = cfg.recipe.check_findings and any(r.get("profile_data") is not None
                                                for r in writer.rows)
-    family = stats.FAMILY_LEVEL - (check_findings.SHARE if checks else 0.0)
+    family = intervals.FAMILY_LEVEL - (check_findings.SHARE if checks else 0.0)
     tolerance = plans[0].variants[plans[0].baseline].bench.quality_tolerance
     summary = _summary(writer, plans, family, levels, run_dir, tolerance)
     try:
@@ -182,7 +182,7 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
 
 def _report(summary, run_dir: Path, writer, experiment: str | None,
             overrides: list[str] | None, table: bool, profiled: bool, took_s: float,
-            load: dict, threshold: float = stats.DEFAULT_THRESHOLD) -> None:
+            load: dict, threshold: float = intervals.DEFAULT_THRESHOLD) -> None:
     """The console's lines (a busy machine and stalled windows said first); exit status 1
     when no trial succeeded."""
     from speedbench.report import recommend  # the report's first section, in a few lines

@@ -9,7 +9,7 @@ the models and the data only). trials.csv records `order_seed`, `round` and `pos
 trial's place in its round, 0 first), so `bench.order_seed=<that value>` replays a run's orders;
 under torchrun rank 0's seed is used on every rank. `trial` equals `round` for older readers.
 `bench.repeats` rounds are the floor; with `bench.target_ci` the rounds are group-sequential
-(stats.wants_more_rounds): a look after every `bench.repeats` rounds, stats.LOOKS at most, that
+(stats.wants_more_rounds): a look after every `bench.repeats` rounds, intervals.LOOKS at most, that
 stops once every comparison is decided at the look's level, or when the next look's rounds would
 not fit in the model's time budget. Each row records the schedule (`min_rounds`, `looks`), from
 which the analysis finds the level of the look a comparison stopped at.
@@ -33,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from speedbench import distributed, errors, techniques
-from speedbench.analysis import stats
+from speedbench.analysis import intervals, stats
 from speedbench.config import ModelSpec, Plan
 from speedbench.measure import capacity, launch, quality
 from speedbench.measure.data import build_dataset
@@ -160,7 +160,7 @@ class ModelRounds:
         bench.time_budget_s (the data and the probes spent some of it) at the pace so far;
         then, with bench.target_ci (the baseline's), group-sequential looks
         (stats.wants_more_rounds), as many as the budget allows at the first round's pace
-        (stats.planned_looks). Not under torchrun: every rank would have to take the same
+        (intervals.planned_looks). Not under torchrun: every rank would have to take the same
         decision, so there the `repeats` rounds all run."""
         started, round_ = self.clock(), 0
         budget = self.left_s()
@@ -170,10 +170,10 @@ class ModelRounds:
             yield round_
             round_ += 1
             if self.looks is None:  # after the first round: its pace plans the looks
-                self.looks = stats.planned_looks(budget, self.repeats, self.clock() - started)
+                self.looks = intervals.planned_looks(budget, self.repeats, self.clock() - started)
         if self.looks and self.looks > 1 and not self._nothing_left():
-            look = stats.look_of(round_, self.repeats, self.looks)
-            level = stats.sequential_level(self.comparisons, look, self.looks)
+            look = intervals.look_of(round_, self.repeats, self.looks)
+            level = intervals.sequential_level(self.comparisons, look, self.looks)
             self.bar.write(f"{self.spec.name}: {round_} rounds, look {look} of {self.looks} "
                            f"(CIs at {level:.2%}): " + stats.halfwidth_note(self.rows, level))
 

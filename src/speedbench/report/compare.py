@@ -2,7 +2,7 @@
 
 The first run is the reference. Rows are aligned by (experiment, model, variant); for each
 other run the ratio of its median throughput to the reference's, with a bootstrap CI over
-both runs' trials (stats.unpaired_ratio_ci), and a verdict only when the CI excludes 1.
+both runs' trials (intervals.unpaired_ratio_ci), and a verdict only when the CI excludes 1.
 What cannot be compared (rows in one run only, missing columns) is listed, not guessed.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from speedbench.results import atomic, fresh_dir
-from speedbench.analysis import stats
+from speedbench.analysis import intervals, stats
 from speedbench.report import plots
 from speedbench.report.document import Document, slug, write
 from speedbench.report.render import _ci, _num
@@ -115,8 +115,8 @@ def ratio(ref: Run, other: Run, key: tuple) -> dict:
         return {"ratio": math.nan, "lo": math.nan, "hi": math.nan,
                 "verdict": f"not compared: {_row_status(who, key)} in {who.label}",
                 "status": f"{_row_status(who, key)} in {who.label}"}
-    r, lo, hi = stats.unpaired_ratio_ci(a, b)
-    return {"ratio": r, "lo": lo, "hi": hi, "verdict": stats.verdict(lo, hi), "status": OK}
+    r, lo, hi = intervals.unpaired_ratio_ci(a, b)
+    return {"ratio": r, "lo": lo, "hi": hi, "verdict": intervals.verdict(lo, hi), "status": OK}
 
 
 def _keys(run: Run) -> list[tuple]:

@@ -19,13 +19,13 @@ import pandas as pd
 
 from speedbench.results import atomic
 from speedbench.analysis import claims as claims_mod
-from speedbench.analysis import stats
+from speedbench.analysis import intervals, stats
 from speedbench.report import (capacity_section, host_sweep, plots, profile_section,
                                recipe_section, recommend, settings, to_target_section)
 from speedbench.report.document import Document, slug, write
 from speedbench.report.numbers import ratio_ci
 from speedbench.results.runs import Run, load_recipe, load_run
-from speedbench.results.schema import OK
+from speedbench.results.schema import OK, STOPPED_SLOWER
 
 
 _ci = ratio_ci
@@ -201,7 +201,7 @@ def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         if r.status != OK:
             if r.status not in reasons:
                 reasons.append(r.status)
-            word = "slower (stopped)" if r.verdict == stats.STOPPED_SLOWER \
+            word = "slower (stopped)" if r.verdict == STOPPED_SLOWER \
                 else str(r.status).split(':')[0]
             verdicts.append(f"{word} [{reasons.index(r.status) + 1}]")
         else:
@@ -395,14 +395,15 @@ def at_a_glance(summary: pd.DataFrame) -> str:
     if rows.empty:
         return "No variant besides the baseline was measured."
     counts = rows["verdict"].value_counts()
-    called = (stats.FASTER, stats.SLOWER, stats.EQUIVALENT, stats.INCONCLUSIVE)
+    called = (intervals.FASTER, intervals.SLOWER, intervals.EQUIVALENT, intervals.INCONCLUSIVE)
     parts = [f"{counts.get(v, 0)} {v}" for v in called if counts.get(v, 0)]
     others = len(rows) - sum(counts.get(v, 0) for v in called)
     if others:
         parts.append(f"{others} not measured")
     text = f"Of {len(rows)} (model, variant) pairs: {', '.join(parts)}."
     # Only a significant result is crowned (verdict faster / slower, family-wise controlled).
-    faster, slower = rows[rows["verdict"] == stats.FASTER], rows[rows["verdict"] == stats.SLOWER]
+    faster = rows[rows["verdict"] == intervals.FASTER]
+    slower = rows[rows["verdict"] == intervals.SLOWER]
     if len(faster):
         best = faster.loc[faster["speedup"].idxmax()]
         text += f" Best: {best['variant']} on {best['model']}, {best['speedup']:.2f}x (faster)."
@@ -459,7 +460,7 @@ def _remove_stale_figures(out_dir: Path, written: set[str]) -> None:
 def noise_threshold(cfg: dict) -> float:
     """bench.noise_threshold of the run's config (the default where it is absent)."""
     value = (cfg.get("bench") or {}).get("noise_threshold") if isinstance(cfg, dict) else None
-    return float(value) if isinstance(value, (int, float)) else stats.DEFAULT_THRESHOLD
+    return float(value) if isinstance(value, (int, float)) else intervals.DEFAULT_THRESHOLD
 
 
 def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) -> None:

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from speedbench import results
 from speedbench.analysis import quality as quality_stats
-from speedbench.analysis import stats
+from speedbench.analysis import intervals
 from speedbench.analysis import to_target as target_stats
 from speedbench.measure import to_target
 from speedbench.measure.rounds import fresh_order_seed
@@ -247,7 +247,7 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
     skipped = [g for g in groups if g.name in {*cfg.recipe.skip, *cfg.recipe.also_skip}]
     # the run's family-wise error, fixed before anything runs: the findings' share (when a
     # profiled run will check them) aside, the rest split evenly over the models searched
-    alpha = (stats.FAMILY_LEVEL - check_share(cfg)) / len(plan.models)
+    alpha = (intervals.FAMILY_LEVEL - check_share(cfg)) / len(plan.models)
     for spec in plan.models:
         naive, kept, notes = search.restrict_naive(groups, cannot_act_for(spec))
         kept = [g for g in kept if g not in skipped]
