@@ -1,7 +1,7 @@
 """Error rates of speedbench's verdicts, simulated through the code the command line runs.
 
 Each simulated run drives measure.rounds.ModelRounds itself (its balanced orders, its rounds
-loop and the group-sequential stopping of stats.wants_more_rounds), on a simulated clock with
+loop and the group-sequential stopping of adaptive.wants_more_rounds), on a simulated clock with
 the experiment's time budget, with a simulated measurer in place of training; then
 stats.summarise gives the verdicts, as run.py does. Only the measurer and the clock are
 simulated.

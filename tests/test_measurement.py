@@ -15,7 +15,7 @@ from conftest import TINY, compose_cfg, only_run_dir, run_cli
 from omegaconf import OmegaConf
 
 from speedbench.measure import env, flops, rounds, timing
-from speedbench.analysis import stats
+from speedbench.analysis import adaptive, stats
 from speedbench.config import ConfigError, ModelSpec, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,12 +105,12 @@ def test_wants_more_rounds_until_narrow_or_out_of_budget():
     bench = OmegaConf.create({"target_ci": 0.05, "time_budget_s": 100.0, "repeats": 3})
     wide = trials_frame([100, 150, 100], [120, 180, 90]).to_dict("records")
     narrow = trials_frame([100, 100, 100], [120, 120, 120]).to_dict("records")
-    assert stats.wants_more_rounds(wide, bench, rounds=3, elapsed_s=30)
+    assert adaptive.wants_more_rounds(wide, bench, rounds=3, elapsed_s=30)
     # the next look's 3 rounds won't fit
-    assert not stats.wants_more_rounds(wide, bench, rounds=3, elapsed_s=90)
-    assert not stats.wants_more_rounds(narrow, bench, rounds=3, elapsed_s=30)
+    assert not adaptive.wants_more_rounds(wide, bench, rounds=3, elapsed_s=90)
+    assert not adaptive.wants_more_rounds(narrow, bench, rounds=3, elapsed_s=30)
     off = OmegaConf.create({"target_ci": None, "time_budget_s": 100.0, "repeats": 3})
-    assert not stats.wants_more_rounds(wide, off, rounds=3, elapsed_s=1)
+    assert not adaptive.wants_more_rounds(wide, off, rounds=3, elapsed_s=1)
 
 
 def fake_trials(values: dict[str, list[float]]):

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from speedbench.analysis import intervals, stats
+from speedbench.analysis import adaptive, intervals, stats
 from speedbench.results import schema
 
 
@@ -141,11 +141,11 @@ def test_rounds_stop_at_a_look_once_decided_or_out_of_time():
     wide = _rounds(base, {"v": base * np.exp(rng.normal(0, 0.05, 15))}).to_dict("records")
     narrow = _rounds(base[:5], {"v": base[:5] * 1.2}).to_dict("records")
     five = [r for r in wide if r["round"] < 5]
-    assert stats.wants_more_rounds(five, _Bench, 5, elapsed_s=10)  # 5 more fit: 20 s
-    assert not stats.wants_more_rounds(five, _Bench, 5, elapsed_s=60)  # 10 rounds: 120 s
-    assert not stats.wants_more_rounds(narrow, _Bench, 5, elapsed_s=10)  # decided: faster
-    assert stats.wants_more_rounds(wide[:14], _Bench, 7, elapsed_s=99)  # on to the next look
-    assert not stats.wants_more_rounds(wide, _Bench, 15, elapsed_s=10)  # the last look
+    assert adaptive.wants_more_rounds(five, _Bench, 5, elapsed_s=10)  # 5 more fit: 20 s
+    assert not adaptive.wants_more_rounds(five, _Bench, 5, elapsed_s=60)  # 10 rounds: 120 s
+    assert not adaptive.wants_more_rounds(narrow, _Bench, 5, elapsed_s=10)  # decided: faster
+    assert adaptive.wants_more_rounds(wide[:14], _Bench, 7, elapsed_s=99)  # on to the next look
+    assert not adaptive.wants_more_rounds(wide, _Bench, 15, elapsed_s=10)  # the last look
 
 
 def test_looks_spend_the_family_error_once():

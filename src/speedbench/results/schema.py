@@ -42,7 +42,7 @@ TRIAL_COLUMNS = [
     # rounds (measure/rounds.py): `round` runs every variant of a model once, in a balanced
     # random order drawn from `order_seed`; `position` is the trial's place in its round (0
     # first). `trial` == `round`. The group-sequential schedule: a look every `min_rounds`
-    # rounds (bench.repeats, the floor), `looks` at most (stats.wants_more_rounds).
+    # rounds (bench.repeats, the floor), `looks` at most (adaptive.wants_more_rounds).
     "round", "position", "order_seed", "min_rounds", "looks",
     # verdicts (stats.py, quality.py, timing.step_memory): the run's noise threshold; the
     # quality probe's first-step time, length and samples (final_loss is its loss; window_loss
