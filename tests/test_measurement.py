@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from speedbench.measure import env, flops, rounds, timing
 from speedbench.analysis import adaptive, stats
+from speedbench.report import method
 from speedbench.config import ConfigError, ModelSpec, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,11 +88,11 @@ def test_spread_is_iqr_over_median_and_warns_over_a_tenth():
     assert stats.spread(pd.Series([80.0, 100.0, 120.0])) == pytest.approx(0.2)
     summary = stats.summarise(trials_frame([100, 100, 101], [80, 100, 120], steady=False))
     assert summary.set_index("variant")["spread"]["a"] < 0.1
-    warnings = stats.spread_warnings(summary)
+    warnings = method.spread_warnings(summary)
     assert len(warnings) == 2
     assert "m/b 20%" in warnings[0] and "m/a" not in warnings[0]
     assert "m/a 3 of 3" in warnings[1] and "steady" in warnings[1]
-    assert stats.spread_warnings(stats.summarise(trials_frame([100] * 3, [120] * 3))) == []
+    assert method.spread_warnings(stats.summarise(trials_frame([100] * 3, [120] * 3))) == []
 
 
 def test_flops_columns_in_summary():

@@ -26,6 +26,7 @@ from speedbench.measure.timing import settled_heap
 from speedbench.measure.rounds import (measure_plan, na_variants, plan_order_seed,
                                        planned_comparisons)
 from speedbench.measure.trial import check_data
+from speedbench.report import method
 from speedbench.results import atomic, schema
 from speedbench.results.runs import load_quality, load_to_target
 
@@ -191,7 +192,7 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
     busy = busy_note({"machine_load": load})
     if busy:
         print(textwrap.fill(busy, width=100) + "\n")
-    stalled = stats.stall_note(writer.frame())
+    stalled = method.stall_note(writer.frame())
     if stalled:
         print(textwrap.fill(stalled, width=100) + "\n")
     print("\n".join(console_lines(summary, experiment, overrides, table=table)))

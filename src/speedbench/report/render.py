@@ -20,7 +20,7 @@ import pandas as pd
 from speedbench.results import atomic
 from speedbench.analysis import claims as claims_mod
 from speedbench.analysis import intervals, stats
-from speedbench.report import (capacity_section, host_sweep, plots, profile_section,
+from speedbench.report import (capacity_section, host_sweep, method, plots, profile_section,
                                recipe_section, recommend, settings, to_target_section)
 from speedbench.report.document import Document, slug, write
 from speedbench.report.numbers import ratio_ci
@@ -257,7 +257,7 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
     rounds (the same command line, more repeats)."""
     width = width or console_width()
     noisy = [f"{r.model}/{r.variant}" for r in summary.itertuples()
-             if float(getattr(r, "spread", math.nan)) > stats.SPREAD_WARN]
+             if float(getattr(r, "spread", math.nan)) > method.SPREAD_WARN]
     unsteady = [f"{r.model}/{r.variant}" for r in summary.itertuples()
                 if float(getattr(r, "unsteady", 0) or 0) > 0]
     if not noisy and not unsteady:
@@ -269,7 +269,7 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
     repeats = int(repeats) * 2 if pd.notna(repeats) and repeats > 0 else 6
     lines = []
     if noisy:
-        lines.append(f"warning: trials vary by over {stats.SPREAD_WARN:.0%} (IQR/median) for "
+        lines.append(f"warning: trials vary by over {method.SPREAD_WARN:.0%} (IQR/median) for "
                      + _listing(noisy) + "; another load on the machine?")
         extra = [f"bench.repeats={repeats}"]
     else:
@@ -366,7 +366,7 @@ def _load_text(env: dict) -> str:
 def method_text(cfg: dict) -> str:
     bench = cfg.get("bench") or {}
     if not bench:
-        return (stats.METHOD + " (The run's config.yaml is missing, so its measurement window "
+        return (method.METHOD + " (The run's config.yaml is missing, so its measurement window "
                 "is unknown.)")
     warmup = (f"at least {bench.get('warmup')} warm-up steps, continuing until the last 3 step "
               f"times agree within {bench.get('steady_tol')} of their median (at most "
@@ -379,7 +379,7 @@ def method_text(cfg: dict) -> str:
             f"times up to {bench.get('steps')} optimizer steps in one window synchronised with "
             f"the device only at its ends (capped at {bench.get('max_trial_s')} s per trial). "
             f"{bench.get('repeats')} trials per variant, interleaved across variants{adaptive}. "
-            + stats.METHOD + " Memory = the peak bytes of the tensors one untimed optimizer "
+            + method.METHOD + " Memory = the peak bytes of the tensors one untimed optimizer "
             "step holds (CPU: every tensor torch allocates, tracked op by op; CUDA: the "
             "allocator's peak), split into parameters + gradients + optimizer state and the "
             "rest (activations, temporaries); host RSS adds the pages only the DataLoader "
@@ -481,7 +481,7 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
     note = peak_note(summary, trials)
     if note:
         doc.para(note)
-    for warning in stats.spread_warnings(summary):
+    for warning in method.spread_warnings(summary):
         doc.note(warning)
     for view in settings.host_sweeps(run):
         host_sweep.add(doc, trials, view, out_dir, summary)
@@ -536,7 +536,7 @@ def build_document(run: Run, out_dir: Path) -> Document:
     busy = busy_note(run.env)
     if busy:  # first: it explains every figure below
         doc.note(busy)
-    stalled = stats.stall_note(run.trials)
+    stalled = method.stall_note(run.trials)
     if stalled:  # a window with a step far outside its own distribution
         doc.note(stalled)
     recommendation_section(doc, run, out_dir)
@@ -559,7 +559,7 @@ def build_document(run: Run, out_dir: Path) -> Document:
     doc.pairs(env_pairs(run.env))
     doc.heading("How this was measured")
     doc.para(method_text(run.cfg))
-    doc.para(stats.family_text(run.summary))
+    doc.para(method.family_text(run.summary))
     members = run.members
     if members:  # a suite: each member experiment ran with its own settings
         doc.para("Each experiment ran with its own settings: " + "; ".join(
