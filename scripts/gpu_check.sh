@@ -96,10 +96,10 @@ for i in "${!passes[@]}"; do
 import sys
 from pathlib import Path
 from speedbench import results
-from speedbench.analysis import stats
+from speedbench.analysis.summary import summarise
 from speedbench.report.render import write_report
 run_dir = Path(sys.argv[1])
-results.write_summary(stats.summarise(results.load_trials(run_dir)), run_dir)
+results.write_summary(summarise(results.load_trials(run_dir)), run_dir)
 write_report(run_dir)
 PY
     fi

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from speedbench.analysis import claims, intervals, stats
+from speedbench.analysis import claims, intervals
+from speedbench.analysis.summary import summarise
 
 
 def _trials(values: dict, device: str = "cpu") -> pd.DataFrame:
@@ -33,7 +34,7 @@ TRIALS = {
 
 def _evaluate(claim: dict, values=TRIALS, device="cpu") -> pd.DataFrame:
     trials = _trials(values, device)
-    return claims.evaluate([claim], stats.summarise(trials), trials).set_index("variant")
+    return claims.evaluate([claim], summarise(trials), trials).set_index("variant")
 
 
 def test_lower_and_higher_follow_the_ci_of_the_metric_ratio():
@@ -138,7 +139,7 @@ def test_memory_claim_on_a_named_metric():
     trials["activation_mem_mb"] = trials["peak_mem_mb"].where(trials["variant"] == "w0",
                                                               trials["peak_mem_mb"] / 4)
     v = claims.evaluate([{"kind": "less_memory", "metric": "activation_mem_mb", "factor": 0.5}],
-                        stats.summarise(trials), trials).set_index("variant")
+                        summarise(trials), trials).set_index("variant")
     assert v.loc["w1", "verdict"] == claims.HOLDS
     assert v.loc["w1", "measured"].startswith("activation_mem 0.38x")
 

@@ -17,7 +17,8 @@ import yaml
 from conftest import TINY, only_run_dir, run_cli
 
 from speedbench import results
-from speedbench.analysis import intervals, stats
+from speedbench.analysis import intervals
+from speedbench.analysis.summary import summarise, summarised
 from speedbench.report.__main__ import main as report_main
 from speedbench.report.compare import comparison_rows, config_differences, env_differences
 from speedbench.report.render import write_report
@@ -52,7 +53,7 @@ def make_run(path: Path, speed: float = 1.0, variants=("fp32", "fp16", "bf16"),
     trials = pd.DataFrame(rows)
     trials.to_csv(path / "trials.csv", index=False)
     if summary:
-        results.write_summary(stats.summarise(trials), path)
+        results.write_summary(summarise(trials), path)
     (path / "env.json").write_text(json.dumps(env or ENV))
     (path / "config.yaml").write_text(yaml.safe_dump({"claims": CLAIMS, "bench": {
         "seed": 0, "warmup": 1, "steps": 2, "repeats": repeats, "max_trial_s": 20}}))
@@ -183,8 +184,8 @@ def test_trials_are_paired_as_the_runs_format_says(tmp_path):
 def test_a_run_without_a_usable_summary_is_summarised_by_analysis(tmp_path):
     run = load_run(make_run(tmp_path / "run", summary=False))
     assert run.summary is None and any("no summary.csv" in n for n in run.notes)
-    summary = stats.summarised(run).summary
-    assert summary.equals(stats.summarise(run.trials))
+    summary = summarised(run).summary
+    assert summary.equals(summarise(run.trials))
 
 
 def test_profiling_tables_are_shown_when_present(tmp_path):

@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from speedbench.analysis import adaptive, intervals, stats
+from speedbench.analysis import adaptive, intervals
+from speedbench.analysis.summary import summarise
 from speedbench.report import method
 from speedbench.results import schema
 
@@ -46,7 +47,7 @@ def test_summary_keeps_failed_variants_with_their_status():
         rows.append(("e", "m", "fast", False, t, "ok", 200 + t, 5, 0.1, 25, 480, 1.0))
         rows.append(("e", "m", "broken", False, t, "oom", math.nan, math.nan, math.nan, math.nan,
                      math.nan, math.nan))
-    s = stats.summarise(_trials(rows)).set_index("variant")
+    s = summarise(_trials(rows)).set_index("variant")
     assert s.loc["base", "verdict"] == "baseline" and s.loc["base", "speedup"] == 1
     assert s.loc["fast", "verdict"] == "faster" and 1.9 < s.loc["fast", "speedup"] < 2.1
     assert math.isclose(s.loc["fast", "mem_ratio"], 0.5)
@@ -81,7 +82,7 @@ def _rounds(base, variants, key="round"):
 def test_pairing_by_round_cancels_drift():
     # The machine slows down 40 % over the run; the variant is always 10 % faster in its round.
     base = np.array([100, 90, 80, 70, 60, 100, 95.0])
-    s = stats.summarise(_rounds(base, {"v": base * 1.10})).set_index("variant")
+    s = summarise(_rounds(base, {"v": base * 1.10})).set_index("variant")
     assert math.isclose(s.loc["v", "speedup"], 1.10)
     assert s.loc["v", "verdict"] == intervals.FASTER and s.loc["v", "rounds"] == 7
     # Unpaired, the same numbers would overlap completely.
@@ -93,7 +94,7 @@ def test_pairs_on_trial_when_no_round_column():
     base = np.array([100, 90, 80, 70, 60.0])
     t = _rounds(base, {"v": base * 0.8}, key="trial")
     assert intervals.pair_key(t) == "trial"
-    assert stats.summarise(t).set_index("variant").loc["v", "verdict"] == intervals.SLOWER
+    assert summarise(t).set_index("variant").loc["v", "verdict"] == intervals.SLOWER
 
 
 def test_four_verdicts_and_detectable_effect():
@@ -102,7 +103,7 @@ def test_four_verdicts_and_detectable_effect():
     noisy = base * np.array([1.25, 0.8] * 4)  # centred on 1, far too spread to decide
     t = _rounds(base, {"same": base * np.exp(rng.normal(0, 0.005, 8)), "fast": base * 1.5,
                        "tiny": base * 1.02, "noisy": noisy})
-    s = stats.summarise(t).set_index("variant")
+    s = summarise(t).set_index("variant")
     assert s.loc["same", "verdict"] == intervals.EQUIVALENT
     assert s.loc["fast", "verdict"] == intervals.FASTER
     # Significant (the CI excludes 1) but below the 5 % threshold: not a call.
@@ -115,10 +116,10 @@ def test_four_verdicts_and_detectable_effect():
 def test_summary_states_the_family_and_adjusted_level():
     base = np.array([100, 101, 99, 100, 102.0])
     t = _rounds(base, {f"v{i}": base for i in range(4)})
-    s = stats.summarise(t)
+    s = summarise(t)
     assert (s["comparisons"] == 4).all() and (s["family_level"] == 0.05).all()
     assert np.allclose(s["ci_level"], 1 - 0.05 / 4)
-    one = stats.summarise(_rounds(base, {"v0": base * 1.01}))
+    one = summarise(_rounds(base, {"v0": base * 1.01}))
     # More comparisons, wider intervals, for the same data.
     w4 = s.set_index("variant").loc["v0", "ci_halfwidth"]
     assert w4 == 0 or w4 >= one.set_index("variant").loc["v0", "ci_halfwidth"]
@@ -127,9 +128,9 @@ def test_summary_states_the_family_and_adjusted_level():
 def test_threshold_read_from_trials():
     base = np.array([100, 101, 99, 100, 102.0])
     t = _rounds(base, {"v": base * 1.08})
-    assert stats.summarise(t).set_index("variant").loc["v", "verdict"] == intervals.FASTER
+    assert summarise(t).set_index("variant").loc["v", "verdict"] == intervals.FASTER
     t["noise_threshold"] = 0.10
-    assert stats.summarise(t).set_index("variant").loc["v", "verdict"] == intervals.EQUIVALENT
+    assert summarise(t).set_index("variant").loc["v", "verdict"] == intervals.EQUIVALENT
 
 
 class _Bench:
@@ -163,10 +164,10 @@ def test_summary_reports_the_level_of_the_look_it_stopped_at():
     base = 100 * np.exp(rng.normal(0, 0.05, 10))
     t = _rounds(base, {"v": base * 1.1 * np.exp(rng.normal(0, 0.02, 10)), "w": base})
     t["min_rounds"], t["looks"] = 5, 3
-    row = stats.summarise(t).set_index("variant").loc["v"]
+    row = summarise(t).set_index("variant").loc["v"]
     assert row["rounds"] == 10
     assert math.isclose(row["ci_level"], 1 - 0.05 * intervals.spending_share(2, 3) / 2)
-    one_look = stats.summarise(t.assign(looks=1)).set_index("variant").loc["v"]
+    one_look = summarise(t.assign(looks=1)).set_index("variant").loc["v"]
     assert one_look["speedup_hi"] - one_look["speedup_lo"] < row["speedup_hi"] - row["speedup_lo"]
 
 
@@ -174,7 +175,7 @@ def test_fewer_rounds_than_the_runs_floor_is_a_screen_not_a_verdict():
     base = np.array([100, 101, 99, 100, 102.0])
     screen = _rounds(base[:3], {"v": base[:3] * 1.5}).assign(experiment="screen", min_rounds=3)
     full = _rounds(base, {"v": base * 1.5}).assign(min_rounds=5)
-    s = stats.summarise(pd.concat([screen, full]), per_experiment=True)
+    s = summarise(pd.concat([screen, full]), per_experiment=True)
     verdicts = s[~s["is_baseline"]].set_index("experiment")["verdict"]
     assert verdicts["screen"] == intervals.SCREENING and verdicts["e"] == intervals.FASTER
 
@@ -184,17 +185,17 @@ def test_report_lead_line_crowns_only_a_significant_result():
 
     base = np.array([100, 101, 99, 100, 102.0])
     noisy = base * np.array([1.6, 0.9, 1.5, 0.8, 1.4])  # 1.2x on average, far too spread
-    s = stats.summarise(_rounds(base, {"noisy": noisy}))
+    s = summarise(_rounds(base, {"noisy": noisy}))
     assert s.set_index("variant").loc["noisy", "verdict"] == intervals.INCONCLUSIVE
     text = at_a_glance(s)
     assert "Best:" not in text and "No variant is significantly faster" in text
-    s = stats.summarise(_rounds(base, {"noisy": noisy, "fast": base * 1.3}))
+    s = summarise(_rounds(base, {"noisy": noisy, "fast": base * 1.3}))
     assert "Best: fast on m, 1.30x (faster)." in at_a_glance(s)
 
 
 def test_family_text_states_comparisons_level_and_loss_meaning():
     base = np.array([100, 101, 99, 100, 102.0])
-    text = method.family_text(stats.summarise(_rounds(base, {f"v{i}": base for i in range(6)})))
+    text = method.family_text(summarise(_rounds(base, {f"v{i}": base for i in range(6)})))
     assert "6 comparisons" in text and "at most 5%" in text and "99.17%" in text
     assert "paired seeds" in text and "non-inferior" in text and "time to target" in text
 
@@ -208,7 +209,7 @@ def test_a_variant_stopped_early_keeps_its_step_time_and_counts_in_the_family():
             "trial": 0, "status": "too slow: 100x slower than the baseline in steady steps "
             "(38 s/step, median of 3), stopped after 4 steps", "samples_per_s": 0.8,
             "step_ms": 38000.0, "probe_samples_per_s": 0.8}
-    s = stats.summarise(pd.concat([t, pd.DataFrame([slow])])).set_index("variant")
+    s = summarise(pd.concat([t, pd.DataFrame([slow])])).set_index("variant")
     assert s.loc["fp16", "verdict"] == schema.STOPPED_SLOWER and s.loc["fp16", "step_ms"] == 38000
     assert s.loc["fp16", "speedup"] == pytest.approx(0.01)  # the probes' ratio, no CI
     assert s.loc["fp16", "comparisons"] == 1

@@ -178,7 +178,7 @@ def _threads(name_part: str) -> list[str]:
 
 def test_a_step_past_the_cap_stops_its_trial_and_the_next_variant_runs(tmp_path):
     from speedbench import techniques
-    from speedbench.analysis import stats
+    from speedbench.analysis.summary import summarise
     from speedbench.config import build_plan
     from speedbench.measure import flops
     from speedbench.measure.rounds import measure_plan
@@ -200,7 +200,7 @@ def test_a_step_past_the_cap_stops_its_trial_and_the_next_variant_runs(tmp_path)
     stopped_after = float(status.rsplit("after ", 1)[1].removesuffix(" s"))
     assert 0.95 <= stopped_after < 3.5  # 2 x the cap (and a loaded machine's lag), not 4 s
     assert trials["status"].iloc[1] == "ok"  # the trial after it runs as usual
-    summary = stats.summarise(writer.frame()).set_index("variant")
+    summary = summarise(writer.frame()).set_index("variant")
     assert summary.loc["bf16", "verdict"] == "slower (stopped early)"
     # the recipe's global state restored, the samplers and the watchdog gone
     assert torch.get_num_threads() == threads_before

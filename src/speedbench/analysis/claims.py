@@ -4,7 +4,7 @@ An experiment lists its claims in its config (`claims:`): `tip`, `source` (the a
 name a reader can find), `quote`, the `variants` the claim is about (default: every variant but
 the baseline), the variant they are compared with (`versus`, default: the baseline), and a
 `kind`. Every ratio is paired by round and its CI is at the run's family-wise adjusted level
-(stats.py), the level of the summary's speed-ups. A claim is judged only on evidence:
+(intervals.py), the level of the summary's speed-ups. A claim is judged only on evidence:
 - faster (optional `factor`, e.g. 3 for "3-8 times"): holds when the CI lies above 1 beyond the
   noise threshold and, with a factor, at or above it. Does not hold when the CI excludes the
   claimed effect (slower, equivalent, or wholly below the factor while not faster: then

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from speedbench.results import atomic, fresh_dir
-from speedbench.analysis import intervals, stats
+from speedbench.analysis import intervals
+from speedbench.analysis.summary import summarised
 from speedbench.report import plots
 from speedbench.report.document import Document, slug, write
 from speedbench.report.render import _ci, _num
@@ -295,7 +296,7 @@ def compare_runs(run_dirs: list, out_dir: Path | None) -> Path:
     """Load the runs, write report.md/report.html comparing them into out_dir (None: a new
     folder results/compare/<timestamp>[-n], made atomically so that two comparisons started in
     the same second never share one); returns report.md."""
-    runs = [stats.summarised(load_run(p)) for p in run_dirs]
+    runs = [summarised(load_run(p)) for p in run_dirs]
     label_runs(runs)
     align(runs)  # fails before anything is written when nothing can be compared
     out_dir = Path(out_dir) if out_dir is not None else fresh_dir(Path("results", "compare"))

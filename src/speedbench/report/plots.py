@@ -22,7 +22,8 @@ from matplotlib.transforms import blended_transform_factory  # noqa: E402
 from speedbench.report.numbers import clip  # noqa: E402
 from speedbench.results import atomic  # noqa: E402
 from speedbench.results.schema import OK  # noqa: E402
-from speedbench.analysis import intervals, stats
+from speedbench.analysis import intervals
+from speedbench.analysis.summary import status_of
 
 VERDICT_COLOURS = {intervals.FASTER: "#2a9d8f", intervals.SLOWER: "#e76f51",
                    intervals.SAME: "#8d99ae", intervals.BASELINE: "#264653"}
@@ -84,7 +85,7 @@ def _median_ci_err(values) -> tuple[float, float, float]:
 
 def _status_of(trials: pd.DataFrame, model: str, variant: str) -> str:
     rows = trials[(trials["model"] == model) & (trials["variant"] == variant)]
-    return stats._status(rows["status"]) if len(rows) else "no trials"
+    return status_of(rows["status"]) if len(rows) else "no trials"
 
 
 def _bar_panels(trials: pd.DataFrame, column: str, ylabel: str, title: str,

@@ -19,7 +19,8 @@ import pandas as pd
 
 from speedbench.results import atomic
 from speedbench.analysis import claims as claims_mod
-from speedbench.analysis import intervals, stats
+from speedbench.analysis import intervals
+from speedbench.analysis.summary import summarised
 from speedbench.report import (capacity_section, host_sweep, method, plots, profile_section,
                                recipe_section, recommend, settings, to_target_section)
 from speedbench.report.document import Document, slug, write
@@ -574,7 +575,7 @@ def build_document(run: Run, out_dir: Path) -> Document:
 def write_report(run_dir: Path, cfg: Optional[dict] = None, out_dir: Optional[Path] = None) -> Path:
     """Rebuild plots/, report.md and report.html from the files in run_dir (into out_dir if
     given). Returns the path of report.md."""
-    run = stats.summarised(load_run(run_dir, cfg))
+    run = summarised(load_run(run_dir, cfg))
     out = Path(out_dir) if out_dir else Path(run_dir)
     atomic.real_dir(out / "plots")
     write(build_document(run, out), out, plots.DPI)

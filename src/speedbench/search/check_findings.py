@@ -52,7 +52,7 @@ def _level(todo: pd.DataFrame, alpha: float = SHARE) -> float:
 
 def levels(run_dir: Path, trials: pd.DataFrame) -> dict[tuple[str, str], float]:
     """(check experiment, model) -> the level its check used: summary.csv states the same
-    intervals (stats.summarise's `levels`)."""
+    intervals (summary.summarise's `levels`)."""
     findings = results.load_findings(run_dir)
     if findings is None or "experiment" not in trials:
         return {}

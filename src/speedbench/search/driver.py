@@ -291,7 +291,7 @@ def check_share(cfg: DictConfig) -> float:
 
 def levels(found: dict[str, search.SearchResult]) -> dict[tuple[str, str], float]:
     """(experiment, model) -> the CI level the search used in that measurement: summary.csv
-    states the same intervals (stats.summarise's `levels`)."""
+    states the same intervals (summary.summarise's `levels`)."""
     return {(experiment_name(step), model): level for model, r in found.items()
             for step, level in r.levels.items()}
 

@@ -153,7 +153,7 @@ class SearchResult:
 
 # --- statistics on paired rounds ---------------------------------------------------------------
 def rounds_of(arm: Arm, reference: Arm) -> tuple[np.ndarray, np.ndarray]:
-    """(arm, reference) throughputs on the rounds both have, aligned: the pairs of stats.py."""
+    """(arm, reference) throughputs on the rounds both have, aligned: intervals.paired's pairs."""
     n = min(len(arm.samples_per_s), len(reference.samples_per_s))
     return (np.asarray(arm.samples_per_s[:n], float),
             np.asarray(reference.samples_per_s[:n], float))

@@ -19,7 +19,7 @@ def _short(status: str) -> str:
     return status.split(":")[0]
 
 
-def _status(statuses: pd.Series) -> str:
+def status_of(statuses: pd.Series) -> str:
     """`ok` when any trial measured; otherwise the most common failure."""
     if (statuses == OK).any():
         return OK
@@ -60,7 +60,7 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
         for variant, g in per_model.groupby("variant", sort=False):
             ok = g[g["status"] == OK]
             row = {"experiment": experiment, "model": model, "variant": variant,
-                   "is_baseline": bool(g["is_baseline"].iloc[0]), "status": _status(g["status"]),
+                   "is_baseline": bool(g["is_baseline"].iloc[0]), "status": status_of(g["status"]),
                    "trials": len(ok), **_medians(g, ok)}
             level = fixed if fixed is not None else plan.level(_rounds_paired(ok, base_rows, key))
             row.update(_mem_ratio(ok, base_rows, key, level))
