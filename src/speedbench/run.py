@@ -16,8 +16,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from speedbench import distributed, results, techniques
-from speedbench.analysis import intervals, scaling
-from speedbench.analysis.summary import summarise
+from speedbench.analysis import intervals
+from speedbench.analysis.summary import add_efficiency, summarise
 from speedbench.analysis import quality as quality_stats
 from speedbench.analysis import to_target as target_stats
 from speedbench.config import Plan, build_plan, suite
@@ -144,7 +144,7 @@ def _summary(writer: results.TrialWriter, plans: list[Plan], family: float, leve
              run_dir: Path, tolerance: float):
     """summary.csv's rows: the speed verdicts, the scaling and the quality verdicts."""
     frame = _in_plan_order(writer.frame(), plans)
-    summary = scaling.add_efficiency(summarise(frame, family, levels=levels), frame)
+    summary = add_efficiency(summarise(frame, family, levels=levels), frame)
     return quality_stats.attach(summary, load_quality(run_dir), tolerance)
 
 

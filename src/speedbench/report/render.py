@@ -56,7 +56,7 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         "peak GFLOP/s": _col(summary, "peak_tflops").map(_gflops),
         "% of peak": _col(summary, "peak_fraction").map(peak_share),
     })
-    if "scaling_efficiency" in summary:  # data-parallel variants (scaling.py)
+    if "scaling_efficiency" in summary:  # data-parallel variants (summary.add_efficiency)
         table.insert(4, "devices", summary["devices"])
         table.insert(5, "scaling eff. [95% CI]", [
             _ci(r.scaling_efficiency, r.scaling_efficiency_lo, r.scaling_efficiency_hi, unit="")
