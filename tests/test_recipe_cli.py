@@ -137,7 +137,7 @@ def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
     row = summary[summary["variant"] == "suggested"].iloc[0]
     assert findings["check"].iloc[0].startswith(
         f"measured {row.speedup:.2f}x [{row.speedup_lo:.2f}, {row.speedup_hi:.2f}] here")
-    assert row.ci_level == intervals.comparison_level(1, check_findings.SHARE)
+    assert row.ci_level == intervals.comparison_level(1, intervals.CHECK_SHARE)
     assert check_findings.parse_knob("data.num_workers=2 data.persistent_workers=true") == \
         {"data.num_workers": 2, "data.persistent_workers": True}
 

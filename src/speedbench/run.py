@@ -159,7 +159,7 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
     # interval is written: checking them never widens the run's intervals afterwards
     checks = cfg.recipe.check_findings and any(r.get("profile_data") is not None
                                                for r in writer.rows)
-    family = intervals.FAMILY_LEVEL - (check_findings.SHARE if checks else 0.0)
+    family = intervals.FAMILY_LEVEL - (intervals.CHECK_SHARE if checks else 0.0)
     tolerance = plans[0].variants[plans[0].baseline].bench.quality_tolerance
     summary = _summary(writer, plans, family, levels, run_dir, tolerance)
     try:

@@ -40,6 +40,9 @@ SCREENING = "screening"
 TOO_FEW = "too few trials"
 BASELINE = "baseline"
 FAMILY_LEVEL = 0.05  # family-wise error rate of a run's faster/slower calls
+# Of FAMILY_LEVEL, the share set aside for the findings' checks (search/check_findings.py) when a
+# profiled run checks what it finds; the experiments (a recipe search's too) share the rest.
+CHECK_SHARE = 0.01
 DEFAULT_THRESHOLD = 0.05  # bench.noise_threshold's default; keep in step with config.py
 
 

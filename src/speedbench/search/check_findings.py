@@ -24,7 +24,6 @@ from speedbench.results.schema import OK
 from speedbench.search import driver, selection
 
 CHECK_BUDGET_S = 60.0  # per finding checked: the rounds beyond bench.repeats stop there
-SHARE = 0.01  # of the run's 5 %: the checks' family; the experiments share the rest
 VERDICT_TEXT = {intervals.FASTER: "recommended", intervals.SLOWER: "slower here, not recommended",
                 intervals.EQUIVALENT: "no difference here, not recommended"}
 
@@ -44,7 +43,7 @@ def _todo(findings: pd.DataFrame) -> pd.DataFrame:
     return findings[findings["knob"].fillna("-").astype(str).str.contains("=")]
 
 
-def _level(todo: pd.DataFrame, alpha: float = SHARE) -> float:
+def _level(todo: pd.DataFrame, alpha: float = intervals.CHECK_SHARE) -> float:
     """Bonferroni over the knobs to check, counted before any is measured, within `alpha`."""
     keys = set(zip(todo["experiment"], todo["model"], todo["variant"], todo["knob"]))
     return intervals.comparison_level(len(keys), alpha)
@@ -62,7 +61,7 @@ def levels(run_dir: Path, trials: pd.DataFrame) -> dict[tuple[str, str], float]:
 
 
 def check(plans: list[Plan], run_dir: Path, writer, progress: bool, execute_plan,
-          alpha: float = SHARE) -> Optional[pd.DataFrame]:
+          alpha: float = intervals.CHECK_SHARE) -> Optional[pd.DataFrame]:
     """Measure every suggested knob of findings.csv and write the verdicts into its `check`
     column; the findings, or None when the run has no findings.csv. `execute_plan` is
     rounds.measure_plan."""

@@ -282,11 +282,9 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
 
 def check_share(cfg: DictConfig) -> float:
     """The share of the run's family-wise error kept for the findings' checks: set before the
-    search when the run profiles and checks what it finds (check_findings.SHARE), else 0."""
-    from speedbench.search import check_findings
-
+    search when the run profiles and checks what it finds (intervals.CHECK_SHARE), else 0."""
     profiled = OmegaConf.select(cfg, "profile", default="off") != "off"
-    return check_findings.SHARE if profiled and cfg.recipe.check_findings else 0.0
+    return intervals.CHECK_SHARE if profiled and cfg.recipe.check_findings else 0.0
 
 
 def levels(found: dict[str, search.SearchResult]) -> dict[tuple[str, str], float]:
