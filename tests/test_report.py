@@ -9,6 +9,7 @@ import re
 import shutil
 from html.parser import HTMLParser
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -186,6 +187,27 @@ def test_a_run_without_a_usable_summary_is_summarised_by_analysis(tmp_path):
     assert run.summary is None and any("no summary.csv" in n for n in run.notes)
     summary = summarised(run).summary
     assert summary.equals(summarise(run.trials))
+
+
+def test_a_summary_rebuilt_from_the_trials_has_the_runs_columns(tmp_path):
+    """The run (run._summary) and the report's rebuild from trials.csv (summarised) make
+    summary.csv one way: the same columns, scaling efficiency and quality verdicts included."""
+    from speedbench.run import _summary
+
+    path = make_run(tmp_path / "run", models=("resnet",), summary=False)
+    trials = pd.read_csv(path / "trials.csv")
+    trials["devices"] = trials["variant"].map({"fp32": 1, "fp16": 2, "bf16": 2})
+    trials.to_csv(path / "trials.csv", index=False)
+    pd.DataFrame([{"experiment": "amp", "model": "resnet", "variant": v, "is_baseline": i == 0,
+                   "seed": k, "steps": 4, "samples": 32, "loss": 2.0 + 0.01 * k, "status": "ok"}
+                  for i, v in enumerate(("fp32", "fp16", "bf16")) for k in range(3)]
+                 ).to_csv(path / "quality.csv", index=False)
+    run_s = _summary(SimpleNamespace(frame=lambda: trials), [], intervals.FAMILY_LEVEL, {},
+                     path, 0.05)
+    rebuilt = summarised(load_run(path)).summary
+    assert list(rebuilt.columns) == list(run_s.columns)
+    assert {"scaling_efficiency", "quality_verdict"} <= set(rebuilt.columns)
+    pd.testing.assert_frame_equal(rebuilt, run_s, check_dtype=False)
 
 
 def test_profiling_tables_are_shown_when_present(tmp_path):

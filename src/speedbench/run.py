@@ -17,9 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from speedbench import distributed, results, techniques
 from speedbench.analysis import intervals
-from speedbench.analysis.summary import add_efficiency, summarise
-from speedbench.analysis import quality as quality_stats
 from speedbench.analysis import to_target as target_stats
+from speedbench.analysis.summary import summary_of
 from speedbench.config import Plan, build_plan, suite
 from speedbench.measure import diagnosis, env, to_target
 from speedbench.measure.flops import FlopsBook
@@ -142,10 +141,10 @@ def _discard(run_dir: Path) -> None:
 
 def _summary(writer: results.TrialWriter, plans: list[Plan], family: float, levels: dict,
              run_dir: Path, tolerance: float):
-    """summary.csv's rows: the speed verdicts, the scaling and the quality verdicts."""
+    """summary.csv's rows (summary_of, as a report rebuilt from trials.csv makes them), the
+    trials in plan order."""
     frame = _in_plan_order(writer.frame(), plans)
-    summary = add_efficiency(summarise(frame, family, levels=levels), frame)
-    return quality_stats.attach(summary, load_quality(run_dir), tolerance)
+    return summary_of(frame, load_quality(run_dir), tolerance, family, levels=levels)
 
 
 def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer, resolved: dict,

@@ -1,5 +1,7 @@
 """summary.csv's rows (`summarise`): medians, the paired speed-up with its CI and verdict per
-(model, variant); analysis/intervals.py is the engine.
+(model, variant); analysis/intervals.py is the engine. `summary_of` makes the whole file, the
+one way both the run (run.py) and a report rebuilt from trials.csv (`summarised`) make it: the
+speed verdicts, the scaling efficiency, the quality verdicts (analysis/quality.py).
 
 Scaling efficiency of data-parallel variants (`add_efficiency`), how close N devices come to N
 times one: efficiency = throughput / (devices x the single-device baseline's throughput), which
@@ -15,6 +17,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from speedbench.analysis import quality
 from speedbench.analysis.intervals import (
     BASELINE, FAMILY_LEVEL, INCONCLUSIVE, SCREENING, Looks, classify, count_comparisons,
     min_detectable, pair_key, paired, paired_log_ratios, paired_ratio_ci, relative_halfwidth,
@@ -133,16 +136,27 @@ def position_effect(per_model: pd.DataFrame, key: str = "round",
     return math.exp(d.mean()), math.exp(d.mean() - half), math.exp(d.mean() + half)
 
 
+def summary_of(trials: pd.DataFrame, quality_rows: pd.DataFrame | None,
+               tolerance: float = quality.TOLERANCE, family: float = FAMILY_LEVEL,
+               per_experiment: bool = False,
+               levels: dict[tuple[str, str], float] | None = None) -> pd.DataFrame:
+    """summary.csv's rows: the speed verdicts (`summarise`, with `family`, `per_experiment` and
+    `levels` as there), the scaling efficiency (`add_efficiency`) and the quality verdicts of
+    quality.csv's rows at `tolerance` (quality.attach; none without quality.csv)."""
+    summary = summarise(trials, family, per_experiment=per_experiment, levels=levels)
+    return quality.attach(add_efficiency(summary, trials), quality_rows, tolerance)
+
+
 def summarised(run):
     """A loaded run (results.runs.Run) with its summary: summary.csv as the run wrote it, or,
-    where the reader could not use that file, recomputed from the run's trials."""
+    where the reader could not use that file, recomputed from the run's trials and quality.csv
+    as the run makes it (`summary_of`)."""
     if run.summary is None:
-        # a recipe search adjusts each of its measurements on its own
-        run.summary = summarise(run.trials, per_experiment=run.recipe_search)
-        from speedbench.analysis import quality  # it builds on this module
         bench = run.cfg.get("bench") if isinstance(run.cfg.get("bench"), dict) else {}
-        run.summary = quality.attach(run.summary, run.quality,
-                                     bench.get("quality_tolerance", quality.TOLERANCE))
+        # a recipe search adjusts each of its measurements on its own
+        run.summary = summary_of(run.trials, run.quality,
+                                 bench.get("quality_tolerance", quality.TOLERANCE),
+                                 per_experiment=run.recipe_search)
     return run
 
 
