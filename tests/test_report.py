@@ -210,6 +210,21 @@ def test_a_summary_rebuilt_from_the_trials_has_the_runs_columns(tmp_path):
     pd.testing.assert_frame_equal(rebuilt, run_s, check_dtype=False)
 
 
+def test_the_method_text_states_the_rounds_rule_once_with_this_runs_settings():
+    """The adaptive rounds' stopping rule is METHOD's (report/method.py); method_text adds only
+    the run's settings, not a second, different account of the rule."""
+    from speedbench.report.method import METHOD
+    from speedbench.report.render import method_text
+
+    bench = {"seed": 0, "warmup": 1, "steps": 2, "repeats": 5, "max_trial_s": 20,
+             "target_ci": 0.03, "time_budget_s": 600}
+    text = method_text({"bench": bench})
+    assert text.count(METHOD) == 1 and "bench.target_ci 0.03" in text
+    assert "decided or its CI's relative half-width is at most bench.target_ci" in METHOD
+    assert text.count("half-width") == 1  # the rule once
+    assert "adaptive" not in method_text({"bench": {**bench, "target_ci": None}}).split(METHOD)[0]
+
+
 def test_profiling_tables_are_shown_when_present(tmp_path):
     run = make_run(tmp_path / "run")
     pd.DataFrame([{"experiment": "amp", "model": m, "variant": v, "phase": p, "mean_ms": 1.0,

@@ -373,8 +373,9 @@ def method_text(cfg: dict) -> str:
               f"times agree within {bench.get('steady_tol')} of their median (at most "
               f"{bench.get('warmup_max')})" if bench.get("steady_tol") and bench.get("warmup")
               else f"{bench.get('warmup')} warm-up steps")
-    adaptive = (f", then more interleaved rounds until every speed-up CI half-width is at most "
-                f"{bench.get('target_ci')} or {bench.get('time_budget_s')} s have gone on the model"
+    # the adaptive rounds' rule is METHOD's, which follows: here only this run's settings
+    adaptive = (f", more in adaptive rounds (bench.target_ci {bench.get('target_ci')}, "
+                f"bench.time_budget_s {bench.get('time_budget_s')} s per model)"
                 if bench.get("target_ci") else "")
     return (f"Each trial builds a fresh model with seed {bench.get('seed')}, runs {warmup}, then "
             f"times up to {bench.get('steps')} optimizer steps in one window synchronised with "
