@@ -273,6 +273,22 @@ def test_noise_warnings_are_short_and_end_with_a_command_to_paste(tmp_path):
     assert line.endswith(str(tmp_path.resolve() / "report.html")) and line.startswith("12 trials")
 
 
+def test_the_command_to_measure_again_doubles_the_rounds_of_the_data_or_of_the_config():
+    """bench.repeats in the command: twice the rounds the run measured (3 here), else twice
+    the run's bench.repeats; never a number made up when neither is known."""
+    from speedbench.report.render import console_warnings
+
+    summary = summarise(trials_frame()).assign(spread=0.3, unsteady=0)
+
+    def command(s, **kw):
+        return console_warnings(s, "amp", [], width=200, **kw)[-1].split()
+
+    assert "bench.repeats=6" in command(summary, repeats=5)
+    no_count = summary.drop(columns="trials")
+    assert "bench.repeats=10" in command(no_count, repeats=5)
+    assert not any(w.startswith("bench.repeats=") for w in command(no_count))
+
+
 # --- the run's settings columns and the views its techniques ask for ---------------------------
 LOADER = {"name": "loader", "host_sweep": {"column": "num_workers", "title": "DataLoader workers"},
           "fields": [{"key": "data.num_workers", "doc": "worker processes",

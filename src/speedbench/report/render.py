@@ -253,9 +253,10 @@ def console_table(summary: pd.DataFrame, width: Optional[int] = None) -> str:
 
 def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
                      overrides: Optional[list[str]] = None,
-                     width: Optional[int] = None) -> list[str]:
+                     width: Optional[int] = None, repeats: Optional[int] = None) -> list[str]:
     """Noise warnings, short, each with a command to paste that measures again with more
-    rounds (the same command line, more repeats)."""
+    rounds (the same command line, more repeats: see _more_repeats; `repeats` is the run's
+    bench.repeats)."""
     width = width or console_width()
     noisy = [f"{r.model}/{r.variant}" for r in summary.itertuples()
              if float(getattr(r, "spread", math.nan)) > method.SPREAD_WARN]
@@ -266,15 +267,12 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
     # run_dir= would name the directory this run already filled
     kept = [o for o in overrides or [] if not o.lstrip("+").startswith((
         "bench.repeats=", "bench.target_ci=", "bench.warmup_max=", "run_dir="))]
-    repeats = summary["trials"].max() if "trials" in summary else 3
-    repeats = int(repeats) * 2 if pd.notna(repeats) and repeats > 0 else 6
-    lines = []
+    more = _more_repeats(summary, repeats)
+    lines, extra = [], []
     if noisy:
         lines.append(f"warning: trials vary by over {method.SPREAD_WARN:.0%} (IQR/median) for "
                      + _listing(noisy) + "; another load on the machine?")
-        extra = [f"bench.repeats={repeats}"]
-    else:
-        extra = []
+        extra += [f"bench.repeats={more}"] if more else []
     if unsteady:
         lines.append("warning: some trials were timed before their step time was steady: "
                      + _listing(unsteady))
@@ -289,6 +287,17 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
     out.append("  measure again:")
     out += _shell_lines([shlex.quote(c) for c in command], width, indent="    ")
     return out
+
+
+def _more_repeats(summary: pd.DataFrame, repeats: Optional[int] = None) -> Optional[int]:
+    """bench.repeats for measuring again: twice the rounds this run measured (the most ok
+    trials of a variant), else twice the run's bench.repeats (`repeats`); None when neither is
+    known (the command then leaves bench.repeats as it was)."""
+    trials = pd.to_numeric(summary["trials"], errors="coerce") if "trials" in summary \
+        else pd.Series(dtype=float)
+    most = trials.max() if trials.notna().any() else math.nan
+    rounds = int(most) if most > 0 else repeats
+    return 2 * int(rounds) if rounds else None
 
 
 def _shell_lines(words: list[str], width: int, indent: str) -> list[str]:
@@ -308,12 +317,13 @@ def _listing(items: list[str], most: int = 4) -> str:
 
 
 def console_lines(summary: pd.DataFrame, experiment: Optional[str] = None,
-                  overrides: Optional[list[str]] = None, table: bool = True) -> list[str]:
+                  overrides: Optional[list[str]] = None, table: bool = True,
+                  repeats: Optional[int] = None) -> list[str]:
     """What a run prints at its end, before the path of its report: the table and the
     warnings, each line within the terminal's width (at most 100 columns). A recipe search
     prints no table: its recommendation, which follows, gives the search's own figures."""
     return ([console_table(summary)] if table else []) + \
-        console_warnings(summary, experiment, overrides)
+        console_warnings(summary, experiment, overrides, repeats=repeats)
 
 
 def report_line(run_dir: Path, trials: int, seconds: float) -> str:
