@@ -23,8 +23,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from speedbench import results
-from speedbench.analysis import quality as quality_stats
 from speedbench.analysis import intervals
+from speedbench.analysis import quality as quality_stats
 from speedbench.analysis import to_target as target_stats
 from speedbench.measure import to_target
 from speedbench.measure.rounds import fresh_order_seed
