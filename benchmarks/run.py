@@ -39,7 +39,7 @@ from torch.utils.benchmark import Timer  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from speedbench import techniques  # noqa: E402
-from speedbench.analysis import stats  # noqa: E402
+from speedbench.analysis import intervals  # noqa: E402
 from speedbench.config import build_plan, config_dir, register_schema  # noqa: E402
 from speedbench.measure import env  # noqa: E402
 from speedbench.measure.data import build_dataset, build_loader  # noqa: E402
@@ -125,7 +125,7 @@ def overhead(model: str, overrides: list[str], rounds: int) -> dict:
             else:
                 bare.append(bare_trial(spec, recipe, device, dataset, recipe.bench.warmup,
                                        recipe.bench.steps))
-    ratio, lo, hi = stats.unpaired_ratio_ci(np.array(harness), np.array(bare))
+    ratio, lo, hi = intervals.unpaired_ratio_ci(np.array(harness), np.array(bare))
     paired = statistics.median(h / b for h, b in zip(harness, bare))
     return {"model": model, "harness": statistics.median(harness), "bare": statistics.median(bare),
             "ratio": ratio, "lo": lo, "hi": hi, "paired": paired, "rounds": rounds,

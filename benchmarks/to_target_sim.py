@@ -28,7 +28,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from speedbench.analysis import stats  # noqa: E402
+from speedbench.analysis import intervals  # noqa: E402
 from speedbench.analysis import to_target  # noqa: E402
 
 STEPS_SD = 0.15  # between seeds: removed by pairing, kept for realism
@@ -74,9 +74,9 @@ def rates(seeds: int, effects: list[float], sd: float, runs: int, seed: int = 0)
     any_call = found = 0
     for _ in range(runs):
         verdicts = to_target.summarise(one_run(rng, seeds, effects, sd)).set_index("variant")
-        calls = verdicts["verdict"].isin([stats.FASTER, stats.SLOWER])
+        calls = verdicts["verdict"].isin([intervals.FASTER, intervals.SLOWER])
         any_call += bool(calls.any())
-        found += verdicts.loc["v1", "verdict"] == stats.FASTER
+        found += verdicts.loc["v1", "verdict"] == intervals.FASTER
     return {"any call": any_call / runs, "v1 found faster": found / runs}
 
 

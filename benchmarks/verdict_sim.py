@@ -1,9 +1,9 @@
 """Error rates of speedbench's verdicts, simulated through the code the command line runs.
 
 Each simulated run drives measure.rounds.ModelRounds itself (its balanced orders, its rounds
-loop and the group-sequential stopping of stats.wants_more_rounds), on a simulated clock with
+loop and the group-sequential stopping of adaptive.wants_more_rounds), on a simulated clock with
 the experiment's time budget, with a simulated measurer in place of training; then
-stats.summarise gives the verdicts, as run.py does. Only the measurer and the clock are
+summary.summarise gives the verdicts, as run.py does. Only the measurer and the clock are
 simulated.
 
 The noise is fitted to the committed reference trials (results/reference/*/trials.csv, every
@@ -30,7 +30,8 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from speedbench.analysis import stats  # noqa: E402
+from speedbench.analysis import intervals  # noqa: E402
+from speedbench.analysis.summary import summarise  # noqa: E402
 from speedbench.measure.rounds import ModelRounds  # noqa: E402
 
 # The default `+experiment=amp` on a 2-core CPU: bench.repeats 5, target_ci 0.03,
@@ -120,12 +121,12 @@ class SimRounds(ModelRounds):
 def simulate(effects: dict[str, float], noise: dict, rng, repeats: int = 5,
              target_ci: float | None = 0.03, time_budget_s: float = 30.0, trial_s: float = 2.0,
              position_effect: float = 0.0) -> pd.DataFrame:
-    """One run of one model, as the CLI runs it: the rounds, then stats.summarise."""
+    """One run of one model, as the CLI runs it: the rounds, then summary.summarise."""
     bench = SimpleNamespace(repeats=repeats, target_ci=target_ci, time_budget_s=time_budget_s)
     sim = SimRounds(effects, bench, noise, rng, len(effects) - 1, position_effect, trial_s)
     for round_ in sim.rounds():
         sim.run_round(round_)
-    return stats.summarise(pd.DataFrame(sim.rows))
+    return summarise(pd.DataFrame(sim.rows))
 
 
 # ---- the measures ----
@@ -144,12 +145,12 @@ def cell(variants: int, effect: float, runs: int, noise: dict, seed: int,
         s = simulate(effects, noise, rng, position_effect=position_effect, **settings)
         s = s[~s["is_baseline"]].set_index("variant")
         truth = pd.Series(effects).loc[s.index]
-        calls = s["verdict"].isin([stats.FASTER, stats.SLOWER])
+        calls = s["verdict"].isin([intervals.FASTER, intervals.SLOWER])
         nulls = truth == 1.0
         false_runs += bool((calls & nulls).any())
         covered += int(((s["speedup_lo"] <= truth) & (truth <= s["speedup_hi"])).sum())
         cis += len(s)
-        want = stats.FASTER if effect > 1 else stats.SLOWER
+        want = intervals.FASTER if effect > 1 else intervals.SLOWER
         called += s.loc["v1", "verdict"] == want
         rounds += int(s["rounds"].max())
     return {"family_false": false_runs / runs, "coverage": covered / cis,

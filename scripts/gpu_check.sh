@@ -96,10 +96,13 @@ for i in "${!passes[@]}"; do
 import sys
 from pathlib import Path
 from speedbench import results
-from speedbench.analysis import stats
+from speedbench.analysis.summary import summarised
 from speedbench.report.render import write_report
+from speedbench.results.runs import load_run
 run_dir = Path(sys.argv[1])
-results.write_summary(stats.summarise(results.load_trials(run_dir)), run_dir)
+run = load_run(run_dir)
+run.summary = None  # rebuilt from the trials, as the report rebuilds it
+results.write_summary(summarised(run).summary, run_dir)
 write_report(run_dir)
 PY
     fi

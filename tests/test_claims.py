@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from speedbench.analysis import claims, stats
+from speedbench.analysis import claims, intervals
+from speedbench.analysis.summary import summarise
 
 
 def _trials(values: dict, device: str = "cpu") -> pd.DataFrame:
@@ -33,7 +34,7 @@ TRIALS = {
 
 def _evaluate(claim: dict, values=TRIALS, device="cpu") -> pd.DataFrame:
     trials = _trials(values, device)
-    return claims.evaluate([claim], stats.summarise(trials), trials).set_index("variant")
+    return claims.evaluate([claim], summarise(trials), trials).set_index("variant")
 
 
 def test_lower_and_higher_follow_the_ci_of_the_metric_ratio():
@@ -69,7 +70,7 @@ def test_a_claim_stated_for_gpus_is_na_elsewhere_but_still_names_the_best():
 def test_versus_compares_with_another_variant():
     v = _evaluate({"kind": "faster", "variants": ["w2"], "versus": "w1"})
     assert v.loc["w2", "measured"].endswith("vs w1")
-    assert v.loc["w2", "verdict"] == f"{claims.FAILS} ({stats.EQUIVALENT})"
+    assert v.loc["w2", "verdict"] == f"{claims.FAILS} ({intervals.EQUIVALENT})"
     # its memory and loss are against w1 too (2000 MB / 1500 MB), not the baseline's 2.00x
     assert v.loc["w2", "memory"] == "1.33x" and v.loc["w2", "loss Δ"] == "+0.000"
     assert _evaluate({"kind": "faster", "variants": ["w2"]}).loc["w2", "memory"] \
@@ -104,14 +105,14 @@ def test_a_memory_claim_gives_its_speed_cost_instead_of_repeating_the_memory_rat
 def test_magnitude_of_a_faster_claim():
     three = (0.9, 0.5, 1.6), (1.5, 1.4, 1.6), (2.5, 1.8, 3.4), (3.5, 3.1, 3.9)
     got = [claims.judge_faster(r, factor=3) for r in three]
-    assert got[0] == f"{claims.FAILS} ({stats.INCONCLUSIVE}; the CI stays below 3x)"
+    assert got[0] == f"{claims.FAILS} ({intervals.INCONCLUSIVE}; the CI stays below 3x)"
     assert got[1] == f"{claims.PARTLY} (faster, but the CI stays below 3x)"
     assert got[2].startswith(f"{claims.INCONCLUSIVE} (the CI reaches 3x")
     assert got[3] == claims.HOLDS
     # Without a factor: a CI containing 1 is inconclusive, never "does not hold".
     assert claims.judge_faster((1.1, 0.9, 1.3)).startswith(claims.INCONCLUSIVE)
-    assert claims.judge_faster((1.0, 0.98, 1.02)) == f"{claims.FAILS} ({stats.EQUIVALENT})"
-    assert claims.judge_faster((0.7, 0.6, 0.8)) == f"{claims.FAILS} ({stats.SLOWER})"
+    assert claims.judge_faster((1.0, 0.98, 1.02)) == f"{claims.FAILS} ({intervals.EQUIVALENT})"
+    assert claims.judge_faster((0.7, 0.6, 0.8)) == f"{claims.FAILS} ({intervals.SLOWER})"
 
 
 def test_less_memory_never_holds_at_equality_and_respects_the_factor():
@@ -138,7 +139,7 @@ def test_memory_claim_on_a_named_metric():
     trials["activation_mem_mb"] = trials["peak_mem_mb"].where(trials["variant"] == "w0",
                                                               trials["peak_mem_mb"] / 4)
     v = claims.evaluate([{"kind": "less_memory", "metric": "activation_mem_mb", "factor": 0.5}],
-                        stats.summarise(trials), trials).set_index("variant")
+                        summarise(trials), trials).set_index("variant")
     assert v.loc["w1", "verdict"] == claims.HOLDS
     assert v.loc["w1", "measured"].startswith("activation_mem 0.38x")
 

@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 
 import speedbench
 from conftest import SMALL_MODELS, TINY, compose_cfg, only_run_dir, run_cli
-from speedbench.analysis import claims, scaling, stats
+from speedbench.analysis import claims
+from speedbench.analysis.summary import add_efficiency, summarise
 from speedbench import distributed, techniques
 from speedbench.config import ConfigError, Schema, build_plan
 from speedbench.techniques import Context
@@ -133,7 +134,7 @@ def _fake_trials() -> pd.DataFrame:
 
 def test_scaling_efficiency_is_speedup_over_devices_and_is_plotted():
     trials_df = _fake_trials()
-    summary = scaling.add_efficiency(stats.summarise(trials_df), trials_df).set_index("variant")
+    summary = add_efficiency(summarise(trials_df), trials_df).set_index("variant")
     assert summary.loc["single", "scaling_efficiency"] == pytest.approx(1.0)
     assert summary.loc["ddp", "devices"] == 2
     assert summary.loc["ddp", "scaling_efficiency"] == pytest.approx(181 / (2 * 101), rel=1e-3)
@@ -143,15 +144,14 @@ def test_scaling_efficiency_is_speedup_over_devices_and_is_plotted():
     assert len(fig.axes) == 2 and len(fig.axes[1].lines) >= 1
     # No variant on more devices than the baseline: the summary is left alone.
     plain = trials_df[trials_df["parallel"] == "none"]
-    assert "scaling_efficiency" not in scaling.add_efficiency(stats.summarise(plain), plain)
+    assert "scaling_efficiency" not in add_efficiency(summarise(plain), plain)
     under_torchrun = trials_df.assign(devices=2, parallel="ddp")  # no single-device reference
-    assert "scaling_efficiency" not in scaling.add_efficiency(stats.summarise(under_torchrun),
-                                                              under_torchrun)
+    assert "scaling_efficiency" not in add_efficiency(summarise(under_torchrun), under_torchrun)
 
 
 def test_claim_versus_compares_with_another_variant():
     trials_df = _fake_trials()
-    summary = stats.summarise(trials_df)
+    summary = summarise(trials_df)
     claim = {"kind": "faster", "versus": "dp", "variants": ["ddp"]}
     row = claims.evaluate([claim], summary, trials_df).iloc[0]
     assert row["measured"].startswith("speed-up 1.50x") and row["measured"].endswith("vs dp")

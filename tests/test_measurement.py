@@ -15,7 +15,9 @@ from conftest import TINY, compose_cfg, only_run_dir, run_cli
 from omegaconf import OmegaConf
 
 from speedbench.measure import env, flops, rounds, timing
-from speedbench.analysis import stats
+from speedbench.analysis import adaptive
+from speedbench.analysis.summary import spread, summarise
+from speedbench.report import method
 from speedbench.config import ConfigError, ModelSpec, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,18 +86,18 @@ def trials_frame(base: list[float], other: list[float], steady=True) -> pd.DataF
 
 
 def test_spread_is_iqr_over_median_and_warns_over_a_tenth():
-    assert stats.spread(pd.Series([80.0, 100.0, 120.0])) == pytest.approx(0.2)
-    summary = stats.summarise(trials_frame([100, 100, 101], [80, 100, 120], steady=False))
+    assert spread(pd.Series([80.0, 100.0, 120.0])) == pytest.approx(0.2)
+    summary = summarise(trials_frame([100, 100, 101], [80, 100, 120], steady=False))
     assert summary.set_index("variant")["spread"]["a"] < 0.1
-    warnings = stats.spread_warnings(summary)
+    warnings = method.spread_warnings(summary)
     assert len(warnings) == 2
     assert "m/b 20%" in warnings[0] and "m/a" not in warnings[0]
     assert "m/a 3 of 3" in warnings[1] and "steady" in warnings[1]
-    assert stats.spread_warnings(stats.summarise(trials_frame([100] * 3, [120] * 3))) == []
+    assert method.spread_warnings(summarise(trials_frame([100] * 3, [120] * 3))) == []
 
 
 def test_flops_columns_in_summary():
-    summary = stats.summarise(trials_frame([100, 100], [200, 200])).set_index("variant")
+    summary = summarise(trials_frame([100, 100], [200, 200])).set_index("variant")
     # 2e9 FLOPs per step at 10 ms per step = 0.2 TFLOP/s; peak 1 TFLOP/s.
     assert summary.loc["a", "achieved_tflops"] == pytest.approx(0.2)
     assert summary.loc["b", "peak_fraction"] == pytest.approx(0.4)
@@ -105,12 +107,12 @@ def test_wants_more_rounds_until_narrow_or_out_of_budget():
     bench = OmegaConf.create({"target_ci": 0.05, "time_budget_s": 100.0, "repeats": 3})
     wide = trials_frame([100, 150, 100], [120, 180, 90]).to_dict("records")
     narrow = trials_frame([100, 100, 100], [120, 120, 120]).to_dict("records")
-    assert stats.wants_more_rounds(wide, bench, rounds=3, elapsed_s=30)
+    assert adaptive.wants_more_rounds(wide, bench, rounds=3, elapsed_s=30)
     # the next look's 3 rounds won't fit
-    assert not stats.wants_more_rounds(wide, bench, rounds=3, elapsed_s=90)
-    assert not stats.wants_more_rounds(narrow, bench, rounds=3, elapsed_s=30)
+    assert not adaptive.wants_more_rounds(wide, bench, rounds=3, elapsed_s=90)
+    assert not adaptive.wants_more_rounds(narrow, bench, rounds=3, elapsed_s=30)
     off = OmegaConf.create({"target_ci": None, "time_budget_s": 100.0, "repeats": 3})
-    assert not stats.wants_more_rounds(wide, off, rounds=3, elapsed_s=1)
+    assert not adaptive.wants_more_rounds(wide, off, rounds=3, elapsed_s=1)
 
 
 def fake_trials(values: dict[str, list[float]]):
@@ -270,7 +272,7 @@ def test_report_shows_the_spread_warning(tmp_path):
 
     trials = trials_frame([100, 100, 101], [80, 100, 120])
     trials.to_csv(tmp_path / "trials.csv", index=False)
-    results.write_summary(stats.summarise(results.load_trials(tmp_path)), tmp_path)
+    results.write_summary(summarise(results.load_trials(tmp_path)), tmp_path)
     report = write_report(tmp_path, cfg={}).read_text()
     assert "WARNING: trial spread" in report and "m/b 20%" in report
     assert "% of peak" in report
@@ -565,7 +567,7 @@ def test_a_variant_stopped_early_is_slower_with_its_ratio_and_counts_in_the_fami
     base = [r for r in writer.rows if r["variant"] == "base"]
     assert len(base) == 1  # nothing left to compare: the baseline's repeats are spared
     assert base[0]["probe_samples_per_s"] > 0  # from its 3 steady probe steps (of 4)
-    summary = stats.summarise(writer.frame()).set_index("variant")
+    summary = summarise(writer.frame()).set_index("variant")
     assert summary.loc["slow", "verdict"] == schema.STOPPED_SLOWER
     assert summary.loc["slow", "speedup"] == pytest.approx(
         slow[0]["probe_samples_per_s"] / base[0]["probe_samples_per_s"])

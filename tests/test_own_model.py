@@ -118,12 +118,12 @@ def test_printed_commands_keep_the_config_flags():
     from speedbench.config import config_flags
     from speedbench.report.render import console_warnings
     from test_report_figures import trials_frame
-    from speedbench.analysis import stats
+    from speedbench.analysis.summary import summarise
 
     flags = config_flags(["-cd", "conf", "+experiment=amp", "hydra.searchpath=[file://more]",
                           "model=mynet"])
     assert flags == ["--config-dir=conf", "hydra.searchpath=[file://more]"]
-    summary = stats.summarise(trials_frame()).assign(spread=0.3, unsteady=0)
+    summary = summarise(trials_frame()).assign(spread=0.3, unsteady=0)
     lines = console_warnings(summary, "amp", flags + ["model=mynet"], width=200)
     command = lines[lines.index("  measure again:") + 1:]
     assert command == ["    speedbench --config-dir=conf +experiment=amp "

@@ -131,12 +131,13 @@ def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
     assert set(rows[rows["variant"] == "suggested"]["status"]) == {"ok"}
     assert "check" in pd.read_csv(tmp_path / "findings.csv")
     # the check's figures are summary.csv's, at the checks' own share of the run's error
-    from speedbench.analysis import stats
-    summary = stats.summarise(rows, levels=check_findings.levels(tmp_path, rows))
+    from speedbench.analysis import intervals
+    from speedbench.analysis.summary import summarise
+    summary = summarise(rows, levels=check_findings.levels(tmp_path, rows))
     row = summary[summary["variant"] == "suggested"].iloc[0]
     assert findings["check"].iloc[0].startswith(
         f"measured {row.speedup:.2f}x [{row.speedup_lo:.2f}, {row.speedup_hi:.2f}] here")
-    assert row.ci_level == stats.comparison_level(1, check_findings.SHARE)
+    assert row.ci_level == intervals.comparison_level(1, intervals.CHECK_SHARE)
     assert check_findings.parse_knob("data.num_workers=2 data.persistent_workers=true") == \
         {"data.num_workers": 2, "data.persistent_workers": True}
 
@@ -240,7 +241,7 @@ def test_the_search_and_summary_agree_on_simulated_trials(tmp_path):
     waterfall's cumulative speed-up is compared too: the levels the search used
     (driver.levels) make summary.csv's intervals the search's."""
     from speedbench import results
-    from speedbench.analysis import stats
+    from speedbench.analysis.summary import summarise
 
     cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=6", "bench.target_ci=null",
                       "recipe.budget_s=null", f"out_dir={tmp_path}",
@@ -251,7 +252,7 @@ def test_the_search_and_summary_agree_on_simulated_trials(tmp_path):
     found = recipe.execute(cfg, plan, groups, tmp_path, writer, False, _sync_world(1.3),
                            lambda spec: lambda overrides: None)
     assert [o.label for o in found["transformer"].chosen] == ["sync=deferred"]
-    summary = stats.summarise(writer.frame(), levels=recipe.levels(found))
+    summary = summarise(writer.frame(), levels=recipe.levels(found))
     table = pd.read_csv(tmp_path / "recipe.csv")
     assert table.query("table == 'waterfall'")["lo"].notna().sum() == 1
     _agree(table, summary)

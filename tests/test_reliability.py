@@ -265,9 +265,9 @@ def _scaling_with_mathtext(run: Path) -> None:
     t["devices"] = t["variant"].map({"fp32": 1, name: 2, "bf16": 4})
     t.to_csv(run / "trials.csv", index=False)
     from speedbench import results
-    from speedbench.analysis import scaling, stats
+    from speedbench.analysis.summary import add_efficiency, summarise
     t["is_baseline"] = t["is_baseline"].astype(bool)
-    results.write_summary(scaling.add_efficiency(stats.summarise(t), t), run)
+    results.write_summary(add_efficiency(summarise(t), t), run)
 
 
 def _link_out(run: Path, name: str, target: Path) -> None:

@@ -9,6 +9,7 @@ import re
 import shutil
 from html.parser import HTMLParser
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -17,7 +18,8 @@ import yaml
 from conftest import TINY, only_run_dir, run_cli
 
 from speedbench import results
-from speedbench.analysis import stats
+from speedbench.analysis import intervals
+from speedbench.analysis.summary import summarise, summarised
 from speedbench.report.__main__ import main as report_main
 from speedbench.report.compare import comparison_rows, config_differences, env_differences
 from speedbench.report.render import write_report
@@ -52,7 +54,7 @@ def make_run(path: Path, speed: float = 1.0, variants=("fp32", "fp16", "bf16"),
     trials = pd.DataFrame(rows)
     trials.to_csv(path / "trials.csv", index=False)
     if summary:
-        results.write_summary(stats.summarise(trials), path)
+        results.write_summary(summarise(trials), path)
     (path / "env.json").write_text(json.dumps(env or ENV))
     (path / "config.yaml").write_text(yaml.safe_dump({"claims": CLAIMS, "bench": {
         "seed": 0, "warmup": 1, "steps": 2, "repeats": repeats, "max_trial_s": 20}}))
@@ -183,8 +185,44 @@ def test_trials_are_paired_as_the_runs_format_says(tmp_path):
 def test_a_run_without_a_usable_summary_is_summarised_by_analysis(tmp_path):
     run = load_run(make_run(tmp_path / "run", summary=False))
     assert run.summary is None and any("no summary.csv" in n for n in run.notes)
-    summary = stats.summarised(run).summary
-    assert summary.equals(stats.summarise(run.trials))
+    summary = summarised(run).summary
+    assert summary.equals(summarise(run.trials))
+
+
+def test_a_summary_rebuilt_from_the_trials_has_the_runs_columns(tmp_path):
+    """The run (run._summary) and the report's rebuild from trials.csv (summarised) make
+    summary.csv one way: the same columns, scaling efficiency and quality verdicts included."""
+    from speedbench.run import _summary
+
+    path = make_run(tmp_path / "run", models=("resnet",), summary=False)
+    trials = pd.read_csv(path / "trials.csv")
+    trials["devices"] = trials["variant"].map({"fp32": 1, "fp16": 2, "bf16": 2})
+    trials.to_csv(path / "trials.csv", index=False)
+    pd.DataFrame([{"experiment": "amp", "model": "resnet", "variant": v, "is_baseline": i == 0,
+                   "seed": k, "steps": 4, "samples": 32, "loss": 2.0 + 0.01 * k, "status": "ok"}
+                  for i, v in enumerate(("fp32", "fp16", "bf16")) for k in range(3)]
+                 ).to_csv(path / "quality.csv", index=False)
+    run_s = _summary(SimpleNamespace(frame=lambda: trials), [], intervals.FAMILY_LEVEL, {},
+                     path, 0.05)
+    rebuilt = summarised(load_run(path)).summary
+    assert list(rebuilt.columns) == list(run_s.columns)
+    assert {"scaling_efficiency", "quality_verdict"} <= set(rebuilt.columns)
+    pd.testing.assert_frame_equal(rebuilt, run_s, check_dtype=False)
+
+
+def test_the_method_text_states_the_rounds_rule_once_with_this_runs_settings():
+    """The adaptive rounds' stopping rule is METHOD's (report/method.py); method_text adds only
+    the run's settings, not a second, different account of the rule."""
+    from speedbench.report.method import METHOD
+    from speedbench.report.render import method_text
+
+    bench = {"seed": 0, "warmup": 1, "steps": 2, "repeats": 5, "max_trial_s": 20,
+             "target_ci": 0.03, "time_budget_s": 600}
+    text = method_text({"bench": bench})
+    assert text.count(METHOD) == 1 and "bench.target_ci 0.03" in text
+    assert "decided or its CI's relative half-width is at most bench.target_ci" in METHOD
+    assert text.count("half-width") == 1  # the rule once
+    assert "adaptive" not in method_text({"bench": {**bench, "target_ci": None}}).split(METHOD)[0]
 
 
 def test_profiling_tables_are_shown_when_present(tmp_path):
@@ -226,8 +264,8 @@ def test_comparison_ratio_uses_the_trials_of_both_runs(tmp_path):
     label_runs([a, b])
     keys = [("amp", "resnet", "fp32"), ("amp", "vae", "bf16")]
     rows = comparison_rows([a, b], keys)
-    assert list(rows["verdict"]) == [stats.FASTER, stats.FASTER]
-    expected = stats.unpaired_ratio_ci(
+    assert list(rows["verdict"]) == [intervals.FASTER, intervals.FASTER]
+    expected = intervals.unpaired_ratio_ci(
         b.trials.query("model == 'resnet' and variant == 'fp32'")["samples_per_s"],
         a.trials.query("model == 'resnet' and variant == 'fp32'")["samples_per_s"])
     assert rows.iloc[0][["ratio", "lo", "hi"]].tolist() == pytest.approx(list(expected))

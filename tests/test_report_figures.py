@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from speedbench.analysis import stats
+from speedbench.analysis.summary import summarise
 from speedbench.report import plots
 
 
@@ -66,7 +66,7 @@ def assert_png(path):
                                   "forest"])
 def test_each_figure_is_written_as_a_non_empty_png(name, tmp_path):
     trials = trials_frame()
-    summary = stats.summarise(trials)
+    summary = summarise(trials)
     make = {
         "throughput": lambda: plots.throughput(trials),
         "peak_memory": lambda: plots.peak_memory(trials),
@@ -98,7 +98,7 @@ def _texts(fig) -> list[str]:
 def test_speedup_figure_shows_each_verdict_and_failures_as_text():
     trials = trials_frame(variants=("fp32", "fast", "broken"),
                           statuses={"broken": "n/a: needs CUDA"})
-    fig = plots.speedup(stats.summarise(trials))
+    fig = plots.speedup(summarise(trials))
     texts = _texts(fig)
     assert any("faster" in t for t in texts)
     assert any(t.startswith("n/a: needs CUDA") for t in texts)
@@ -135,27 +135,27 @@ def test_sweep_only_where_a_knob_takes_many_values_one_per_variant():
 
 def test_figures_for_draws_only_what_the_data_holds():
     trials = trials_frame()
-    summary = stats.summarise(trials)
+    summary = summarise(trials)
     assert set(plots.figures_for(trials, summary)) == {"speedup", "throughput", "memory"}
     no_mem = trials.assign(peak_mem_mb=math.nan)
-    assert "memory" not in plots.figures_for(no_mem, stats.summarise(no_mem))
+    assert "memory" not in plots.figures_for(no_mem, summarise(no_mem))
     sweep = trials_frame(("w0", "w1", "w2", "w4"), knob="num_workers", values=[0, 1, 2, 4])
-    got = plots.figures_for(sweep, stats.summarise(sweep), phases_frame(),
+    got = plots.figures_for(sweep, summarise(sweep), phases_frame(),
                             {"num_workers": "DataLoader workers"})
     assert {"phases", "sweep-num_workers"} <= set(got)
     assert got["sweep-num_workers"][1].axes[0].get_xlabel() == "DataLoader workers"
     # a column the run does not list among its settings is no sweep; world_size always is
-    assert "sweep-num_workers" not in plots.figures_for(sweep, stats.summarise(sweep))
+    assert "sweep-num_workers" not in plots.figures_for(sweep, summarise(sweep))
     sizes = trials_frame(("ws1", "ws2", "ws4"), knob="world_size", values=[1, 2, 4])
-    assert "sweep-world_size" in plots.figures_for(sizes, stats.summarise(sizes))
+    assert "sweep-world_size" in plots.figures_for(sizes, summarise(sizes))
     only_base = trials_frame(variants=("fp32",))
-    assert "speedup" not in plots.figures_for(only_base, stats.summarise(only_base))
+    assert "speedup" not in plots.figures_for(only_base, summarise(only_base))
 
 
 def test_strings_from_configs_are_drawn_as_plain_text(tmp_path):
     """A `$` in a variant name would be mathtext and fail at savefig without parse_math off."""
     trials = trials_frame(variants=("base", "$x_{$", "<script>"))
-    for fig in (plots.throughput(trials), plots.speedup(stats.summarise(trials))):
+    for fig in (plots.throughput(trials), plots.speedup(summarise(trials))):
         plots.save(fig, tmp_path / "f.png")
         assert_png(tmp_path / "f.png")
 
@@ -184,7 +184,7 @@ def test_report_puts_the_recommendation_first_then_figures_then_claims_then_envi
 def test_console_table_fits_the_terminal_and_at_most_100_columns(width):
     from speedbench.report.render import console_table
 
-    summary = stats.summarise(trials_frame(
+    summary = summarise(trials_frame(
         variants=("fp32", "a_rather_long_variant_name", "bf16", "pinned"),
         models=("transformer", "resnet"), statuses={"pinned": "n/a: pinned memory needs CUDA"}))
     summary = summary.assign(achieved_tflops=0.000724, peak_tflops=0.19, peak_fraction=0.0038,
@@ -209,7 +209,7 @@ def test_gflops_use_three_significant_digits_and_peaks_are_compared_per_kind():
     from speedbench.report.render import peak_note, summary_table
 
     trials = trials_frame().assign(peak_kind=lambda d: d["variant"])
-    summary = stats.summarise(trials).assign(
+    summary = summarise(trials).assign(
         achieved_tflops=[0.000724, 0.0921, 0.5] * 2, peak_tflops=[0.2, 0.04, 1.5] * 2,
         peak_fraction=[0.0036, 2.3, 0.33] * 2)
     table = summary_table(summary)
@@ -255,7 +255,7 @@ def test_load_average_at_the_end_is_added_to_env_json(tmp_path):
 def test_noise_warnings_are_short_and_end_with_a_command_to_paste(tmp_path):
     from speedbench.report.render import console_warnings, report_line
 
-    summary = stats.summarise(trials_frame()).assign(spread=0.3, unsteady=0)
+    summary = summarise(trials_frame()).assign(spread=0.3, unsteady=0)
     lines = console_warnings(summary, "amp", ["model=resnet", "bench.repeats=3"], width=80)
     assert lines and all(len(line) <= 80 for line in lines)
     command = lines[lines.index("  measure again:") + 1:]
@@ -271,6 +271,22 @@ def test_noise_warnings_are_short_and_end_with_a_command_to_paste(tmp_path):
     assert console_warnings(summary.assign(spread=0.01), "amp", []) == []
     line = report_line(tmp_path, 12, 3.4)
     assert line.endswith(str(tmp_path.resolve() / "report.html")) and line.startswith("12 trials")
+
+
+def test_the_command_to_measure_again_doubles_the_rounds_of_the_data_or_of_the_config():
+    """bench.repeats in the command: twice the rounds the run measured (3 here), else twice
+    the run's bench.repeats; never a number made up when neither is known."""
+    from speedbench.report.render import console_warnings
+
+    summary = summarise(trials_frame()).assign(spread=0.3, unsteady=0)
+
+    def command(s, **kw):
+        return console_warnings(s, "amp", [], width=200, **kw)[-1].split()
+
+    assert "bench.repeats=6" in command(summary, repeats=5)
+    no_count = summary.drop(columns="trials")
+    assert "bench.repeats=10" in command(no_count, repeats=5)
+    assert not any(w.startswith("bench.repeats=") for w in command(no_count))
 
 
 # --- the run's settings columns and the views its techniques ask for ---------------------------

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from speedbench.analysis import stats
+from speedbench.analysis.summary import position_effect, summarise
+from speedbench.report import method
 from speedbench.measure import rounds
 
 
@@ -77,14 +78,14 @@ def _trials(seed, first_boost=1.0, rounds_=12, k=3):
 
 
 def test_position_effect_is_found_and_warned():
-    effect, lo, hi = stats.position_effect(_trials(1, first_boost=0.95))
+    effect, lo, hi = position_effect(_trials(1, first_boost=0.95))
     assert lo < 0.95 < hi and hi < 1
-    s = stats.summarise(_trials(1, first_boost=0.95))
-    assert any("first trial of a round" in w for w in stats.spread_warnings(s))
+    s = summarise(_trials(1, first_boost=0.95))
+    assert any("first trial of a round" in w for w in method.spread_warnings(s))
     # balanced orders: the speed-ups stay unbiased under the position effect
     assert np.allclose(s[~s["is_baseline"]]["speedup"], 1, atol=0.01)
-    quiet = stats.summarise(_trials(2))
-    assert not any("first trial of a round" in w for w in stats.spread_warnings(quiet))
+    quiet = summarise(_trials(2))
+    assert not any("first trial of a round" in w for w in method.spread_warnings(quiet))
 
 
 def _measured_orders(tmp_path, monkeypatch, *overrides):

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from speedbench.analysis import stats
+from speedbench.analysis import intervals
 from speedbench.results import schema
 from speedbench.search import selection as S
 
@@ -129,7 +129,7 @@ def test_interaction_workers_useless_before_bf16():
     world = World(EFFECTS, seed=1, stall_p=0)
     result = run(world)
     first = result.steps[0].comparisons
-    assert first["workers=2"].verdict != stats.FASTER  # no effect before bf16
+    assert first["workers=2"].verdict != intervals.FASTER  # no effect before bf16
     assert result.chosen[0].label == "precision=bf16"
     assert result.final == {"precision": "bf16", "data.num_workers": 2, "sync": "deferred"}
 
@@ -308,18 +308,18 @@ def test_naive_restricted_to_what_acts_here():
 
 
 def test_search_intervals_are_the_summarys():
-    """A search comparison is stats.paired_ratio_ci on the rounds both arms measured, at any
-    number of rounds (no trimming from 8 on), with stats.classify's verdict."""
+    """A search comparison is intervals.paired_ratio_ci on the rounds both arms measured, at any
+    number of rounds (no trimming from 8 on), with intervals.classify's verdict."""
     rng = np.random.default_rng(3)
     ref = rng.uniform(90, 110, 10)
     ratios = np.exp(rng.normal(0.1, 0.05, 10))
     ratios[2] = 0.5  # one stalled round: it counts, as it does in summary.csv
     arm = S.Arm("ok", list(ref * ratios) + [120.0])  # an extra round the reference lacks
     got = S.compare_at({"x": S.rounds_of(arm, S.Arm("ok", list(ref)))}, 0.95, 0.02)["x"]
-    want = stats.paired_ratio_ci(ref * ratios, ref, 0.95)
+    want = intervals.paired_ratio_ci(ref * ratios, ref, 0.95)
     assert got[:3] == pytest.approx(want)
     assert got[0] == pytest.approx(math.exp(np.log(ratios).mean()))
-    assert got[3] == stats.classify(*want, threshold=0.02)
+    assert got[3] == intervals.classify(*want, threshold=0.02)
     assert S.paired_rounds(arm, S.Arm("ok", list(ref))) == 10
 
 

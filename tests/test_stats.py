@@ -6,7 +6,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from speedbench.analysis import stats
+from speedbench.analysis import adaptive, intervals
+from speedbench.analysis.summary import summarise
+from speedbench.report import method
 from speedbench.results import schema
 
 
@@ -14,22 +16,22 @@ def test_clear_speedup_is_called_faster():
     rng = np.random.default_rng(1)
     base = 100 + rng.normal(0, 1, 7)
     fast = 150 + rng.normal(0, 1, 7)
-    ratio, lo, hi = stats.unpaired_ratio_ci(fast, base)
+    ratio, lo, hi = intervals.unpaired_ratio_ci(fast, base)
     assert 1.4 < lo <= ratio <= hi < 1.6
-    assert stats.verdict(lo, hi) == stats.FASTER
-    assert stats.verdict(*stats.unpaired_ratio_ci(base, fast)[1:]) == stats.SLOWER
+    assert intervals.verdict(lo, hi) == intervals.FASTER
+    assert intervals.verdict(*intervals.unpaired_ratio_ci(base, fast)[1:]) == intervals.SLOWER
 
 
 def test_same_distribution_is_no_significant_difference():
     rng = np.random.default_rng(2)
     a, b = 100 + rng.normal(0, 5, 9), 100 + rng.normal(0, 5, 9)
-    _, lo, hi = stats.unpaired_ratio_ci(a, b)
-    assert lo < 1 < hi and stats.verdict(lo, hi) == stats.SAME
+    _, lo, hi = intervals.unpaired_ratio_ci(a, b)
+    assert lo < 1 < hi and intervals.verdict(lo, hi) == intervals.SAME
 
 
 def test_one_trial_gives_no_verdict():
-    ratio, lo, hi = stats.unpaired_ratio_ci([2.0], [1.0])
-    assert ratio == 2.0 and math.isnan(lo) and stats.verdict(lo, hi) == stats.TOO_FEW
+    ratio, lo, hi = intervals.unpaired_ratio_ci([2.0], [1.0])
+    assert ratio == 2.0 and math.isnan(lo) and intervals.verdict(lo, hi) == intervals.TOO_FEW
 
 
 def _trials(rows):
@@ -45,7 +47,7 @@ def test_summary_keeps_failed_variants_with_their_status():
         rows.append(("e", "m", "fast", False, t, "ok", 200 + t, 5, 0.1, 25, 480, 1.0))
         rows.append(("e", "m", "broken", False, t, "oom", math.nan, math.nan, math.nan, math.nan,
                      math.nan, math.nan))
-    s = stats.summarise(_trials(rows)).set_index("variant")
+    s = summarise(_trials(rows)).set_index("variant")
     assert s.loc["base", "verdict"] == "baseline" and s.loc["base", "speedup"] == 1
     assert s.loc["fast", "verdict"] == "faster" and 1.9 < s.loc["fast", "speedup"] < 2.1
     assert math.isclose(s.loc["fast", "mem_ratio"], 0.5)
@@ -57,7 +59,7 @@ def test_t_quantile_matches_tables():
     # Two-sided Student t critical values (any statistics table).
     for level, df, want in ((0.95, 1, 12.706), (0.95, 4, 2.776), (0.99, 9, 3.250),
                             (0.95, 30, 2.042)):
-        assert abs(stats.t_quantile(level, df) - want) < 1e-3
+        assert abs(intervals.t_quantile(level, df) - want) < 1e-3
 
 
 def _rounds(base, variants, key="round"):
@@ -80,19 +82,19 @@ def _rounds(base, variants, key="round"):
 def test_pairing_by_round_cancels_drift():
     # The machine slows down 40 % over the run; the variant is always 10 % faster in its round.
     base = np.array([100, 90, 80, 70, 60, 100, 95.0])
-    s = stats.summarise(_rounds(base, {"v": base * 1.10})).set_index("variant")
+    s = summarise(_rounds(base, {"v": base * 1.10})).set_index("variant")
     assert math.isclose(s.loc["v", "speedup"], 1.10)
-    assert s.loc["v", "verdict"] == stats.FASTER and s.loc["v", "rounds"] == 7
+    assert s.loc["v", "verdict"] == intervals.FASTER and s.loc["v", "rounds"] == 7
     # Unpaired, the same numbers would overlap completely.
-    _, lo, hi = stats.unpaired_ratio_ci(base * 1.1, base)
+    _, lo, hi = intervals.unpaired_ratio_ci(base * 1.1, base)
     assert lo < 1 < hi
 
 
 def test_pairs_on_trial_when_no_round_column():
     base = np.array([100, 90, 80, 70, 60.0])
     t = _rounds(base, {"v": base * 0.8}, key="trial")
-    assert stats.pair_key(t) == "trial"
-    assert stats.summarise(t).set_index("variant").loc["v", "verdict"] == stats.SLOWER
+    assert intervals.pair_key(t) == "trial"
+    assert summarise(t).set_index("variant").loc["v", "verdict"] == intervals.SLOWER
 
 
 def test_four_verdicts_and_detectable_effect():
@@ -101,12 +103,12 @@ def test_four_verdicts_and_detectable_effect():
     noisy = base * np.array([1.25, 0.8] * 4)  # centred on 1, far too spread to decide
     t = _rounds(base, {"same": base * np.exp(rng.normal(0, 0.005, 8)), "fast": base * 1.5,
                        "tiny": base * 1.02, "noisy": noisy})
-    s = stats.summarise(t).set_index("variant")
-    assert s.loc["same", "verdict"] == stats.EQUIVALENT
-    assert s.loc["fast", "verdict"] == stats.FASTER
+    s = summarise(t).set_index("variant")
+    assert s.loc["same", "verdict"] == intervals.EQUIVALENT
+    assert s.loc["fast", "verdict"] == intervals.FASTER
     # Significant (the CI excludes 1) but below the 5 % threshold: not a call.
-    assert s.loc["tiny", "speedup_lo"] > 1 and s.loc["tiny", "verdict"] == stats.EQUIVALENT
-    assert s.loc["noisy", "verdict"] == stats.INCONCLUSIVE
+    assert s.loc["tiny", "speedup_lo"] > 1 and s.loc["tiny", "verdict"] == intervals.EQUIVALENT
+    assert s.loc["noisy", "verdict"] == intervals.INCONCLUSIVE
     assert s.loc["noisy", "min_detectable"] >= s.loc["noisy", "ci_halfwidth"] > 0.05
     assert math.isnan(s.loc["fast", "min_detectable"])
 
@@ -114,10 +116,10 @@ def test_four_verdicts_and_detectable_effect():
 def test_summary_states_the_family_and_adjusted_level():
     base = np.array([100, 101, 99, 100, 102.0])
     t = _rounds(base, {f"v{i}": base for i in range(4)})
-    s = stats.summarise(t)
+    s = summarise(t)
     assert (s["comparisons"] == 4).all() and (s["family_level"] == 0.05).all()
     assert np.allclose(s["ci_level"], 1 - 0.05 / 4)
-    one = stats.summarise(_rounds(base, {"v0": base * 1.01}))
+    one = summarise(_rounds(base, {"v0": base * 1.01}))
     # More comparisons, wider intervals, for the same data.
     w4 = s.set_index("variant").loc["v0", "ci_halfwidth"]
     assert w4 == 0 or w4 >= one.set_index("variant").loc["v0", "ci_halfwidth"]
@@ -126,9 +128,9 @@ def test_summary_states_the_family_and_adjusted_level():
 def test_threshold_read_from_trials():
     base = np.array([100, 101, 99, 100, 102.0])
     t = _rounds(base, {"v": base * 1.08})
-    assert stats.summarise(t).set_index("variant").loc["v", "verdict"] == stats.FASTER
+    assert summarise(t).set_index("variant").loc["v", "verdict"] == intervals.FASTER
     t["noise_threshold"] = 0.10
-    assert stats.summarise(t).set_index("variant").loc["v", "verdict"] == stats.EQUIVALENT
+    assert summarise(t).set_index("variant").loc["v", "verdict"] == intervals.EQUIVALENT
 
 
 class _Bench:
@@ -141,20 +143,20 @@ def test_rounds_stop_at_a_look_once_decided_or_out_of_time():
     wide = _rounds(base, {"v": base * np.exp(rng.normal(0, 0.05, 15))}).to_dict("records")
     narrow = _rounds(base[:5], {"v": base[:5] * 1.2}).to_dict("records")
     five = [r for r in wide if r["round"] < 5]
-    assert stats.wants_more_rounds(five, _Bench, 5, elapsed_s=10)  # 5 more fit: 20 s
-    assert not stats.wants_more_rounds(five, _Bench, 5, elapsed_s=60)  # 10 rounds: 120 s
-    assert not stats.wants_more_rounds(narrow, _Bench, 5, elapsed_s=10)  # decided: faster
-    assert stats.wants_more_rounds(wide[:14], _Bench, 7, elapsed_s=99)  # on to the next look
-    assert not stats.wants_more_rounds(wide, _Bench, 15, elapsed_s=10)  # the last look
+    assert adaptive.wants_more_rounds(five, _Bench, 5, elapsed_s=10)  # 5 more fit: 20 s
+    assert not adaptive.wants_more_rounds(five, _Bench, 5, elapsed_s=60)  # 10 rounds: 120 s
+    assert not adaptive.wants_more_rounds(narrow, _Bench, 5, elapsed_s=10)  # decided: faster
+    assert adaptive.wants_more_rounds(wide[:14], _Bench, 7, elapsed_s=99)  # on to the next look
+    assert not adaptive.wants_more_rounds(wide, _Bench, 15, elapsed_s=10)  # the last look
 
 
 def test_looks_spend_the_family_error_once():
     for looks in (1, 2, 3, 5):
-        shares = [stats.spending_share(k, looks) for k in range(1, looks + 1)]
+        shares = [intervals.spending_share(k, looks) for k in range(1, looks + 1)]
         assert math.isclose(sum(shares), 1) and all(x > 0 for x in shares)
-    assert stats.sequential_level(4) == stats.comparison_level(4)  # one look: Bonferroni
-    assert stats.sequential_level(4, 1, 3) > 1 - 0.05 / 4
-    assert [stats.look_of(n, 5, 3) for n in (3, 5, 9, 10, 15, 20)] == [1, 1, 1, 2, 3, 3]
+    assert intervals.sequential_level(4) == intervals.comparison_level(4)  # one look: Bonferroni
+    assert intervals.sequential_level(4, 1, 3) > 1 - 0.05 / 4
+    assert [intervals.look_of(n, 5, 3) for n in (3, 5, 9, 10, 15, 20)] == [1, 1, 1, 2, 3, 3]
 
 
 def test_summary_reports_the_level_of_the_look_it_stopped_at():
@@ -162,10 +164,10 @@ def test_summary_reports_the_level_of_the_look_it_stopped_at():
     base = 100 * np.exp(rng.normal(0, 0.05, 10))
     t = _rounds(base, {"v": base * 1.1 * np.exp(rng.normal(0, 0.02, 10)), "w": base})
     t["min_rounds"], t["looks"] = 5, 3
-    row = stats.summarise(t).set_index("variant").loc["v"]
+    row = summarise(t).set_index("variant").loc["v"]
     assert row["rounds"] == 10
-    assert math.isclose(row["ci_level"], 1 - 0.05 * stats.spending_share(2, 3) / 2)
-    one_look = stats.summarise(t.assign(looks=1)).set_index("variant").loc["v"]
+    assert math.isclose(row["ci_level"], 1 - 0.05 * intervals.spending_share(2, 3) / 2)
+    one_look = summarise(t.assign(looks=1)).set_index("variant").loc["v"]
     assert one_look["speedup_hi"] - one_look["speedup_lo"] < row["speedup_hi"] - row["speedup_lo"]
 
 
@@ -173,9 +175,9 @@ def test_fewer_rounds_than_the_runs_floor_is_a_screen_not_a_verdict():
     base = np.array([100, 101, 99, 100, 102.0])
     screen = _rounds(base[:3], {"v": base[:3] * 1.5}).assign(experiment="screen", min_rounds=3)
     full = _rounds(base, {"v": base * 1.5}).assign(min_rounds=5)
-    s = stats.summarise(pd.concat([screen, full]), per_experiment=True)
+    s = summarise(pd.concat([screen, full]), per_experiment=True)
     verdicts = s[~s["is_baseline"]].set_index("experiment")["verdict"]
-    assert verdicts["screen"] == stats.SCREENING and verdicts["e"] == stats.FASTER
+    assert verdicts["screen"] == intervals.SCREENING and verdicts["e"] == intervals.FASTER
 
 
 def test_report_lead_line_crowns_only_a_significant_result():
@@ -183,17 +185,17 @@ def test_report_lead_line_crowns_only_a_significant_result():
 
     base = np.array([100, 101, 99, 100, 102.0])
     noisy = base * np.array([1.6, 0.9, 1.5, 0.8, 1.4])  # 1.2x on average, far too spread
-    s = stats.summarise(_rounds(base, {"noisy": noisy}))
-    assert s.set_index("variant").loc["noisy", "verdict"] == stats.INCONCLUSIVE
+    s = summarise(_rounds(base, {"noisy": noisy}))
+    assert s.set_index("variant").loc["noisy", "verdict"] == intervals.INCONCLUSIVE
     text = at_a_glance(s)
     assert "Best:" not in text and "No variant is significantly faster" in text
-    s = stats.summarise(_rounds(base, {"noisy": noisy, "fast": base * 1.3}))
+    s = summarise(_rounds(base, {"noisy": noisy, "fast": base * 1.3}))
     assert "Best: fast on m, 1.30x (faster)." in at_a_glance(s)
 
 
 def test_family_text_states_comparisons_level_and_loss_meaning():
     base = np.array([100, 101, 99, 100, 102.0])
-    text = stats.family_text(stats.summarise(_rounds(base, {f"v{i}": base for i in range(6)})))
+    text = method.family_text(summarise(_rounds(base, {f"v{i}": base for i in range(6)})))
     assert "6 comparisons" in text and "at most 5%" in text and "99.17%" in text
     assert "paired seeds" in text and "non-inferior" in text and "time to target" in text
 
@@ -207,7 +209,7 @@ def test_a_variant_stopped_early_keeps_its_step_time_and_counts_in_the_family():
             "trial": 0, "status": "too slow: 100x slower than the baseline in steady steps "
             "(38 s/step, median of 3), stopped after 4 steps", "samples_per_s": 0.8,
             "step_ms": 38000.0, "probe_samples_per_s": 0.8}
-    s = stats.summarise(pd.concat([t, pd.DataFrame([slow])])).set_index("variant")
+    s = summarise(pd.concat([t, pd.DataFrame([slow])])).set_index("variant")
     assert s.loc["fp16", "verdict"] == schema.STOPPED_SLOWER and s.loc["fp16", "step_ms"] == 38000
     assert s.loc["fp16", "speedup"] == pytest.approx(0.01)  # the probes' ratio, no CI
     assert s.loc["fp16", "comparisons"] == 1
@@ -229,6 +231,6 @@ def test_new_bench_keys_are_range_checked():
 
 def test_two_wild_pairs_at_a_strict_level_give_an_infinite_upper_end_not_an_error():
     # a trial at 3.4 samples/s on a loaded machine, at a level over 15 comparisons (CI)
-    ratio, lo, hi = stats.paired_ratio_ci([196.0, 290.7], [226.0, 3.41], 0.99933)
+    ratio, lo, hi = intervals.paired_ratio_ci([196.0, 290.7], [226.0, 3.41], 0.99933)
     assert math.isfinite(ratio) and lo >= 0 and hi == math.inf
-    assert stats.verdict(lo, hi) == stats.SAME  # "no significant difference"
+    assert intervals.verdict(lo, hi) == intervals.SAME  # "no significant difference"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import SMALL_MODELS, TINY, compose_cfg, only_run_dir, run_main
-from speedbench.analysis import stats
+from speedbench.analysis import intervals
 from speedbench.analysis import to_target as target_stats
 from speedbench.config import build_plan
 from speedbench.errors import ConfigError
@@ -118,7 +118,7 @@ def test_the_speedup_splits_into_step_speed_and_steps():
     assert row["speedup"] == pytest.approx(row["step_speed_ratio"] * row["steps_ratio"])
     assert row["steps_ratio"] == pytest.approx(4.0, rel=0.02)
     assert row["step_speed_ratio"] < 1  # each step is slower; it needs a quarter of them
-    assert row["verdict"] == stats.FASTER and row["speedup_lo"] > 1
+    assert row["verdict"] == intervals.FASTER and row["speedup_lo"] > 1
     assert row["time_to_target_s"] == 5.4 and row["reached"] == 3
 
 
@@ -147,7 +147,7 @@ def test_identical_variants_are_not_called_different_at_the_family_level():
         runs = _runs({"base": list(base), **{f"v{k}": list(base * rng.lognormal(0, 0.04, 3))
                                              for k in range(4)}})
         verdicts = target_stats.summarise(runs)["verdict"]
-        false_calls += any(v in (stats.FASTER, stats.SLOWER) for v in verdicts)
+        false_calls += any(v in (intervals.FASTER, intervals.SLOWER) for v in verdicts)
     assert false_calls / n <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / n)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speedbench.analysis import stats
+from speedbench.analysis import intervals
 from speedbench.measure.rounds import ModelRounds
 
 _path = Path(__file__).resolve().parents[1] / "benchmarks" / "verdict_sim.py"
@@ -37,7 +37,7 @@ def test_the_simulation_runs_the_command_lines_loop():
     long = dict(repeats=5, target_ci=0.03, time_budget_s=600.0, trial_s=1.0)
     clear = sim.simulate({"a": 1.0, "b": 1.5, "c": 0.6}, NOISE, rng, **long)
     assert (clear["rounds"] == 5).all()  # decided at the first look
-    assert set(clear["verdict"]) == {stats.BASELINE, stats.FASTER, stats.SLOWER}
+    assert set(clear["verdict"]) == {intervals.BASELINE, intervals.FASTER, intervals.SLOWER}
     unclear = sim.simulate({"a": 1.0, "b": 1.03}, NOISE, rng, **long)
     assert unclear["rounds"].max() in (10, 15)  # undecided at 5 rounds: more looks
     level = unclear[~unclear["is_baseline"]]["ci_level"].iloc[0]

@@ -178,7 +178,7 @@ def _threads(name_part: str) -> list[str]:
 
 def test_a_step_past_the_cap_stops_its_trial_and_the_next_variant_runs(tmp_path):
     from speedbench import techniques
-    from speedbench.analysis import stats
+    from speedbench.analysis.summary import summarise
     from speedbench.config import build_plan
     from speedbench.measure import flops
     from speedbench.measure.rounds import measure_plan
@@ -200,7 +200,7 @@ def test_a_step_past_the_cap_stops_its_trial_and_the_next_variant_runs(tmp_path)
     stopped_after = float(status.rsplit("after ", 1)[1].removesuffix(" s"))
     assert 0.95 <= stopped_after < 3.5  # 2 x the cap (and a loaded machine's lag), not 4 s
     assert trials["status"].iloc[1] == "ok"  # the trial after it runs as usual
-    summary = stats.summarise(writer.frame()).set_index("variant")
+    summary = summarise(writer.frame()).set_index("variant")
     assert summary.loc["bf16", "verdict"] == "slower (stopped early)"
     # the recipe's global state restored, the samplers and the watchdog gone
     assert torch.get_num_threads() == threads_before
@@ -349,7 +349,7 @@ def test_on_cuda_a_host_read_is_no_stall_and_a_paused_host_is():
 
 def test_the_report_and_the_console_name_a_stalled_window(tmp_path):
     from test_report import make_run
-    from speedbench.analysis import stats
+    from speedbench.report import method
     from speedbench.report.render import write_report
 
     run = make_run(tmp_path / "run", models=("resnet",), repeats=3)
@@ -357,13 +357,13 @@ def test_the_report_and_the_console_name_a_stalled_window(tmp_path):
     trials.to_csv(run / "trials.csv", index=False)
     write_report(run)
     assert "stalled" not in (run / "report.md").read_text()
-    assert stats.stall_note(trials) is None
+    assert method.stall_note(trials) is None
     # round 2 of fp16 lost 180 ms in one step: 14 % of its 1.25 s window
     hit = (trials["variant"] == "fp16") & (trials["trial"] == 2)
     trials.loc[hit, "stall_ms"] = 180.0
     trials.loc[(trials["variant"] == "bf16") & (trials["trial"] == 0), "stall_ms"] = 100.0  # 8 %
     trials.to_csv(run / "trials.csv", index=False)
-    note = stats.stall_note(trials)
+    note = method.stall_note(trials)
     assert note.startswith("A window stalled: resnet/fp16 round 2 lost 180 ms in one step "
                            "(14 % of its window); its figures are noisy")
     assert "bf16" not in note and "Measure again" in note

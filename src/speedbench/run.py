@@ -16,9 +16,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from speedbench import distributed, results, techniques
-from speedbench.analysis import scaling, stats
-from speedbench.analysis import quality as quality_stats
+from speedbench.analysis import intervals
 from speedbench.analysis import to_target as target_stats
+from speedbench.analysis.summary import summary_of
 from speedbench.config import Plan, build_plan, suite
 from speedbench.measure import diagnosis, env, to_target
 from speedbench.measure.flops import FlopsBook
@@ -26,6 +26,7 @@ from speedbench.measure.timing import settled_heap
 from speedbench.measure.rounds import (measure_plan, na_variants, plan_order_seed,
                                        planned_comparisons)
 from speedbench.measure.trial import check_data
+from speedbench.report import method
 from speedbench.results import atomic, schema
 from speedbench.results.runs import load_quality, load_to_target
 
@@ -98,7 +99,8 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
     summary, profiled, load = _analyse_and_write(cfg, plans, run_dir, writer, resolved,
                                                  levels, progress, measure)
     _report(summary, run_dir, writer, experiment, overrides, groups is None, profiled,
-            time.perf_counter() - started, load, cfg.bench.noise_threshold)
+            time.perf_counter() - started, load, cfg.bench.noise_threshold,
+            max(int(p.variants[p.baseline].bench.repeats) for p in plans))
     return run_dir
 
 
@@ -140,10 +142,10 @@ def _discard(run_dir: Path) -> None:
 
 def _summary(writer: results.TrialWriter, plans: list[Plan], family: float, levels: dict,
              run_dir: Path, tolerance: float):
-    """summary.csv's rows: the speed verdicts, the scaling and the quality verdicts."""
+    """summary.csv's rows (summary_of, as a report rebuilt from trials.csv makes them), the
+    trials in plan order."""
     frame = _in_plan_order(writer.frame(), plans)
-    summary = scaling.add_efficiency(stats.summarise(frame, family, levels=levels), frame)
-    return quality_stats.attach(summary, load_quality(run_dir), tolerance)
+    return summary_of(frame, load_quality(run_dir), tolerance, family, levels=levels)
 
 
 def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer, resolved: dict,
@@ -157,7 +159,7 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
     # interval is written: checking them never widens the run's intervals afterwards
     checks = cfg.recipe.check_findings and any(r.get("profile_data") is not None
                                                for r in writer.rows)
-    family = stats.FAMILY_LEVEL - (check_findings.SHARE if checks else 0.0)
+    family = intervals.FAMILY_LEVEL - (intervals.CHECK_SHARE if checks else 0.0)
     tolerance = plans[0].variants[plans[0].baseline].bench.quality_tolerance
     summary = _summary(writer, plans, family, levels, run_dir, tolerance)
     try:
@@ -182,8 +184,10 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
 
 def _report(summary, run_dir: Path, writer, experiment: str | None,
             overrides: list[str] | None, table: bool, profiled: bool, took_s: float,
-            load: dict, threshold: float = stats.DEFAULT_THRESHOLD) -> None:
-    """The console's lines (a busy machine and stalled windows said first); exit status 1
+            load: dict, threshold: float = intervals.DEFAULT_THRESHOLD,
+            repeats: int | None = None) -> None:
+    """The console's lines (a busy machine and stalled windows said first; `repeats`, the
+    run's bench.repeats, for the command that measures a noisy run again); exit status 1
     when no trial succeeded."""
     from speedbench.report import recommend  # the report's first section, in a few lines
     from speedbench.report.render import busy_note, console_lines, report_line
@@ -191,10 +195,11 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
     busy = busy_note({"machine_load": load})
     if busy:
         print(textwrap.fill(busy, width=100) + "\n")
-    stalled = stats.stall_note(writer.frame())
+    stalled = method.stall_note(writer.frame())
     if stalled:
         print(textwrap.fill(stalled, width=100) + "\n")
-    print("\n".join(console_lines(summary, experiment, overrides, table=table)))
+    print("\n".join(console_lines(summary, experiment, overrides, table=table,
+                                   repeats=repeats)))
     if profiled:
         from speedbench.report.profile_section import console_text
         print("\n" + console_text(run_dir))

@@ -4,7 +4,7 @@ An experiment lists its claims in its config (`claims:`): `tip`, `source` (the a
 name a reader can find), `quote`, the `variants` the claim is about (default: every variant but
 the baseline), the variant they are compared with (`versus`, default: the baseline), and a
 `kind`. Every ratio is paired by round and its CI is at the run's family-wise adjusted level
-(stats.py), the level of the summary's speed-ups. A claim is judged only on evidence:
+(intervals.py), the level of the summary's speed-ups. A claim is judged only on evidence:
 - faster (optional `factor`, e.g. 3 for "3-8 times"): holds when the CI lies above 1 beyond the
   noise threshold and, with a factor, at or above it. Does not hold when the CI excludes the
   claimed effect (slower, equivalent, or wholly below the factor while not faster: then
@@ -34,7 +34,7 @@ from typing import Optional
 
 import pandas as pd
 
-from speedbench.analysis import stats
+from speedbench.analysis import intervals
 from speedbench.results.schema import OK
 
 HOLDS, FAILS, PARTLY, INCONCLUSIVE = "holds", "does not hold", "partly", "inconclusive"
@@ -67,7 +67,7 @@ def _level(summary: Optional[pd.DataFrame]) -> float:
 
 def _threshold(row: pd.Series) -> float:
     t = _nan(row.get("noise_threshold"))
-    return stats.DEFAULT_THRESHOLD if math.isnan(t) else t
+    return intervals.DEFAULT_THRESHOLD if math.isnan(t) else t
 
 
 def _select(trials: pd.DataFrame, experiment, model, variant) -> pd.DataFrame:
@@ -78,21 +78,21 @@ def _select(trials: pd.DataFrame, experiment, model, variant) -> pd.DataFrame:
 def _ratio(trials: Optional[pd.DataFrame], row: pd.Series, reference: str, metric: str,
            level: float = 0.95):
     """(ratio, lo, hi) of `metric`, row's variant over `reference`, paired by round: geometric
-    mean of the per-round ratios with a t interval at `level` (stats.paired_ratio_ci)."""
+    mean of the per-round ratios with a t interval at `level` (intervals.paired_ratio_ci)."""
     if trials is None or metric not in trials:
         return NAN3
-    key = stats.pair_key(trials)
+    key = intervals.pair_key(trials)
     a = _select(trials, row["experiment"], row["model"], row["variant"])
     b = _select(trials, row["experiment"], row["model"], reference)
     if not len(a) or not len(b):
         return NAN3
-    return stats.paired_ratio_ci(*stats.paired(a, b, metric, key), level)
+    return intervals.paired_ratio_ci(*intervals.paired(a, b, metric, key), level)
 
 
 def _inconclusive(lo: float, hi: float, threshold: float, what: str = "") -> str:
     if math.isnan(lo) or math.isnan(hi):
         return f"{INCONCLUSIVE} (too few rounds)"
-    detectable = stats.min_detectable(lo, hi, threshold)
+    detectable = intervals.min_detectable(lo, hi, threshold)
     return f"{INCONCLUSIVE} ({what + '; ' if what else ''}effects under ±{detectable:.0%} " \
            f"could not be seen)"
 
@@ -109,23 +109,23 @@ def _direction(lo: float, hi: float, want: str, threshold: float) -> str:
     return _inconclusive(lo, hi, threshold, "the CI contains 1")
 
 
-def judge_faster(ratio: tuple, factor: float = 1.0, threshold: float = stats.DEFAULT_THRESHOLD
+def judge_faster(ratio: tuple, factor: float = 1.0, threshold: float = intervals.DEFAULT_THRESHOLD
                  ) -> str:
     """Verdict of "faster" (by at least `factor` when > 1) on a speed-up CI."""
     point, lo, hi = ratio
-    v = stats.classify(point, lo, hi, threshold)
+    v = intervals.classify(point, lo, hi, threshold)
     if factor <= 1:
-        if v == stats.FASTER:
+        if v == intervals.FASTER:
             return HOLDS
-        if v in (stats.SLOWER, stats.EQUIVALENT):
+        if v in (intervals.SLOWER, intervals.EQUIVALENT):
             return f"{FAILS} ({v})"
         return _inconclusive(lo, hi, threshold)
     if math.isnan(lo):
         return _inconclusive(lo, hi, threshold)
-    if v == stats.FASTER and lo >= factor:
+    if v == intervals.FASTER and lo >= factor:
         return HOLDS
     if hi < factor:  # the CI excludes the claimed magnitude
-        if v == stats.FASTER:
+        if v == intervals.FASTER:
             return f"{PARTLY} (faster, but the CI stays below {factor:g}x)"
         return f"{FAILS} ({v}; the CI stays below {factor:g}x)"
     return _inconclusive(lo, hi, threshold, f"the CI reaches {factor:g}x")

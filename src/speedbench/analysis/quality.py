@@ -4,7 +4,7 @@ row per variant, joined to summary.csv.
 - held-out loss: the median over seeds of the loss after the same samples seen;
 - loss ratio: the geometric mean of the per-seed ratios variant loss / baseline loss (seed k
   gives both the same initial weights and data order), with a t interval on their logs
-  (stats.paired_ratio_ci, the speed rounds' engine), at the Bonferroni level of the run's
+  (intervals.paired_ratio_ci, the speed rounds' engine), at the Bonferroni level of the run's
   quality comparisons;
 - verdict, a non-inferiority test against bench.quality_tolerance (tol): `non-inferior` when the
   CI's upper end is at most 1 + tol, `worse` when its lower end is above 1 + tol, else
@@ -22,7 +22,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from speedbench.analysis import stats
+from speedbench.analysis import intervals
 from speedbench.results.schema import parse_status
 
 NON_INFERIOR, WORSE, DIVERGED = "non-inferior", "worse", "diverged"
@@ -43,21 +43,21 @@ def comparisons(quality: pd.DataFrame) -> int:
 def verdict(lo: float, hi: float, tolerance: float) -> str:
     """non-inferior / worse / inconclusive for a loss ratio's CI and the margin."""
     if not (np.isfinite(lo) and np.isfinite(hi)):
-        return stats.INCONCLUSIVE
+        return intervals.INCONCLUSIVE
     if hi <= 1 + tolerance:
         return NON_INFERIOR
     if lo > 1 + tolerance:
         return WORSE
-    return stats.INCONCLUSIVE
+    return intervals.INCONCLUSIVE
 
 
 def summarise(quality: pd.DataFrame, tolerance: float,
-              family: float = stats.FAMILY_LEVEL) -> pd.DataFrame:
+              family: float = intervals.FAMILY_LEVEL) -> pd.DataFrame:
     """One row per (experiment, model, variant), in COLUMNS."""
     if quality is None or quality.empty:
         return pd.DataFrame(columns=COLUMNS)
     quality = quality.assign(loss=pd.to_numeric(quality["loss"], errors="coerce"))
-    level = stats.comparison_level(max(1, comparisons(quality)), family)
+    level = intervals.comparison_level(max(1, comparisons(quality)), family)
     out = []
     for (exp, model), group in quality.groupby(["experiment", "model"], sort=False):
         base = group[group["is_baseline"].astype(bool)]
@@ -75,7 +75,7 @@ def _judged(rows: pd.DataFrame, base: pd.DataFrame, level: float, tolerance: flo
            "quality_tolerance": tolerance}
     row.update(dict.fromkeys(("loss_ratio", "loss_ratio_lo", "loss_ratio_hi"), math.nan))
     if bool(rows["is_baseline"].astype(bool).iloc[0]):
-        return {**row, "quality_verdict": stats.BASELINE}
+        return {**row, "quality_verdict": intervals.BASELINE}
     if not len(ok):
         return {**row, "quality_verdict": f"{NO_LOSS} ({rows['status'].iloc[0]})"}
     pairs = pd.merge(ok[["seed", "loss"]], base[["seed", "loss"]], on="seed",
@@ -83,7 +83,7 @@ def _judged(rows: pd.DataFrame, base: pd.DataFrame, level: float, tolerance: flo
     pairs = pairs[np.isfinite(pairs["loss_base"])]
     if (~np.isfinite(pairs["loss"])).any():
         return {**row, "quality_verdict": DIVERGED}
-    ratio, lo, hi = stats.paired_ratio_ci(pairs["loss"], pairs["loss_base"], level)
+    ratio, lo, hi = intervals.paired_ratio_ci(pairs["loss"], pairs["loss_base"], level)
     return {**row, "loss_ratio": ratio, "loss_ratio_lo": lo, "loss_ratio_hi": hi,
             "quality_verdict": verdict(lo, hi, tolerance) if len(pairs) > 1 else
             f"{NO_LOSS} (one seed: no CI)"}

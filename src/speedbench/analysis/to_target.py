@@ -5,8 +5,8 @@ variant, with the speed-up over the baseline from the paired seeds.
   below the target, a miss counted as infinite (so a variant that misses in most seeds has an
   infinite median);
 - speed-up: the geometric mean of the per-seed ratios baseline time / variant time, with a
-  t interval on their logs (stats.paired_ratio_ci, the engine of the speed rounds), at the
-  Bonferroni level of the run's comparisons; its verdict by stats.classify with
+  t interval on their logs (intervals.paired_ratio_ci, the engine of the speed rounds), at the
+  Bonferroni level of the run's comparisons; its verdict by intervals.classify with
   bench.noise_threshold. It splits exactly into step-speed ratio x steps ratio: the geometric
   means over seeds of (baseline time per step / variant time per step) and of (baseline steps /
   variant steps), so a user sees whether a variant won by faster steps or lost by needing more
@@ -22,7 +22,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from speedbench.analysis import stats
+from speedbench.analysis import intervals
 from speedbench.results.schema import MISSED, OK, TOO_SLOW, parse_status
 
 COLUMNS = ["experiment", "model", "variant", "is_baseline", "status", "seeds", "reached",
@@ -41,12 +41,12 @@ def comparisons(runs: pd.DataFrame) -> int:
     return int((~rows["is_baseline"].astype(bool)).sum())
 
 
-def summarise(runs: pd.DataFrame, threshold: float = stats.DEFAULT_THRESHOLD,
-              family: float = stats.FAMILY_LEVEL) -> pd.DataFrame:
+def summarise(runs: pd.DataFrame, threshold: float = intervals.DEFAULT_THRESHOLD,
+              family: float = intervals.FAMILY_LEVEL) -> pd.DataFrame:
     """One row per (experiment, model, variant), baseline first, in COLUMNS."""
     if runs.empty:
         return pd.DataFrame(columns=COLUMNS)
-    level = stats.comparison_level(comparisons(runs), family)
+    level = intervals.comparison_level(comparisons(runs), family)
     out = []
     for (exp, model), group in runs.groupby(["experiment", "model"], sort=False):
         base = group[group["is_baseline"].astype(bool)]
@@ -82,7 +82,7 @@ def _row(exp, model, variant, rows, base, level, threshold) -> dict:
            "speedup": math.nan, "speedup_lo": math.nan, "speedup_hi": math.nan,
            "ci_level": math.nan, "step_speed_ratio": math.nan, "steps_ratio": math.nan}
     if is_base:
-        return {**row, "verdict": stats.BASELINE}
+        return {**row, "verdict": intervals.BASELINE}
     if all(s.na for s in statuses):
         return {**row, "verdict": "n/a"}
     if not len(base) or all(parse_status(s).na for s in base["status"]):
@@ -92,7 +92,7 @@ def _row(exp, model, variant, rows, base, level, threshold) -> dict:
         return {**row, "verdict": f"{NO_TARGET} in {base_missed} of {len(base)} seeds"}
     if any(s.kind == TOO_SLOW or (s.kind == MISSED and "stopped" in s.reason)
            for s in statuses):
-        return {**row, "verdict": stats.SLOWER + " (stopped early: far too slow)"}
+        return {**row, "verdict": intervals.SLOWER + " (stopped early: far too slow)"}
     if reached < len(rows):
         failed = [s for s in statuses if s.failed]
         what = f"{failed[0].kind} in {len(failed)} seeds" if failed else \
@@ -105,14 +105,14 @@ def _speedup(ok: pd.DataFrame, base: pd.DataFrame, level: float, threshold: floa
     """The paired ratios over the seeds both reached the target in."""
     pairs = ok.merge(base[base["status"].map(lambda s: parse_status(s).ok)], on="seed",
                      suffixes=("", "_b"))
-    point, lo, hi = stats.paired_ratio_ci(pairs["time_s_b"], pairs["time_s"], level)
+    point, lo, hi = intervals.paired_ratio_ci(pairs["time_s_b"], pairs["time_s"], level)
     per_step_b = pairs["time_s_b"] / pairs["steps_b"]
     per_step = pairs["time_s"] / pairs["steps"]
     step_ratio = _geomean(per_step_b / per_step)
     steps_ratio = _geomean(pairs["steps_b"].astype(float) / pairs["steps"].astype(float))
     return {"speedup": point, "speedup_lo": lo, "speedup_hi": hi, "ci_level": level,
             "step_speed_ratio": step_ratio, "steps_ratio": steps_ratio,
-            "verdict": stats.classify(point, lo, hi, threshold)}
+            "verdict": intervals.classify(point, lo, hi, threshold)}
 
 
 def _geomean(values: pd.Series) -> float:
@@ -137,7 +137,7 @@ def _status(statuses) -> str:
 
 
 def recipe_line(runs: pd.DataFrame | None, model: str,
-                threshold: float = stats.DEFAULT_THRESHOLD) -> str:
+                threshold: float = intervals.DEFAULT_THRESHOLD) -> str:
     """Whether a recipe search's final recipe trained `model` to the target sooner than the
     naive recipe, with the CI; "" when that was not measured."""
     if runs is None or runs.empty:
@@ -155,9 +155,9 @@ def recipe_line(runs: pd.DataFrame | None, model: str,
         return head + f"has no ratio to naive: {final['verdict']}"
     ci = (f"[{final['speedup_lo']:.2f}, {final['speedup_hi']:.2f}]"
           if math.isfinite(final["speedup_lo"]) else "(no CI)")
-    sooner = {stats.FASTER: "sooner than naive, significantly",
-              stats.SLOWER: "later than naive, significantly",
-              stats.EQUIVALENT: "as soon as naive (equivalent)"}.get(final["verdict"],
+    sooner = {intervals.FASTER: "sooner than naive, significantly",
+              intervals.SLOWER: "later than naive, significantly",
+              intervals.EQUIVALENT: "as soon as naive (equivalent)"}.get(final["verdict"],
                                                                    "not significantly sooner "
                                                                    "than naive")
     return (head + f"took {final['time_to_target_s']:.3g} s, naive "
@@ -172,7 +172,7 @@ def _effect(row) -> str:
 
 
 def verdict_line(runs: pd.DataFrame | None, model: str,
-                 threshold: float = stats.DEFAULT_THRESHOLD) -> str:
+                 threshold: float = intervals.DEFAULT_THRESHOLD) -> str:
     """`model`'s time-to-target verdicts in one line (sooner / later / as soon / not settled /
     no ratio), for the recommendation; "" when no experiment of the run measured them."""
     if runs is None or runs.empty:
@@ -187,8 +187,8 @@ def verdict_line(runs: pd.DataFrame | None, model: str,
         if not math.isfinite(r["speedup"]):
             parts["no ratio"].append(f"{r['variant']} ({r['verdict']})")
             continue
-        key = {stats.FASTER: "sooner, significantly", stats.SLOWER: "later, significantly",
-               stats.EQUIVALENT: "as soon (equivalent)"}.get(r["verdict"], "not settled")
+        key = {intervals.FASTER: "sooner, significantly", intervals.SLOWER: "later, significantly",
+               intervals.EQUIVALENT: "as soon (equivalent)"}.get(r["verdict"], "not settled")
         parts[key].append(_effect(r))
     base = rows[rows["is_baseline"].astype(bool)]
     if base.empty:

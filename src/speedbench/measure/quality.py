@@ -21,7 +21,7 @@ as soon as its last STEADY_STEPS steady steps each took at least MIN_STOP_S and 
 under 1/F of the baseline's steady throughput (samples per second), or at once when every
 steady step so far took at least GROSS_MIN_S and ran at under 1/(GROSS x F) of it. It is
 recorded as `too slow: ...` with its measured ratio, not measured again, and its verdict is
-`slower (stopped early)` (stats.py). F null: no variant is stopped.
+`slower (stopped early)` (analysis/intervals.py). F null: no variant is stopped.
 """
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ the models and the data only). trials.csv records `order_seed`, `round` and `pos
 trial's place in its round, 0 first), so `bench.order_seed=<that value>` replays a run's orders;
 under torchrun rank 0's seed is used on every rank. `trial` equals `round` for older readers.
 `bench.repeats` rounds are the floor; with `bench.target_ci` the rounds are group-sequential
-(stats.wants_more_rounds): a look after every `bench.repeats` rounds, stats.LOOKS at most, that
-stops once every comparison is decided at the look's level, or when the next look's rounds would
-not fit in the model's time budget. Each row records the schedule (`min_rounds`, `looks`), from
-which the analysis finds the level of the look a comparison stopped at.
+(adaptive.wants_more_rounds): a look after every `bench.repeats` rounds, intervals.LOOKS at
+most, that stops once every comparison is decided at the look's level, or when the next look's
+rounds would not fit in the model's time budget. Each row records the schedule (`min_rounds`,
+`looks`), from which the analysis finds the level of the look a comparison stopped at.
 
 Before the first round, each model gets its data set, the variants that cannot act here (n/a:
 one row each, in round 0) and a quality probe per variant (quality.py). One trial is
@@ -33,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from speedbench import distributed, errors, techniques
-from speedbench.analysis import stats
+from speedbench.analysis import adaptive, intervals
 from speedbench.config import ModelSpec, Plan
 from speedbench.measure import capacity, launch, quality
 from speedbench.measure.data import build_dataset
@@ -130,8 +130,8 @@ class ModelRounds:
         self.rows: list[dict] = []  # the measured records, for the adaptive rule
         # Looks at the rounds: one without bench.target_ci or under torchrun (every rank would
         # have to decide alike); else planned after the first round (None until then).
-        adaptive = self.first.bench.target_ci is not None and dist_env is None
-        self.looks: int | None = None if adaptive else 1
+        sequential = self.first.bench.target_ci is not None and dist_env is None
+        self.looks: int | None = None if sequential else 1
         self.clock = time.perf_counter  # the simulation (benchmarks/verdict_sim.py) keeps its own
         self.started: float | None = None  # when the model's budget began: prepare()
 
@@ -159,8 +159,8 @@ class ModelRounds:
         """At least one round, then up to `repeats` while the next one fits in what is left of
         bench.time_budget_s (the data and the probes spent some of it) at the pace so far;
         then, with bench.target_ci (the baseline's), group-sequential looks
-        (stats.wants_more_rounds), as many as the budget allows at the first round's pace
-        (stats.planned_looks). Not under torchrun: every rank would have to take the same
+        (adaptive.wants_more_rounds), as many as the budget allows at the first round's pace
+        (intervals.planned_looks). Not under torchrun: every rank would have to take the same
         decision, so there the `repeats` rounds all run."""
         started, round_ = self.clock(), 0
         budget = self.left_s()
@@ -170,12 +170,12 @@ class ModelRounds:
             yield round_
             round_ += 1
             if self.looks is None:  # after the first round: its pace plans the looks
-                self.looks = stats.planned_looks(budget, self.repeats, self.clock() - started)
+                self.looks = intervals.planned_looks(budget, self.repeats, self.clock() - started)
         if self.looks and self.looks > 1 and not self._nothing_left():
-            look = stats.look_of(round_, self.repeats, self.looks)
-            level = stats.sequential_level(self.comparisons, look, self.looks)
+            look = intervals.look_of(round_, self.repeats, self.looks)
+            level = intervals.sequential_level(self.comparisons, look, self.looks)
             self.bar.write(f"{self.spec.name}: {round_} rounds, look {look} of {self.looks} "
-                           f"(CIs at {level:.2%}): " + stats.halfwidth_note(self.rows, level))
+                           f"(CIs at {level:.2%}): " + adaptive.halfwidth_note(self.rows, level))
 
     def _another_round(self, round_: int, elapsed: float, budget: float) -> bool:
         """Whether round `round_` runs; `elapsed`: the rounds' time so far, `budget`: the
@@ -191,7 +191,7 @@ class ModelRounds:
                            f"would overrun bench.time_budget_s="
                            f"{self.first.bench.time_budget_s:g} s (wider CIs)", sys.stderr)
             return False
-        return self.looks > 1 and stats.wants_more_rounds(
+        return self.looks > 1 and adaptive.wants_more_rounds(
             self.rows, self.first.bench, round_, elapsed, self.comparisons, self.repeats,
             self.looks, budget_s=budget)
 

@@ -2,7 +2,7 @@
 
 The first run is the reference. Rows are aligned by (experiment, model, variant); for each
 other run the ratio of its median throughput to the reference's, with a bootstrap CI over
-both runs' trials (stats.unpaired_ratio_ci), and a verdict only when the CI excludes 1.
+both runs' trials (intervals.unpaired_ratio_ci), and a verdict only when the CI excludes 1.
 What cannot be compared (rows in one run only, missing columns) is listed, not guessed.
 """
 from __future__ import annotations
@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from speedbench.results import atomic, fresh_dir
-from speedbench.analysis import stats
+from speedbench.analysis import intervals
+from speedbench.analysis.summary import summarised
 from speedbench.report import plots
 from speedbench.report.document import Document, slug, write
 from speedbench.report.render import _ci, _num
@@ -115,8 +116,8 @@ def ratio(ref: Run, other: Run, key: tuple) -> dict:
         return {"ratio": math.nan, "lo": math.nan, "hi": math.nan,
                 "verdict": f"not compared: {_row_status(who, key)} in {who.label}",
                 "status": f"{_row_status(who, key)} in {who.label}"}
-    r, lo, hi = stats.unpaired_ratio_ci(a, b)
-    return {"ratio": r, "lo": lo, "hi": hi, "verdict": stats.verdict(lo, hi), "status": OK}
+    r, lo, hi = intervals.unpaired_ratio_ci(a, b)
+    return {"ratio": r, "lo": lo, "hi": hi, "verdict": intervals.verdict(lo, hi), "status": OK}
 
 
 def _keys(run: Run) -> list[tuple]:
@@ -295,7 +296,7 @@ def compare_runs(run_dirs: list, out_dir: Path | None) -> Path:
     """Load the runs, write report.md/report.html comparing them into out_dir (None: a new
     folder results/compare/<timestamp>[-n], made atomically so that two comparisons started in
     the same second never share one); returns report.md."""
-    runs = [stats.summarised(load_run(p)) for p in run_dirs]
+    runs = [summarised(load_run(p)) for p in run_dirs]
     label_runs(runs)
     align(runs)  # fails before anything is written when nothing can be compared
     out_dir = Path(out_dir) if out_dir is not None else fresh_dir(Path("results", "compare"))

@@ -22,10 +22,11 @@ from matplotlib.transforms import blended_transform_factory  # noqa: E402
 from speedbench.report.numbers import clip  # noqa: E402
 from speedbench.results import atomic  # noqa: E402
 from speedbench.results.schema import OK  # noqa: E402
-from speedbench.analysis import stats
+from speedbench.analysis import intervals
+from speedbench.analysis.summary import status_of
 
-VERDICT_COLOURS = {stats.FASTER: "#2a9d8f", stats.SLOWER: "#e76f51", stats.SAME: "#8d99ae",
-                   stats.BASELINE: "#264653"}
+VERDICT_COLOURS = {intervals.FASTER: "#2a9d8f", intervals.SLOWER: "#e76f51",
+                   intervals.SAME: "#8d99ae", intervals.BASELINE: "#264653"}
 OTHER_COLOUR = "#b0b7c3"
 BASE_COLOUR, VARIANT_COLOUR = "#264653", "#5fa8d3"
 RUN_COLOURS = ["#264653", "#e9c46a", "#2a9d8f", "#e76f51", "#8d99ae", "#f4a261"]
@@ -78,13 +79,13 @@ def _suptitle(fig: plt.Figure, text: str, **kwargs) -> None:
 
 def _median_ci_err(values) -> tuple[float, float, float]:
     """(median, error below, error above) for matplotlib's yerr; zero error without a CI."""
-    med, lo, hi = stats.median_ci(values)
+    med, lo, hi = intervals.median_ci(values)
     return med, (0.0 if math.isnan(lo) else med - lo), (0.0 if math.isnan(hi) else hi - med)
 
 
 def _status_of(trials: pd.DataFrame, model: str, variant: str) -> str:
     rows = trials[(trials["model"] == model) & (trials["variant"] == variant)]
-    return stats._status(rows["status"]) if len(rows) else "no trials"
+    return status_of(rows["status"]) if len(rows) else "no trials"
 
 
 def _bar_panels(trials: pd.DataFrame, column: str, ylabel: str, title: str,

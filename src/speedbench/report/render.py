@@ -19,13 +19,14 @@ import pandas as pd
 
 from speedbench.results import atomic
 from speedbench.analysis import claims as claims_mod
-from speedbench.analysis import stats
-from speedbench.report import (capacity_section, host_sweep, plots, profile_section,
+from speedbench.analysis import intervals
+from speedbench.analysis.summary import summarised
+from speedbench.report import (capacity_section, host_sweep, method, plots, profile_section,
                                recipe_section, recommend, settings, to_target_section)
 from speedbench.report.document import Document, slug, write
 from speedbench.report.numbers import ratio_ci
 from speedbench.results.runs import Run, load_recipe, load_run
-from speedbench.results.schema import OK
+from speedbench.results.schema import OK, STOPPED_SLOWER
 
 
 _ci = ratio_ci
@@ -55,7 +56,7 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         "peak GFLOP/s": _col(summary, "peak_tflops").map(_gflops),
         "% of peak": _col(summary, "peak_fraction").map(peak_share),
     })
-    if "scaling_efficiency" in summary:  # data-parallel variants (scaling.py)
+    if "scaling_efficiency" in summary:  # data-parallel variants (summary.add_efficiency)
         table.insert(4, "devices", summary["devices"])
         table.insert(5, "scaling eff. [95% CI]", [
             _ci(r.scaling_efficiency, r.scaling_efficiency_lo, r.scaling_efficiency_hi, unit="")
@@ -201,7 +202,7 @@ def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         if r.status != OK:
             if r.status not in reasons:
                 reasons.append(r.status)
-            word = "slower (stopped)" if r.verdict == stats.STOPPED_SLOWER \
+            word = "slower (stopped)" if r.verdict == STOPPED_SLOWER \
                 else str(r.status).split(':')[0]
             verdicts.append(f"{word} [{reasons.index(r.status) + 1}]")
         else:
@@ -252,12 +253,13 @@ def console_table(summary: pd.DataFrame, width: Optional[int] = None) -> str:
 
 def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
                      overrides: Optional[list[str]] = None,
-                     width: Optional[int] = None) -> list[str]:
+                     width: Optional[int] = None, repeats: Optional[int] = None) -> list[str]:
     """Noise warnings, short, each with a command to paste that measures again with more
-    rounds (the same command line, more repeats)."""
+    rounds (the same command line, more repeats: see _more_repeats; `repeats` is the run's
+    bench.repeats)."""
     width = width or console_width()
     noisy = [f"{r.model}/{r.variant}" for r in summary.itertuples()
-             if float(getattr(r, "spread", math.nan)) > stats.SPREAD_WARN]
+             if float(getattr(r, "spread", math.nan)) > method.SPREAD_WARN]
     unsteady = [f"{r.model}/{r.variant}" for r in summary.itertuples()
                 if float(getattr(r, "unsteady", 0) or 0) > 0]
     if not noisy and not unsteady:
@@ -265,15 +267,12 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
     # run_dir= would name the directory this run already filled
     kept = [o for o in overrides or [] if not o.lstrip("+").startswith((
         "bench.repeats=", "bench.target_ci=", "bench.warmup_max=", "run_dir="))]
-    repeats = summary["trials"].max() if "trials" in summary else 3
-    repeats = int(repeats) * 2 if pd.notna(repeats) and repeats > 0 else 6
-    lines = []
+    more = _more_repeats(summary, repeats)
+    lines, extra = [], []
     if noisy:
-        lines.append(f"warning: trials vary by over {stats.SPREAD_WARN:.0%} (IQR/median) for "
+        lines.append(f"warning: trials vary by over {method.SPREAD_WARN:.0%} (IQR/median) for "
                      + _listing(noisy) + "; another load on the machine?")
-        extra = [f"bench.repeats={repeats}"]
-    else:
-        extra = []
+        extra += [f"bench.repeats={more}"] if more else []
     if unsteady:
         lines.append("warning: some trials were timed before their step time was steady: "
                      + _listing(unsteady))
@@ -288,6 +287,17 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
     out.append("  measure again:")
     out += _shell_lines([shlex.quote(c) for c in command], width, indent="    ")
     return out
+
+
+def _more_repeats(summary: pd.DataFrame, repeats: Optional[int] = None) -> Optional[int]:
+    """bench.repeats for measuring again: twice the rounds this run measured (the most ok
+    trials of a variant), else twice the run's bench.repeats (`repeats`); None when neither is
+    known (the command then leaves bench.repeats as it was)."""
+    trials = pd.to_numeric(summary["trials"], errors="coerce") if "trials" in summary \
+        else pd.Series(dtype=float)
+    most = trials.max() if trials.notna().any() else math.nan
+    rounds = int(most) if most > 0 else repeats
+    return 2 * int(rounds) if rounds else None
 
 
 def _shell_lines(words: list[str], width: int, indent: str) -> list[str]:
@@ -307,12 +317,13 @@ def _listing(items: list[str], most: int = 4) -> str:
 
 
 def console_lines(summary: pd.DataFrame, experiment: Optional[str] = None,
-                  overrides: Optional[list[str]] = None, table: bool = True) -> list[str]:
+                  overrides: Optional[list[str]] = None, table: bool = True,
+                  repeats: Optional[int] = None) -> list[str]:
     """What a run prints at its end, before the path of its report: the table and the
     warnings, each line within the terminal's width (at most 100 columns). A recipe search
     prints no table: its recommendation, which follows, gives the search's own figures."""
     return ([console_table(summary)] if table else []) + \
-        console_warnings(summary, experiment, overrides)
+        console_warnings(summary, experiment, overrides, repeats=repeats)
 
 
 def report_line(run_dir: Path, trials: int, seconds: float) -> str:
@@ -366,20 +377,21 @@ def _load_text(env: dict) -> str:
 def method_text(cfg: dict) -> str:
     bench = cfg.get("bench") or {}
     if not bench:
-        return (stats.METHOD + " (The run's config.yaml is missing, so its measurement window "
+        return (method.METHOD + " (The run's config.yaml is missing, so its measurement window "
                 "is unknown.)")
     warmup = (f"at least {bench.get('warmup')} warm-up steps, continuing until the last 3 step "
               f"times agree within {bench.get('steady_tol')} of their median (at most "
               f"{bench.get('warmup_max')})" if bench.get("steady_tol") and bench.get("warmup")
               else f"{bench.get('warmup')} warm-up steps")
-    adaptive = (f", then more interleaved rounds until every speed-up CI half-width is at most "
-                f"{bench.get('target_ci')} or {bench.get('time_budget_s')} s have gone on the model"
+    # the adaptive rounds' rule is METHOD's, which follows: here only this run's settings
+    adaptive = (f", more in adaptive rounds (bench.target_ci {bench.get('target_ci')}, "
+                f"bench.time_budget_s {bench.get('time_budget_s')} s per model)"
                 if bench.get("target_ci") else "")
     return (f"Each trial builds a fresh model with seed {bench.get('seed')}, runs {warmup}, then "
             f"times up to {bench.get('steps')} optimizer steps in one window synchronised with "
             f"the device only at its ends (capped at {bench.get('max_trial_s')} s per trial). "
             f"{bench.get('repeats')} trials per variant, interleaved across variants{adaptive}. "
-            + stats.METHOD + " Memory = the peak bytes of the tensors one untimed optimizer "
+            + method.METHOD + " Memory = the peak bytes of the tensors one untimed optimizer "
             "step holds (CPU: every tensor torch allocates, tracked op by op; CUDA: the "
             "allocator's peak), split into parameters + gradients + optimizer state and the "
             "rest (activations, temporaries); host RSS adds the pages only the DataLoader "
@@ -395,14 +407,15 @@ def at_a_glance(summary: pd.DataFrame) -> str:
     if rows.empty:
         return "No variant besides the baseline was measured."
     counts = rows["verdict"].value_counts()
-    called = (stats.FASTER, stats.SLOWER, stats.EQUIVALENT, stats.INCONCLUSIVE)
+    called = (intervals.FASTER, intervals.SLOWER, intervals.EQUIVALENT, intervals.INCONCLUSIVE)
     parts = [f"{counts.get(v, 0)} {v}" for v in called if counts.get(v, 0)]
     others = len(rows) - sum(counts.get(v, 0) for v in called)
     if others:
         parts.append(f"{others} not measured")
     text = f"Of {len(rows)} (model, variant) pairs: {', '.join(parts)}."
     # Only a significant result is crowned (verdict faster / slower, family-wise controlled).
-    faster, slower = rows[rows["verdict"] == stats.FASTER], rows[rows["verdict"] == stats.SLOWER]
+    faster = rows[rows["verdict"] == intervals.FASTER]
+    slower = rows[rows["verdict"] == intervals.SLOWER]
     if len(faster):
         best = faster.loc[faster["speedup"].idxmax()]
         text += f" Best: {best['variant']} on {best['model']}, {best['speedup']:.2f}x (faster)."
@@ -459,7 +472,7 @@ def _remove_stale_figures(out_dir: Path, written: set[str]) -> None:
 def noise_threshold(cfg: dict) -> float:
     """bench.noise_threshold of the run's config (the default where it is absent)."""
     value = (cfg.get("bench") or {}).get("noise_threshold") if isinstance(cfg, dict) else None
-    return float(value) if isinstance(value, (int, float)) else stats.DEFAULT_THRESHOLD
+    return float(value) if isinstance(value, (int, float)) else intervals.DEFAULT_THRESHOLD
 
 
 def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) -> None:
@@ -480,7 +493,7 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
     note = peak_note(summary, trials)
     if note:
         doc.para(note)
-    for warning in stats.spread_warnings(summary):
+    for warning in method.spread_warnings(summary):
         doc.note(warning)
     for view in settings.host_sweeps(run):
         host_sweep.add(doc, trials, view, out_dir, summary)
@@ -535,7 +548,7 @@ def build_document(run: Run, out_dir: Path) -> Document:
     busy = busy_note(run.env)
     if busy:  # first: it explains every figure below
         doc.note(busy)
-    stalled = stats.stall_note(run.trials)
+    stalled = method.stall_note(run.trials)
     if stalled:  # a window with a step far outside its own distribution
         doc.note(stalled)
     recommendation_section(doc, run, out_dir)
@@ -558,7 +571,7 @@ def build_document(run: Run, out_dir: Path) -> Document:
     doc.pairs(env_pairs(run.env))
     doc.heading("How this was measured")
     doc.para(method_text(run.cfg))
-    doc.para(stats.family_text(run.summary))
+    doc.para(method.family_text(run.summary))
     members = run.members
     if members:  # a suite: each member experiment ran with its own settings
         doc.para("Each experiment ran with its own settings: " + "; ".join(
@@ -573,7 +586,7 @@ def build_document(run: Run, out_dir: Path) -> Document:
 def write_report(run_dir: Path, cfg: Optional[dict] = None, out_dir: Optional[Path] = None) -> Path:
     """Rebuild plots/, report.md and report.html from the files in run_dir (into out_dir if
     given). Returns the path of report.md."""
-    run = stats.summarised(load_run(run_dir, cfg))
+    run = summarised(load_run(run_dir, cfg))
     out = Path(out_dir) if out_dir else Path(run_dir)
     atomic.real_dir(out / "plots")
     write(build_document(run, out), out, plots.DPI)

@@ -1,6 +1,6 @@
 """The recipe's waterfall: naive -> each technique added by the search, each bar the stage's
 cumulative speed-up over naive with its CI, as the closing measurement gave them
-(stats.paired_ratio_ci, through the search; matplotlib, Agg; no torch).
+(intervals.paired_ratio_ci, through the search; matplotlib, Agg; no torch).
 
 Input: one model's waterfall rows (recipe.csv's `waterfall` part, or search.SearchResult's
 `waterfall`): label, speedup, lo, hi (cumulative, over naive, measured) and step_gain (the

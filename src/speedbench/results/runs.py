@@ -23,7 +23,7 @@ from speedbench.results.schema import (CURVE_COLUMNS, FINDING_COLUMNS, OK, PHASE
 
 # The contract columns without which a run cannot be summarised, plotted or compared at all.
 MINIMUM = ("experiment", "model", "variant", "is_baseline", "status", "samples_per_s")
-# The rest of the trials.csv contract (docs/outputs.md) plus what stats.summarise reads.
+# The rest of the trials.csv contract (docs/outputs.md) plus what summary.summarise reads.
 OPTIONAL_NUMERIC = ("trial", "world_size", "step_ms", "data_wait_frac", "peak_mem_mb",
                     "final_loss", "host_rss_mb")
 SUMMARY_CONTRACT = ("experiment", "model", "variant", "is_baseline", "status", "samples_per_s",
@@ -55,7 +55,7 @@ class Run:
     path: Path
     trials: pd.DataFrame
     # summary.csv as the run wrote it; None where absent or unusable: the statistics are
-    # analysis's (stats.summarised recomputes it from the trials)
+    # analysis's (summary.summarised recomputes it from the trials)
     summary: Optional[pd.DataFrame]
     env: dict
     cfg: dict
@@ -264,7 +264,7 @@ def _summary(path: Path, trials: pd.DataFrame, notes: list[str]) -> Optional[pd.
 
 def load_run(path, cfg: Optional[dict] = None) -> Run:
     """Everything a report needs from one run directory, its summary None where summary.csv
-    is absent or unusable (stats.summarised recomputes it); ReportError when it is unusable."""
+    is absent or unusable (summary.summarised recomputes it); ReportError when it is unusable."""
     path = Path(path)
     if not path.exists():
         raise ReportError(f"{path} does not exist")

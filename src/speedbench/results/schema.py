@@ -42,9 +42,9 @@ TRIAL_COLUMNS = [
     # rounds (measure/rounds.py): `round` runs every variant of a model once, in a balanced
     # random order drawn from `order_seed`; `position` is the trial's place in its round (0
     # first). `trial` == `round`. The group-sequential schedule: a look every `min_rounds`
-    # rounds (bench.repeats, the floor), `looks` at most (stats.wants_more_rounds).
+    # rounds (bench.repeats, the floor), `looks` at most (adaptive.wants_more_rounds).
     "round", "position", "order_seed", "min_rounds", "looks",
-    # verdicts (stats.py, quality.py, timing.step_memory): the run's noise threshold; the
+    # verdicts (summary.py, quality.py, timing.step_memory): the run's noise threshold; the
     # quality probe's first-step time, length and samples (final_loss is its loss; window_loss
     # the timed window's mean, for reference); parameters + gradients + optimizer state, and
     # the peak tensor memory split at the peak into those and the rest (activations,
@@ -66,12 +66,12 @@ SUMMARY_COLUMNS = [
     "speedup_lo", "speedup_hi", "verdict", "trials", "step_ms", "cv", "data_wait_frac",
     "peak_mem_mb", "mem_ratio", "host_rss_mb", "final_loss", "loss_delta",
     "spread", "unsteady", "flops_per_step", "achieved_tflops", "peak_tflops", "peak_fraction",
-    # verdicts (stats.py): paired rounds, the CI's relative half-width, the smallest effect an
+    # verdicts (summary.py): paired rounds, the CI's relative half-width, the smallest effect an
     # inconclusive row could have shown, the threshold, and the family the CIs are adjusted for
     "rounds", "ci_halfwidth", "min_detectable", "noise_threshold", "comparisons",
     "family_level", "ci_level", "family_scope", "state_mem_mb", "activation_mem_mb",
     "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "peak_phase", "probe_samples_per_s",
-    # the model's first-in-round throughput over its later trials' (stats.position_effect)
+    # the model's first-in-round throughput over its later trials' (summary.position_effect)
     "position_effect", "position_lo", "position_hi",
     # the quality probe's held-out loss over its seeds and its paired ratio to the baseline's
     # (analysis/quality.py)

@@ -18,15 +18,14 @@ import yaml
 from omegaconf import OmegaConf
 
 from speedbench import results
-from speedbench.analysis import stats
+from speedbench.analysis import intervals
 from speedbench.config import ConfigError, Plan
 from speedbench.results.schema import OK
 from speedbench.search import driver, selection
 
 CHECK_BUDGET_S = 60.0  # per finding checked: the rounds beyond bench.repeats stop there
-SHARE = 0.01  # of the run's 5 %: the checks' family; the experiments share the rest
-VERDICT_TEXT = {stats.FASTER: "recommended", stats.SLOWER: "slower here, not recommended",
-                stats.EQUIVALENT: "no difference here, not recommended"}
+VERDICT_TEXT = {intervals.FASTER: "recommended", intervals.SLOWER: "slower here, not recommended",
+                intervals.EQUIVALENT: "no difference here, not recommended"}
 
 
 def parse_knob(knob: str) -> dict:
@@ -44,15 +43,15 @@ def _todo(findings: pd.DataFrame) -> pd.DataFrame:
     return findings[findings["knob"].fillna("-").astype(str).str.contains("=")]
 
 
-def _level(todo: pd.DataFrame, alpha: float = SHARE) -> float:
+def _level(todo: pd.DataFrame, alpha: float = intervals.CHECK_SHARE) -> float:
     """Bonferroni over the knobs to check, counted before any is measured, within `alpha`."""
     keys = set(zip(todo["experiment"], todo["model"], todo["variant"], todo["knob"]))
-    return stats.comparison_level(len(keys), alpha)
+    return intervals.comparison_level(len(keys), alpha)
 
 
 def levels(run_dir: Path, trials: pd.DataFrame) -> dict[tuple[str, str], float]:
     """(check experiment, model) -> the level its check used: summary.csv states the same
-    intervals (stats.summarise's `levels`)."""
+    intervals (summary.summarise's `levels`)."""
     findings = results.load_findings(run_dir)
     if findings is None or "experiment" not in trials:
         return {}
@@ -62,7 +61,7 @@ def levels(run_dir: Path, trials: pd.DataFrame) -> dict[tuple[str, str], float]:
 
 
 def check(plans: list[Plan], run_dir: Path, writer, progress: bool, execute_plan,
-          alpha: float = SHARE) -> Optional[pd.DataFrame]:
+          alpha: float = intervals.CHECK_SHARE) -> Optional[pd.DataFrame]:
     """Measure every suggested knob of findings.csv and write the verdicts into its `check`
     column; the findings, or None when the run has no findings.csv. `execute_plan` is
     rounds.measure_plan."""

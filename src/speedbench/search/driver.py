@@ -23,8 +23,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from speedbench import results
+from speedbench.analysis import intervals
 from speedbench.analysis import quality as quality_stats
-from speedbench.analysis import stats
 from speedbench.analysis import to_target as target_stats
 from speedbench.measure import to_target
 from speedbench.measure.rounds import fresh_order_seed
@@ -236,7 +236,7 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
     skipped = [g for g in groups if g.name in {*cfg.recipe.skip, *cfg.recipe.also_skip}]
     # the run's family-wise error, fixed before anything runs: the findings' share (when a
     # profiled run will check them) aside, the rest split evenly over the models searched
-    alpha = (stats.FAMILY_LEVEL - check_share(cfg)) / len(plan.models)
+    alpha = (intervals.FAMILY_LEVEL - check_share(cfg)) / len(plan.models)
     for spec in plan.models:
         naive, kept, notes = search.restrict_naive(groups, cannot_act_for(spec))
         kept = [g for g in kept if g not in skipped]
@@ -271,16 +271,14 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
 
 def check_share(cfg: DictConfig) -> float:
     """The share of the run's family-wise error kept for the findings' checks: set before the
-    search when the run profiles and checks what it finds (check_findings.SHARE), else 0."""
-    from speedbench.search import check_findings
-
+    search when the run profiles and checks what it finds (intervals.CHECK_SHARE), else 0."""
     profiled = OmegaConf.select(cfg, "profile", default="off") != "off"
-    return check_findings.SHARE if profiled and cfg.recipe.check_findings else 0.0
+    return intervals.CHECK_SHARE if profiled and cfg.recipe.check_findings else 0.0
 
 
 def levels(found: dict[str, search.SearchResult]) -> dict[tuple[str, str], float]:
     """(experiment, model) -> the CI level the search used in that measurement: summary.csv
-    states the same intervals (stats.summarise's `levels`)."""
+    states the same intervals (summary.summarise's `levels`)."""
     return {(experiment_name(step), model): level for model, r in found.items()
             for step, level in r.levels.items()}
 

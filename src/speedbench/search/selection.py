@@ -36,7 +36,7 @@ The search:
    gains: those were chosen for being large, so they are shown as gains "when added",
    conditional on selection.
 
-Every interval is stats.paired_ratio_ci, the summary's Student t interval on the logs of
+Every interval is intervals.paired_ratio_ci, the summary's Student t interval on the logs of
 per-round ratios. Error control is the run's (`Spending`): the search gets a share of the
 run's alpha, fixed before it starts and spent in advance over its measurements, each
 measurement Bonferroni-adjusted over its own comparisons; the level each measurement used is
@@ -51,7 +51,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 
 import numpy as np
 
-from speedbench.analysis import quality, stats
+from speedbench.analysis import intervals, quality
 from speedbench.results.schema import HOPELESS, OK, REFUSED, format_status
 
 NAIVE = "naive"
@@ -153,7 +153,7 @@ class SearchResult:
 
 # --- statistics on paired rounds ---------------------------------------------------------------
 def rounds_of(arm: Arm, reference: Arm) -> tuple[np.ndarray, np.ndarray]:
-    """(arm, reference) throughputs on the rounds both have, aligned: the pairs of stats.py."""
+    """(arm, reference) throughputs on the rounds both have, aligned: intervals.paired's pairs."""
     n = min(len(arm.samples_per_s), len(reference.samples_per_s))
     return (np.asarray(arm.samples_per_s[:n], float),
             np.asarray(reference.samples_per_s[:n], float))
@@ -161,17 +161,17 @@ def rounds_of(arm: Arm, reference: Arm) -> tuple[np.ndarray, np.ndarray]:
 
 def paired_rounds(arm: Arm, reference: Arm) -> int:
     """How many rounds both measured."""
-    return len(stats.paired_log_ratios(*rounds_of(arm, reference)))
+    return len(intervals.paired_log_ratios(*rounds_of(arm, reference)))
 
 
 def compare_at(pairs: dict[str, tuple[np.ndarray, np.ndarray]], level: float,
                threshold: float) -> dict[str, tuple[float, float, float, str]]:
     """Each label's (speed-up, lo, hi, verdict) from its (arm, reference) rounds, every CI at
-    `level`: stats.paired_ratio_ci and stats.classify, the summary's own rule."""
+    `level`: intervals.paired_ratio_ci and intervals.classify, the summary's own rule."""
     out = {}
     for label, (a, b) in pairs.items():
-        s, lo, hi = stats.paired_ratio_ci(a, b, level)
-        out[label] = (s, lo, hi, stats.classify(s, lo, hi, threshold))
+        s, lo, hi = intervals.paired_ratio_ci(a, b, level)
+        out[label] = (s, lo, hi, intervals.classify(s, lo, hi, threshold))
     return out
 
 
@@ -450,7 +450,7 @@ class _Forward:
         found = {o.label: arms[o.label].status if o.label in arms else "error: not measured"
                  for o in options if o.label not in arms or arms[o.label].status != OK}
         ok = [o for o in options if o.label not in found]
-        level = stats.comparison_level(len(ok), self.spend.screen(n))
+        level = intervals.comparison_level(len(ok), self.spend.screen(n))
         self.levels[f"step {n}"] = level
         results = compare_at({o.label: rounds_of(arms[o.label], ref) for o in ok}, level,
                              self.rules.min_gain)
@@ -508,7 +508,7 @@ class _Forward:
             for c in top:
                 record.confirmations[c.label] = _failed(c.label, ref.status)
             return None, f"the current recipe could not be measured ({ref.status})"
-        level = stats.comparison_level(len(top), self.spend.confirm(record.index))
+        level = intervals.comparison_level(len(top), self.spend.confirm(record.index))
         self.levels[f"step {record.index} confirm"] = level
         winners = []
         for c in top:
@@ -599,7 +599,7 @@ def _close(forward: _Forward) -> tuple[list[dict], list[dict]]:
     # within the closing's share
     against_naive = sum(a.status == OK for lab, a in measured.items() if lab != NAIVE)
     extra = len(chosen) if ablate and len(chosen) > 1 else 0
-    level = stats.comparison_level(against_naive + extra, forward.spend.closing())
+    level = intervals.comparison_level(against_naive + extra, forward.spend.closing())
     forward.levels["closing"] = level
     cum = compare_at({prefix[i]: rounds_of(arms[prefix[i]], arms[NAIVE])
                       for i in range(1, len(chosen) + 1)

@@ -1,0 +1,278 @@
+"""The interval engine: paired speed-up estimates, error-controlled confidence intervals, and
+verdicts.
+
+Design (benchmarks/README.md shows the simulation behind each choice):
+- Trials run in rounds: every variant of a model once per round. A variant is compared with
+  the baseline *in the same round* (column `round`, else `trial`), so that drift of the
+  machine's speed, which hits a whole round alike, cancels in the ratio.
+- The speed-up is the geometric mean of the per-round throughput ratios; its CI is a Student t
+  interval on the per-round log-ratios. (With 3-10 rounds a percentile bootstrap over rounds is
+  anti-conservative: at the levels multiplicity control asks for it degenerates into the range
+  of the log-ratios and calls a difference whenever all rounds agree in sign.)
+- Family-wise error: every comparison of a run gets a Bonferroni-adjusted interval, level
+  1 - FAMILY_LEVEL / comparisons, so that the chance of any false faster/slower call in the run
+  stays at or below FAMILY_LEVEL (5 %).
+- Four verdicts, with `bench.noise_threshold` (relative, e.g. 0.05 = 5 %):
+  faster / slower: the adjusted CI excludes 1 and the estimate is beyond the threshold;
+  equivalent: the adjusted CI lies inside [1 - threshold, 1 + threshold];
+  inconclusive: anything else; `min_detectable` says the smallest effect this run could have
+  called (the CI's relative half-width, at least the threshold).
+- A fifth, `slower (stopped early)` (STOPPED_SLOWER): a variant the quality probe stopped as
+  far slower (quality.py), or whose trial's step ran past bench.max_trial_s's hard cap
+  (trial.py), with the ratio of the probes' steady throughputs (where they have one) and no
+  CI. It is a slower call of the run, so it counts in the family.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from speedbench.results.schema import OK, TOO_SLOW
+
+FASTER, SLOWER, EQUIVALENT, INCONCLUSIVE = "faster", "slower", "equivalent", "inconclusive"
+# For comparisons without a threshold (two runs compared by report/compare.py, claims).
+SAME = "no significant difference"
+# A measurement with fewer rounds than the run's floor (bench.repeats; a recipe search's screen)
+# decides nothing in summary.csv: its verdict says so.
+SCREENING = "screening"
+TOO_FEW = "too few trials"
+BASELINE = "baseline"
+FAMILY_LEVEL = 0.05  # family-wise error rate of a run's faster/slower calls
+# Of FAMILY_LEVEL, the share set aside for the findings' checks (search/check_findings.py) when a
+# profiled run checks what it finds; the experiments (a recipe search's too) share the rest.
+CHECK_SHARE = 0.01
+DEFAULT_THRESHOLD = 0.05  # bench.noise_threshold's default; keep in step with config.py
+
+
+# ---- Student t quantiles without scipy (exact for integer degrees of freedom) ----
+
+def _t_central(theta: float, df: int) -> float:
+    """P(|T| < sqrt(df) tan(theta)) for Student's t with integer df (Abramowitz & Stegun
+    26.7.3-4)."""
+    s, c = math.sin(theta), math.cos(theta)
+    if df % 2 == 0:
+        term, total = 1.0, 1.0
+        for k in range(2, df, 2):  # 1, (1/2)c^2, (1*3)/(2*4) c^4, ...
+            term *= (k - 1) / k * c * c
+            total += term
+        return s * total
+    if df == 1:
+        return 2 * theta / math.pi
+    term, total = c, c
+    for k in range(3, df, 2):  # c, (2/3)c^3, (2*4)/(3*5) c^5, ...
+        term *= (k - 1) / k * c * c
+        total += term
+    return 2 / math.pi * (theta + s * total)
+
+
+def t_quantile(level: float, df: int) -> float:
+    """Two-sided critical value: P(|T| < t) = level, for df >= 1 (bisection, 1e-12)."""
+    if df < 1:
+        return math.inf
+    lo, hi = 0.0, math.pi / 2
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if _t_central(mid, int(df)) < level:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(df) * math.tan((lo + hi) / 2)
+
+
+# ---- paired ratios ----
+
+def comparison_level(comparisons: int, family: float = FAMILY_LEVEL) -> float:
+    """Confidence level of each of `comparisons` Bonferroni-adjusted intervals."""
+    return 1 - family / max(1, comparisons)
+
+
+# ---- group-sequential looks: alpha spent across them ----
+
+LOOKS = 3  # adaptive rounds: looks after repeats, 2 x repeats and 3 x repeats rounds at most
+
+
+def spending_share(look: int, looks: int) -> float:
+    """Share of the family's error spent at look `look` of `looks` (equally spaced): the
+    increments of the Pocock-type spending function ln(1 + (e - 1) t) (Lan & DeMets, 1983).
+    One look spends it all."""
+    def spent(t: float) -> float:
+        return math.log1p((math.e - 1) * t)
+    return spent(look / looks) - spent((look - 1) / looks)
+
+
+def sequential_level(comparisons: int, look: int = 1, looks: int = 1,
+                     family: float = FAMILY_LEVEL) -> float:
+    """Level of each of `comparisons` intervals at look `look` of `looks`: Bonferroni over the
+    comparisons and over the looks (each look its spending share). The union bound holds for
+    any stopping rule, so the interval reported at the look a run stops at keeps its level."""
+    return 1 - family * spending_share(look, looks) / max(1, comparisons)
+
+
+def planned_looks(time_budget_s: float, min_rounds: int, round_s: float) -> int:
+    """Looks the model's time budget allows at the first round's pace: `looks` x `min_rounds`
+    rounds must fit, 1 to LOOKS. Chosen after the first round, before any look, so that no
+    error is spent on looks the budget cannot reach."""
+    if not round_s > 0:
+        return LOOKS
+    return max(1, min(LOOKS, int(time_budget_s // (min_rounds * round_s))))
+
+
+def look_of(rounds: int, min_rounds: int, looks: int) -> int:
+    """The look a comparison of `rounds` paired rounds ended at (looks every `min_rounds`
+    rounds): the last one all of whose rounds it has, the first at least."""
+    return max(1, min(looks, rounds // max(1, min_rounds)))
+
+
+class Looks:
+    """The looks of one model's rounds: a look every `min_rounds` rounds, `looks` at most."""
+
+    def __init__(self, comparisons: int, min_rounds: int, looks: int,
+                 family: float = FAMILY_LEVEL):
+        self.comparisons, self.min_rounds, self.looks = comparisons, min_rounds, looks
+        self.family = family
+
+    def level(self, rounds: int) -> float:
+        """The CI level of a comparison with `rounds` paired rounds: that of its last look."""
+        look = look_of(rounds, self.min_rounds, self.looks)
+        return sequential_level(self.comparisons, look, self.looks, self.family)
+
+
+def paired_log_ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    num, den = np.asarray(num, float), np.asarray(den, float)
+    keep = np.isfinite(num) & np.isfinite(den) & (num > 0) & (den > 0)
+    return np.log(num[keep]) - np.log(den[keep])
+
+
+MAX_LOG = 709.0  # math.exp overflows above about 709.78
+
+
+def paired_ratio_ci(num, den, level: float = 0.95) -> tuple[float, float, float]:
+    """Geometric mean of the paired ratios num[i]/den[i] with a t interval on their logs;
+    (ratio, nan, nan) below two pairs. The only paired interval: the summary, the recipe search
+    and the findings check all use it."""
+    d = paired_log_ratios(num, den)
+    if len(d) == 0:
+        return math.nan, math.nan, math.nan
+    centre = float(d.mean())
+    if len(d) < 2:
+        return math.exp(centre), math.nan, math.nan
+    half = t_quantile(level, len(d) - 1) * float(d.std(ddof=1)) / math.sqrt(len(d))
+    # two wild pairs at a strict level: the upper end can pass what a float holds
+    upper = math.exp(centre + half) if centre + half < MAX_LOG else math.inf
+    return math.exp(centre), math.exp(centre - half), upper
+
+
+def relative_halfwidth(lo: float, hi: float) -> float:
+    """Half-width of a ratio CI, relative: sqrt(hi / lo) - 1 (NaN when undefined)."""
+    if not (lo > 0 and hi > 0):
+        return math.nan
+    return math.sqrt(hi / lo) - 1
+
+
+def classify(point: float, lo: float, hi: float, threshold: float = DEFAULT_THRESHOLD) -> str:
+    """faster / slower / equivalent / inconclusive for a speed-up and its adjusted CI."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return INCONCLUSIVE
+    if lo > 1 and point > 1 + threshold:
+        return FASTER
+    if hi < 1 and point < 1 - threshold:
+        return SLOWER
+    if lo >= 1 - threshold and hi <= 1 + threshold:
+        return EQUIVALENT
+    return INCONCLUSIVE
+
+
+def min_detectable(lo: float, hi: float, threshold: float = DEFAULT_THRESHOLD) -> float:
+    """Smallest relative effect this comparison could have called: its CI's relative
+    half-width, and never below the threshold (NaN with too few rounds)."""
+    half = relative_halfwidth(lo, hi)
+    return max(threshold, half) if np.isfinite(half) else math.nan
+
+
+def pair_key(trials: pd.DataFrame) -> str:
+    """The column that says which round a trial belongs to: `round`, else `trial`."""
+    if "round" in trials and pd.to_numeric(trials["round"], errors="coerce").notna().any():
+        return "round"
+    return "trial"
+
+
+def paired(variant: pd.DataFrame, base: pd.DataFrame, metric: str, key: str):
+    """(variant values, baseline values) of `metric`, aligned on the rounds both measured."""
+    a = variant.groupby(key)[metric].median()
+    b = base.groupby(key)[metric].median()
+    both = a.index.intersection(b.index)
+    return (pd.to_numeric(a[both], errors="coerce").to_numpy(float),
+            pd.to_numeric(b[both], errors="coerce").to_numpy(float))
+
+
+# ---- the older unpaired tools (two runs compared; plots) ----
+
+def unpaired_ratio_ci(num: np.ndarray, den: np.ndarray, level: float = 0.95,
+                       resamples: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+    """Ratio of medians num/den with a percentile bootstrap CI (trials resampled per side).
+    For unpaired samples only (two separate runs): trials of one run are compared paired."""
+    num, den = np.asarray(num, float), np.asarray(den, float)
+    point = float(np.median(num) / np.median(den))
+    if len(num) < 2 or len(den) < 2:
+        return point, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    a = np.median(rng.choice(num, (resamples, len(num))), axis=1)
+    b = np.median(rng.choice(den, (resamples, len(den))), axis=1)
+    lo, hi = np.quantile(a / b, [(1 - level) / 2, (1 + level) / 2])
+    return point, float(lo), float(hi)
+
+
+def verdict(lo: float, hi: float) -> str:
+    """Direction of a ratio CI without a threshold: faster / slower / no significant difference."""
+    if math.isnan(lo) or math.isnan(hi):
+        return TOO_FEW
+    if lo > 1:
+        return FASTER
+    if hi < 1:
+        return SLOWER
+    return SAME
+
+
+def median_ci(values, level: float = 0.95, resamples: int = 4000, seed: int = 0):
+    """Median with a percentile bootstrap CI; (median, nan, nan) below two values."""
+    values = np.asarray(values, float)
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return math.nan, math.nan, math.nan
+    med = float(np.median(values))
+    if len(values) < 2:
+        return med, math.nan, math.nan
+    boots = np.median(np.random.default_rng(seed).choice(values, (resamples, len(values))), axis=1)
+    lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
+    return med, float(lo), float(hi)
+
+
+# ---- a run's comparisons ----
+
+def threshold_of(g: pd.DataFrame) -> float:
+    """The noise threshold the trials recorded (bench.noise_threshold); the default without
+    one."""
+    if "noise_threshold" in g and pd.to_numeric(g["noise_threshold"], errors="coerce").notna().any():
+        return float(pd.to_numeric(g["noise_threshold"], errors="coerce").dropna().iloc[0])
+    return DEFAULT_THRESHOLD
+
+
+def stopped_early(statuses: pd.Series) -> pd.Series:
+    """Rows of a variant stopped early as far slower (quality.py)."""
+    return statuses.astype(str).str.startswith(TOO_SLOW)
+
+
+def count_comparisons(trials: pd.DataFrame) -> int:
+    """Speed-up comparisons a run makes: each non-baseline (experiment, model, variant) with an
+    ok trial, or stopped early as far slower, whose baseline has an ok trial. The family every
+    CI of the run is adjusted for."""
+    if trials.empty or "status" not in trials:
+        return 0
+    ok = trials[(trials["status"] == OK) | stopped_early(trials["status"])]
+    base = ok[ok["is_baseline"].astype(bool) & (ok["status"] == OK)]
+    base = base[["experiment", "model"]].drop_duplicates()
+    others = ok[~ok["is_baseline"].astype(bool)][["experiment", "model", "variant"]]
+    others = others.drop_duplicates().merge(base, on=["experiment", "model"])
+    return len(others)

@@ -1,0 +1,174 @@
+"""The report's prose on how a run was measured and what to trust: the method (`METHOD`), the
+error control and the loss columns (`family_text`), and the warnings about noisy, unsteady or
+stalled trials. The figures they name are analysis's (summary.csv; analysis/intervals.py)."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from speedbench.analysis.intervals import (DEFAULT_THRESHOLD, FAMILY_LEVEL, LOOKS,
+                                           comparison_level)
+
+
+# The one statement of the rounds' stopping rule (adaptive.wants_more_rounds) in the report.
+METHOD = ("Speed-up = geometric mean of the per-round ratios of a variant's throughput to the "
+          "baseline's in the same round, with a Student t interval over rounds, "
+          "Bonferroni-adjusted for every comparison of the run and for the looks of adaptive "
+          f"rounds (with bench.target_ci: a look every bench.repeats rounds, {LOOKS} at most; "
+          "at a look the rounds stop once every comparison is decided or its CI's relative "
+          "half-width is at most bench.target_ci, or when the next look's rounds would not fit "
+          "in the model's bench.time_budget_s; each look spends a Pocock-type share of the "
+          "error). faster / slower: the interval "
+          "excludes 1 and the estimate exceeds the noise threshold; equivalent: the interval "
+          "lies within +-threshold; inconclusive: anything else.")
+
+
+def family_text(summary: pd.DataFrame) -> str:
+    """The report's sentence on error control and on the loss column."""
+    parts = []
+    if summary is not None and "comparisons" in summary and len(summary):
+        m = int(pd.to_numeric(summary["comparisons"], errors="coerce").fillna(0).max())
+        fam = float(pd.to_numeric(summary["family_level"], errors="coerce").dropna().iloc[0]) \
+            if summary["family_level"].notna().any() else FAMILY_LEVEL
+        thr = pd.to_numeric(summary.get("noise_threshold"), errors="coerce").dropna()
+        scope = summary["family_scope"].dropna() if "family_scope" in summary else pd.Series()
+        if len(scope) and (scope == "allotted").any():
+            family = ("The run's 5 % family-wise error was shared out before anything was "
+                      "measured (a recipe search's measurements, the findings' checks: "
+                      "docs/experiments.md); each CI is at the level of its share, Bonferroni-"
+                      "adjusted over its measurement's comparisons (ci_level in summary.csv), "
+                      f"so the chance of any false faster/slower call in the whole run is at "
+                      f"most {FAMILY_LEVEL:.0%}. ")
+        elif len(scope) and (scope == "experiment").all():
+            family = (f"Each experiment of this run is its own family (a recipe search's "
+                      f"measurements are separate decisions; up to {m} comparisons in one): its "
+                      f"CIs are Bonferroni-adjusted over its own comparisons, so the chance of "
+                      f"any false faster/slower call in one experiment is at most {fam:.0%}. ")
+        else:
+            family = (f"{m} comparison{'' if m == 1 else 's'} in this run; each CI is at level "
+                      f"{_levels_text(summary, m, fam)}, so the chance of any false "
+                      f"faster/slower call in the whole run is at most {fam:.0%}. ")
+        parts.append(
+            family + "Noise threshold: "
+            f"{(thr.iloc[0] if len(thr) else DEFAULT_THRESHOLD):.0%}. An inconclusive row "
+            "gives the smallest effect the run could have detected (min_detectable in "
+            "summary.csv).")
+    parts.append(LOSS_MEANING)
+    return " ".join(parts)
+
+
+def _levels_text(summary: pd.DataFrame, m: int, fam: float) -> str:
+    """The CIs' level: one Bonferroni level, or the range the looks of adaptive rounds gave."""
+    levels = pd.to_numeric(summary.get("ci_level"), errors="coerce").dropna()
+    low, high = (levels.min(), levels.max()) if len(levels) else (comparison_level(m, fam),) * 2
+    if math.isclose(low, high, abs_tol=1e-9):
+        return f"{low:.2%} (Bonferroni)"
+    return (f"{low:.2%} to {high:.2%} (Bonferroni over the comparisons and over the looks of "
+            "the adaptive rounds: each look spends its share of the error, so the interval of "
+            "the look a comparison stopped at keeps its level)")
+
+
+# What the loss columns mean (the quality probe, measure/quality.py; analysis/quality.py)
+LOSS_MEANING = ("Held-out loss = the quality probe's: each variant trains fresh models from "
+                "bench.quality_seeds paired seeds (the same weights and data order for every "
+                "variant in a seed) for the same number of samples seen (bench.quality_steps "
+                "optimizer steps of the baseline), then evaluates them on held-out data in fp32; "
+                "the median over seeds is shown. Loss ratio = the geometric mean of the per-seed "
+                "ratios to the baseline's loss, with a t CI at the Bonferroni level of the run's "
+                "quality comparisons. Quality: non-inferior when the CI's upper end is at most "
+                "1 + bench.quality_tolerance, worse when its lower end is above it, else "
+                "inconclusive; identical numerics give exactly 1. A few steps judge whether a "
+                "technique breaks training, not how well it trains in the end: time to target "
+                "(target.enabled=true) judges that. loss Δ is the difference from the "
+                "baseline's first-seed loss.")
+
+
+# torch.utils.benchmark warns when a measurement's IQR exceeds 10 % of its median.
+SPREAD_WARN = 0.1
+
+
+# A position effect is worth a warning when its CI excludes 1 and it exceeds this (2 %).
+POSITION_MATERIAL = 0.02
+
+
+def spread_warnings(summary: pd.DataFrame) -> list[str]:
+    """Warnings about trials too noisy to trust, or timed before a steady state was found."""
+    noisy, unsteady = [], []
+    for r in summary.itertuples():
+        s = float(getattr(r, "spread", math.nan))
+        if s > SPREAD_WARN:
+            noisy.append(f"{r.model}/{r.variant} {s:.0%}")
+        n = float(getattr(r, "unsteady", 0))
+        if n > 0:
+            unsteady.append(f"{r.model}/{r.variant} {int(n)} of {int(r.trials)}")
+    lines = _position_warnings(summary)
+    if noisy:
+        lines.append(f"WARNING: trial spread (IQR/median of samples/s) over {SPREAD_WARN:.0%}: "
+                     + ", ".join(noisy) + ". Something else may be using the machine, or the "
+                     "window is too short: add bench.repeats or bench.steps, or raise "
+                     "bench.time_budget_s so that more rounds fit.")
+    if unsteady:
+        lines.append("WARNING: trials timed before warm-up found a steady step time: "
+                     + ", ".join(unsteady)
+                     + " (bench.warmup_max or the trial's time cap came first).")
+    return lines
+
+
+def _position_warnings(summary: pd.DataFrame) -> list[str]:
+    """A warning for each model whose first-in-round trials ran materially faster or slower."""
+    if "position_effect" not in summary:
+        return []
+    hit = []
+    for (model,), r in summary.groupby(["model"], sort=False):
+        effect, lo, hi = (float(pd.to_numeric(r[c], errors="coerce").iloc[0])
+                          for c in ("position_effect", "position_lo", "position_hi"))
+        if (lo > 1 or hi < 1) and abs(math.log(effect)) > math.log1p(POSITION_MATERIAL):
+            hit.append(f"{model} {effect:.3f}x [{lo:.3f}, {hi:.3f}]")
+    if not hit:
+        return []
+    return ["WARNING: the first trial of a round ran at a different speed from the later ones "
+            "(first vs later, 95 % CI): " + ", ".join(hit) + ". The balanced orders keep the "
+            "speed-ups unbiased, but the machine is warming up, cooling down or carrying state "
+            "from one trial to the next: a longer bench.warmup may help."]
+
+
+# A stalled window: its stall (trials.csv's stall_ms, measure/timing.stall_ms: one step far
+# outside the window's own distribution) cost over this share of the window's time.
+STALL_SHARE = 0.10
+STALLS_NAMED = 3  # the note names this many stalled windows, the largest first
+
+
+def stalled_windows(trials: pd.DataFrame) -> pd.DataFrame:
+    """The trials whose window stalled (stall_ms over STALL_SHARE of elapsed_s), the largest
+    share first, with that share (`stall_share`); none in a run without stall_ms."""
+    if trials is None or "stall_ms" not in trials or "elapsed_s" not in trials:
+        return pd.DataFrame()
+    stall = pd.to_numeric(trials["stall_ms"], errors="coerce") / 1000
+    elapsed = pd.to_numeric(trials["elapsed_s"], errors="coerce")
+    share = stall / elapsed.where(elapsed > 0)
+    hit = trials.assign(stall_ms=1000 * stall, stall_share=share)[share > STALL_SHARE]
+    return hit.sort_values("stall_share", ascending=False, kind="stable")
+
+
+def stall_note(trials: pd.DataFrame) -> str | None:
+    """One line naming the stalled windows (model/variant, round, ms lost and share of the
+    window), with what to do; None when no window stalled."""
+    hit = stalled_windows(trials)
+    if hit.empty:
+        return None
+    named = [f"{r.model}/{r.variant} round {_round_of(r)} lost {r.stall_ms:.0f} ms in one "
+             f"step ({100 * r.stall_share:.0f} % of its window)"
+             for r in hit.head(STALLS_NAMED).itertuples()]
+    more = f", and {len(hit) - STALLS_NAMED} more" if len(hit) > STALLS_NAMED else ""
+    head, its = ("A window stalled", "its figures are") if len(hit) == 1 \
+        else (f"{len(hit)} windows stalled", "their figures are")
+    return (f"{head}: " + "; ".join(named) + f"{more}; {its} noisy (a pause of the process or "
+            "the machine, far outside the trial's own step times). Measure again, on a quiet "
+            "machine, for figures to rely on.")
+
+
+def _round_of(row) -> str:
+    value = getattr(row, "round", getattr(row, "trial", math.nan))
+    number = pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0]
+    return str(int(number)) if pd.notna(number) else "?"
