@@ -55,6 +55,7 @@ def setting(default: Any = None, doc: str = "", *, values: str = "", factory: An
 # [0, 2^32) everywhere; subprocess and datetime overflow on an infinite or astronomically long
 # timeout (11.6 days is far above any run).
 STEPS_LIMIT, SEED_LIMIT, SECONDS_LIMIT = 1_000_000, 2 ** 32, 1_000_000.0
+ORDER_SEED_LIMIT = 2 ** 63  # the rounds' orders: runs draw 63 bits (numpy takes any size)
 SECONDS = {"gt": 0, "high": SECONDS_LIMIT}  # a time limit: positive, finite, at most 11.6 days
 RUN_LEVEL = {"per_variant": False}
 
@@ -141,7 +142,7 @@ class BenchConfig:
     # The rounds' balanced order is drawn afresh per run; trials.csv's `order_seed` replays it.
     order_seed: Optional[int] = setting(None, "seed of the rounds' balanced random order; null: "
                                               "fresh entropy per run (recorded in trials.csv)",
-                                         low=0, lt=SEED_LIMIT, **RUN_LEVEL)
+                                         low=0, lt=ORDER_SEED_LIMIT, **RUN_LEVEL)
     find_largest_batch: bool = setting(False, "search the largest micro-batch that fits in "
                                               "device memory at the baseline's precision "
                                               "(CUDA; capacity.csv)", **RUN_LEVEL)
