@@ -27,7 +27,8 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import SMALL_MODELS, TINY, compose_cfg, default_sigint, run_cli, run_main
+from conftest import (SMALL_MODELS, TINY, compose_cfg, default_sigint, run_cli, run_main,
+                      usable_cores)
 from test_report import make_run
 
 from speedbench.report.__main__ import main as report_main
@@ -103,7 +104,7 @@ BAD_INPUTS = [
     ("dist_timeout", ["dist_timeout_s=-5"], "config", "dist_timeout_s"),
     ("target_ci", ["bench.target_ci=0"], "config", "bench.target_ci"),
     ("samples", ["data.samples=0"], "config", "data.samples"),
-    ("nproc", ["nproc=64", "parallel=ddp"], "config", "nproc"),
+    ("nproc", [f"nproc={usable_cores() + 1}", "parallel=ddp"], "config", "nproc"),
     ("no_model", ["model=[]"], "config", "model"),
     ("model_twice", ["model=[transformer,transformer]"], "config", "model"),
     ("model_unknown", ["model=nosuch"], "config", "model"),

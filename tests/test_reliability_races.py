@@ -190,20 +190,30 @@ def test_variant_names_that_look_like_paths_stay_inside_the_run_dir(tmp_path, pr
 DDP = ["+experiment=dp_vs_ddp", "bench.repeats=1"]
 
 
-def _in_startup(run: Path, tmp: Path) -> bool:
-    time.sleep(1)  # Python has started; it is still importing torch and composing the config
-    return True
+def _maps(pid: int, library: str) -> bool:
+    """Whether process `pid` has `library` mapped (/proc/PID/maps)."""
+    try:
+        return library in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
 
 
-def _in_trial(run: Path, tmp: Path) -> bool:
+def _in_startup(proc: subprocess.Popen, run: Path, tmp: Path) -> bool:
+    # torch's import has begun (its library is mapped): seconds before anything is written.
+    # speedbench takes the signals before it; a fixed sleep instead could land before the
+    # handlers on a loaded machine, or after the first write on a fast one.
+    return _maps(proc.pid, "libtorch") and not run.exists()
+
+
+def _in_trial(proc: subprocess.Popen, run: Path, tmp: Path) -> bool:
     return (run / "trials.csv").is_file()
 
 
-def _in_ddp_start(run: Path, tmp: Path) -> bool:
+def _in_ddp_start(proc: subprocess.Popen, run: Path, tmp: Path) -> bool:
     return any(p.name.startswith("speedbench-launch-") for p in tmp.iterdir())
 
 
-def _in_report(run: Path, tmp: Path) -> bool:
+def _in_report(proc: subprocess.Popen, run: Path, tmp: Path) -> bool:
     return (run / "summary.csv").is_file()
 
 
@@ -225,7 +235,8 @@ def _stopped_run(tmp_path: Path, phase: str, signals: list[int]) -> dict:
     proc = _start([*T, *extra, f"out_dir={out}"], tmp_path, tmp)
     own = lambda: next((p.parent for p in out.rglob("config.yaml")), None)  # noqa: E731
     try:
-        assert _wait_for(lambda: ready(own() or out / "none", tmp), proc), _finish(proc)[1]
+        assert _wait_for(lambda: ready(proc, own() or out / "none", tmp), proc), \
+            _finish(proc)[1]
         decoy = out / "default" / "9999-12-31_23-59-59"
         if phase != "startup":
             decoy.mkdir(parents=True)

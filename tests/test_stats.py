@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from speedbench.analysis import adaptive, intervals
 from speedbench.analysis.summary import summarise
@@ -114,15 +115,20 @@ def test_four_verdicts_and_detectable_effect():
 
 
 def test_summary_states_the_family_and_adjusted_level():
-    base = np.array([100, 101, 99, 100, 102.0])
-    t = _rounds(base, {f"v{i}": base for i in range(4)})
-    s = summarise(t)
+    rng = np.random.default_rng(4)
+    base = 100 * np.exp(rng.normal(0, 0.02, 5))
+    variants = {f"v{i}": base * np.exp(rng.normal(0, 0.02, 5)) for i in range(4)}  # noisy
+    s = summarise(_rounds(base, variants))
     assert (s["comparisons"] == 4).all() and (s["family_level"] == 0.05).all()
     assert np.allclose(s["ci_level"], 1 - 0.05 / 4)
-    one = summarise(_rounds(base, {"v0": base * 1.01}))
-    # More comparisons, wider intervals, for the same data.
+    one = summarise(_rounds(base, {"v0": variants["v0"]}))
+    assert (one["comparisons"] == 1).all() and np.allclose(one["ci_level"], 0.95)
+    # More comparisons, wider intervals, for the same data: v0's half-width on the log scale
+    # grows by the ratio of the t quantiles at the two levels (5 rounds: 4 degrees of freedom).
     w4 = s.set_index("variant").loc["v0", "ci_halfwidth"]
-    assert w4 == 0 or w4 >= one.set_index("variant").loc["v0", "ci_halfwidth"]
+    w1 = one.set_index("variant").loc["v0", "ci_halfwidth"]
+    widening = intervals.t_quantile(1 - 0.05 / 4, 4) / intervals.t_quantile(0.95, 4)  # about 1.6
+    assert w1 > 0 and math.log1p(w4) / math.log1p(w1) == pytest.approx(widening)
 
 
 def test_threshold_read_from_trials():

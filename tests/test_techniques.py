@@ -1,16 +1,24 @@
 """Every technique of the registry acts where its `acts_on` says it can: one trial of
-its example setting on that model and device runs, shows the setting in its record, and leaves
-the global state as it was. On a machine without that device it is skipped, and the technique
-must still say why it cannot act here."""
+its example setting on that model and device runs, shows the setting in its record, does what
+the technique is for (EFFECTS: something the trial observed, not the setting echoed back), and
+leaves the global state as it was. On a machine without that device it is skipped, and the
+technique must still say why it cannot act here."""
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+from unittest import mock
 
 import pytest
 import torch
 
 from conftest import compose_cfg
+from speedbench import techniques
 from speedbench.config import build_plan
+from speedbench.measure import launch, trial
 from speedbench.measure.data import build_dataset
-from speedbench.measure.train import build_model
+from speedbench.measure.profile import host_creations
+from speedbench.measure.train import Trainer, build_model
 from speedbench.measure.trial import dataset_length, measure_trial
 from speedbench.techniques import REGISTRY, Context, Technique
 from speedbench.techniques.base import ActsOn, global_snapshot
@@ -39,11 +47,126 @@ def plan_for(setting: ActsOn, example: dict, device: str | None = None):
                                   f"device={device or setting.device}", *overrides(example)), None)
 
 
-def one_trial(setting: ActsOn, example: dict) -> dict:
+@dataclass
+class Trial:
+    """One trial as the test saw it: its record and, for one run in this process, what its
+    warm-up and timed window saw."""
+    record: dict
+    before: dict = field(default_factory=dict)  # the global flags before the trial
+    flags: Optional[dict] = None  # ... and while its window ran
+    trainer: Optional[Trainer] = None  # the model, optimizer and loader it trained
+    counters: dict = field(default_factory=dict)  # the techniques' own (profile_counters)
+    batches: list = field(default_factory=list)  # (samples, in shared memory) per batch
+    optimizer_steps: int = 0
+
+    @property
+    def flags_set(self) -> set:
+        """The registered global flags the trial's window ran with that the process had not."""
+        return {k for k, v in (self.flags or {}).items() if v != self.before[k]}
+
+    @property
+    def batches_per_step(self) -> float:
+        return len(self.batches) / self.optimizer_steps
+
+    @property
+    def samples_per_batch(self) -> set:
+        return {n for n, _ in self.batches}
+
+    @property
+    def shared_batches(self) -> bool:
+        """Every batch reached the model in shared memory: a DataLoader worker made it."""
+        return all(shared for _, shared in self.batches)
+
+
+def _watched(seen: Trial) -> Callable:
+    """trial._timed_window (the warm-up and the timed steps), noting what it ran with."""
+    window = trial._timed_window
+
+    def watched(trainer, bench, ctx):
+        seen.flags, seen.trainer, steps = global_snapshot(), trainer, trainer.optimizer_steps
+        drawn, batches = [], trainer.batches
+
+        def counted():
+            try:
+                for batch in batches:
+                    drawn.append((len(batch[0]), batch[0].is_shared()))
+                    yield batch
+            finally:
+                batches.close()
+        trainer.batches = counted()
+        with techniques.profile_counters(trainer, ctx) as seen.counters:
+            got = window(trainer, bench, ctx)
+        seen.batches, seen.optimizer_steps = list(drawn), trainer.optimizer_steps - steps
+        return got
+    return watched
+
+
+def one_trial(setting: ActsOn, example: dict) -> Trial:
+    """The trial of the example's recipe, run the way the rounds run it: in this process, or
+    in a fresh one started with the variables a technique needs at start-up (LD_PRELOAD)."""
     plan = plan_for(setting, example)
-    spec = plan.models[0]
+    spec, recipe = plan.models[0], plan.variants[plan.baseline]
+    seen = Trial({}, before=global_snapshot())
+    env = techniques.environment(recipe, Context(torch.device(setting.device)))
+    if env:
+        seen.record = launch.launch_trial(plan, spec, plan.baseline, recipe, 0, None, env=env)
+        return seen
     dataset = build_dataset(spec.dataset, dataset_length(plan, spec), seed=0)
-    return measure_trial(plan, spec, plan.baseline, plan.variants[plan.baseline], 0, dataset)
+    with mock.patch.object(trial, "_timed_window", _watched(seen)):
+        seen.record = measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
+    return seen
+
+
+def channels_last(model) -> bool:
+    weights = [p for p in model.parameters() if p.dim() == 4]
+    return bool(weights) and all(w.is_contiguous(memory_format=torch.channels_last)
+                                 for w in weights)
+
+
+# What each technique's example does in its trial that the test can see besides the setting
+# its own columns echo: a figure the trial observed, a flag set while its window ran, the
+# batches the model was fed, the model or optimizer it trained. `ex` is the example's trial,
+# `de` the default recipe's on the same model and device.
+EFFECTS: dict[str, Callable[[Trial, Trial], bool]] = {
+    # bf16 autocast: the activations kept for backward take half the bytes
+    "precision": lambda ex, de: ex.record["activation_mem_mb"] < de.record["activation_mem_mb"],
+    "accumulation": lambda ex, de: ex.batches_per_step == 2 * de.batches_per_step == 2,
+    "batch_scale": lambda ex, de: ex.samples_per_batch == {2 * n for n in de.samples_per_batch},
+    "loader": lambda ex, de: ex.shared_batches and not de.shared_batches,
+    "sync": lambda ex, de: ex.record["host_reads"] > de.record["host_reads"],
+    "conv_bias": lambda ex, de: ex.record["conv_bias_convs"] > de.record["conv_bias_convs"] == 0,
+    "memory_format": lambda ex, de: channels_last(ex.trainer.model)
+    and not channels_last(de.trainer.model),
+    # the blocks' activations are recomputed in backward, not kept
+    "checkpointing": lambda ex, de: ex.record["activation_mem_mb"]
+    < de.record["activation_mem_mb"],
+    "attention": lambda ex, de: "sdp.flash" in ex.flags_set,
+    "matmul_precision": lambda ex, de: "float32_matmul_precision" in ex.flags_set,
+    "optimizer": lambda ex, de: ex.trainer.optimizer.defaults.get("fused") is True
+    and not de.trainer.optimizer.defaults.get("fused"),
+    # the test starts it with AMBIENT_THREADS: the window ran with the example's one thread
+    "threads": lambda ex, de: ex.flags["torch_threads"] == 1 < ex.before["torch_threads"],
+    # fresh processes: what the trial's own process mapped. The malloc differs from this
+    # process's only where this one preloads another (jemalloc, tcmalloc); the GNU runtime's
+    # binding (OMP_PROC_BIND) shows in no column.
+    "allocator": lambda ex, de: ex.record["allocator_loaded"] == "system",
+    "openmp": lambda ex, de: ex.record["openmp_loaded"].startswith("libgomp"),
+    "zero_grad": lambda ex, de: ex.record["held_grad_mb"] > de.record["held_grad_mb"] == 0,
+    # an evaluation pass: the optimizer never stepped, so it holds no state
+    "eval_mode": lambda ex, de: not ex.trainer.optimizer.state and bool(de.trainer.optimizer.state),
+    "debug_apis": lambda ex, de: "autograd.detect_anomaly" in ex.flags_set,
+    "onednn_precision": lambda ex, de: "mkldnn.fp32_precision" in ex.flags_set,
+    "compile": lambda ex, de: ex.record["compile_s"] > 0,  # NaN when nothing was compiled
+    # CUDA only (not run on a machine without CUDA devices)
+    "tensor_creation": lambda ex, de: host_creations(ex.trainer.model) > 0,
+    "empty_cache": lambda ex, de: ex.counters.get("empty_cache_calls", 0) > 0,
+    "cudnn_benchmark": lambda ex, de: "cudnn.benchmark" in ex.flags_set,
+    "ddp_tuning": lambda ex, de: getattr(ex.trainer.model, "static_graph", False),
+    "parallel": lambda ex, de: bool(ex.counters.get("data_parallel")),
+}
+# The threads a test process has when an example's trial starts (else one): the example must
+# ask for something other than what the process already has.
+AMBIENT_THREADS = {"threads": 2}
 
 
 def skip_without_its_device(setting: ActsOn) -> None:
@@ -59,15 +182,15 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def default_records() -> dict:
+def default_trials() -> Callable[[ActsOn], Trial]:
     """The default recipe's trial per (model, device), measured once for the whole module."""
-    records = {}
+    trials = {}
 
-    def get(setting: ActsOn) -> dict:
+    def get(setting: ActsOn) -> Trial:
         key = (setting.model, setting.device)
-        if key not in records:
-            records[key] = one_trial(setting, {})
-        return records[key]
+        if key not in trials:
+            trials[key] = one_trial(setting, {})
+        return trials[key]
     return get
 
 
@@ -76,13 +199,21 @@ def test_every_technique_says_where_it_acts():
     assert not missing, f"set `acts_on = ActsOn(...)` in these techniques: {missing}"
 
 
+def test_every_technique_says_what_its_example_does():
+    assert not {t.name for t in REGISTRY} ^ set(EFFECTS), \
+        "EFFECTS names each technique once: what its example does that a trial shows"
+
+
 @pytest.mark.parametrize("tech", REGISTRY, ids=IDS)
 def test_acts_where_its_settings_say_and_leaves_global_state_as_it_was(tech: Technique,
-                                                                        default_records):
+                                                                        default_trials):
     setting = tech.acts_on
     skip_without_its_device(setting)
+    default = default_trials(setting)
+    torch.set_num_threads(AMBIENT_THREADS.get(tech.name, 1))
     before = global_snapshot()
-    record = one_trial(setting, tech.example)
+    got = one_trial(setting, tech.example)
+    record = got.record
     assert global_snapshot() == before
     assert record["status"] == "ok", record["status"]
     assert record["steps"] == 2 and record["samples_per_s"] > 0
@@ -92,9 +223,8 @@ def test_acts_where_its_settings_say_and_leaves_global_state_as_it_was(tech: Tec
     for col, value in mine.items():
         if value == value:  # NaN before a trial: a figure the technique observes during it
             assert record[col] == value, col
-    default = default_records(setting)
-    assert any(record[c] != default[c] for c in tech.column_names), \
-        f"{tech.name}: the example leaves every column of the record at its default"
+    assert EFFECTS[tech.name](got, default), \
+        f"{tech.name}: its example did not do what EFFECTS says it does"
 
 
 @pytest.mark.parametrize("tech", [t for t in REGISTRY if t.acts_on and
