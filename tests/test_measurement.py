@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -607,3 +608,19 @@ def test_a_baseline_alone_runs_every_round_and_stops_once_nothing_is_left_to_com
     (tmp_path / "b").mkdir()
     writer = rounds.measure_plan(build_plan(stopped, None), tmp_path / "b", progress=False)
     assert sorted((r["variant"], r["round"]) for r in writer.rows) == [("a", 0), ("b", 0)]
+
+
+def test_steps_after_the_window_leave_its_phase_totals_as_they_were():
+    """The memory step and the profile windows run after the timed window: the phase totals
+    (data_wait_frac, optimizer_ms) stay the window's (CI once saw a window's optimizer phase
+    outlast its step when the slow memory step was counted in)."""
+    clock = timing.PhaseClock(torch.device("cpu"))
+    with clock("optimizer"):
+        pass
+    window = dict(clock.totals), dict(clock.counts)
+    with clock.paused():
+        with clock("optimizer"):
+            time.sleep(0.01)
+        with clock("data"):
+            pass
+    assert (dict(clock.totals), dict(clock.counts)) == window

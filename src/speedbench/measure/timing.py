@@ -52,6 +52,19 @@ class PhaseClock:
         self.totals.clear()
         self.counts.clear()
 
+    @contextmanager
+    def paused(self):
+        """Steps run inside leave the totals as they were (the untimed steps after a window:
+        the memory step, the profile windows), so that the totals stay the window's."""
+        totals, counts = dict(self.totals), dict(self.counts)
+        try:
+            yield
+        finally:
+            self.totals.clear()
+            self.totals.update(totals)
+            self.counts.clear()
+            self.counts.update(counts)
+
 
 class NullClock:
     """Stand-in when no phase timing is wanted (a bare loop, a benchmark)."""

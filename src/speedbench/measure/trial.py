@@ -196,12 +196,14 @@ def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profil
             session.callback(vars(trainer).pop, "step", None)  # and no cycle left behind
             got = _timed_window(trainer, recipe.bench, ctx)
             # One more step, untimed, for the tensor memory split (not under torchrun: the
-            # ranks would all have to take it).
-            memory = step_memory(trainer, device) \
-                if ctx.dist_env is None else {}
+            # ranks would all have to take it); the phase totals stay the window's.
+            with clock.paused():
+                memory = step_memory(trainer, device) if ctx.dist_env is None else {}
         dev_peak = device_peak_mb(device)
         if recipe.profile != "off":
-            got.update(profile.profile_trial(trainer, recipe, device, got["steps"], profile_out))
+            with clock.paused():
+                got.update(profile.profile_trial(trainer, recipe, device, got["steps"],
+                                                 profile_out))
         got.update(techniques.columns(recipe, ctx))  # with what they observed of the trainer
         got["torch_threads"] = torch.get_num_threads()  # the count the trial ran with
         guard.step_done()  # the FLOP count: a step's work of its own
