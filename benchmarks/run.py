@@ -68,8 +68,9 @@ def plan_for(model: str, overrides: list[str]):
 
 
 # --- the bare loop: what a user would write by hand, nothing of speedbench in it -----------------
-def bare_trial(spec, recipe, device: torch.device, dataset, warmup: int, steps: int) -> float:
-    """Samples/s of a plain PyTorch loop over the same model, data, batch and precision."""
+def bare_step(spec, recipe, device: torch.device, dataset):
+    """One optimizer step of a plain PyTorch loop over the same model, data, batch and
+    precision, as a function (each call a step)."""
     batch, seed = recipe.batch_size or spec.batch_size, recipe.bench.seed
     torch.manual_seed(seed)
     model = instantiate(spec.target).to(device)
@@ -98,7 +99,12 @@ def bare_trial(spec, recipe, device: torch.device, dataset, warmup: int, steps: 
             loss.backward()
             opt.step()
         opt.zero_grad(set_to_none=True)
+    return step
 
+
+def bare_trial(spec, recipe, device: torch.device, dataset, warmup: int, steps: int) -> float:
+    """Samples/s of a plain PyTorch loop over the same model, data, batch and precision."""
+    step = bare_step(spec, recipe, device, dataset)
     for _ in range(warmup):
         step()
     synchronize(device)
@@ -106,7 +112,7 @@ def bare_trial(spec, recipe, device: torch.device, dataset, warmup: int, steps: 
     for _ in range(steps):
         step()
     synchronize(device)
-    return steps * batch / (time.perf_counter() - t0)
+    return steps * (recipe.batch_size or spec.batch_size) / (time.perf_counter() - t0)
 
 
 def overhead(model: str, overrides: list[str], rounds: int) -> dict:

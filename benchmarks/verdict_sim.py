@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 from speedbench.analysis import intervals  # noqa: E402
 from speedbench.analysis.summary import summarise  # noqa: E402
+from speedbench.measure.budget import Budget  # noqa: E402
 from speedbench.measure.rounds import ModelRounds  # noqa: E402
 
 # The default `+experiment=amp` on a 2-core CPU: bench.repeats 5, target_ci 0.03,
@@ -99,8 +100,9 @@ class SimRounds(ModelRounds):
         self.effects, self.noise, self.rng = effects, noise, rng
         self.position_effect, self.trial_s, self.now, self.round_effect = \
             position_effect, trial_s, 0.0, {}
-        self.clock = lambda: self.now
-        self.started = None  # no data or probes simulated: the budget is the rounds'
+        self.stops, self.probe_steps = {}, {}
+        # no data or probes simulated: the budget is the rounds'
+        self.budget = Budget(bench.time_budget_s, clock=lambda: self.now)
 
     def measure(self, name: str, round_: int, position: int) -> dict:
         noise = self.noise

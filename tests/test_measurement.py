@@ -16,6 +16,7 @@ from conftest import TINY, compose_cfg, only_run_dir, run_cli
 from omegaconf import OmegaConf
 
 from speedbench.measure import env, flops, rounds, timing
+from speedbench.measure.budget import Budget
 from speedbench.analysis import adaptive
 from speedbench.analysis.summary import spread, summarise
 from speedbench.report import method
@@ -137,7 +138,7 @@ def test_rounds_are_added_only_while_the_ci_is_wide(noisy, tmp_path, monkeypatch
     def rounds_only(self):  # no probes, and the whole budget left to the rounds
         monkeypatch.setattr(self, "_probe_all", lambda: None)
         prepare(self)
-        self.started = self.clock()
+        self.budget.start = self.budget.clock()
     monkeypatch.setattr(rounds.ModelRounds, "prepare", rounds_only)
     steady = [100.0]
     monkeypatch.setattr(rounds.ModelRounds, "measure", fake_trials(
@@ -151,8 +152,9 @@ def test_rounds_are_added_only_while_the_ci_is_wide(noisy, tmp_path, monkeypatch
 
 
 def test_the_time_budget_counts_the_probes_and_cuts_the_floor_of_rounds(tmp_path, monkeypatch):
-    """bench.time_budget_s bounds the model's whole time: 4 s of probes, then 1 s per trial on
-    a fake clock, 3 variants: rounds 1-3 take 9 s, and a fourth would end past 4 + 12 > 15."""
+    """bench.time_budget_s bounds the run's whole time (one model here): 4 s of probes, then
+    1 s per trial on a fake clock, 3 variants: rounds 1-3 take 9 s, and a fourth would end past
+    4 + 12 > 15."""
     cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=5", "bench.target_ci=null",
                       "bench.time_budget_s=15", experiment="amp")
     plan = build_plan(cfg, "amp")
@@ -166,8 +168,8 @@ def test_the_time_budget_counts_the_probes_and_cuts_the_floor_of_rounds(tmp_path
         now[0] += 1.0
         return fake(self, *args)
     monkeypatch.setattr(rounds.ModelRounds, "measure", measure)
-    monkeypatch.setattr(rounds.time, "perf_counter", lambda: now[0])
-    writer = rounds.measure_plan(plan, tmp_path, progress=False)
+    writer = rounds.measure_plan(plan, tmp_path, progress=False,
+                                 budget=Budget(15, clock=lambda: now[0]))
     assert 1 + max(r["round"] for r in writer.rows) == 3
     assert now[0] <= 15
 

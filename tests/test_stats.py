@@ -120,14 +120,15 @@ def test_summary_states_the_family_and_adjusted_level():
     variants = {f"v{i}": base * np.exp(rng.normal(0, 0.02, 5)) for i in range(4)}  # noisy
     s = summarise(_rounds(base, variants))
     assert (s["comparisons"] == 4).all() and (s["family_level"] == 0.05).all()
-    assert np.allclose(s["ci_level"], 1 - 0.05 / 4)
+    rounds = 0.05 * (1 - intervals.STOP_SHARE)  # the probes' early stops spend the rest
+    assert np.allclose(s["ci_level"], 1 - rounds / 4)
     one = summarise(_rounds(base, {"v0": variants["v0"]}))
-    assert (one["comparisons"] == 1).all() and np.allclose(one["ci_level"], 0.95)
+    assert (one["comparisons"] == 1).all() and np.allclose(one["ci_level"], 1 - rounds)
     # More comparisons, wider intervals, for the same data: v0's half-width on the log scale
     # grows by the ratio of the t quantiles at the two levels (5 rounds: 4 degrees of freedom).
     w4 = s.set_index("variant").loc["v0", "ci_halfwidth"]
     w1 = one.set_index("variant").loc["v0", "ci_halfwidth"]
-    widening = intervals.t_quantile(1 - 0.05 / 4, 4) / intervals.t_quantile(0.95, 4)  # about 1.6
+    widening = intervals.t_quantile(1 - rounds / 4, 4) / intervals.t_quantile(1 - rounds, 4)
     assert w1 > 0 and math.log1p(w4) / math.log1p(w1) == pytest.approx(widening)
 
 
@@ -160,8 +161,10 @@ def test_looks_spend_the_family_error_once():
     for looks in (1, 2, 3, 5):
         shares = [intervals.spending_share(k, looks) for k in range(1, looks + 1)]
         assert math.isclose(sum(shares), 1) and all(x > 0 for x in shares)
-    assert intervals.sequential_level(4) == intervals.comparison_level(4)  # one look: Bonferroni
-    assert intervals.sequential_level(4, 1, 3) > 1 - 0.05 / 4
+    # one look: Bonferroni over the rounds' share of the family (the early stops spend the rest)
+    rounds = 0.05 * (1 - intervals.STOP_SHARE)
+    assert intervals.sequential_level(4) == intervals.comparison_level(4, rounds)
+    assert intervals.sequential_level(4, 1, 3) > 1 - rounds / 4
     assert [intervals.look_of(n, 5, 3) for n in (3, 5, 9, 10, 15, 20)] == [1, 1, 1, 2, 3, 3]
 
 
@@ -172,18 +175,26 @@ def test_summary_reports_the_level_of_the_look_it_stopped_at():
     t["min_rounds"], t["looks"] = 5, 3
     row = summarise(t).set_index("variant").loc["v"]
     assert row["rounds"] == 10
-    assert math.isclose(row["ci_level"], 1 - 0.05 * intervals.spending_share(2, 3) / 2)
+    rounds = 0.05 * (1 - intervals.STOP_SHARE)
+    assert math.isclose(row["ci_level"], 1 - rounds * intervals.spending_share(2, 3) / 2)
     one_look = summarise(t.assign(looks=1)).set_index("variant").loc["v"]
     assert one_look["speedup_hi"] - one_look["speedup_lo"] < row["speedup_hi"] - row["speedup_lo"]
 
 
-def test_fewer_rounds_than_the_runs_floor_is_a_screen_not_a_verdict():
+def test_a_recipe_screen_is_a_screen_a_budget_cut_is_judged_and_one_round_has_no_ci():
+    """A recipe search's screen (its level allotted, fewer rounds than the run's floor) ranks
+    options and decides nothing; an experiment's rounds the budget cut short are judged at
+    their look's level; one round has no interval."""
     base = np.array([100, 101, 99, 100, 102.0])
     screen = _rounds(base[:3], {"v": base[:3] * 1.5}).assign(experiment="screen", min_rounds=3)
+    cut = _rounds(base[:3], {"v": base[:3] * 1.5}).assign(experiment="cut", min_rounds=5)
+    one = _rounds(base[:1], {"v": base[:1] * 1.5}).assign(experiment="one", min_rounds=5)
     full = _rounds(base, {"v": base * 1.5}).assign(min_rounds=5)
-    s = summarise(pd.concat([screen, full]), per_experiment=True)
+    s = summarise(pd.concat([screen, cut, one, full]), per_experiment=True,
+                  levels={("screen", "m"): 0.99})
     verdicts = s[~s["is_baseline"]].set_index("experiment")["verdict"]
     assert verdicts["screen"] == intervals.SCREENING and verdicts["e"] == intervals.FASTER
+    assert verdicts["cut"] == intervals.FASTER and verdicts["one"] == intervals.NO_CI
 
 
 def test_report_lead_line_crowns_only_a_significant_result():
@@ -202,7 +213,7 @@ def test_report_lead_line_crowns_only_a_significant_result():
 def test_family_text_states_comparisons_level_and_loss_meaning():
     base = np.array([100, 101, 99, 100, 102.0])
     text = method.family_text(summarise(_rounds(base, {f"v{i}": base for i in range(6)})))
-    assert "6 comparisons" in text and "at most 5%" in text and "99.17%" in text
+    assert "6 comparisons" in text and "at most 5%" in text and "99.25%" in text
     assert "paired seeds" in text and "non-inferior" in text and "time to target" in text
 
 

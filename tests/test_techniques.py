@@ -82,7 +82,7 @@ def _watched(seen: Trial) -> Callable:
     """trial._timed_window (the warm-up and the timed steps), noting what it ran with."""
     window = trial._timed_window
 
-    def watched(trainer, bench, ctx):
+    def watched(trainer, bench, ctx, run):
         seen.flags, seen.trainer, steps = global_snapshot(), trainer, trainer.optimizer_steps
         drawn, batches = [], trainer.batches
 
@@ -95,7 +95,7 @@ def _watched(seen: Trial) -> Callable:
                 batches.close()
         trainer.batches = counted()
         with techniques.profile_counters(trainer, ctx) as seen.counters:
-            got = window(trainer, bench, ctx)
+            got = window(trainer, bench, ctx, run)
         seen.batches, seen.optimizer_steps = list(drawn), trainer.optimizer_steps - steps
         return got
     return watched

@@ -233,7 +233,16 @@ def combine(records: list[dict]) -> dict:
         "samples": sum(r["samples"] for r in records),
         "rank_step_ms": ";".join(f"{r['step_ms']:.2f}" for r in records),
         "stall_ms": max(r.get("stall_ms", 0.0) for r in records),  # one rank's stalls the job
+        "step_s": _slowest_steps([r.get("step_s") for r in records]),
     }
+
+
+def _slowest_steps(per_rank: list) -> Optional[list[float]]:
+    """The job's step times: each step the slowest rank's (the ranks meet at every step's
+    gradient all-reduce); None unless every rank timed the same steps."""
+    if not per_rank or any(not s for s in per_rank) or len({len(s) for s in per_rank}) != 1:
+        return None
+    return [max(step) for step in zip(*per_rank)]
 
 
 # How the CPU allocator (and Python) say they ran out of memory.

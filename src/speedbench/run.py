@@ -21,6 +21,7 @@ from speedbench.analysis import to_target as target_stats
 from speedbench.analysis.summary import summary_of
 from speedbench.config import Plan, build_plan, suite
 from speedbench.measure import diagnosis, env, to_target
+from speedbench.measure.budget import Budget
 from speedbench.measure.flops import FlopsBook
 from speedbench.measure.timing import settled_heap
 from speedbench.measure.rounds import (measure_plan, na_variants, plan_order_seed,
@@ -80,20 +81,25 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
 
     family = sum(planned_comparisons(p) for p in plans) if groups is None else None
 
-    def measure(*args):  # adaptive rounds judge CIs at the run's family (a suite's members)
-        return measure_plan(*args, book=book, comparisons=family)
+    def measure(*args, **kwargs):  # adaptive rounds judge CIs at the run's family (a suite's)
+        return measure_plan(*args, book=book, comparisons=family, **kwargs)
 
     levels = {}  # (experiment, model) -> the CI level a recipe search used there
     for plan in plans:
+        # one clock for the experiment: every phase draws on what is left of its budget
+        budget = Budget.of_run(plan.variants[plan.baseline].bench.time_budget_s)
+        # how soon each variant trains (a recipe search checks its final recipe itself)
+        target = plan.config.target.enabled and run_dir is not None and groups is None
         if groups is not None:  # +experiment=recipe: the search runs the plans
             levels.update(recipe.levels(recipe.execute(
                 cfg, plan, groups, run_dir, writer, progress, measure,
                 recipe.cannot_act_for(cfg, na_variants, dist_env))))
         else:
-            measure(plan, run_dir, progress, dist_env, writer)
-        if plan.config.target.enabled and run_dir is not None and groups is None:
-            # how soon each variant trains (a recipe search checks its final recipe itself)
-            to_target.measure(plan, run_dir, writer.rows, progress, plan_order_seed(plan))
+            measure(plan, run_dir, progress, dist_env, writer,
+                    budget=budget.part(1 - TARGET_SHARE) if target else budget)
+        if target:
+            to_target.measure(plan, run_dir, writer.rows, progress, plan_order_seed(plan),
+                              budget)
     if writer is None:
         return None
     summary, profiled, load = _analyse_and_write(cfg, plans, run_dir, writer, resolved,
@@ -102,6 +108,11 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
             time.perf_counter() - started, load, cfg.bench.noise_threshold,
             max(int(p.variants[p.baseline].bench.repeats) for p in plans))
     return run_dir
+
+
+# With time to target (target.enabled), the share of an experiment's budget that trains the
+# variants to the target; the speed rounds take the rest first.
+TARGET_SHARE = 0.6
 
 
 def _plans(cfg: DictConfig, experiment: str | None, overrides: list[str] | None) -> list[Plan]:

@@ -18,9 +18,10 @@ Design (benchmarks/README.md shows the simulation behind each choice):
   inconclusive: anything else; `min_detectable` says the smallest effect this run could have
   called (the CI's relative half-width, at least the threshold).
 - A fifth, `slower (stopped early)` (STOPPED_SLOWER): a variant the quality probe stopped as
-  far slower (quality.py), or whose trial's step ran past bench.max_trial_s's hard cap
-  (trial.py), with the ratio of the probes' steady throughputs (where they have one) and no
-  CI. It is a slower call of the run, so it counts in the family.
+  far slower (measure/stopping.py), with the interval of that test; a slower call of the run,
+  it counts in the family, whose error the test and the rounds share (STOP_SHARE).
+- No call, `not measured` (NOT_MEASURED): a variant a limit stopped rather than evidence (a step
+  past bench.max_trial_s, the run's budget), with what it had measured and no interval.
 """
 from __future__ import annotations
 
@@ -37,12 +38,18 @@ SAME = "no significant difference"
 # A measurement with fewer rounds than the run's floor (bench.repeats; a recipe search's screen)
 # decides nothing in summary.csv: its verdict says so.
 SCREENING = "screening"
+# One paired round (bench.mode=quick, or a budget that fitted one): a speed-up, no interval.
+NO_CI = "no CI"
 TOO_FEW = "too few trials"
 BASELINE = "baseline"
 FAMILY_LEVEL = 0.05  # family-wise error rate of a run's faster/slower calls
 # Of FAMILY_LEVEL, the share set aside for the findings' checks (search/check_findings.py) when a
 # profiled run checks what it finds; the experiments (a recipe search's too) share the rest.
 CHECK_SHARE = 0.01
+# Of each comparison's share of the family, the part the probe's far-slower test may spend
+# (measure/stopping.py): a variant stopped early is a slower call of the family; its rounds'
+# interval gets the rest.
+STOP_SHARE = 0.1
 DEFAULT_THRESHOLD = 0.05  # bench.noise_threshold's default; keep in step with config.py
 
 
@@ -104,10 +111,12 @@ def spending_share(look: int, looks: int) -> float:
 
 def sequential_level(comparisons: int, look: int = 1, looks: int = 1,
                      family: float = FAMILY_LEVEL) -> float:
-    """Level of each of `comparisons` intervals at look `look` of `looks`: Bonferroni over the
-    comparisons and over the looks (each look its spending share). The union bound holds for
-    any stopping rule, so the interval reported at the look a run stops at keeps its level."""
-    return 1 - family * spending_share(look, looks) / max(1, comparisons)
+    """Level of each of `comparisons` intervals of the rounds at look `look` of `looks`:
+    Bonferroni over the comparisons and over the looks (each look its spending share), of the
+    family's error less STOP_SHARE (the probes' far-slower test spends that). The union bound
+    holds for any stopping rule, so the interval reported at the look a run stops at keeps its
+    level."""
+    return 1 - family * (1 - STOP_SHARE) * spending_share(look, looks) / max(1, comparisons)
 
 
 def planned_looks(time_budget_s: float, min_rounds: int, round_s: float) -> int:

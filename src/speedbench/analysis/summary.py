@@ -19,10 +19,10 @@ import pandas as pd
 
 from speedbench.analysis import quality
 from speedbench.analysis.intervals import (
-    BASELINE, FAMILY_LEVEL, INCONCLUSIVE, SCREENING, Looks, classify, count_comparisons,
+    BASELINE, FAMILY_LEVEL, INCONCLUSIVE, NO_CI, SCREENING, Looks, classify, count_comparisons,
     min_detectable, pair_key, paired, paired_log_ratios, paired_ratio_ci, relative_halfwidth,
     stopped_early, t_quantile, threshold_of)
-from speedbench.results.schema import OK, STOPPED_SLOWER
+from speedbench.results.schema import NOT_MEASURED, OK, STOPPED_SLOWER, parse_status
 
 
 def _short(status: str) -> str:
@@ -42,7 +42,8 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
               levels: dict[tuple[str, str], float] | None = None) -> pd.DataFrame:
     """One row per (model, variant): medians over ok trials, the paired speed-up over the
     baseline with its family-wise adjusted CI at the level of the look its rounds stopped at,
-    the verdict (`screening` below the run's floor of rounds), and the rounds behind it.
+    the verdict (a recipe search's screen, fewer rounds than the run's floor: `screening`),
+    and the rounds behind it.
 
     The family is the whole run (a suite's members together), or with `per_experiment` each
     experiment alone (runs written before the run-wide allotment). `levels` gives the CI level
@@ -76,7 +77,8 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
             level = fixed if fixed is not None else plan.level(_rounds_paired(ok, base_rows, key))
             row.update(_mem_ratio(ok, base_rows, key, level))
             row["loss_delta"] = row["final_loss"] - base_loss
-            row.update(_speedup(row, ok, base_rows, key, level, threshold_of(g), floor))
+            row.update(_speedup(row, ok, base_rows, key, level, threshold_of(g),
+                                floor if fixed is not None else None))
             row["comparisons"], row["family_level"], row["ci_level"] = comparisons, family, level
             row["family_scope"] = "allotted" if (experiment, model) in levels else \
                 "experiment" if per_experiment else "run"
@@ -192,7 +194,7 @@ def _medians(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
 
 
 def _speedup(row: dict, ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, level: float,
-             threshold: float, floor: int = 0) -> dict:
+             threshold: float, floor: int | None = None) -> dict:
     """The paired speed-up over the baseline, its CI and verdict, and the rounds behind it."""
     speed, rounds = (math.nan,) * 3, 0
     if row["is_baseline"]:
@@ -203,9 +205,15 @@ def _speedup(row: dict, ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, lev
         a, b = paired(ok, base_rows, "samples_per_s", key)
         rounds = len(paired_log_ratios(a, b))
         speed = paired_ratio_ci(a, b, level)
-        verdict = classify(*speed, threshold=threshold) if rounds >= floor else SCREENING
+        # a recipe search's screen (its level allotted, fewer rounds than the run's floor)
+        # ranks options; it decides nothing
+        screen = floor is not None and rounds < floor
+        verdict = SCREENING if screen else NO_CI if rounds < 2 else \
+            classify(*speed, threshold=threshold)
     elif stopped_early(pd.Series([row["status"]])).iloc[0] and len(base_rows):
-        verdict, speed = STOPPED_SLOWER, (_probe_ratio(row, base_rows), math.nan, math.nan)
+        verdict, speed = STOPPED_SLOWER, _probe_ratio(row, base_rows)
+    elif parse_status(row["status"]).kind == NOT_MEASURED:
+        verdict, speed = NOT_MEASURED, (_probe_ratio(row, base_rows)[0], math.nan, math.nan)
     else:
         verdict = _short(row["status"]) if not len(ok) else "no baseline"
     return {"rounds": rounds, "verdict": verdict, "speedup": speed[0], "speedup_lo": speed[1],
@@ -215,13 +223,18 @@ def _speedup(row: dict, ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, lev
             "noise_threshold": threshold}
 
 
-def _probe_ratio(row: dict, base_rows: pd.DataFrame) -> float:
-    """A stopped variant's measured speed-up: its probe's steady throughput over the
-    baseline's (NaN where the run did not record them)."""
+def _probe_ratio(row: dict, base_rows: pd.DataFrame) -> tuple[float, float, float]:
+    """A stopped variant's measured speed-up and interval: its probe test's (stopping.py),
+    else its probe's steady throughput over the baseline's, no interval (NaN where the run
+    recorded neither)."""
+    test = tuple(row.get(f"probe_speedup{end}", math.nan) for end in ("", "_lo", "_hi"))
+    if test[0] == test[0]:
+        return test
     if "probe_samples_per_s" not in base_rows:
-        return math.nan
+        return math.nan, math.nan, math.nan
     base = pd.to_numeric(base_rows["probe_samples_per_s"], errors="coerce").median()
-    return row.get("probe_samples_per_s", math.nan) / base if base > 0 else math.nan
+    point = row.get("probe_samples_per_s", math.nan) / base if base > 0 else math.nan
+    return point, math.nan, math.nan
 
 
 def _mem_ratio(ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, level: float) -> dict:

@@ -58,6 +58,9 @@ STEPS_LIMIT, SEED_LIMIT, SECONDS_LIMIT = 1_000_000, 2 ** 32, 1_000_000.0
 ORDER_SEED_LIMIT = 2 ** 63  # the rounds' orders: runs draw 63 bits (numpy takes any size)
 SECONDS = {"gt": 0, "high": SECONDS_LIMIT}  # a time limit: positive, finite, at most 11.6 days
 RUN_LEVEL = {"per_variant": False}
+# bench.mode=quick: one round of fixed windows, no quality probe (so no early stop), no interval
+QUICK = {"repeats": 1, "target_ci": None, "steady_tol": None, "quality_steps": 0,
+         "quality_seeds": 1, "too_slow_factor": None}
 
 
 @dataclass
@@ -71,6 +74,9 @@ class DataConfig:
 
 @dataclass
 class BenchConfig:
+    mode: str = setting("full", "full: probes, rounds and intervals; quick: a first look, one "
+                                "round of fixed windows, no probes, no interval (verdict `no CI`)",
+                        choices=("full", "quick"), per_variant=False)
     warmup: int = setting(3, "optimizer steps run before the timed window, at least "
                              "(0: no warm-up)", low=0, high=100_000)
     # Warm-up continues past `warmup` until the step time is steady: the last 3 step times lie
@@ -111,21 +117,21 @@ class BenchConfig:
                                              "its CI is at most 1 + this, worse when the lower "
                                              "end is above it", gt=0, lt=1, **RUN_LEVEL,
                                         note="0.05 = a loss 5 % above the baseline's")
-    # quality.py: stopped when the probe's last 3 steady steps (after its first) each ran this
-    # many times slower per sample than the baseline's steady probe steps, and took >= 0.5 s;
-    # or when every steady step so far ran 3 x this many times slower and took >= 2 s.
+    # measure/stopping.py: a one-sided test at the probe's 3rd and 6th steady steps, spending a
+    # share of the family's error; a probe too slow for two rounds to fit is not measured.
     too_slow_factor: Optional[float] = setting(4.0, "stop a variant early, verdict \"slower "
-                                                    "(stopped early)\", when each of its last 3 "
-                                                    "steady probe steps (of at least 0.5 s) is "
-                                                    "this many times slower per sample than the "
-                                                    "baseline's median steady probe step, or "
-                                                    "each so far (of at least 1 s) 3 x this; "
-                                                    "null: never", gt=1,
+                                                    "(stopped early)\", once its steady probe "
+                                                    "steps against the baseline's put the upper "
+                                                    "confidence bound of its speed-up below "
+                                                    "1/this (a test of the run's family); "
+                                                    "null: never", gt=1, **RUN_LEVEL,
                                                note="4 = four times slower",
                                                null="never to stop a variant early")
-    time_budget_s: float = setting(600.0, "wall time per model that every phase keeps to: "
-                                          "data, quality probes, rounds (the first round "
-                                          "always runs; later ones only if they fit)",
+    time_budget_s: float = setting(600.0, "wall time of the whole experiment, which every "
+                                          "phase draws on: the matmul peaks, each model's data, "
+                                          "quality probes (40 % of its share at most) and "
+                                          "rounds, time to target, the report; steps stop at "
+                                          "the deadline (a suite: each experiment its own)",
                                      **SECONDS, **RUN_LEVEL)
     # A very slow variant (fp16 on a CPU) then times fewer steps; trials.csv's `steps` says so.
     # measure/watchdog.py makes it a hard cap (trial.trial_limit_s).
@@ -632,6 +638,8 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
         recipe = merge_variant(base, name, raw_variants[name])
         check_recipe(recipe, where=f"variants.{name}." if name != "default" else "")
         techniques.normalise(recipe)
+        if cfg.bench.mode == "quick":
+            recipe.bench.update(QUICK)
         variants[name] = recipe
     for spec in models:
         if cfg.data.path is not None:

@@ -11,17 +11,15 @@ Identical recipes give identical losses on the CPU. analysis/quality.py turns th
 per-seed losses into a ratio with a CI and a non-inferiority verdict. The probe runs once per
 (model, variant), before the first round, untimed, and writes quality.csv.
 
-"Too slow" (`bench.too_slow_factor`, F): every step of the probe is timed. The first is
-warm-up (one-time costs: allocation, kernel choice, compilation); the steps after it are its
-steady steps, and the probe runs at least 1 + STEADY_STEPS steps. The baseline's steady
-throughput is its samples per step over the median of its steady steps. (rounds.py probes the
-baseline for it alone first, `steps` 0, and takes its loss after the others only where one is
-left to compare.) A variant is stopped
-as soon as its last STEADY_STEPS steady steps each took at least MIN_STOP_S and each ran at
-under 1/F of the baseline's steady throughput (samples per second), or at once when every
-steady step so far took at least GROSS_MIN_S and ran at under 1/(GROSS x F) of it. It is
-recorded as `too slow: ...` with its measured ratio, not measured again, and its verdict is
-`slower (stopped early)` (analysis/intervals.py). F null: no variant is stopped.
+Every step of the probe's first seed is timed. The steps after the first (and after a
+technique's declared one-time steps, such as compilation) are its steady steps: they give its
+steady throughput, and stopping.py's rules stop a variant far slower than the baseline (a call
+of the family, with an interval) or too slow for its rounds to fit the budget (not measured).
+
+Time to target (to_target.py) keeps the older rule here (`far_slower`): a training run is
+stopped, a miss, once its last STEADY_STEPS steady steps each ran F times slower than the
+baseline's speed-round throughput, or every steady step so far (of GROSS_MIN_S or more) GROSS x F
+times slower.
 """
 from __future__ import annotations
 
@@ -31,7 +29,8 @@ import time
 
 import torch
 
-from speedbench.measure import held_out, watchdog
+from speedbench import techniques
+from speedbench.measure import held_out, stopping, watchdog
 from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.techniques import Context
 from speedbench.measure.timing import synchronize
@@ -118,25 +117,27 @@ def overrun_status(recipe, elapsed_s: float) -> str:
 
 
 def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
-                  baseline_rate: float | None = None, seeds: int = 1, what: str = "",
-                  left_s: float | None = None) -> dict:
+                  ref: stopping.Reference | None = None, seeds: int = 1, what: str = "",
+                  left_s: float | None = None, rounds_ref: bool = False) -> dict:
     """{final_loss, seed_losses, quality_steps, quality_samples, first_step_ms, second_step_ms,
-    probe_samples_per_s}: `steps` optimizer steps from each of `seeds` seeds (bench.seed,
-    bench.seed + 1, ...), each then evaluated on held-out data (held_out.py); final_loss is
-    the first seed's. The first seed's steps are timed: it runs at least 1 + STEADY_STEPS
-    steps (past `steps`, only timed) where bench.too_slow_factor is set, else at least one.
-    The probe stops at probe_limit_s (`left_s`: what the model's time budget leaves it),
-    checked between steps; the limit of bench.max_trial_s is also enforced within a step by a
-    hard cap (watchdog.deadline): no loss then, and `quality_status` says why.
-    Given the baseline's steady throughput (`baseline_rate`), a variant far slower
-    (far_slower) is stopped: status 'too slow: ...', no loss. `n/a: ...` when a technique
-    cannot act on the model. `what` names the probe in the watchdog's message."""
+    probe_samples_per_s, probe_step_s}: `steps` optimizer steps from each of `seeds` seeds
+    (bench.seed, bench.seed + 1, ...), each then evaluated on held-out data (held_out.py);
+    final_loss is the first seed's. The first seed's steps are timed (probe_step_s: its steady
+    ones); where bench.too_slow_factor is set it runs at least the steps the far-slower test
+    needs (past `steps`, only timed). The probe stops at probe_limit_s (`left_s`: what the
+    model's budget leaves it), checked between steps and within a step by a hard cap
+    (watchdog.deadline): no loss then, and `quality_status` says why.
+    Held to `ref` (the baseline's steady steps, stopping.Reference), a variant is stopped as
+    far slower by the test of stopping.far_slower (status 'too slow: ...', no loss), or as too
+    slow for the budget (stopping.over_budget: 'not measured: ...'); the baseline (`ref` None)
+    is held to neither. `n/a: ...` when a technique cannot act on the model. `what` names the
+    probe in the watchdog's message."""
     train, xy, _ = held_out.split(dataset, spec, recipe.bench.seed, EVAL_SAMPLES)
     started = time.perf_counter()
-    got = _first_seed(spec, recipe, ctx, train, xy, steps, baseline_rate,
+    got = _first_seed(spec, recipe, ctx, train, xy, steps, ref,
                       probe_limit_s(recipe, left_s), what or f"model {spec.name}")
     if "status" in got or not steps or "quality_status" in got:
-        return got  # n/a or too slow; no loss asked for; or none: the limit came first
+        return got  # n/a or stopped; no loss asked for; or none: the limit came first
     left_s = None if left_s is None else left_s - (time.perf_counter() - started)
     return {**got, "seed_losses": [got["final_loss"],
                                    *more_seeds(spec, recipe, ctx, dataset, steps, seeds, left_s)]}
@@ -164,22 +165,26 @@ def seeded(recipe, k: int):
     return r
 
 
-def _first_seed(spec, recipe, ctx, train, xy, steps, baseline_rate, limit, what) -> dict:
-    """The first seed: timed steps, the too-slow rule, the held-out loss after `steps`."""
-    per_step, factor = batching(spec, recipe, ctx).per_step, recipe.bench.too_slow_factor
-    total = max(steps, 1 + STEADY_STEPS if factor else 1)
-    # the limit never stops the probe before the too-slow rule has had its steps: a variant
-    # far slower would otherwise escape it into the rounds
-    floor = min(total, 1 + STEADY_STEPS) if factor else 1
+def _first_seed(spec, recipe, ctx, train, xy, steps, ref, limit, what) -> dict:
+    """The first seed: timed steps, the stopping rules (stopping.py), the held-out loss after
+    `steps`."""
+    per_step = batching(spec, recipe, ctx).per_step
+    steady_from = 1 + techniques.one_time_steps(recipe)  # the first steady step's index
+    # the steps the far-slower test needs: its first look (the baseline: the reference's)
+    need = steady_from + stopping.STOP_LOOKS[0] if recipe.bench.too_slow_factor else 1
+    total = max(steps, need)
+    # the limit never stops the probe before the test's first look: a variant far slower
+    # would otherwise escape it into the rounds
+    floor = min(total, need)
     times, loss, why = [], None, {}  # loss: None until evaluated
     try:
         with applied(spec, recipe, ctx, train) as trainer, _capped(probe_limit_s(recipe), what):
             torch.manual_seed(recipe.bench.seed)  # dropout, per-step noise: the same stream
             while len(times) < total:
                 times.append(_timed_step(trainer))
-                if far_slower(times, per_step, baseline_rate, factor):
-                    return {**_timings(times, per_step), **_stopped(times, per_step,
-                                                                    baseline_rate)}
+                stop = _stopped(times, steady_from, per_step, recipe.bench, ref)
+                if stop:
+                    return {**_timings(times, steady_from, per_step), **stop}
                 if len(times) == steps:
                     loss = held_out.evaluate(trainer.model, spec, xy, trainer.device)
                 if limit is not None and sum(times) > limit and len(times) >= floor:
@@ -192,8 +197,36 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, baseline_rate, limit, what)
         if loss is None and steps:
             why = {"quality_status": overrun_status(recipe, exc.elapsed_s)}
     done = min(steps, len(times))  # fewer where the time limit stopped it
-    return {**_timings(times, per_step), "final_loss": math.nan if loss is None else loss,
+    return {**_timings(times, steady_from, per_step),
+            "final_loss": math.nan if loss is None else loss,
             "quality_steps": done, "quality_samples": done * per_step, **why}
+
+
+def _stopped(times: list[float], steady_from: int, per_step: int, bench,
+             ref: stopping.Reference | None) -> dict:
+    """The probe's record when a stopping rule stops it after its latest step, else {}."""
+    steady = times[steady_from:]
+    first = not steady
+    if stopping.over_budget(times[-1], first, bench, ref, ref and ref.others_s or 0.0):
+        point = _ratio(steady or times[-1:], per_step, ref)
+        return {"status": stopping.budget_status(times[-1], first, bench, ref, ref.others_s,
+                                                 bench.time_budget_s),
+                "probe_speedup": point, "final_loss": math.nan}
+    hit = stopping.far_slower(steady, per_step, ref)
+    if hit is None:
+        return {}
+    step = statistics.median(steady)
+    return {"status": stopping.stopped_status(hit, steady, ref, len(times)),
+            "steps": len(steady), "samples_per_s": per_step / step, "step_ms": 1000 * step,
+            "final_loss": math.nan, "probe_speedup": hit[0], "probe_speedup_lo": hit[1],
+            "probe_speedup_hi": hit[2]}
+
+
+def _ratio(step_s: list[float], per_step: int, ref: stopping.Reference | None) -> float:
+    """The variant's speed over the baseline's probe steps (NaN without them)."""
+    if ref is None or not ref.step_s:
+        return math.nan
+    return stopping.speed_ratio(step_s, per_step, ref, 0.5)[0]
 
 
 def _capped(limit: float | None, what: str) -> watchdog.Deadline:
@@ -221,13 +254,13 @@ def _seed_loss(spec, recipe, ctx, train, xy, steps: int, left_s: float | None) -
         return None
 
 
-def _timings(step_s: list[float], per_step: int) -> dict:
-    if not step_s:  # the hard cap stopped the first step
-        return {"first_step_ms": math.nan, "second_step_ms": math.nan,
-                "probe_samples_per_s": math.nan}
-    return {"first_step_ms": 1000 * step_s[0],
+def _timings(step_s: list[float], steady_from: int, per_step: int) -> dict:
+    """The probe's step times: its first two, its steady throughput and its steady steps."""
+    steady = step_s[steady_from:]
+    return {"first_step_ms": 1000 * step_s[0] if step_s else math.nan,
             "second_step_ms": 1000 * step_s[1] if len(step_s) > 1 else math.nan,
-            "probe_samples_per_s": steady_rate(step_s, per_step)}
+            "probe_samples_per_s": per_step / statistics.median(steady) if steady else math.nan,
+            "probe_step_s": steady}
 
 
 def _timed_step(trainer) -> float:
@@ -236,10 +269,3 @@ def _timed_step(trainer) -> float:
     trainer.step()
     synchronize(trainer.device)
     return time.perf_counter() - t0
-
-
-def _stopped(step_s: list[float], per_step: int, baseline_rate: float) -> dict:
-    """The probe of a variant stopped early: its steady step time, no loss."""
-    step = statistics.median(step_s[1:])
-    return {"status": too_slow(step_s, per_step, baseline_rate), "steps": len(step_s) - 1,
-            "samples_per_s": per_step / step, "step_ms": 1000 * step, "final_loss": math.nan}

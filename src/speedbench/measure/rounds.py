@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import math
 import secrets
+import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -33,9 +33,10 @@ import torch
 from tqdm.auto import tqdm
 
 from speedbench import distributed, errors, techniques
-from speedbench.analysis import adaptive, intervals
+from speedbench.analysis import adaptive, intervals, power
 from speedbench.config import ModelSpec, Plan
-from speedbench.measure import capacity, launch, quality
+from speedbench.measure import capacity, launch, quality, stopping
+from speedbench.measure.budget import Budget
 from speedbench.measure.data import build_dataset
 from speedbench.measure.flops import FlopsBook
 from speedbench.measure.session import batching
@@ -108,6 +109,10 @@ def na_variants(plan: Plan, spec: ModelSpec, dist_env: distributed.DistEnv | Non
 
 
 TRIAL_SETUP_S = 0.5  # a trial's model and loader built, in the rounds' estimate
+MAX_STOPS = 2  # a variant's trials a limit may stop before it is left out of the rounds
+PROBE_SHARE = 0.4  # of a model's budget, what its quality probes may take (the rounds: the rest)
+# The per-round sd of a paired log speed-up the plan assumes (benchmarks/step_noise.py)
+ROUND_SD = 0.04
 
 
 class ModelRounds:
@@ -115,8 +120,10 @@ class ModelRounds:
 
     def __init__(self, plan: Plan, spec: ModelSpec, dist_env, run_dir: Path | None,
                  writer: TrialWriter | None, book: FlopsBook, bar, order_seed: int = 0,
-                 comparisons: int | None = None):
+                 comparisons: int | None = None, budget: Budget | None = None):
         self.plan, self.spec, self.dist_env, self.run_dir = plan, spec, dist_env, run_dir
+        # the model's part of the run's bench.time_budget_s: data, probes, rounds
+        self.budget = budget or Budget(plan.variants[plan.baseline].bench.time_budget_s)
         self.order_seed, self.comparisons = order_seed, comparisons or planned_comparisons(plan)
         self.writer, self.book, self.bar = writer, book, bar
         self.first = plan.variants[plan.baseline]
@@ -124,7 +131,9 @@ class ModelRounds:
         self.ctx = context(plan, dist_env)
         self.dataset = None
         self.skip: dict[str, str] = {}  # variant -> its n/a or too-slow status
+        self.stops: dict[str, int] = {}  # variant -> its trials a limit stopped (not measured)
         self.probes: dict[str, dict] = {}  # variant -> its quality probe
+        self.probe_steps: dict[str, list[float]] = {}  # variant -> its probe's steady steps (s)
         self.seed_losses: dict[str, list[float]] = {}  # variant -> the probe's held-out losses
         self.no_loss: dict[str, str] = {}  # variant -> why its probe has no loss (a time limit)
         self.rows: list[dict] = []  # the measured records, for the adaptive rule
@@ -132,13 +141,10 @@ class ModelRounds:
         # have to decide alike); else planned after the first round (None until then).
         sequential = self.first.bench.target_ci is not None and dist_env is None
         self.looks: int | None = None if sequential else 1
-        self.clock = time.perf_counter  # the simulation (benchmarks/verdict_sim.py) keeps its own
-        self.started: float | None = None  # when the model's budget began: prepare()
 
     def prepare(self) -> None:
         """The data set, the n/a variants (all of them without a baseline) and the probes."""
         plan, spec = self.plan, self.spec
-        self.started = self.clock()  # bench.time_budget_s counts from here: data, probes, rounds
         self.bar.set_postfix_str(f"{spec.name}: making data")
         world = self.dist_env.world_size if self.dist_env else 1
         self.dataset = build_dataset(spec.dataset, dataset_length(plan, spec, world),
@@ -162,15 +168,16 @@ class ModelRounds:
         (adaptive.wants_more_rounds), as many as the budget allows at the first round's pace
         (intervals.planned_looks). Not under torchrun: every rank would have to take the same
         decision, so there the `repeats` rounds all run."""
-        started, round_ = self.clock(), 0
-        budget = self.left_s()
-        while self._another_round(round_, self.clock() - started, budget):
+        started, round_ = self.budget.clock(), 0
+        budget = self.budget.left()
+        while self._another_round(round_, self.budget.clock() - started, budget):
             if round_ >= self.repeats:
                 self.bar.total += len(self.plan.variants)
             yield round_
             round_ += 1
             if self.looks is None:  # after the first round: its pace plans the looks
-                self.looks = intervals.planned_looks(budget, self.repeats, self.clock() - started)
+                self.looks = intervals.planned_looks(budget, self.repeats,
+                                                     self.budget.clock() - started)
         if self.looks and self.looks > 1 and not self._nothing_left():
             look = intervals.look_of(round_, self.repeats, self.looks)
             level = intervals.sequential_level(self.comparisons, look, self.looks)
@@ -179,7 +186,7 @@ class ModelRounds:
 
     def _another_round(self, round_: int, elapsed: float, budget: float) -> bool:
         """Whether round `round_` runs; `elapsed`: the rounds' time so far, `budget`: the
-        seconds of bench.time_budget_s the rounds may take."""
+        seconds of the model's budget the rounds may take."""
         if round_ == 0:
             return True  # a speed-up needs one round at least
         if self._nothing_left():
@@ -188,8 +195,8 @@ class ModelRounds:
             if self.dist_env is not None or elapsed * (round_ + 1) / round_ <= budget:
                 return True
             self.bar.write(f"{self.spec.name}: {round_} of {self.repeats} rounds: another "
-                           f"would overrun bench.time_budget_s="
-                           f"{self.first.bench.time_budget_s:g} s (wider CIs)", sys.stderr)
+                           f"would overrun its {self.budget.seconds:.0f} s of bench.time_budget_s"
+                           f"={self.first.bench.time_budget_s:g} s (wider CIs)", sys.stderr)
             return False
         return self.looks > 1 and adaptive.wants_more_rounds(
             self.rows, self.first.bench, round_, elapsed, self.comparisons, self.repeats,
@@ -201,7 +208,9 @@ class ModelRounds:
         return bool(others) and all(v in self.skip for v in others)
 
     def estimate(self) -> str:
-        """What the rounds should take, from the probes' steady steps (before any round)."""
+        """The plan, from the probes' steady steps (before any round): what a round takes, the
+        rounds what is left of the model's budget buys, the smallest effect they call in most
+        runs (power.py, with ROUND_SD) and the bench.time_budget_s a 1.1x verdict needs."""
         round_s, unknown = 0.0, 0
         for name, recipe in self.plan.variants.items():
             rate = self.probes.get(name, {}).get("probe_samples_per_s", math.nan)
@@ -210,31 +219,28 @@ class ModelRounds:
             if not rate > 0:
                 unknown += 1  # launched in processes of its own, or its probe failed
                 continue
-            b = recipe.bench
-            step_s = batching(self.spec, recipe, self.ctx).per_step / rate
-            # warm-up: between its floor and its most; two untimed steps (memory, FLOPs);
-            # TRIAL_SETUP_S to build the model and its loader
-            warm = (b.warmup + max(b.warmup, b.warmup_max)) / 2 if b.steady_tol else b.warmup
-            round_s += TRIAL_SETUP_S + min((warm + b.steps + 2) * step_s, math.inf
-                                           if b.max_trial_s is None else b.max_trial_s + 2 * step_s)
-        spent, budget, full = self.spent_s(), self.first.bench.time_budget_s, self.repeats * round_s
-        head = f"{self.spec.name}: data and probes took {spent:.0f} s; {self.repeats} rounds "
-        uncounted = f", not counting {unknown} variant(s) without a probe" if unknown else ""
-        if full > budget - spent:
-            return (head + f"would take about {full:.0f} s{uncounted}, more than the "
-                           f"{max(0.0, budget - spent):.0f} s left of bench.time_budget_s="
-                           f"{budget:g} s: fewer rounds, wider CIs")
-        more = " (more if adaptive rounds go on)" if self.looks is None else ""
-        return (head + f"should take about {full:.0f} s{more}{uncounted}; "
-                       f"bench.time_budget_s={budget:g} s bounds the model")
-
-    def spent_s(self) -> float:
-        """Seconds this model has taken since prepare() began (0 before)."""
-        return 0.0 if self.started is None else self.clock() - self.started
-
-    def left_s(self) -> float:
-        """Seconds of bench.time_budget_s left to this model."""
-        return self.first.bench.time_budget_s - self.spent_s()
+            step_s = self.per_step(name) / rate
+            round_s += stopping.trial_seconds(step_s, recipe.bench, TRIAL_SETUP_S)
+        spent, left = self.budget.spent(), self.budget.left()
+        head = f"{self.spec.name}: data and probes took {spent:.0f} s"
+        if not round_s > 0:
+            return head + "; no probe timed a round: rounds run while the budget lasts"
+        uncounted = f" (not counting {unknown} variant(s) without a probe)" if unknown else ""
+        fit = min(int(left // round_s), self.repeats * intervals.LOOKS)
+        text = (f"{head}; about {fit} rounds of {round_s:.1f} s{uncounted} fit in the "
+                f"{left:.0f} s left")
+        if fit < 2:
+            text += ": fewer than 2, so no interval"
+        else:
+            level = intervals.sequential_level(self.comparisons)
+            small = power.smallest_call(fit, ROUND_SD, level, self.first.bench.noise_threshold)
+            text += f": effects under about {small:.0%} will likely stay inconclusive"
+        need = power.rounds_for(1.1, ROUND_SD, intervals.sequential_level(self.comparisons))
+        if need and need > fit:
+            total = self.first.bench.time_budget_s * (spent + need * round_s) / (spent + left)
+            text += (f"; a verdict on 1.1x needs about {need} rounds: give "
+                     f"bench.time_budget_s={float(f'{total:.2g}'):g}")
+        return text
 
     def order(self, round_: int) -> list[tuple[int, str]]:
         """(position, variant) of a round, in the balanced random order; a variant whose
@@ -256,12 +262,20 @@ class ModelRounds:
                                  **self.probes.get(name, {}), "status": self.skip[name]})
             elif not self._nothing_to_compare(name, round_):
                 record = self.measure(name, round_, position)
-                # n/a, or a step past bench.max_trial_s's hard cap: not measured again
-                if schema.parse_status(record["status"]).kind in (schema.NA, schema.TOO_SLOW):
-                    self.skip[name] = record["status"]
+                self._after(name, record["status"])
                 self._write(record)
                 self.rows.append(record)
             self.bar.update()
+
+    def _after(self, name: str, status: str) -> None:
+        """A variant n/a in a trial is not measured again; one a limit stopped (`not measured`:
+        a step past bench.max_trial_s, a machine's hiccup as often as the variant's own
+        slowness) is tried in the next round, and left out after MAX_STOPS such trials."""
+        kind = schema.parse_status(status).kind
+        if kind == schema.NOT_MEASURED:
+            self.stops[name] = self.stops.get(name, 0) + 1
+        if kind in (schema.NA, schema.TOO_SLOW) or self.stops.get(name, 0) >= MAX_STOPS:
+            self.skip[name] = status
 
     def measure(self, name: str, round_: int, position: int) -> dict:
         """One trial's record: in this process, or in processes of its own through torchrun."""
@@ -274,7 +288,7 @@ class ModelRounds:
                                            self.book, env)
             return measure_trial(plan, spec, name, recipe, round_, self.dataset, self.dist_env,
                                  self.run_dir, position=position, probe=self.probes.get(name),
-                                 book=self.book)
+                                 book=self.book, budget=self.budget)
         except Exception as exc:  # under torchrun: a failed rank fails the job
             if self.dist_env is None:
                 raise
@@ -306,16 +320,18 @@ class ModelRounds:
         and the baseline's loss steps would compare with nothing). Variants launched in
         processes of their own (torchrun, or a fresh one) keep their timed window's loss."""
         plan, base = self.plan, self.plan.baseline
+        self.probe_budget = self.budget.part(PROBE_SHARE)  # the rest is the rounds'
         probed = [n for n in plan.variants
                   if n not in self.skip and not self._launched(plan.variants[n])]
         others = [n for n in probed if n != base]
         rate_first = bool(others) and self.first.bench.too_slow_factor is not None
-        base_rate = None
-        if base in probed:
+        base_rate = math.nan
+        if base in probed:  # held to nothing: its trials run, cut by the deadline if need be
             got = self._keep(base, self._probe(base, None, steps=0 if rate_first else None))
-            base_rate = got.get("probe_samples_per_s")
+            base_rate = got.get("probe_samples_per_s", math.nan)
+        ref = self._reference()
         for name in others:
-            self._keep(name, self._probe(name, base_rate))
+            self._keep(name, self._probe(name, ref))
         if rate_first and base not in self.skip and any(
                 n in self.probes and n not in self.skip for n in others):
             got = self._keep(base, self._probe(base, None))
@@ -332,8 +348,9 @@ class ModelRounds:
         if got is None:
             return {}
         status = str(got.get("status", ""))
-        if status.startswith(schema.TOO_SLOW) or schema.is_na(status):
+        if schema.parse_status(status).kind in (schema.TOO_SLOW, schema.NOT_MEASURED, schema.NA):
             self.skip[name] = got.pop("status")
+        self.probe_steps[name] = got.pop("probe_step_s", [])
         self.seed_losses[name] = got.pop("seed_losses", [])
         if "quality_status" in got:
             self.no_loss[name] = got.pop("quality_status")
@@ -347,8 +364,7 @@ class ModelRounds:
         alive = [n for n, losses in self.seed_losses.items() if losses and n not in self.skip]
         if not any(n != self.plan.baseline for n in alive):
             return
-        # the seeds may take half of the model's budget left: the rest is the rounds'
-        share = self.left_s() / 2 / len(alive)
+        share = self.probe_budget.left() / len(alive)
         for name in alive:
             recipe = self.plan.variants[name]
             self.bar.set_postfix_str(f"{self.spec.name} {name}: quality seeds")
@@ -390,19 +406,34 @@ class ModelRounds:
         return bool(techniques.processes(recipe, self.ctx)
                     or techniques.environment(recipe, self.ctx))
 
-    def _probe(self, name: str, base_rate: float | None, steps: int | None = None
+    def per_step(self, name: str) -> int:
+        """Samples one optimizer step of a variant takes (its batch, accumulation, devices)."""
+        return batching(self.spec, self.plan.variants[name], self.ctx).per_step
+
+    def _reference(self) -> stopping.Reference:
+        """What the probes are held to (stopping.py): the baseline's steady probe steps (none
+        before its probe), the run's far-slower test, and the seconds the rounds have (what
+        the probes leave)."""
+        b = self.first.bench
+        steps = self.probe_steps.get(self.plan.baseline, [])
+        others = stopping.trial_seconds(statistics.median(steps), b) if steps else 0.0
+        return stopping.Reference(
+            steps, self.per_step(self.plan.baseline), b.too_slow_factor,
+            stopping.stop_level(self.comparisons), (self.budget.seconds or math.inf)
+            * (1 - PROBE_SHARE), others)
+
+    def _probe(self, name: str, ref: stopping.Reference | None, steps: int | None = None
                ) -> dict | None:
-        """One variant's quality probe, held to the baseline's steady throughput; `steps` 0:
-        its throughput alone, no loss. None on a fault."""
+        """One variant's quality probe, held to `ref` (the baseline's, the budget's); `steps`
+        0: its throughput alone, no loss. None on a fault."""
         recipe = self.plan.variants[name]
         self.bar.set_postfix_str(f"{self.spec.name} {name}: quality probe")
         if steps is None:
             steps = quality.probe_steps(self.spec, recipe, self.first, self.ctx)
         try:
             return quality.quality_probe(
-                self.spec, recipe, self.ctx, self.dataset, steps,
-                baseline_rate=None if name == self.plan.baseline else base_rate,
-                what=f"model {self.spec.name}, variant {name}", left_s=self.left_s())
+                self.spec, recipe, self.ctx, self.dataset, steps, ref,
+                what=f"model {self.spec.name}, variant {name}", left_s=self.probe_budget.left())
         except Exception:  # its trials will meet the fault and record it
             return None
 
@@ -439,13 +470,15 @@ def planned_comparisons(plan: Plan) -> int:
 
 def measure_plan(plan: Plan, run_dir: Path | None, progress: bool = True,
                  dist_env: distributed.DistEnv | None = None, writer: TrialWriter | None = None,
-                 book: FlopsBook | None = None, comparisons: int | None = None
-                 ) -> TrialWriter | None:
+                 book: FlopsBook | None = None, comparisons: int | None = None,
+                 budget: Budget | None = None) -> TrialWriter | None:
     """Every trial of the plan, rows appended to trials.csv as they end (to `writer`'s, when a
     suite gathers several plans in one file). Under torchrun every rank runs every trial; rank 0
     alone (the one given a run_dir) writes. `book` holds the run's FLOP counts and peaks
     (shared by a suite's plans: the peaks are measured once per run). `comparisons`: the run's
-    family, which the stopping rule judges CIs for (default: this plan's)."""
+    family, which the stopping rule judges CIs for (default: this plan's). `budget`: the wall
+    time the plan may take (default: its bench.time_budget_s from now), each model taking its
+    share of what is left when it starts."""
     if writer is None and run_dir:
         writer = TrialWriter(run_dir / "trials.csv", techniques.column_names())
     book = book or FlopsBook(torch.device(plan.device), plan.config.bench.peak_s)
@@ -453,9 +486,11 @@ def measure_plan(plan: Plan, run_dir: Path | None, progress: bool = True,
     if writer:  # the matmul peaks: once per run and dtype, before any trial
         bar.set_postfix_str("matmul peak")
         book.measure_peaks(techniques.matmul_dtype(r) for r in plan.variants.values())
+    budget = budget or Budget(plan.variants[plan.baseline].bench.time_budget_s)
     seed = plan_order_seed(plan, dist_env)
-    for spec in plan.models:
-        model = ModelRounds(plan, spec, dist_env, run_dir, writer, book, bar, seed, comparisons)
+    for i, spec in enumerate(plan.models):
+        model = ModelRounds(plan, spec, dist_env, run_dir, writer, book, bar, seed, comparisons,
+                            budget.part(1 / (len(plan.models) - i)))
         model.prepare()
         for round_ in model.rounds():
             model.run_round(round_)

@@ -163,6 +163,12 @@ def stall_ms(step_s: Optional[list[float]]) -> float:
     return 1000 * (longest - median) if longest > STALL_FACTOR * median else 0.0
 
 
+def typical_step_s(step_s: list[float]) -> float:
+    """A trial's step time: the median of its steps' times (a placeholder until the estimator
+    is chosen by simulation)."""
+    return statistics.median(step_s)
+
+
 STEADY_WINDOW = 3  # warm-up step times compared by the steady-state rule
 
 

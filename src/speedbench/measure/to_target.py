@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from speedbench import distributed, errors, techniques
 from speedbench.config import Plan
+from speedbench.measure.budget import Budget
 from speedbench.measure.held_out import evaluate, held_out
 from speedbench.measure.quality import far_slower, seeded, too_slow
 from speedbench.measure.session import NotApplicable, applied, batching
@@ -125,17 +126,18 @@ class ToTarget:
     """The time-to-target stage of one plan: every model, variant and seed."""
 
     def __init__(self, plan: Plan, run_dir: Path, speed_rows: list[dict], progress: bool,
-                 order_seed: int):
+                 order_seed: int, budget: Budget | None = None):
         from speedbench.measure.rounds import round_order
 
         self.plan, self.run_dir, self.order_seed = plan, run_dir, order_seed
+        self.budget = budget or Budget(None)  # the run's clock: each run caps at its share
         self.first = plan.variants[plan.baseline]
         self.cfg = plan.config.target
         self.speed_rows = [r for r in speed_rows if r.get("experiment") == plan.experiment]
         self.round_order = round_order
         self.ctx = context(plan)
         seeds = self.cfg.seeds
-        total = len(plan.models) * len(plan.variants) * seeds
+        total = self.left = len(plan.models) * len(plan.variants) * seeds  # runs still to go
         self.bar = tqdm(total=total, desc=f"{plan.experiment}: time to target", unit="run",
                         disable=not progress, dynamic_ncols=True, smoothing=0)
 
@@ -159,8 +161,8 @@ class ToTarget:
                 self.bar.set_postfix_str(f"{spec.name} {self.plan.baseline} seed {s} (target)")
                 runs[(self.plan.baseline, s)] = train_to_target(
                     spec, seeded(first, s), self.ctx, train, xy, None, every=every,
-                    cap_samples=cfg.steps * base_step, cap_s=cfg.max_s, stop_at_target=False)
-                self.bar.update()
+                    cap_samples=cfg.steps * base_step, cap_s=self._cap_s(), stop_at_target=False)
+                self._done()
             losses = [r[0].get("final_loss", math.nan) for r in runs.values()]
             target = max(losses) if all(map(math.isfinite, losses)) else math.nan
             source = f"the worst of the baseline's {cfg.seeds} seeds after {cfg.steps} steps"
@@ -171,18 +173,28 @@ class ToTarget:
                 if (name, s) in runs:
                     record, curve = runs[(name, s)]
                     record = {**record, **self._judged(record, curve, target)}
-                elif name in skip:
-                    record, curve = {"status": skip[name]}, []
-                elif not math.isfinite(target):
-                    record, curve = {"status": schema.na("no target: a baseline seed failed")}, []
+                elif name in skip or not math.isfinite(target):
+                    why = skip.get(name) or schema.na("no target: a baseline seed failed")
+                    record, curve = {"status": why}, []
+                    self._done()
                 else:
                     self.bar.set_postfix_str(f"{spec.name} {name} seed {s}")
                     record, curve = train_to_target(
                         spec, seeded(self.plan.variants[name], s), self.ctx, train, xy,
-                        target, every=every, cap_samples=cap_samples, cap_s=cfg.max_s,
+                        target, every=every, cap_samples=cap_samples, cap_s=self._cap_s(),
                         baseline_rate=rate)
-                    self.bar.update()
+                    self._done()
                 self._write(spec, name, s, position, record, curve, target, source, floor)
+
+    def _cap_s(self) -> float | None:
+        """A run's cap on its training time: target.max_s, or its even share of what the run's
+        budget has left for the runs still to go, where that is less."""
+        share = self.budget.left() / max(1, self.left)
+        return self.cfg.max_s if share >= (self.cfg.max_s or math.inf) else max(0.1, share)
+
+    def _done(self) -> None:
+        self.left -= 1
+        self.bar.update()
 
     def _fixed_target(self, floor: float | None) -> tuple[float | None, str]:
         if self.cfg.loss is not None:
@@ -253,6 +265,7 @@ class ToTarget:
 
 
 def measure(plan: Plan, run_dir: Path, speed_rows: list[dict], progress: bool,
-            order_seed: int) -> None:
-    """The time-to-target stage of `plan`, into run_dir (target.enabled)."""
-    ToTarget(plan, run_dir, speed_rows, progress, order_seed).run()
+            order_seed: int, budget: Budget | None = None) -> None:
+    """The time-to-target stage of `plan`, into run_dir (target.enabled), each run capped at
+    its share of what `budget` has left."""
+    ToTarget(plan, run_dir, speed_rows, progress, order_seed, budget).run()

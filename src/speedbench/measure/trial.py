@@ -24,13 +24,15 @@ from speedbench import distributed, techniques
 from speedbench.measure import flops, profile, watchdog
 from speedbench.results import file_name, schema
 from speedbench.config import ModelSpec, Plan, micro_batch
+from speedbench.measure.budget import Budget
 from speedbench.measure.data import build_dataset
 from speedbench.measure.flops import FlopsBook
 from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.errors import ConfigError
 from speedbench.techniques import Context
 from speedbench.measure.timing import PeakRss, PhaseClock, StepTimes, device_peak_mb, \
-    release_host_memory, reset_device_peak, stall_ms, step_memory, timed_steps, warm_up
+    release_host_memory, reset_device_peak, stall_ms, step_memory, timed_steps, \
+    typical_step_s, warm_up
 from speedbench.measure.train import Trainer
 
 
@@ -107,7 +109,7 @@ def header(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig, trial:
 def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig, trial: int,
                   dataset, dist_env: distributed.DistEnv | None = None,
                   run_dir: Path | None = None, *, position: int = 0, probe: dict | None = None,
-                  book: FlopsBook | None = None) -> dict:
+                  book: FlopsBook | None = None, budget: Budget | None = None) -> dict:
     """One trial in this process: its whole record for trials.csv, whatever happens.
 
     `trial` is the round, `position` the trial's place in it. `probe`, the variant's quality
@@ -115,7 +117,9 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
     Under torchrun (`dist_env`) it runs on every rank and returns the ranks' combined record;
     a fault on a rank is raised, not recorded, so that torchrun stops the whole job. With
     `profile` on, profile windows follow the timed one; trial 0 writes the profiler's files
-    under run_dir/profile/<model>/<variant>/.
+    under run_dir/profile/<model>/<variant>/. `budget`: the run's clock (budget.py); the warm-up
+    and the window stop at its deadline between steps, and a step still running BUDGET_GRACE_S
+    past it is stopped (status `not measured: ...`).
     """
     ctx = context(plan, dist_env)
     record = header(plan, spec, variant, recipe, trial, dist_env, position)
@@ -123,13 +127,14 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
         out = run_dir / "profile" / file_name(spec.name) / file_name(variant) \
             if run_dir and trial == 0 else None
         record.update(_measured(spec, recipe, ctx, dataset, out, book,
-                                f"model {spec.name}, variant {variant}"))
+                                f"model {spec.name}, variant {variant}", budget))
         if dist_env is not None:
             record = distributed.gather_record(record, dist_env)
+            record.update(rates(record))  # the job's steps: each the slowest rank's
     except NotApplicable as exc:
         record["status"] = str(exc)
-    except watchdog.StepOverrun as exc:  # a step past the cap: slower, not a fault
-        record["status"] = overrun_status(recipe, exc.elapsed_s)
+    except watchdog.StepOverrun as exc:  # a step past a limit: not measured, not a fault
+        record["status"] = overrun_status(recipe, exc)
     except torch.OutOfMemoryError:
         if dist_env is not None:
             raise
@@ -143,7 +148,8 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
     finally:
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()
-    if probe and schema.parse_status(record["status"]).kind in (schema.OK, schema.TOO_SLOW):
+    if probe and schema.parse_status(record["status"]).kind in (schema.OK, schema.TOO_SLOW,
+                                                                 schema.NOT_MEASURED):
         record.update(probe)  # final_loss: the quality probe's, at equal work
     if book is not None and distributed.is_main(dist_env):
         book.annotate(record)
@@ -162,11 +168,34 @@ def trial_limit_s(recipe: DictConfig, ctx: Context) -> float | None:
     return OVERRUN_FACTOR * cap * (2 if recipe.profile != "off" else 1)
 
 
-def overrun_status(recipe: DictConfig, elapsed_s: float) -> str:
-    """`too slow: step exceeded bench.max_trial_s (5 s); stopped after 10.0 s`."""
-    return schema.format_status(schema.TOO_SLOW, f"step exceeded bench.max_trial_s "
-                                f"({recipe.bench.max_trial_s:g} s); stopped after "
-                                f"{elapsed_s:.1f} s")
+def overrun_status(recipe: DictConfig, exc: watchdog.StepOverrun) -> str:
+    """`not measured: a step ran past bench.max_trial_s (5 s), stopped after 10.0 s; to
+    measure it give bench.max_trial_s=40` (or the run's time budget, which ran out)."""
+    stopped = f"stopped after {exc.elapsed_s:.1f} s"
+    if exc.deadline.limit == BUDGET_LIMIT:
+        return schema.format_status(schema.NOT_MEASURED, f"the run's bench.time_budget_s ran "
+                                    f"out in a step, {stopped}")
+    cap = recipe.bench.max_trial_s
+    return schema.format_status(schema.NOT_MEASURED, f"a step ran past bench.max_trial_s "
+                                f"({cap:g} s), {stopped}; to measure it give "
+                                f"bench.max_trial_s={_enough(exc.elapsed_s)}")
+
+
+def _enough(seconds: float) -> str:
+    """A cap comfortably above `seconds`: twice it, rounded up to 2 significant digits."""
+    return f"{float(f'{2 * seconds:.2g}'):g}"
+
+
+BUDGET_LIMIT = "the run's bench.time_budget_s"
+BUDGET_GRACE_S = 2.0  # a step still running this long past the budget's deadline is stopped
+
+
+def _budget_deadline(budget: Budget | None, ctx: Context, what: str) -> watchdog.Deadline:
+    """The run's deadline as a hard limit on the trial (none under torchrun, where every rank
+    would have to stop at the same step)."""
+    left = None if budget is None or ctx.dist_env is not None else budget.limit(None)
+    return watchdog.deadline(None if left is None else left + BUDGET_GRACE_S, what,
+                             BUDGET_LIMIT)
 
 
 def _deadline(recipe: DictConfig, ctx: Context, what: str) -> watchdog.Deadline:
@@ -178,7 +207,7 @@ def _deadline(recipe: DictConfig, ctx: Context, what: str) -> watchdog.Deadline:
 
 
 def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profile_out,
-              book: FlopsBook | None, what: str = "") -> dict:
+              book: FlopsBook | None, what: str = "", budget: Budget | None = None) -> dict:
     """The measured columns of a trial, the recipe applied (session.applied) for all of it,
     under the trial's hard cap (trial_limit_s): StepOverrun once it passes."""
     device, b = ctx.device, batching(spec, recipe, ctx)
@@ -188,13 +217,14 @@ def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profil
     reset_device_peak(device)
     with contextlib.ExitStack() as session:  # outlives the memory watch: profiling is not in it
         guard = session.enter_context(_deadline(recipe, ctx, what or f"model {spec.name}"))
+        session.enter_context(_budget_deadline(budget, ctx, what or f"model {spec.name}"))
         with PeakRss() as rss:
             trainer = session.enter_context(
                 applied(spec, recipe, ctx, dataset, sampler=sampler, clock=clock))
             session.callback(guard.disarm)  # the recipe's cleanup is never interrupted
             trainer.step = guard.stepping(trainer.step)  # each step's end, for the cap
             session.callback(vars(trainer).pop, "step", None)  # and no cycle left behind
-            got = _timed_window(trainer, recipe.bench, ctx)
+            got = _timed_window(trainer, recipe.bench, ctx, budget or Budget(None))
             # One more step, untimed, for the tensor memory split (not under torchrun: the
             # ranks would all have to take it); the phase totals stay the window's.
             with clock.paused():
@@ -211,26 +241,35 @@ def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profil
     loss, elapsed = got.pop("loss"), got["elapsed_s"]
     got.update({
         "status": schema.OK if math.isfinite(loss) else schema.DIVERGED,
-        "samples_per_s": got["steps"] * b.per_step / elapsed,
-        "step_ms": 1000 * elapsed / got["steps"],
         "data_wait_frac": clock.totals["data"] / elapsed,
         "peak_mem_mb": dev_peak if dev_peak is not None else rss.main_mb - rss.start_mb,
         "host_rss_mb": rss.total_mb, "host_rss_main_mb": rss.main_mb,
         "final_loss": loss, "window_loss": loss, "samples": got["steps"] * b.per_step,
         "noise_threshold": recipe.bench.noise_threshold,
     })
+    got.update(rates(got))
     if memory.get("peak_mem_mb") == memory.get("peak_mem_mb"):  # measured (not NaN)
         got.update(memory)  # peak tensor memory of a step, and its split
     return got
 
 
-def _timed_window(trainer: Trainer, b, ctx: Context) -> dict:
-    """Warm-up, then the timed window: its steps, time, mean loss and host reads."""
+def rates(record: dict) -> dict:
+    """samples_per_s and step_ms of a trial from its typical step (typical_step_s of its steps'
+    times, `step_s`), and the window's mean step beside them (window_*)."""
+    per_step, window_s = record["samples"] / record["steps"], record["elapsed_s"] / record["steps"]
+    step_s = typical_step_s(record["step_s"]) if record.get("step_s") else window_s
+    return {"samples_per_s": per_step / step_s, "step_ms": 1000 * step_s,
+            "window_samples_per_s": per_step / window_s, "window_step_ms": 1000 * window_s}
+
+
+def _timed_window(trainer: Trainer, b, ctx: Context, run: Budget) -> dict:
+    """Warm-up, then the timed window: its steps, time, mean loss and host reads. Each stops
+    between steps at its share of bench.max_trial_s or at the run's deadline (`run`)."""
     device, budget = ctx.device, b.max_trial_s
     if ctx.dist_env is None:
         warm, steady = warm_up(trainer.step, device, b.warmup, max(b.warmup, b.warmup_max),
-                               b.steady_tol, budget_s=budget and budget / 4)
-        window = b.steps
+                               b.steady_tol, budget_s=run.limit(budget and budget / 4))
+        window, budget = b.steps, run.limit(budget and budget * 3 / 4)  # from the window's start
     else:  # the ranks must agree on every step count, or one waits forever
         # untimed warm-up steps that stop on every rank once one is over budget
         warm_s, warm = timed_steps(trainer.step, b.warmup, device, budget and budget / 4,
@@ -241,8 +280,7 @@ def _timed_window(trainer: Trainer, b, ctx: Context) -> dict:
     trainer.clock.reset()
     trainer.meter.reset()
     times = StepTimes(device, window)  # each step's time: a stalled window stands out
-    elapsed, steps = timed_steps(trainer.step, window, device, budget_s=budget and budget * 3 / 4,
-                                 step_times=times)
+    elapsed, steps = timed_steps(trainer.step, window, device, budget_s=budget, step_times=times)
     return {"warmup_steps": warm, "warmup_steady": steady, "elapsed_s": elapsed, "steps": steps,
             "loss": trainer.meter.mean(), "host_reads": trainer.meter.host_reads,
-            "stall_ms": stall_ms(times.seconds())}
+            "stall_ms": stall_ms(times.seconds()), "step_s": times.seconds()}

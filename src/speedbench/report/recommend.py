@@ -31,7 +31,7 @@ from speedbench.report.numbers import clip, ratio_ci
 from speedbench.analysis.quality import DIVERGED, WORSE
 from speedbench.analysis.to_target import recipe_line, verdict_line
 from speedbench.results.runs import load_recipe, load_to_target
-from speedbench.results.schema import HOPELESS, OK, TOO_SLOW
+from speedbench.results.schema import HOPELESS, NOT_MEASURED, OK, TOO_SLOW
 
 # Verdict words: today's and those of the paired, error-controlled verdicts.
 FASTER, SLOWER = "faster", "slower"
@@ -104,9 +104,13 @@ def _classify(row: dict) -> tuple[str, str]:
     effect = _ci(_get(row, "speedup"), _get(row, "speedup_lo"), _get(row, "speedup_hi"))
     if status.startswith("n/a"):
         return "untested", status.removeprefix("n/a:").strip() or "n/a"
+    if status.startswith(NOT_MEASURED):  # a limit stopped it: no call, what it measured
+        measured = f"; measured {_get(row, 'speedup'):.2f}x, no CI" \
+            if math.isfinite(_get(row, "speedup")) else ""
+        return "untested", f"{status}{measured}"
     if status != OK:
-        if "slower" in status or status.startswith((TOO_SLOW, HOPELESS, "stopped")):
-            return "skip", status
+        if status.startswith((TOO_SLOW, HOPELESS)):
+            return "skip", f"{effect}, {status}" if effect != "-" else status
         return "untested", f"failed here: {status}"
     if verdict == FASTER and str(row.get("quality_verdict")) in (WORSE, DIVERGED):
         loss = _ci(_get(row, "loss_ratio"), _get(row, "loss_ratio_lo"), _get(row, "loss_ratio_hi"))

@@ -171,7 +171,12 @@ VERDICT_LEGEND = {"faster": "faster/slower: the CI excludes 1",
                   "n.s.": "n.s.: no significant difference",
                   "equivalent": "equivalent: within the noise threshold",
                   "inconclusive": "inconclusive: neither, more trials needed",
-                  "few trials": "few trials: too few trials for a CI"}
+                  "few trials": "few trials: too few trials for a CI",
+                  "slower (stopped)": "slower (stopped): its probe steps, F times slower or "
+                                      "more at the run's error level",
+                  "not measured": "not measured: a limit stopped it, no call",
+                  "screening": "screening: a recipe search's screen, it decides nothing",
+                  "no CI": "no CI: one round, a speed-up without an interval"}
 # The columns a narrow terminal loses first.
 DROP_ORDER = ("% peak", "GFLOP/s", "probe loss", "loss", "mem x", "devices", "scaling", "mem MB", "samples/s")
 
@@ -240,7 +245,8 @@ def console_table(summary: pd.DataFrame, width: Optional[int] = None) -> str:
         if column in table:
             table = table.drop(columns=column)
             text = table.to_string(index=False)
-    words = [w for w in dict.fromkeys(table["verdict"]) if w in VERDICT_LEGEND]
+    words = [w for w in dict.fromkeys(v.split(" [")[0] for v in table["verdict"])
+             if w in VERDICT_LEGEND]  # a row without a number: its word, then its note
     legend = list(dict.fromkeys(VERDICT_LEGEND[w] for w in words))
     lines = text.splitlines()
     if legend:

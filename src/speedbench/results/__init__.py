@@ -18,7 +18,7 @@ from speedbench.results import atomic
 from speedbench.errors import ConfigError
 from speedbench.results.runs import load_trials  # noqa: F401  (the one trials.csv loader)
 from speedbench.results.schema import (CAPACITY_COLUMNS, FINDING_COLUMNS, FORMAT_VERSION,
-                                       PHASE_COLUMNS, RECIPE_COLUMNS, SUMMARY_COLUMNS,
+                                       PHASE_COLUMNS, RECIPE_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS,
                                        TRIAL_COLUMNS, trial_columns)  # noqa: F401
 
 try:
@@ -175,7 +175,15 @@ class TrialWriter:
             raise write_failed(exc, path.parent) from None
 
     def append(self, record: dict) -> None:
+        """The trial's row, and its timed steps' times into steps.csv (beside trials.csv)."""
+        steps = self.path.parent / "steps.csv"
         try:  # a full disk: no half row; the rows before it stay
+            if record.get("step_s"):
+                if not steps.exists():
+                    atomic.write_text(steps, _csv_line(STEP_COLUMNS, None))
+                atomic.append_text(steps, "".join(
+                    _csv_line(STEP_COLUMNS, {**record, "step": i, "step_ms": 1000 * t})
+                    for i, t in enumerate(record["step_s"])))
             atomic.append_text(self.path, _csv_line(self.columns, record))
         except OSError as exc:
             raise write_failed(exc, self.path.parent) from None

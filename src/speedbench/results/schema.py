@@ -16,6 +16,10 @@ from typing import Iterable
 
 # The run directory's format, written into env.json (`format_version`); the reader branches on it.
 # A run without one is read as format 1.
+#   5: steps.csv (each timed step's time); samples_per_s and step_ms from the window's typical
+#      step (timing.typical_step_s), its mean in window_samples_per_s and window_step_ms; a
+#      variant a limit stopped is `not measured: ...` (no call), one the probe's far-slower
+#      test stopped `too slow: ...` with probe_speedup[_lo, _hi]
 #   4: the memory split at the peak (params_mem_mb, grads_mem_mb, opt_state_mem_mb,
 #      activation_mem_mb, peak_phase); state_mem_mb counts the gradients (taken before
 #      zero_grad). Before, state_mem_mb left the gradients out and activation_mem_mb held them.
@@ -26,7 +30,7 @@ from typing import Iterable
 #      and none in capacity.csv (its `variant` names the settings)
 #   2: profile columns (profile, reference_step_ms, phase_step_ms, ...)
 #   1: the first format: trials paired by `trial`
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 # The contract columns come first (in this order); more follow.
 TRIAL_COLUMNS = [
@@ -52,11 +56,16 @@ TRIAL_COLUMNS = [
     "noise_threshold", "first_step_ms", "second_step_ms", "quality_steps", "quality_samples", "window_loss",
     "state_mem_mb", "activation_mem_mb", "peak_kind",
     "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "peak_phase",
-    # the quality probe's steady throughput (quality.py: the "too slow" rule compares it)
-    "probe_samples_per_s",
+    # the quality probe's steady throughput, and a variant's speed over the baseline's from
+    # their steady probe steps with the far-slower test's interval (measure/stopping.py; set
+    # where a probe stopped it)
+    "probe_samples_per_s", "probe_speedup", "probe_speedup_lo", "probe_speedup_hi",
     # the timed window's stall (timing.stall_ms): its longest step's excess over its median
     # step, in ms, where that step took over 5x the median; else 0 (NaN: not measured)
     "stall_ms",
+    # the window's mean step and its throughput (samples_per_s and step_ms come from the
+    # window's typical step: timing.typical_step_s of its steps' times, steps.csv)
+    "window_samples_per_s", "window_step_ms",
 ]
 # The contract: every trials.csv has these (experiment ... final_loss); a reader notes the ones
 # an older run lacks.
@@ -98,6 +107,8 @@ TO_TARGET_COLUMNS = ["experiment", "model", "variant", "is_baseline", "seed", "p
 # quality.csv: the quality probe's held-out loss per model, variant and seed (measure/quality.py)
 QUALITY_COLUMNS = ["experiment", "model", "variant", "is_baseline", "seed", "steps", "samples",
                    "loss", "status"]
+# steps.csv: each timed step of each trial (measure/trial.py), in ms
+STEP_COLUMNS = ["experiment", "model", "variant", "round", "position", "step", "step_ms"]
 CURVE_COLUMNS = ["experiment", "model", "variant", "seed", "steps", "samples", "train_s", "loss"]
 CAPACITY_LIMIT_FACTOR = 256  # the largest-batch search stops at this many times the model's batch
 
@@ -109,12 +120,16 @@ def trial_columns(extra: Iterable[str] = ()) -> list[str]:
 
 # --- status: `ok`, `n/a: <reason>`, `oom`, `oom (<where>)`, `diverged`, `error: <reason>` ----------
 OK, NA, OOM, DIVERGED, ERROR = "ok", "n/a", "oom", "diverged", "error"
-# A variant stopped early, its steady probe steps far slower than the baseline's (quality.py):
-# `too slow: 12x slower ...`, or a step of its trial past bench.max_trial_s's hard cap
-# (trial.py, watchdog.py): `too slow: step exceeded bench.max_trial_s (5 s); stopped after
-# 10.0 s`; summary.csv's verdict for it is STOPPED_SLOWER
+# A variant stopped early by evidence: its probe steps significantly far slower than the
+# baseline's (quality.py: `too slow: 12.3x slower [9.8, 15.4] ...`); summary.csv's verdict for it
+# is STOPPED_SLOWER, a call of the family with that interval
 TOO_SLOW = "too slow"
 STOPPED_SLOWER = "slower (stopped early)"
+# A trial or variant stopped by a limit, not by evidence: a step past bench.max_trial_s's hard
+# cap (trial.py, watchdog.py), the run's bench.time_budget_s, or a probe step too long for its
+# trials to fit the budget: `not measured: <which limit and what it measured>; <the key that
+# lets it run>`. No call: summary.csv's verdict is NOT_MEASURED
+NOT_MEASURED = "not measured"
 # An option the recipe search dropped, its screen CI below 0.5x: `hopeless: 0.05x [...] in step 1`
 HOPELESS = "hopeless"
 # A time-to-target run that did not reach the target within its cap (to_target.py): a miss,
@@ -123,8 +138,9 @@ MISSED = "missed"
 # An option the recipe search refused, its held-out loss significantly worse (selection.py):
 # `refused: held-out loss significantly worse ...`
 REFUSED = "refused"
-KINDS = (OK, NA, OOM, DIVERGED, ERROR, TOO_SLOW, HOPELESS, MISSED, REFUSED)
-_COLON_KINDS = (NA, ERROR, TOO_SLOW, HOPELESS, MISSED, REFUSED)  # written `kind: reason`; others `kind (reason)`
+KINDS = (OK, NA, OOM, DIVERGED, ERROR, TOO_SLOW, NOT_MEASURED, HOPELESS, MISSED, REFUSED)
+# written `kind: reason`; the others `kind (reason)`
+_COLON_KINDS = (NA, ERROR, TOO_SLOW, NOT_MEASURED, HOPELESS, MISSED, REFUSED)
 
 
 @dataclass(frozen=True)

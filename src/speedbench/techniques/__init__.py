@@ -82,7 +82,7 @@ __all__ = ["REGISTRY", "Technique", "Field", "Context", "Finding", "ConfigError"
            "copy_options", "step_context", "grad_scaler", "loss_meter", "optimizer_options",
            "after_step_hooks", "matmul_dtype", "capacity_overrides", "columns", "column_names",
            "profile_counters", "diagnose", "metadata", "environment", "zero_grad_options",
-           "forward_only"]
+           "forward_only", "one_time_steps"]
 
 
 def by_name(name: str) -> Technique:
@@ -240,6 +240,12 @@ def zero_grad_options(recipe: Any, ctx: Context) -> dict:
     for t in REGISTRY:
         opts = t.zero_grad_options(opts, recipe, ctx)
     return opts
+
+
+def one_time_steps(recipe: Any) -> int:
+    """Steps of a fresh model that carry one-time costs besides the first (the most any
+    technique declares)."""
+    return max(t.one_time_steps(recipe) for t in REGISTRY)
 
 
 def forward_only(recipe: Any) -> bool:

@@ -27,6 +27,7 @@ Who calls what, in this order (each hook is called in registry order: see `Techn
                                          after the techniques that change the bare model
   measure.capacity    capacity_overrides()  keys reset while the largest batch is searched
   measure.flops       matmul_dtype()     the dtype the step's matmuls run in (the FLOP peak)
+  measure.quality     one_time_steps()   steps of a fresh model with one-time costs (compile)
   Trainer (per step)  copy_options()     kwargs of tensor.to(device, ...) for every batch
                       step_context()     entered around each forward pass
                       forward_only()     True: each step is an evaluation pass (model.eval(),
@@ -425,6 +426,12 @@ class Technique:
     def zero_grad_options(self, opts: dict, recipe: Any, ctx: Context) -> dict:
         """Keyword arguments of `optimizer.zero_grad` after each step (set_to_none)."""
         return opts
+
+    def one_time_steps(self, recipe: Any) -> int:
+        """The first optimizer steps of a fresh model that carry this technique's one-time
+        costs (compilation, autotuning) beyond the first step's usual ones: the probe's
+        too-slow test and its budget check leave them out."""
+        return 0
 
     def forward_only(self, recipe: Any) -> bool:
         """True when this recipe times an evaluation pass instead of a training step: the

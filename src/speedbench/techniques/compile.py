@@ -159,6 +159,10 @@ model = torch.compile(model, mode="{value}")   # the first steps compile; time t
             return contextlib.nullcontext()
         return _compile_trial(recipe, ctx)
 
+    def one_time_steps(self, recipe) -> int:
+        # the eager steps, the compiling one, and one more for a recompile or CUDA graph capture
+        return 0 if recipe.compile == "off" else eager_steps(recipe) + 2
+
     def prepare_model(self, model, recipe, ctx: Context):
         if recipe.compile == "off":
             return model

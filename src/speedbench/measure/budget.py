@@ -1,0 +1,63 @@
+"""One clock for a run: the deadline every phase draws on (bench.time_budget_s).
+
+bench.time_budget_s is the wall time of one experiment, all of it: the matmul peaks, each
+model's data, quality probes and rounds, time to target, and the report. The run holds one
+`Budget`; each phase takes a part of what is left when it starts (`part`: a model its share of
+the models still to come, the probes theirs of the model's, ...), so that time one phase does
+not use passes to the next. Trials and probes check the deadline between steps (and the
+watchdog within a step), so a run ends within its budget plus about one step.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+# Kept back from a run's budget for writing summary.csv, the plots and the report at its end.
+REPORT_S, REPORT_SHARE = 8.0, 0.1
+
+
+@dataclass
+class Budget:
+    """`seconds` of wall time from `start` on `clock` (None: no limit)."""
+
+    seconds: Optional[float]
+    clock: Callable[[], float] = time.perf_counter
+    start: float = field(default=math.nan)
+
+    def __post_init__(self):
+        if self.start != self.start:  # NaN: starts now
+            self.start = self.clock()
+
+    @classmethod
+    def of_run(cls, seconds: Optional[float], clock: Callable[[], float] = time.perf_counter
+               ) -> "Budget":
+        """A run's budget for measuring: bench.time_budget_s less what its report needs."""
+        if seconds is None:
+            return cls(None, clock)
+        return cls(seconds - min(REPORT_S, REPORT_SHARE * seconds), clock)
+
+    def spent(self) -> float:
+        return self.clock() - self.start
+
+    def left(self) -> float:
+        """Seconds left (inf without a limit; never below 0)."""
+        return math.inf if self.seconds is None else max(0.0, self.seconds - self.spent())
+
+    def over(self) -> bool:
+        return self.seconds is not None and self.spent() >= self.seconds
+
+    def part(self, share: float) -> "Budget":
+        """A part of what is left, from now: `share` of it (0 < share <= 1)."""
+        if self.seconds is None:
+            return Budget(None, self.clock)
+        return Budget(share * self.left(), self.clock)
+
+    def limit(self, cap: Optional[float]) -> Optional[float]:
+        """The seconds a step loop started now may take: `cap`, or what is left if less; None
+        where neither limits it."""
+        left = self.left()
+        if cap is None:
+            return None if math.isinf(left) else left
+        return min(cap, left)

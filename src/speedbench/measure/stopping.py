@@ -1,0 +1,136 @@
+"""When a quality probe stops a variant before its rounds: by evidence, or by the budget.
+
+Every probe step is timed (quality.py). The steps after the first `1 + one_time_steps` (the
+first step's allocations and kernel choices; a technique's declared one-time costs, such as
+compilation) are the probe's steady steps.
+
+- **Far slower, by evidence** (bench.too_slow_factor, F): a one-sided test of the run's family.
+  The variant's speed relative to the baseline's (samples per second) is estimated from its
+  steady probe steps against the baseline's (Welch's t on the logs of the seconds per sample);
+  at STOP_LOOKS steady steps the test looks, and the variant is stopped when the upper
+  confidence bound of that ratio is below 1/F: its whole interval is F times slower or more.
+  Each look spends an equal part of the comparison's STOP_SHARE of the family's error
+  (analysis/intervals.py), so the call keeps the run's family-wise level. Status `too slow:
+  ...`, verdict `slower (stopped early)` with that interval.
+- **Too slow for the budget, no call**: a variant whose trials could not fit two rounds in
+  what the model's budget leaves the rounds (fewer than two rounds give no interval; one where
+  bench.repeats asks for one) is not measured: status `not measured: ...`, with its measured
+  step and the bench.time_budget_s that would let it run. Its first step decides where even a
+  third of it is far too long. The baseline is held to neither rule: its trials run, and the
+  deadline cuts them short where need be.
+
+A load that rises F-fold between the baseline's probe and the variant's could fake a stop: the
+two probes are not paired. The test's level and its F-fold margin make that unlikely, and a
+busy machine is flagged in the report.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from speedbench.analysis.intervals import FAMILY_LEVEL, STOP_SHARE, t_quantile
+from speedbench.results.schema import NOT_MEASURED, TOO_SLOW, format_status
+
+STOP_LOOKS = (3, 6)  # the variant's steady probe steps at which the far-slower test looks
+FIRST_STEP_MARGIN = 3  # a first step this many times too long decides the budget check alone
+
+
+def stop_level(comparisons: int, family: float = FAMILY_LEVEL) -> float:
+    """One-sided level of each look of the far-slower test: the comparison's STOP_SHARE of the
+    family, split over the looks."""
+    return 1 - STOP_SHARE * family / max(1, comparisons) / len(STOP_LOOKS)
+
+
+@dataclass
+class Reference:
+    """What a variant's probe is held to: the baseline's steady probe steps (seconds) and
+    samples per step, the factor F (bench.too_slow_factor; None: never stopped by evidence),
+    the test's one-sided level per look, the seconds the model's rounds may take and what the
+    other variants' trials take of each round."""
+
+    step_s: list[float]
+    per_step: int
+    factor: float | None
+    level: float
+    rounds_s: float = math.inf
+    others_s: float = 0.0
+
+
+def speed_ratio(step_s: list[float], per_step: int, ref: Reference, level: float
+                ) -> tuple[float, float, float]:
+    """The variant's speed over the baseline's (samples per second) from steady steps, with an
+    interval whose ends are one-sided bounds at `level` (Welch's t on the logs of seconds per
+    sample, degrees of freedom rounded down); NaN ends below two steps on a side."""
+    x = np.log(np.asarray(step_s, float) / per_step)
+    y = np.log(np.asarray(ref.step_s, float) / ref.per_step)
+    point = math.exp(float(y.mean() - x.mean()))
+    if len(x) < 2 or len(y) < 2:
+        return point, math.nan, math.nan
+    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    se = math.sqrt(vx + vy)
+    df = (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1)) if se > 0 else 1
+    half = t_quantile(2 * level - 1, max(1, int(df))) * se
+    return point, point * math.exp(-half), point * math.exp(half)
+
+
+def far_slower(steady_s: list[float], per_step: int, ref: Reference | None
+               ) -> tuple[float, float, float] | None:
+    """The far-slower test at a look: the variant's (ratio, lo, hi) when its upper bound is
+    below 1/F at the look's level; None otherwise (not at a look, no reference, no F)."""
+    if ref is None or not ref.factor or len(steady_s) not in STOP_LOOKS:
+        return None
+    ratio, lo, hi = speed_ratio(steady_s, per_step, ref, ref.level)
+    return (ratio, lo, hi) if hi * ref.factor < 1 else None
+
+
+def stopped_status(ratio: tuple[float, float, float], steady_s: list[float], ref: Reference,
+                   steps: int) -> str:
+    """`too slow: 14.2x slower [11.0, 18.3] than the baseline in steady probe steps ...`."""
+    point, lo, hi = ratio
+    return format_status(TOO_SLOW, f"{1 / point:.3g}x slower [{1 / hi:.3g}, {1 / lo:.3g}] than "
+                                   f"the baseline in steady probe steps ({np.median(steady_s):.3g}"
+                                   f" s/step, {len(steady_s)} against {len(ref.step_s)}; one-"
+                                   f"sided {ref.level:.4%} per look), stopped after {steps} "
+                                   "steps")
+
+
+def trial_seconds(step_s: float, bench, setup_s: float = 0.5) -> float:
+    """What one trial of a recipe whose step takes `step_s` costs: its set-up, its warm-up
+    floor, its window and two untimed steps (memory, FLOPs), the window cut by
+    bench.max_trial_s."""
+    steps = bench.warmup + bench.steps + 2
+    cap = bench.max_trial_s
+    return setup_s + (steps * step_s if cap is None else min(steps * step_s, cap + 3 * step_s))
+
+
+def needed_s(step_s: float, bench, others_s: float = 0.0) -> float:
+    """What the rounds an interval needs take with this recipe's trials (`step_s` a step;
+    `others_s` the other variants' trials in a round): two rounds, one where the recipe asks
+    for one (bench.repeats=1: a quick look, a recipe search's pilot)."""
+    return min(2, bench.repeats) * (trial_seconds(step_s, bench) + others_s)
+
+
+def over_budget(step_s: float, first: bool, bench, ref: Reference | None,
+                others_s: float = 0.0) -> bool:
+    """Whether the rounds an interval needs (needed_s) would not fit the seconds the model's
+    rounds have; a first step (with its one-time costs) decides only when FIRST_STEP_MARGIN
+    times too long."""
+    if ref is None or not math.isfinite(ref.rounds_s):
+        return False
+    return needed_s(step_s, bench, others_s) > ref.rounds_s * (FIRST_STEP_MARGIN if first else 1)
+
+
+def budget_status(step_s: float, first: bool, bench, ref: Reference, others_s: float,
+                  budget_s: float) -> str:
+    """`not measured: its first probe step took 8.2 s ...; give bench.time_budget_s=900`."""
+    need = needed_s(step_s, bench, others_s)
+    rounds = "two rounds" if bench.repeats > 1 else "a round"
+    enough = budget_s * need / ref.rounds_s
+    which = "its first probe step" if first else "a steady probe step"
+    return format_status(NOT_MEASURED, f"{which} took {step_s:.3g} s; {rounds} with its "
+                                       f"trials would need about {need:.0f} s, more than the "
+                                       f"{ref.rounds_s:.0f} s this model's rounds have; to "
+                                       f"measure it give bench.time_budget_s="
+                                       f"{float(f'{1.2 * enough:.2g}'):g}")

@@ -1,0 +1,44 @@
+"""bench.time_budget_s is a wall-clock bound on the whole run, quiet or beside CPU hogs: the run
+ends within it plus max(5 %, 10 s), its own clock (the console's last line) says so."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli
+
+# The small transformer (a tenth of a second a step on a CPU) asked for far more rounds than fit
+BUDGET_S = 15
+RUN = ["+experiment=amp", "model=transformer", "bench.repeats=50", "bench.target_ci=null",
+       f"bench.time_budget_s={BUDGET_S}", "bench.peak_s=0.05"]
+SLACK_S = max(0.05 * BUDGET_S, 10)
+
+
+def _took_s(output: str) -> float:
+    return float(re.search(r"trials in (\d+) s; report:", output).group(1))
+
+
+def _hogs(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hogs", [0, 2 * (os.cpu_count() or 1)], ids=["quiet", "busy"])
+def test_a_run_ends_within_its_budget(tmp_path, hogs):
+    procs = _hogs(hogs)
+    try:
+        proc = run_cli(*RUN, f"out_dir={tmp_path}", cwd=tmp_path, timeout=300)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert _took_s(output) <= BUDGET_S + SLACK_S, output[-3000:]
+    # the plan said what the budget buys before the rounds
+    assert re.search(r"transformer: data and probes took \d+ s; about \d+ rounds", output), \
+        output[-3000:]

@@ -1,0 +1,114 @@
+"""When a probe stops a variant (measure/stopping.py), and the run's one clock (budget.py)."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from speedbench.analysis.intervals import FAMILY_LEVEL, STOP_SHARE
+from speedbench.measure import stopping
+from speedbench.measure.budget import Budget
+
+BENCH = SimpleNamespace(warmup=3, steps=10, max_trial_s=6.0, time_budget_s=140.0, repeats=5)
+
+
+def ref(step_s, factor=4.0, comparisons=6, rounds_s=math.inf, others_s=0.0):
+    return stopping.Reference(list(step_s), 32, factor, stopping.stop_level(comparisons),
+                              rounds_s, others_s)
+
+
+def test_the_test_spends_the_comparisons_share_of_the_family_over_its_looks():
+    level = stopping.stop_level(6)
+    assert level == pytest.approx(1 - STOP_SHARE * FAMILY_LEVEL / 6 / len(stopping.STOP_LOOKS))
+
+
+def test_a_variant_far_slower_is_stopped_at_a_look_with_its_interval():
+    base = ref([0.30, 0.31, 0.29])
+    slow = [8.1, 8.3, 8.0]  # a 16-bit ResNet step on a CPU without 16-bit instructions
+    got = stopping.far_slower(slow, 32, base)
+    assert got is not None
+    ratio, lo, hi = got
+    assert lo < ratio < hi < 1 / 4 and ratio == pytest.approx(0.3 / 8.13, rel=0.02)
+    assert stopping.far_slower(slow[:2], 32, base) is None  # not a look: 2 steady steps
+    assert stopping.far_slower(slow + [8.2], 32, base) is None  # not a look: 4
+    status = stopping.stopped_status(got, slow, base, 4)
+    assert status.startswith("too slow: ") and "x slower [" in status
+
+
+@pytest.mark.parametrize("base, variant", [
+    ([0.09, 0.10, 0.09], [0.09, 1.1, 0.09]),  # one 1.1 s stall of a fine variant
+    ([0.30, 0.31, 0.29], [0.9, 0.9, 0.9, 0.9, 0.9, 0.9]),  # 3x slower: under the factor 4
+    ([0.30, 0.31, 0.29], [0.3 * 3.15] * 3),  # the 3.15x a loaded A/A pair once stopped at
+])
+def test_a_stall_or_a_slowdown_under_the_factor_never_stops(base, variant):
+    for k in stopping.STOP_LOOKS:
+        assert stopping.far_slower(variant[:k], 32, ref(base)) is None
+
+
+def test_no_factor_and_no_reference_never_stop():
+    assert stopping.far_slower([9.0] * 3, 32, ref([0.3] * 3, factor=None)) is None
+    assert stopping.far_slower([9.0] * 3, 32, None) is None
+
+
+def test_identical_variants_are_stopped_far_less_often_than_the_level_allows():
+    """A/A with heavy-tailed steps (a tenth of them stalled 2-20x): the test spends at most its
+    share of the family; here it spends none (an F-fold margin on top of the level)."""
+    rng = np.random.default_rng(0)
+    level = stopping.stop_level(1)  # one comparison: the laxest level a run uses
+    stops, runs = 0, 4000
+
+    def steps(n):
+        x = 0.1 * np.exp(rng.normal(0, 0.2, n))
+        stall = rng.random(n) < 0.1
+        return list(np.where(stall, x * rng.uniform(2, 20, n), x))
+    for _ in range(runs):
+        base = stopping.Reference(steps(3), 32, 4.0, level)
+        variant = steps(6)
+        stops += any(stopping.far_slower(variant[:k], 32, base) is not None
+                     for k in stopping.STOP_LOOKS)
+    assert stops / runs <= (1 - level) * len(stopping.STOP_LOOKS)
+
+
+def test_a_variant_whose_two_rounds_cannot_fit_is_not_measured_with_the_budget_to_give():
+    # the rounds have 27 s; a round's other trials take 6 s
+    base = ref([0.3] * 3, rounds_s=27.0, others_s=6.0)
+    assert stopping.over_budget(8.2, False, BENCH, base)  # 2 x (15 x 8.2 capped ~31 + 6) > 27
+    assert not stopping.over_budget(0.25, False, BENCH, base)
+    # a first step carries one-time costs: it decides only when far too long
+    assert not stopping.over_budget(1.0, True, BENCH, base)
+    assert stopping.over_budget(60.0, True, BENCH, base)
+    status = stopping.budget_status(8.2, False, BENCH, base, 6.0, BENCH.time_budget_s)
+    assert status.startswith("not measured: a steady probe step took 8.2 s")
+    given = float(status.rsplit("bench.time_budget_s=", 1)[1])
+    assert given > BENCH.time_budget_s
+    assert not stopping.over_budget(8.2, False, BENCH, ref([0.3] * 3))  # no budget: never
+
+
+def test_a_trial_costs_its_setup_warm_up_window_and_two_more_steps_at_most_its_cap():
+    assert stopping.trial_seconds(0.1, BENCH) == pytest.approx(0.5 + 15 * 0.1)
+    assert stopping.trial_seconds(8.0, BENCH) == pytest.approx(0.5 + 6.0 + 3 * 8.0)
+    uncapped = SimpleNamespace(**{**vars(BENCH), "max_trial_s": None})
+    assert stopping.trial_seconds(8.0, uncapped) == pytest.approx(0.5 + 15 * 8.0)
+
+
+def test_a_budget_is_one_clock_whose_parts_pass_on_what_they_leave():
+    now = [0.0]
+    run = Budget(100.0, clock=lambda: now[0])
+    first = run.part(1 / 2)
+    assert first.seconds == 50.0 and run.left() == 100.0
+    now[0] = 20.0  # the first part used 20 s of its 50
+    assert first.left() == 30.0 and not first.over()
+    second = run.part(1 / 1)  # the last part takes all that is left, 30 s unused included
+    assert second.seconds == 80.0
+    assert run.limit(5.0) == 5.0 and run.limit(None) == 80.0
+    now[0] = 101.0
+    assert run.over() and run.left() == 0.0 and run.limit(5.0) == 0.0
+    assert Budget(None).left() == math.inf and Budget(None).limit(None) is None
+
+
+def test_a_runs_budget_keeps_time_back_for_its_report():
+    assert Budget.of_run(140.0).seconds == pytest.approx(140.0 - 8.0)
+    assert Budget.of_run(20.0).seconds == pytest.approx(18.0)
+    assert Budget.of_run(None).seconds is None
