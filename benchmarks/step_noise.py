@@ -56,7 +56,7 @@ def bare_steps(spec, recipe, device, dataset, warmup: int, steps: int) -> list[f
     return times
 
 
-def collect(rounds: int, steps: int, models: tuple[str, ...]) -> pd.DataFrame:
+def collect(rounds: int, steps: int, models: tuple[str, ...], out: Path) -> pd.DataFrame:
     import torch
 
     from run import plan_for  # noqa: E402
@@ -65,8 +65,12 @@ def collect(rounds: int, steps: int, models: tuple[str, ...]) -> pd.DataFrame:
     for model in models:
         arms = {}
         for precision in PRECISIONS:
+            # one warm-up step: the steps after it, warm-up transients included, are all
+            # timed, so that the analysis can choose how many to leave out
             plan, spec, recipe, dataset = plan_for(model, [f"precision={precision}",
                                                            f"bench.steps={steps}",
+                                                           "bench.warmup=1",
+                                                           "bench.steady_tol=null",
                                                            "bench.max_trial_s=null"])
             arms[precision] = (plan, spec, recipe, dataset)
         order = [(p, h) for p in PRECISIONS for h in HARNESSES]
@@ -86,6 +90,7 @@ def collect(rounds: int, steps: int, models: tuple[str, ...]) -> pd.DataFrame:
                           "round": r, "step": i, "step_ms": 1000 * t, "batch": batch}
                          for i, t in enumerate(times)]
             print(f"{model}: round {r + 1}/{rounds}", file=sys.stderr, flush=True)
+            pd.DataFrame(rows).to_csv(out, index=False)  # what is done so far, kept
     return pd.DataFrame(rows)
 
 
@@ -174,9 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data", type=Path, default=DATA)
     a = ap.parse_args(argv)
     if a.what == "collect":
-        steps = collect(a.rounds, a.steps, tuple(a.models.split(",")))
         a.data.parent.mkdir(parents=True, exist_ok=True)
-        steps.to_csv(a.data, index=False)
+        collect(a.rounds, a.steps, tuple(a.models.split(",")), a.data)
         print(f"wrote {a.data}", file=sys.stderr)
     print(analyse(pd.read_csv(a.data)))
     return 0

@@ -1,18 +1,24 @@
-"""Error rates of speedbench's verdicts, simulated through the code the command line runs.
+"""Error rates of speedbench's verdicts, simulated through the code the command line runs: whole
+runs, every model of them.
 
-Each simulated run drives measure.rounds.ModelRounds itself (its balanced orders, its rounds
-loop and the group-sequential stopping of adaptive.wants_more_rounds), on a simulated clock with
-the experiment's time budget, with a simulated measurer in place of training; then
-summary.summarise gives the verdicts, as run.py does. Only the measurer and the clock are
-simulated.
+Each simulated run drives measure.rounds.ModelRounds itself for each model, on one simulated
+clock and one budget (measure.budget.Budget, split across the models as measure_plan splits it,
+the probes' share as ModelRounds takes it): the quality probes, whose simulated steps are judged
+by the real stopping rules (quality._stopped: the far-slower test and the budget check of
+measure/stopping.py), the plan, the balanced orders, the rounds loop and its group-sequential
+looks; then analysis.summary.summarise over all the models' rows, as run.py does (the family is
+the run's). Only the training steps and the clock are simulated.
 
-The noise is fitted to the committed reference trials (results/reference/*/trials.csv, every
-measurement with 5+ complete rounds): a two-way fit (round + variant) of log throughput gives
-the per-trial sd, the sd of the round effect (what pairing removes) and the standardised
-residuals, which the simulation resamples (their light tails included). A position effect (the
-first trial of a round slower by 0-5 %) is the stress case the balanced orders must absorb.
+The noise is fitted to real measurements:
+- per trial: the committed reference trials (results/reference/*/trials.csv, every measurement
+  with 5+ complete rounds): a two-way fit (round + variant) of log throughput gives the
+  per-trial sd, the sd of the round effect (what pairing removes) and the standardised
+  residuals, which the simulation resamples; with benchmarks/data/step_times.csv (made by
+  benchmarks/step_noise.py) the per-trial sd is that of the trial estimate the runs use;
+- per probe step: the standardised log step times of that file (their tails included), where
+  it exists, else a lognormal of sd STEP_SD.
 
-    python benchmarks/verdict_sim.py              # the table in benchmarks/README.md
+    python benchmarks/verdict_sim.py              # the tables in benchmarks/README.md
     python benchmarks/verdict_sim.py --runs 200   # quicker, rougher
 
 tests/test_verdicts_sim.py runs a small version.
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,20 +39,35 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 from speedbench.analysis import intervals  # noqa: E402
 from speedbench.analysis.summary import summarise  # noqa: E402
+from speedbench.measure import quality  # noqa: E402
 from speedbench.measure.budget import Budget  # noqa: E402
 from speedbench.measure.rounds import ModelRounds  # noqa: E402
+from speedbench.measure.stopping import trial_seconds  # noqa: E402
+from speedbench.measure.timing import typical_step_s  # noqa: E402
+from speedbench.results.schema import STOPPED_SLOWER  # noqa: E402
 
-# The default `+experiment=amp` on a 2-core CPU: bench.repeats 5, target_ci 0.03,
-# time_budget_s 60 per model (the rounds' share: the probes are not simulated), and about 2 s
-# per trial (a round of 3 variants, fp16 stopped, takes ~4-6 s on the reference machine).
-AMP = dict(repeats=5, target_ci=0.03, time_budget_s=60.0, trial_s=2.0)
+STEPS = ROOT / "benchmarks" / "data" / "step_times.csv"
+STEP_SD = 0.1  # per probe step, log scale, without step_times.csv
+CALLS = (intervals.FASTER, intervals.SLOWER, STOPPED_SLOWER)
 
 
 # ---- the noise model, fitted to real trials ----
 
-def fit(paths=None, min_rounds: int = 5) -> dict:
-    """Per-trial sd, round-effect sd and pooled standardised residuals (log throughput) of the
-    reference measurements with at least `min_rounds` complete rounds."""
+def _two_way(y: pd.DataFrame) -> tuple[float, float, np.ndarray]:
+    """(per-trial sd, round sd, standardised residuals) of a rounds x arms table of logs."""
+    r, v = y.shape
+    e = y.sub(y.mean(axis=1), axis=0).sub(y.mean(axis=0), axis=1) + y.values.mean()
+    var_e = float((e.values ** 2).sum()) / ((r - 1) * (v - 1))
+    var_round = max(0.0, float(y.mean(axis=1).var(ddof=1)) - var_e / v)
+    z = e.values.ravel() / math.sqrt(var_e * (r - 1) * (v - 1) / (r * v))
+    return math.sqrt(var_e), math.sqrt(var_round), z
+
+
+def fit(paths=None, min_rounds: int = 5, steps: Path | None = STEPS) -> dict:
+    """The noise model: per-trial sd, round-effect sd and pooled standardised residuals (log
+    throughput) of the reference measurements with at least `min_rounds` complete rounds; with
+    `steps` (step_noise.py's file), the per-trial sd of the trial estimate the runs use
+    (timing.typical_step_s) and the probe steps' standardised log residuals."""
     paths = paths or sorted((ROOT / "results" / "reference").glob("*/trials.csv"))
     trial_sd, round_sd, residuals = [], [], []
     for path in paths:
@@ -55,21 +77,45 @@ def fit(paths=None, min_rounds: int = 5) -> dict:
         for _, g in t.groupby(["experiment", "model"]):
             y = np.log(g.pivot_table(index=key, columns="variant", values="samples_per_s",
                                      aggfunc="median")).dropna()
-            r, v = y.shape
-            if r < min_rounds or v < 2:
+            if y.shape[0] < min_rounds or y.shape[1] < 2:
                 continue
-            e = y.sub(y.mean(axis=1), axis=0).sub(y.mean(axis=0), axis=1) + y.values.mean()
-            var_e = float((e.values ** 2).sum()) / ((r - 1) * (v - 1))
-            var_round = max(0.0, float(y.mean(axis=1).var(ddof=1)) - var_e / v)
-            trial_sd.append(math.sqrt(var_e))
-            round_sd.append(math.sqrt(var_round))
-            residuals.append(e.values.ravel() / math.sqrt(var_e * (r - 1) * (v - 1) / (r * v)))
+            sd, rsd, z = _two_way(y)
+            trial_sd.append(sd)
+            round_sd.append(rsd)
+            residuals.append(z)
     z = np.concatenate(residuals)
-    return {"trial_sd": float(np.median(trial_sd)), "round_sd": float(np.median(round_sd)),
-            "residuals": (z - z.mean()) / z.std(), "measurements": len(trial_sd)}
+    noise = {"trial_sd": float(np.median(trial_sd)), "round_sd": float(np.median(round_sd)),
+             "residuals": (z - z.mean()) / z.std(), "measurements": len(trial_sd),
+             "step_residuals": None, "source": "reference trials.csv (window means)"}
+    if steps is not None and Path(steps).is_file():
+        noise.update(_fit_steps(pd.read_csv(steps)))
+    return noise
 
 
-# ---- one simulated model: the CLI's rounds loop with a simulated measurer ----
+def _fit_steps(steps: pd.DataFrame) -> dict:
+    """The per-trial sd of typical_step_s's estimate over speedbench's trials of each (model,
+    precision) (a two-way fit with the round), and the probe steps' standardised log
+    residuals (each step's log time less its trial's median)."""
+    ours = steps[steps["harness"] == "speedbench"]
+    est = (ours.groupby(["model", "precision", "round"])["step_ms"]
+           .apply(lambda s: typical_step_s(list(s))).rename("est").reset_index())
+    sds = []
+    for _, g in est.groupby("model"):
+        y = np.log(g.pivot_table(index="round", columns="precision", values="est")).dropna()
+        if y.shape[0] >= 3 and y.shape[1] >= 2:
+            sds.append(_two_way(y)[0])
+    logs = np.log(ours["step_ms"])
+    resid = (logs - logs.groupby([ours["model"], ours["precision"], ours["round"]])
+             .transform("median")).to_numpy()
+    resid = resid / resid.std()
+    out = {"step_residuals": resid, "step_sd": float(np.log(ours["step_ms"]).groupby(
+        [ours["model"], ours["precision"], ours["round"]]).std().median())}
+    if sds:
+        out.update(trial_sd=float(np.median(sds)), source="step_times.csv (typical step)")
+    return out
+
+
+# ---- one simulated run: every model through the CLI's ModelRounds ----
 
 class _Bar:
     total = 0
@@ -81,128 +127,243 @@ class _Bar:
     def update(self, *_): ...
 
 
-class SimRounds(ModelRounds):
-    """ModelRounds with throughputs drawn from the noise model instead of training, and a
-    simulated clock (each trial takes `trial_s` at 100 samples/s, longer when slower)."""
+@dataclass
+class SimModel:
+    """A model of a simulated run: its baseline step (s), samples per step, and each variant's
+    true speed relative to the baseline (1.0: identical; 0.04: 25 times slower)."""
 
-    def __init__(self, effects: dict[str, float], bench, noise: dict, rng, comparisons: int,
-                 position_effect: float = 0.0, trial_s: float = 2.0):
-        names = list(effects)
+    name: str
+    step_s: float
+    speeds: dict[str, float]
+    per_step: int = 32
+    one_time: float = 2.0  # the first step's time, in steady steps
+
+
+@dataclass
+class Clock:
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SimRounds(ModelRounds):
+    """ModelRounds with training simulated: trials' and probe steps' times drawn from the
+    noise model on a simulated clock. Everything else is ModelRounds' own."""
+
+    def __init__(self, model: SimModel, bench, noise: dict, rng, comparisons: int,
+                 budget: Budget, clock: Clock, position_effect: float = 0.0):
+        names = list(model.speeds)
         self.plan = SimpleNamespace(variants={n: SimpleNamespace(bench=bench) for n in names},
-                                    baseline=names[0], models=[SimpleNamespace(name="m")],
+                                    baseline=names[0], models=[SimpleNamespace(name=model.name)],
                                     experiment="sim")
         self.spec, self.first, self.repeats = self.plan.models[0], self.plan.variants[names[0]], \
             bench.repeats
         self.dist_env = self.run_dir = self.writer = None
         self.bar, self.skip, self.probes, self.rows = _Bar(), {}, {}, []
+        self.stops, self.probe_steps, self.seed_losses, self.no_loss = {}, {}, {}, {}
         self.order_seed, self.comparisons = int(rng.integers(2 ** 62)), comparisons
         self.looks = None if bench.target_ci is not None else 1
-        self.effects, self.noise, self.rng = effects, noise, rng
-        self.position_effect, self.trial_s, self.now, self.round_effect = \
-            position_effect, trial_s, 0.0, {}
-        self.stops, self.probe_steps = {}, {}
-        # no data or probes simulated: the budget is the rounds'
-        self.budget = Budget(bench.time_budget_s, clock=lambda: self.now)
+        self.model, self.noise, self.rng, self.clock = model, noise, rng, clock
+        self.position_effect, self.round_effect, self.budget = position_effect, {}, budget
+
+    # -- what training would do --
+    def per_step(self, name: str) -> int:
+        return self.model.per_step
+
+    def _launched(self, recipe) -> bool:
+        return False
+
+    def _header(self, name: str, round_: int, position: int) -> dict:
+        return {"experiment": "sim", "model": self.model.name, "variant": name,
+                "is_baseline": name == self.plan.baseline, "trial": round_, "round": round_,
+                "position": position}
+
+    def _step(self, name: str) -> float:
+        """One probe step's time: the variant's true step, times a resampled step residual."""
+        z = self.noise.get("step_residuals")
+        sd = self.noise.get("step_sd", STEP_SD)
+        e = sd * self.rng.choice(z) if z is not None else self.rng.normal(0, STEP_SD)
+        return self.model.step_s / self.model.speeds[name] * math.exp(e)
+
+    def _probe(self, name, ref, steps=None):
+        """quality._first_seed's loop with simulated steps: the same stopping rules."""
+        b = self.plan.variants[name].bench
+        steps = b.quality_steps if steps is None else steps
+        total = max(steps, 1 + 3 if b.too_slow_factor else 1)
+        limit, times = self.probe_budget.left(), []
+        while len(times) < total:
+            t = self._step(name) * (self.model.one_time if not times else 1.0)
+            times.append(t)
+            self.clock.now += t
+            stop = quality._stopped(times, 1, self.model.per_step, b, ref)
+            if stop:
+                return {**quality._timings(times, 1, self.model.per_step), **stop}
+            if sum(times) > limit and len(times) >= min(total, 4):
+                break
+        return {**quality._timings(times, 1, self.model.per_step), "final_loss": 1.0,
+                "quality_steps": min(steps, len(times)), "quality_samples": steps,
+                "seed_losses": [1.0]}
+
+    def _more_seeds(self) -> None:
+        """The other seeds' untimed steps: their time, within the probes' share."""
+        b = self.first.bench
+        for name in [n for n in self.seed_losses if n not in self.skip]:
+            want = (b.quality_seeds - 1) * b.quality_steps * self.model.step_s \
+                / self.model.speeds[name]
+            self.clock.now += min(want, self.probe_budget.left())
 
     def measure(self, name: str, round_: int, position: int) -> dict:
         noise = self.noise
         if round_ not in self.round_effect:
             self.round_effect[round_] = self.rng.normal(0, noise["round_sd"])
-        log_tp = (math.log(100 * self.effects[name]) + self.round_effect[round_]
-                  + noise["trial_sd"] * self.rng.choice(noise["residuals"])
-                  + (math.log1p(-self.position_effect) if position == 0 else 0.0))
-        tp = math.exp(log_tp)
-        self.now += self.trial_s * 100 / tp
-        return {"experiment": "sim", "model": "m", "variant": name,
+        log_step = (math.log(self.model.step_s / self.model.speeds[name])
+                    - self.round_effect[round_]
+                    - noise["trial_sd"] * self.rng.choice(noise["residuals"])
+                    - (math.log1p(-self.position_effect) if position == 0 else 0.0))
+        step = math.exp(log_step)
+        # the trial's window stops at the run's deadline (between steps)
+        self.clock.now += min(trial_seconds(step, self.first.bench),
+                              self.budget.left() + step)
+        rate = self.model.per_step / step
+        return {"experiment": "sim", "model": self.model.name, "variant": name,
                 "is_baseline": name == self.plan.baseline, "trial": round_, "round": round_,
-                "position": position, "status": "ok", "samples_per_s": tp,
-                "step_ms": 1000 / tp, "data_wait_frac": 0.0, "peak_mem_mb": 1.0,
+                "position": position, "status": "ok", "samples_per_s": rate,
+                "step_ms": 1000 * step, "data_wait_frac": 0.0, "peak_mem_mb": 1.0,
                 "host_rss_mb": 1.0, "final_loss": 1.0, "noise_threshold": 0.05}
 
+    def prepare(self) -> None:
+        """ModelRounds.prepare without the data set and the n/a check: the probes, the plan."""
+        self._probe_all()
+        self.estimate()
 
-def simulate(effects: dict[str, float], noise: dict, rng, repeats: int = 5,
-             target_ci: float | None = 0.03, time_budget_s: float = 30.0, trial_s: float = 2.0,
-             position_effect: float = 0.0) -> pd.DataFrame:
-    """One run of one model, as the CLI runs it: the rounds, then summary.summarise."""
-    bench = SimpleNamespace(repeats=repeats, target_ci=target_ci, time_budget_s=time_budget_s)
-    sim = SimRounds(effects, bench, noise, rng, len(effects) - 1, position_effect, trial_s)
-    for round_ in sim.rounds():
-        sim.run_round(round_)
-    return summarise(pd.DataFrame(sim.rows))
+
+@dataclass
+class Settings:
+    """bench.* of a simulated run (the amp experiment's by default)."""
+
+    time_budget_s: float = 140.0
+    repeats: int = 5
+    target_ci: float | None = 0.03
+    quality_steps: int = 12
+    quality_seeds: int = 3
+    too_slow_factor: float | None = 4.0
+    warmup: int = 3
+    steps: int = 10
+    max_trial_s: float | None = 6.0
+    noise_threshold: float = 0.05
+    steady_tol: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def simulate_run(models: list[SimModel], noise: dict, rng, settings: Settings = Settings(),
+                 position_effect: float = 0.0) -> tuple[pd.DataFrame, float]:
+    """One run of every model, as the CLI runs it; (summary.csv's rows, the run's seconds)."""
+    bench = SimpleNamespace(**{k: v for k, v in vars(settings).items() if k != "extra"})
+    clock = Clock()
+    run = Budget.of_run(settings.time_budget_s, clock=clock)
+    comparisons = sum(len(m.speeds) - 1 for m in models)
+    rows = []
+    for i, model in enumerate(models):
+        sim = SimRounds(model, bench, noise, rng, comparisons, run.part(1 / (len(models) - i)),
+                        clock, position_effect)
+        sim.prepare()
+        for round_ in sim.rounds():
+            sim.run_round(round_)
+        rows += sim.rows
+        for name, status in sim.skip.items():  # the stopped variants' rows, as round 0 has them
+            if not any(r["variant"] == name for r in sim.rows):
+                rows.append({**sim._header(name, 0, 0), **sim.probes.get(name, {}),
+                             "status": status, "noise_threshold": 0.05})
+    return summarise(pd.DataFrame(rows)), clock.now
 
 
 # ---- the measures ----
 
-def cell(variants: int, effect: float, runs: int, noise: dict, seed: int,
-         position_effect: float = 0.0, **settings) -> dict:
-    """`runs` simulated runs of a baseline and `variants - 1` variants; the first non-baseline
-    variant is `effect` times faster, the others identical. Family-wise false calls (any
-    faster/slower among the identical ones), coverage of every CI, power on the first
-    variant, mean rounds."""
+def scenario(models: list[SimModel], runs: int, noise: dict, seed: int,
+             settings: Settings = Settings(), position_effect: float = 0.0) -> dict:
+    """`runs` simulated runs: the family-wise false calls (any call on an identical variant),
+    the CI coverage of the truth, each variant's verdicts, the run's mean seconds."""
     rng = np.random.default_rng(seed)
-    effects = {"v0": 1.0, **{f"v{i}": 1.0 for i in range(1, variants)}}
-    effects["v1"] = effect
-    false_runs = covered = cis = called = rounds = 0
+    truth = {(m.name, v): s for m in models for v, s in m.speeds.items()}
+    false_runs = covered = cis = 0
+    verdicts: dict = {k: [] for k in truth}
+    seconds = []
     for _ in range(runs):
-        s = simulate(effects, noise, rng, position_effect=position_effect, **settings)
-        s = s[~s["is_baseline"]].set_index("variant")
-        truth = pd.Series(effects).loc[s.index]
-        calls = s["verdict"].isin([intervals.FASTER, intervals.SLOWER])
-        nulls = truth == 1.0
-        false_runs += bool((calls & nulls).any())
-        covered += int(((s["speedup_lo"] <= truth) & (truth <= s["speedup_hi"])).sum())
-        cis += len(s)
-        want = intervals.FASTER if effect > 1 else intervals.SLOWER
-        called += s.loc["v1", "verdict"] == want
-        rounds += int(s["rounds"].max())
-    return {"family_false": false_runs / runs, "coverage": covered / cis,
-            "power": called / runs, "rounds": rounds / runs}
+        s, took = simulate_run(models, noise, rng, settings, position_effect)
+        seconds.append(took)
+        s = s[~s["is_baseline"].astype(bool)]
+        false = False
+        for r in s.itertuples():
+            t = truth[(r.model, r.variant)]
+            verdicts[(r.model, r.variant)].append(r.verdict)
+            false |= t == 1.0 and r.verdict in CALLS
+            if r.speedup_lo == r.speedup_lo:
+                cis += 1
+                covered += r.speedup_lo <= t <= r.speedup_hi
+        false_runs += false
+    return {"family_false": false_runs / runs, "coverage": covered / max(cis, 1),
+            "verdicts": verdicts, "seconds": float(np.mean(seconds)),
+            "seconds_max": float(np.max(seconds))}
 
 
-def aa_rows(variants: list[int], runs: int, noise: dict, settings: dict, seed: int = 0
-            ) -> list[str]:
-    """A/A rows: identical variants, without and with a 5 % first-in-round slowdown."""
-    lines = []
-    for v in variants:
-        for pos in (0.0, 0.05):
-            r = cell(v, 1.0, runs, noise, seed + v, pos, **settings)
-            lines.append(f"| {v} | {pos:.0%} | {r['family_false']:.2%} | {r['coverage']:.2%} | "
-                         f"{r['rounds']:.1f} |")
-    return lines
+def share(verdicts: list[str], *words: str) -> float:
+    return sum(v in words for v in verdicts) / max(len(verdicts), 1)
 
 
-def power_rows(runs: int, noise: dict, settings: dict, seed: int = 0) -> list[str]:
-    """Power rows: 3 variants, one truly 1.1x / 1.2x / 1.3x faster."""
-    lines = []
-    for effect in (1.1, 1.2, 1.3):
-        r = cell(3, effect, runs, noise, seed + int(effect * 100), **settings)
-        lines.append(f"| {effect:.1f}x | {r['power']:.1%} | {r['coverage']:.2%} | "
-                     f"{r['rounds']:.1f} |")
-    return lines
+# The reference models on a 2-core AVX-512-bf16 CPU (the fp32 baseline's step; bf16's and fp16's
+# speeds against it), as measured there (results/reference/, benchmarks/README.md).
+def amp_models(bf16=(1.45, 1.26, 1.0), fp16=(0.04, 0.06, 0.08)) -> list[SimModel]:
+    steps = {"resnet": 0.32, "vae": 0.25, "transformer": 0.08}
+    return [SimModel(name, steps[name], {"fp32": 1.0, "fp16": f16, "bf16": b16})
+            for name, b16, f16 in zip(steps, bf16, fp16)]
 
 
-AA_HEAD = ["| variants | position effect | A/A family-wise false calls | CI coverage | mean rounds |",
-           "|---|---|---|---|---|"]
-POWER_HEAD = ["| true speed-up (3 variants) | called faster | CI coverage | mean rounds |",
-              "|---|---|---|---|"]
+def identical(variants: int, models: int = 3) -> list[SimModel]:
+    base = amp_models()
+    return [SimModel(m.name, m.step_s, {f"v{i}": 1.0 for i in range(variants)})
+            for m in base[:models]]
 
 
 def table(runs: int, noise: dict, seed: int = 0) -> list[str]:
-    """The Markdown tables of benchmarks/README.md: the default amp settings (a 60 s budget:
-    one look), then the default budget of 600 s (group-sequential looks)."""
-    lines = [f"Noise fitted to {noise['measurements']} reference measurements: per-trial sd "
-             f"{noise['trial_sd']:.3f}, round-effect sd {noise['round_sd']:.3f} (log scale); "
-             f"{runs} runs per row."]
-    for name, settings, variants in (("amp defaults", AMP_SETTINGS, range(2, 8)),
-                                     ("bench.time_budget_s=600", LONG_SETTINGS, (2, 3, 7))):
-        lines += ["", f"{name}: {settings}", "", *AA_HEAD,
-                  *aa_rows(list(variants), runs, noise, settings, seed), "", *POWER_HEAD,
-                  *power_rows(runs, noise, settings, seed)]
+    """The Markdown tables of benchmarks/README.md."""
+    lines = [f"Noise: per-trial sd {noise['trial_sd']:.3f} ({noise['source']}), round-effect sd "
+             f"{noise['round_sd']:.3f} (log scale), probe steps "
+             f"{'resampled from step_times.csv' if noise['step_residuals'] is not None else 'lognormal'}"
+             f"; {runs} runs per row.", ""]
+    lines += ["| scenario | budget | A/A family-wise false calls | CI coverage | mean run s (max) |",
+              "|---|---|---|---|---|"]
+    for name, models, budget in (("amp, 3 models x 3 identical variants", identical(3), 140),
+                                 ("7 identical variants, transformer", [identical(7)[2]], 140),
+                                 ("7 identical variants, transformer", [identical(7)[2]], 600)):
+        r = scenario(models, runs, noise, seed, Settings(time_budget_s=budget))
+        lines.append(f"| {name} | {budget} s | {r['family_false']:.2%} | {r['coverage']:.2%} | "
+                     f"{r['seconds']:.0f} ({r['seconds_max']:.0f}) |")
+    lines += ["", "| amp on the reference CPU | budget | bf16 decided | bf16 verdicts | "
+                  "fp16 | mean run s |", "|---|---|---|---|---|---|"]
+    for budget in (140, 600):
+        r = scenario(amp_models(), runs, noise, seed, Settings(time_budget_s=budget))
+        for m in amp_models():
+            v16, v32 = r["verdicts"][(m.name, "bf16")], r["verdicts"][(m.name, "fp16")]
+            decided = share(v16, intervals.FASTER, intervals.SLOWER, intervals.EQUIVALENT)
+            lines.append(f"| {m.name} (bf16 {m.speeds['bf16']:.2f}x) | {budget} s | "
+                         f"{decided:.1%} | {_mix(v16)} | {_mix(v32)} | {r['seconds']:.0f} |")
+    lines += ["", "| true speed-up (one variant per model of 3, 3 variants each) | budget | "
+                  "called faster | CI coverage |", "|---|---|---|---|"]
+    for effect in (1.1, 1.2):
+        for budget in (140, 600):
+            models = [SimModel(m.name, m.step_s, {"a": 1.0, "b": 1.0, "c": effect})
+                      for m in amp_models()]
+            r = scenario(models, runs, noise, seed, Settings(time_budget_s=budget))
+            called = np.mean([share(r["verdicts"][(m.name, "c")], intervals.FASTER)
+                              for m in models])
+            lines.append(f"| {effect:.1f}x | {budget} s | {called:.1%} | {r['coverage']:.2%} |")
     return lines
 
 
-AMP_SETTINGS = dict(AMP)
-LONG_SETTINGS = dict(AMP, time_budget_s=600.0)
+def _mix(verdicts: list[str]) -> str:
+    counts = pd.Series(verdicts).value_counts(normalize=True)
+    return ", ".join(f"{w} {p:.0%}" for w, p in counts.items())
 
 
 def main(argv=None) -> None:

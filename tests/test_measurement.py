@@ -493,7 +493,8 @@ def test_quality_probe_stops_at_its_time_limit_without_a_loss():
     start = time.perf_counter()
     got = _probe(plan, plan.baseline)
     assert time.perf_counter() - start < 60  # 10000 steps would take minutes
-    assert math.isnan(got["final_loss"]) and 0 < got["quality_steps"] < 10000, got
+    # on a loaded machine the hard cap may stop even the first step (0 steps done)
+    assert math.isnan(got["final_loss"]) and 0 <= got["quality_steps"] < 10000, got
     # quality.csv's row says why (checked between steps, or a step stopped by the watchdog)
     assert got["quality_status"].startswith("n/a: no held-out loss: "), got
     assert "seed_losses" not in got  # no other seed is trained once the limit is reached

@@ -187,9 +187,11 @@ def _medians(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
     if not len(ok) and len(slow):
         med["samples_per_s"] = pd.to_numeric(slow.get("samples_per_s"), errors="coerce").median()
         med["step_ms"] = pd.to_numeric(slow.get("step_ms"), errors="coerce").median()
-    if "probe_samples_per_s" in measured:  # the too-slow rule's throughput
-        med["probe_samples_per_s"] = pd.to_numeric(measured["probe_samples_per_s"],
-                                                   errors="coerce").median()
+    # the probe's throughput, and a stopped variant's probe test (stopping.py)
+    for col in ("probe_samples_per_s", "probe_speedup", "probe_speedup_lo", "probe_speedup_hi"):
+        if col in g:
+            med[col] = pd.to_numeric((measured if len(measured) else g)[col],
+                                     errors="coerce").median()
     return med
 
 
@@ -217,10 +219,21 @@ def _speedup(row: dict, ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, lev
     else:
         verdict = _short(row["status"]) if not len(ok) else "no baseline"
     return {"rounds": rounds, "verdict": verdict, "speedup": speed[0], "speedup_lo": speed[1],
-            "speedup_hi": speed[2], "ci_halfwidth": relative_halfwidth(speed[1], speed[2]),
+            "speedup_hi": speed[2], "window_speedup": _window_ratio(row, ok, base_rows, key),
+            "ci_halfwidth": relative_halfwidth(speed[1], speed[2]),
             "min_detectable": (min_detectable(speed[1], speed[2], threshold)
                                if verdict == INCONCLUSIVE else math.nan),
             "noise_threshold": threshold}
+
+
+def _window_ratio(row: dict, ok: pd.DataFrame, base_rows: pd.DataFrame, key: str) -> float:
+    """The speed-up of the windows' mean steps (window_samples_per_s, paired by round), beside
+    the typical step's: where they part, slow steps the typical step leaves out (stalls,
+    periodic work) weigh on the window. NaN without the column or a pair."""
+    if row["is_baseline"] or "window_samples_per_s" not in ok or not len(ok) \
+            or not len(base_rows):
+        return math.nan
+    return paired_ratio_ci(*paired(ok, base_rows, "window_samples_per_s", key))[0]
 
 
 def _probe_ratio(row: dict, base_rows: pd.DataFrame) -> tuple[float, float, float]:

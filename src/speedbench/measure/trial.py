@@ -55,6 +55,9 @@ def dataset_length(plan: Plan, spec: ModelSpec, world_size: int = 1) -> int:
 # or two. Past it, a step that has itself run bench.max_trial_s is stopped (status `too slow`);
 # a trial of shorter steps (warm-up's floor of bench.warmup steps) runs on.
 OVERRUN_FACTOR = 2
+# The tensor-memory step (an untimed step under a dispatch-mode tracker, slower than a plain
+# one) runs in the first rounds only: a recipe's memory is the same in every round.
+MEMORY_ROUNDS = 2
 MAX_SAMPLES = 10_000_000  # per trial: the loader's shuffle alone holds 8 bytes per sample
 
 
@@ -127,7 +130,8 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
         out = run_dir / "profile" / file_name(spec.name) / file_name(variant) \
             if run_dir and trial == 0 else None
         record.update(_measured(spec, recipe, ctx, dataset, out, book,
-                                f"model {spec.name}, variant {variant}", budget))
+                                f"model {spec.name}, variant {variant}", budget,
+                                memory_step=trial < MEMORY_ROUNDS))
         if dist_env is not None:
             record = distributed.gather_record(record, dist_env)
             record.update(rates(record))  # the job's steps: each the slowest rank's
@@ -207,7 +211,8 @@ def _deadline(recipe: DictConfig, ctx: Context, what: str) -> watchdog.Deadline:
 
 
 def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profile_out,
-              book: FlopsBook | None, what: str = "", budget: Budget | None = None) -> dict:
+              book: FlopsBook | None, what: str = "", budget: Budget | None = None,
+              memory_step: bool = True) -> dict:
     """The measured columns of a trial, the recipe applied (session.applied) for all of it,
     under the trial's hard cap (trial_limit_s): StepOverrun once it passes."""
     device, b = ctx.device, batching(spec, recipe, ctx)
@@ -228,7 +233,8 @@ def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profil
             # One more step, untimed, for the tensor memory split (not under torchrun: the
             # ranks would all have to take it); the phase totals stay the window's.
             with clock.paused():
-                memory = step_memory(trainer, device) if ctx.dist_env is None else {}
+                memory = step_memory(trainer, device) \
+                    if ctx.dist_env is None and memory_step else {}
         dev_peak = device_peak_mb(device)
         if recipe.profile != "off":
             with clock.paused():
@@ -242,7 +248,8 @@ def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profil
     got.update({
         "status": schema.OK if math.isfinite(loss) else schema.DIVERGED,
         "data_wait_frac": clock.totals["data"] / elapsed,
-        "peak_mem_mb": dev_peak if dev_peak is not None else rss.main_mb - rss.start_mb,
+        "peak_mem_mb": dev_peak if dev_peak is not None else
+        rss.main_mb - rss.start_mb if ctx.dist_env is not None else math.nan,
         "host_rss_mb": rss.total_mb, "host_rss_main_mb": rss.main_mb,
         "final_loss": loss, "window_loss": loss, "samples": got["steps"] * b.per_step,
         "noise_threshold": recipe.bench.noise_threshold,

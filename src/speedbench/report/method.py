@@ -102,7 +102,7 @@ def spread_warnings(summary: pd.DataFrame) -> list[str]:
         n = float(getattr(r, "unsteady", 0))
         if n > 0:
             unsteady.append(f"{r.model}/{r.variant} {int(n)} of {int(r.trials)}")
-    lines = _position_warnings(summary)
+    lines = _position_warnings(summary) + _tail_warnings(summary)
     if noisy:
         lines.append(f"WARNING: trial spread (IQR/median of samples/s) over {SPREAD_WARN:.0%}: "
                      + ", ".join(noisy) + ". Something else may be using the machine, or the "
@@ -113,6 +113,24 @@ def spread_warnings(summary: pd.DataFrame) -> list[str]:
                      + ", ".join(unsteady)
                      + " (bench.warmup_max or the trial's time cap came first).")
     return lines
+
+
+def _tail_warnings(summary: pd.DataFrame) -> list[str]:
+    """Rows whose windows' mean-step speed-up parts from the typical step's by more than the
+    noise threshold: slow steps (stalls, periodic work) the typical step leaves out."""
+    parted = []
+    for r in summary.itertuples():
+        typical, window = getattr(r, "speedup", math.nan), getattr(r, "window_speedup", math.nan)
+        threshold = getattr(r, "noise_threshold", DEFAULT_THRESHOLD)
+        if typical > 0 and window > 0 and abs(math.log(window / typical)) > math.log1p(threshold):
+            parted.append(f"{r.model}/{r.variant} {typical:.2f}x (typical step) against "
+                          f"{window:.2f}x (window mean)")
+    if not parted:
+        return []
+    return ["WARNING: the speed-up of the windows' mean step parts from that of the typical "
+            "step: " + ", ".join(parted) + ". Slow steps weigh on the windows (stalls, work "
+            "done every few steps): steps.csv has every step; measure again on a quiet "
+            "machine."]
 
 
 def _position_warnings(summary: pd.DataFrame) -> list[str]:

@@ -78,6 +78,8 @@ SUMMARY_COLUMNS = [
     # verdicts (summary.py): paired rounds, the CI's relative half-width, the smallest effect an
     # inconclusive row could have shown, the threshold, and the family the CIs are adjusted for
     "rounds", "ci_halfwidth", "min_detectable", "noise_threshold", "comparisons",
+    # the speed-up of the windows' mean steps, beside the typical step's (summary.py)
+    "window_speedup",
     "family_level", "ci_level", "family_scope", "state_mem_mb", "activation_mem_mb",
     "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "peak_phase", "probe_samples_per_s",
     # the model's first-in-round throughput over its later trials' (summary.position_effect)
