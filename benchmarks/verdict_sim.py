@@ -162,6 +162,7 @@ class SimRounds(ModelRounds):
         self.dist_env = self.run_dir = self.writer = None
         self.bar, self.skip, self.probes, self.rows = _Bar(), {}, {}, []
         self.stops, self.probe_steps, self.seed_losses, self.no_loss = {}, {}, {}, {}
+        self.written = set()
         self.order_seed, self.comparisons = int(rng.integers(2 ** 62)), comparisons
         self.looks = None if bench.target_ci is not None else 1
         self.model, self.noise, self.rng, self.clock = model, noise, rng, clock

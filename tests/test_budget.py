@@ -39,6 +39,7 @@ def test_a_run_ends_within_its_budget(tmp_path, hogs):
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert _took_s(output) <= BUDGET_S + SLACK_S, output[-3000:]
-    # the plan said what the budget buys before the rounds
-    assert re.search(r"transformer: data and probes took \d+ s; about \d+ rounds", output), \
-        output[-3000:]
+    # the plan said what the budget buys before the rounds (on a busy machine the probes may
+    # have timed no round)
+    assert re.search(r"transformer: data and probes took \d+ s; (about \d+ rounds|no probe)",
+                     output), output[-3000:]

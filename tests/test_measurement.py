@@ -548,9 +548,9 @@ def test_too_slow_factor_is_checked():
 
 
 @pytest.mark.slow
-def test_a_variant_stopped_early_is_slower_with_its_ratio_and_counts_in_the_family(
+def test_a_variant_stopped_early_is_slower_with_its_interval_and_counts_in_the_family(
         tmp_path, monkeypatch):
-    from speedbench.measure import quality
+    from speedbench.measure import stopping
     from speedbench.results import schema
 
     cfg = compose_cfg(*TINY, "model=transformer", "+variants={base:{},slow:{}}",
@@ -558,23 +558,25 @@ def test_a_variant_stopped_early_is_slower_with_its_ratio_and_counts_in_the_fami
     plan = build_plan(cfg, None)
     seen = []
 
-    def far_slower(step_s, per_step, baseline_rate, factor):  # the rule, held at 3 steps
-        seen.append((len(step_s), baseline_rate, factor))
-        return baseline_rate is not None and len(step_s) >= 1 + quality.STEADY_STEPS
+    def far_slower(steady_s, per_step, ref):  # the test, called at its first look
+        seen.append((len(steady_s), ref))
+        hit = ref is not None and ref.factor and len(steady_s) == stopping.STOP_LOOKS[0]
+        return (0.1, 0.08, 0.12) if hit else None
 
-    monkeypatch.setattr(quality, "far_slower", far_slower)
+    monkeypatch.setattr(stopping, "far_slower", far_slower)
     writer = rounds.measure_plan(plan, tmp_path, progress=False)
-    assert all(factor == 4.0 for _, _, factor in seen)
+    refs = [ref for _, ref in seen if ref is not None]
+    assert refs and all(ref.factor == 4.0 and len(ref.step_s) == 3 for ref in refs)
     slow = [r for r in writer.rows if r["variant"] == "slow"]
-    assert len(slow) == 1 and slow[0]["status"].startswith("too slow: ")
+    assert len(slow) == 1 and slow[0]["status"].startswith("too slow: 10x slower [8.33, 12.5]")
     assert "stopped after 4 steps" in slow[0]["status"] and slow[0]["step_ms"] > 0
     base = [r for r in writer.rows if r["variant"] == "base"]
     assert len(base) == 1  # nothing left to compare: the baseline's repeats are spared
     assert base[0]["probe_samples_per_s"] > 0  # from its 3 steady probe steps (of 4)
     summary = summarise(writer.frame()).set_index("variant")
     assert summary.loc["slow", "verdict"] == schema.STOPPED_SLOWER
-    assert summary.loc["slow", "speedup"] == pytest.approx(
-        slow[0]["probe_samples_per_s"] / base[0]["probe_samples_per_s"])
+    assert (summary.loc["slow", "speedup"], summary.loc["slow", "speedup_lo"],
+            summary.loc["slow", "speedup_hi"]) == (0.1, 0.08, 0.12)
     assert summary.loc["slow", "comparisons"] == 1  # a slower call of the run's family
 
 

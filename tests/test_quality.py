@@ -118,14 +118,15 @@ def test_the_rounds_write_paired_seeds_where_a_variant_is_left_to_compare(tmp_pa
     from conftest import TINY, compose_cfg
 
     from speedbench.config import build_plan
-    from speedbench.measure import quality as probe, rounds
+    from speedbench.measure import rounds, stopping
     from speedbench.results.runs import load_quality
 
     cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=1", "bench.quality_seeds=3",
                       "+variants={base:{},same:{},slow:{accumulate:2}}", "baseline=base")
-    real = probe.far_slower
-    monkeypatch.setattr(probe, "far_slower", lambda s, p, rate, f: rate is not None and p == 8
-                        and len(s) >= 2 or real(s, p, rate, f))
+    real = stopping.far_slower
+    monkeypatch.setattr(stopping, "far_slower", lambda s, p, ref: (0.1, 0.08, 0.12)
+                        if ref is not None and p == 8 and len(s) in stopping.STOP_LOOKS
+                        else real(s, p, ref))
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     writer = rounds.measure_plan(build_plan(cfg, None), tmp_path / "a", progress=False)
     rows = load_quality(tmp_path / "a")

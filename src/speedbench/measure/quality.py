@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -88,54 +89,86 @@ def too_slow(step_s: list[float], per_step: int, baseline_rate: float) -> str:
 PROBE_LIMIT_TRIALS = 10  # the probe may take as long as this many capped trials
 
 
-def probe_limit_s(recipe, left_s: float | None = None) -> float | None:
-    """The probe's time limit: PROBE_LIMIT_TRIALS x bench.max_trial_s (None without a cap),
-    or `left_s` (what the model's time budget leaves it) where that is less. A probe that
-    reaches it stops, its loss left empty, so that a huge bench.quality_steps or a very slow
-    model cannot hold a run in the untimed probe."""
+def probe_limit_s(recipe) -> float | None:
+    """The probe's own time limit: PROBE_LIMIT_TRIALS x bench.max_trial_s (None without a
+    cap), so that a huge bench.quality_steps or a very slow model cannot hold a run in the
+    untimed probe. The run's deadline limits it too (Limits)."""
     cap = recipe.bench.max_trial_s
-    limits = [t for t in (None if cap is None else PROBE_LIMIT_TRIALS * cap, left_s)
-              if t is not None]
-    return max(0.0, min(limits)) if limits else None
+    return None if cap is None else PROBE_LIMIT_TRIALS * cap
 
 
-def limit_status(recipe, limit: float, done: int, steps: int) -> str:
-    """quality.csv's status of a probe that reached its limit (`limit` s) between its steps:
-    PROBE_LIMIT_TRIALS x bench.max_trial_s, or less where the model's time budget was short."""
-    own = probe_limit_s(recipe)
-    source = (f"{PROBE_LIMIT_TRIALS} x bench.max_trial_s" if own is not None and limit >= own
-              else "what bench.time_budget_s left it")
-    return na(f"no held-out loss: the quality probe reached its limit of {limit:.3g} s "
-              f"({source}) after {done} of {steps} steps")
+BUDGET_GRACE_S = 2.0  # a probe step still running this long past the budget's share is stopped
 
 
-def overrun_status(recipe, elapsed_s: float) -> str:
-    """quality.csv's status of a probe its hard cap stopped in a step (watchdog.deadline)."""
+@dataclass
+class Limits:
+    """A probe's two limits: its own (`cap_s`, probe_limit_s: on its timed steps, never
+    before the far-slower test's first look) and what the model's budget leaves it (`left_s`:
+    wall time from `started`, model building and evaluation included, with no floor)."""
+
+    cap_s: float | None
+    left_s: float | None
+    started: float = field(default_factory=time.perf_counter)
+
+    def reached(self, step_s: list[float], floor: int) -> str | None:
+        """Which limit the probe has reached after its latest step: "cap", "budget" or None."""
+        if self.left_s is not None and time.perf_counter() - self.started > self.left_s:
+            return "budget"
+        if self.cap_s is not None and sum(step_s) > self.cap_s and len(step_s) >= floor:
+            return "cap"
+        return None
+
+    def hard(self) -> tuple[float | None, str]:
+        """The watchdog's limit on the probe's steps, and what it is: the cap, or the budget's
+        share and a grace where that comes first."""
+        left = None if self.left_s is None else \
+            self.left_s - (time.perf_counter() - self.started) + BUDGET_GRACE_S
+        if left is not None and (self.cap_s is None or left < self.cap_s):
+            return max(0.1, left), "what bench.time_budget_s left it"
+        if self.cap_s is not None:
+            return self.cap_s, f"{PROBE_LIMIT_TRIALS} x bench.max_trial_s"
+        return None, ""
+
+    def status(self, which: str, done: int, steps: int) -> str:
+        """quality.csv's status of a probe that reached a limit after `done` of `steps`."""
+        if which == "budget":
+            return na(f"no held-out loss: the quality probe reached what bench.time_budget_s "
+                      f"left it ({self.left_s:.3g} s) after {done} of {steps} steps")
+        return na(f"no held-out loss: the quality probe reached its limit of {self.cap_s:.3g} "
+                  f"s ({PROBE_LIMIT_TRIALS} x bench.max_trial_s) after {done} of {steps} steps")
+
+
+def overrun_status(hard: tuple[float, str], elapsed_s: float) -> str:
+    """quality.csv's status of a probe its hard cap (`hard`: Limits.hard) stopped in a step
+    (watchdog.deadline)."""
     return na(f"no held-out loss: a step of the quality probe ran past its limit of "
-              f"{PROBE_LIMIT_TRIALS} x bench.max_trial_s ({probe_limit_s(recipe):g} s); "
-              f"stopped after {elapsed_s:.1f} s")
+              f"{hard[1]} ({hard[0]:.3g} s); stopped after {elapsed_s:.1f} s")
 
 
 def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
                   ref: stopping.Reference | None = None, seeds: int = 1, what: str = "",
-                  left_s: float | None = None, rounds_ref: bool = False) -> dict:
+                  left_s: float | None = None) -> dict:
     """{final_loss, seed_losses, quality_steps, quality_samples, first_step_ms, second_step_ms,
     probe_samples_per_s, probe_step_s}: `steps` optimizer steps from each of `seeds` seeds
     (bench.seed, bench.seed + 1, ...), each then evaluated on held-out data (held_out.py);
     final_loss is the first seed's. The first seed's steps are timed (probe_step_s: its steady
     ones); where bench.too_slow_factor is set it runs at least the steps the far-slower test
-    needs (past `steps`, only timed). The probe stops at probe_limit_s (`left_s`: what the
-    model's budget leaves it), checked between steps and within a step by a hard cap
-    (watchdog.deadline): no loss then, and `quality_status` says why.
+    needs (past `steps`, only timed). The probe stops at its limits (Limits: its own, and
+    `left_s`, what the model's budget leaves it), checked between steps and within a step by
+    a hard cap (watchdog.deadline): no loss then, and `quality_status` says why.
     Held to `ref` (the baseline's steady steps, stopping.Reference), a variant is stopped as
     far slower by the test of stopping.far_slower (status 'too slow: ...', no loss), or as too
     slow for the budget (stopping.over_budget: 'not measured: ...'); the baseline (`ref` None)
     is held to neither. `n/a: ...` when a technique cannot act on the model. `what` names the
     probe in the watchdog's message."""
+    if left_s is not None and left_s <= 0:
+        return {"quality_status": na("no held-out loss: no time was left for the quality "
+                                     "probe (bench.time_budget_s)"), "final_loss": math.nan,
+                "quality_steps": 0, "quality_samples": 0}
     train, xy, _ = held_out.split(dataset, spec, recipe.bench.seed, EVAL_SAMPLES)
     started = time.perf_counter()
     got = _first_seed(spec, recipe, ctx, train, xy, steps, ref,
-                      probe_limit_s(recipe, left_s), what or f"model {spec.name}")
+                      Limits(probe_limit_s(recipe), left_s), what or f"model {spec.name}")
     if "status" in got or not steps or "quality_status" in got:
         return got  # n/a or stopped; no loss asked for; or none: the limit came first
     left_s = None if left_s is None else left_s - (time.perf_counter() - started)
@@ -146,9 +179,11 @@ def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
 def more_seeds(spec, recipe, ctx: Context, dataset, steps: int, seeds: int,
                left_s: float | None = None) -> list[float]:
     """The held-out losses of seeds 1 .. seeds - 1 (the first is quality_probe's), untimed;
-    those done within probe_limit_s(recipe, left_s) where the limit stops them."""
+    those done within the probe's own limit and `left_s` (the budget's share) where a limit
+    stops them."""
     train, xy, _ = held_out.split(dataset, spec, recipe.bench.seed, EVAL_SAMPLES)
-    started, limit, losses = time.perf_counter(), probe_limit_s(recipe, left_s), []
+    limits = [t for t in (probe_limit_s(recipe), left_s) if t is not None]
+    started, limit, losses = time.perf_counter(), min(limits) if limits else None, []
     for k in range(1, seeds):
         left = None if limit is None else limit - (time.perf_counter() - started)
         loss = _seed_loss(spec, seeded(recipe, k), ctx, train, xy, steps, left)
@@ -165,7 +200,7 @@ def seeded(recipe, k: int):
     return r
 
 
-def _first_seed(spec, recipe, ctx, train, xy, steps, ref, limit, what) -> dict:
+def _first_seed(spec, recipe, ctx, train, xy, steps, ref, limits: Limits, what) -> dict:
     """The first seed: timed steps, the stopping rules (stopping.py), the held-out loss after
     `steps`."""
     per_step = batching(spec, recipe, ctx).per_step
@@ -173,12 +208,13 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, ref, limit, what) -> dict:
     # the steps the far-slower test needs: its first look (the baseline: the reference's)
     need = steady_from + stopping.STOP_LOOKS[0] if recipe.bench.too_slow_factor else 1
     total = max(steps, need)
-    # the limit never stops the probe before the test's first look: a variant far slower
-    # would otherwise escape it into the rounds
+    # its own limit never stops the probe before the test's first look (a variant far slower
+    # would otherwise escape it into the rounds); the budget's share does
     floor = min(total, need)
     times, loss, why = [], None, {}  # loss: None until evaluated
     try:
-        with applied(spec, recipe, ctx, train) as trainer, _capped(probe_limit_s(recipe), what):
+        hard = limits.hard()
+        with applied(spec, recipe, ctx, train) as trainer, _capped(hard[0], what):
             torch.manual_seed(recipe.bench.seed)  # dropout, per-step noise: the same stream
             while len(times) < total:
                 times.append(_timed_step(trainer))
@@ -187,15 +223,16 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, ref, limit, what) -> dict:
                     return {**_timings(times, steady_from, per_step), **stop}
                 if len(times) == steps:
                     loss = held_out.evaluate(trainer.model, spec, xy, trainer.device)
-                if limit is not None and sum(times) > limit and len(times) >= floor:
+                reached = limits.reached(times, floor)
+                if reached:
                     if len(times) < steps:  # no loss: the probe's steps are not all done
-                        why = {"quality_status": limit_status(recipe, limit, len(times), steps)}
+                        why = {"quality_status": limits.status(reached, len(times), steps)}
                     break
     except NotApplicable as exc:
         return {"status": str(exc)}
     except watchdog.StepOverrun as exc:  # a step past the limit: no loss, and why
         if loss is None and steps:
-            why = {"quality_status": overrun_status(recipe, exc.elapsed_s)}
+            why = {"quality_status": overrun_status(hard, exc.elapsed_s)}
     done = min(steps, len(times))  # fewer where the time limit stopped it
     return {**_timings(times, steady_from, per_step),
             "final_loss": math.nan if loss is None else loss,
@@ -233,16 +270,20 @@ def _capped(limit: float | None, what: str) -> watchdog.Deadline:
     """The probe's limit as a hard cap on its steps (entered once the model is built, left
     before the recipe's cleanup): a step that would overrun it is stopped (StepOverrun)."""
     return watchdog.deadline(limit, f"the quality probe of {what}",
-                             f"{PROBE_LIMIT_TRIALS} x bench.max_trial_s")
+                             f"{PROBE_LIMIT_TRIALS} x bench.max_trial_s or the time budget's "
+                             f"share, {limit:.3g} s" if limit is not None else "")
 
 
 def _seed_loss(spec, recipe, ctx, train, xy, steps: int, left_s: float | None) -> float | None:
     """The held-out loss after `steps` untimed steps from recipe's seed; None past `left_s`
     (checked between steps, and within a step by a hard cap: _capped)."""
+    if left_s is not None and left_s <= 0:
+        return None
     started = time.perf_counter()
     try:
         with applied(spec, recipe, ctx, train) as trainer, \
-                _capped(left_s and left_s - (time.perf_counter() - started),
+                _capped(None if left_s is None else
+                        max(0.1, left_s - (time.perf_counter() - started)),
                         f"model {spec.name}"):
             torch.manual_seed(recipe.bench.seed)
             for _ in range(steps):

@@ -132,6 +132,7 @@ class ModelRounds:
         self.dataset = None
         self.skip: dict[str, str] = {}  # variant -> its n/a or too-slow status
         self.stops: dict[str, int] = {}  # variant -> its trials a limit stopped (not measured)
+        self.written: set[str] = set()  # the variants with a row in trials.csv
         self.probes: dict[str, dict] = {}  # variant -> its quality probe
         self.probe_steps: dict[str, list[float]] = {}  # variant -> its probe's steady steps (s)
         self.seed_losses: dict[str, list[float]] = {}  # variant -> the probe's held-out losses
@@ -256,16 +257,31 @@ class ModelRounds:
         for position, name in self.order(round_):
             errors.stop_if_asked()  # a Ctrl-C whose first raise was lost in a finalizer
             self.bar.set_postfix_str(f"{self.spec.name} {name} round {round_ + 1}{of}")
+            if name not in self.skip and self.budget.over() and not self._measured(name):
+                # no trial starts past the deadline: one row says why it has none
+                self.skip[name] = schema.format_status(
+                    schema.NOT_MEASURED, "the run's bench.time_budget_s ran out before its "
+                    "first trial; give more (the plan above says how much)")
             if name in self.skip:
-                if round_ == 0:  # an n/a variant gets one row, in round 0
+                if not self._measured(name) and not self._written(name):
+                    # a variant with no trial (n/a, stopped, out of time) gets one row
                     self._write({**self._header(name, round_, position),
                                  **self.probes.get(name, {}), "status": self.skip[name]})
+            elif self.budget.over():
+                pass  # the deadline passed in this round: its other trials do not start
             elif not self._nothing_to_compare(name, round_):
                 record = self.measure(name, round_, position)
                 self._after(name, record["status"])
                 self._write(record)
                 self.rows.append(record)
             self.bar.update()
+
+    def _measured(self, name: str) -> bool:
+        """Whether a trial of the variant has been run."""
+        return any(r["variant"] == name for r in self.rows)
+
+    def _written(self, name: str) -> bool:
+        return name in self.written
 
     def _after(self, name: str, status: str) -> None:
         """A variant n/a in a trial is not measured again; one a limit stopped (`not measured`:
@@ -449,6 +465,7 @@ class ModelRounds:
     def _write(self, record: dict) -> None:
         # bench.order_seed=<order_seed> replays the orders; the looks give the CI's level
         record.update(order_seed=self.order_seed, min_rounds=self.repeats, looks=self.looks)
+        self.written.add(record["variant"])
         if self.writer:
             self.writer.append(record)
 
