@@ -43,3 +43,24 @@ def test_a_run_ends_within_its_budget(tmp_path, hogs):
     # have timed no round)
     assert re.search(r"transformer: data and probes took \d+ s; (about \d+ rounds|no probe)",
                      output), output[-3000:]
+
+
+def test_a_quick_look_is_one_round_of_fixed_windows_without_probes_or_intervals(tmp_path):
+    import pandas as pd
+
+    from conftest import TINY, compose_cfg
+    from speedbench.config import build_plan
+    from speedbench.run import run
+
+    cfg = compose_cfg(*TINY, "model=transformer", "bench.mode=quick", f"out_dir={tmp_path}",
+                      experiment="amp")
+    for recipe in build_plan(cfg, "amp").variants.values():
+        b = recipe.bench
+        assert (b.repeats, b.target_ci, b.steady_tol, b.quality_steps, b.too_slow_factor) == \
+            (1, None, None, 0, None)
+    run_dir = run(cfg, "amp", progress=False)
+    summary = pd.read_csv(run_dir / "summary.csv")
+    measured = summary[~summary["is_baseline"] & (summary["status"] == "ok")]
+    assert len(measured) and (measured["verdict"] == "no CI").all()
+    assert measured["speedup"].notna().all() and measured["speedup_lo"].isna().all()
+    assert (pd.read_csv(run_dir / "trials.csv")["round"] == 0).all()
