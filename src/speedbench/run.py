@@ -206,9 +206,8 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
     busy = busy_note({"machine_load": load})
     if busy:
         print(textwrap.fill(busy, width=100) + "\n")
-    stalled = method.stall_note(writer.frame())
-    if stalled:
-        print(textwrap.fill(stalled, width=100) + "\n")
+    for note in method.trial_notes(writer.frame()):  # stalled windows, trials others slowed
+        print(textwrap.fill(note, width=100) + "\n")
     print("\n".join(console_lines(summary, experiment, overrides, table=table,
                                    repeats=repeats)))
     if profiled:

@@ -1,6 +1,7 @@
 """What the machine and software were: enough to explain why two runs differ."""
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import platform
@@ -139,8 +140,37 @@ class _LoadWatch:
 
 
 def _own_cpu_s() -> float:
-    t = os.times()  # this process and its finished children (DataLoader workers, launches)
-    return t.user + t.system + t.children_user + t.children_system
+    """CPU seconds of this process and its children, finished (os.times) and still running
+    (DataLoader workers, launched trials, compile workers: psutil), so that none of the run's
+    own work counts as another process's."""
+    t = os.times()
+    own = t.user + t.system + t.children_user + t.children_system
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            try:
+                c = child.cpu_times()
+                own += c.user + c.system
+            except psutil.Error:  # it ended meanwhile: os.times has it once it is reaped
+                continue
+    except Exception:  # no psutil here: the finished children only
+        pass
+    return own
+
+
+class CpuWindow:
+    """The share of the machine's CPU time other processes used from its creation to
+    `others()` (/proc/stat less this run's own, children included): a trial's `others_cpu_share`
+    in trials.csv, so that a burst that slowed some trials is seen in those trials, not
+    diluted over the run."""
+
+    def __init__(self):
+        self.jiffies, self.own = _cpu_jiffies(), _own_cpu_s()
+
+    def others(self) -> float:
+        share = _others_fraction(self.jiffies, _cpu_jiffies(), _own_cpu_s() - self.own)
+        return math.nan if share is None else share
 
 
 def _cpu_jiffies() -> tuple[int, int, int] | None:

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from speedbench import distributed, errors, techniques
 from speedbench.analysis import adaptive, intervals, power
 from speedbench.config import ModelSpec, Plan
-from speedbench.measure import capacity, launch, quality, stopping
+from speedbench.measure import capacity, env, launch, quality, stopping
 from speedbench.measure.budget import Budget
 from speedbench.measure.data import build_dataset
 from speedbench.measure.flops import FlopsBook
@@ -270,7 +270,9 @@ class ModelRounds:
             elif self.budget.over():
                 pass  # the deadline passed in this round: its other trials do not start
             elif not self._nothing_to_compare(name, round_):
+                cpu = env.CpuWindow()  # what other processes took of the CPU meanwhile
                 record = self.measure(name, round_, position)
+                record["others_cpu_share"] = cpu.others()
                 self._after(name, record["status"])
                 self._write(record)
                 self.rows.append(record)

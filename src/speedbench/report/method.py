@@ -186,6 +186,33 @@ def stall_note(trials: pd.DataFrame) -> str | None:
             "machine, for figures to rely on.")
 
 
+BUSY_TRIAL = 0.25  # a trial during which other processes took over a quarter of the CPU
+
+
+def busy_trials_note(trials: pd.DataFrame) -> str | None:
+    """One line naming the trials other processes slowed (others_cpu_share over BUSY_TRIAL
+    while they ran: a burst the run-wide figure dilutes); None when none was."""
+    if "others_cpu_share" not in trials or not len(trials):
+        return None
+    share = pd.to_numeric(trials["others_cpu_share"], errors="coerce")
+    hit = trials[share > BUSY_TRIAL]
+    if hit.empty:
+        return None
+    per = hit.groupby(["model", "variant"], sort=False).size()
+    named = ", ".join(f"{m}/{v} {n}" for (m, v), n in per.head(STALLS_NAMED).items())
+    more = f", and {len(per) - STALLS_NAMED} more" if len(per) > STALLS_NAMED else ""
+    return (f"{len(hit)} of {len(trials)} trials ran while other processes took over "
+            f"{BUSY_TRIAL:.0%} of the CPU (others_cpu_share in trials.csv): {named}{more}. "
+            "Their rounds are noisier; measure again on a quiet machine for figures to rely "
+            "on.")
+
+
+def trial_notes(trials: pd.DataFrame) -> list[str]:
+    """The notes about single trials that open the console and the report: stalled windows,
+    trials slowed by other processes."""
+    return [n for n in (stall_note(trials), busy_trials_note(trials)) if n]
+
+
 def _round_of(row) -> str:
     value = getattr(row, "round", getattr(row, "trial", math.nan))
     number = pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0]

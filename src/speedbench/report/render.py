@@ -554,9 +554,8 @@ def build_document(run: Run, out_dir: Path) -> Document:
     busy = busy_note(run.env)
     if busy:  # first: it explains every figure below
         doc.note(busy)
-    stalled = method.stall_note(run.trials)
-    if stalled:  # a window with a step far outside its own distribution
-        doc.note(stalled)
+    for note in method.trial_notes(run.trials):  # stalled windows, trials others slowed
+        doc.note(note)
     recommendation_section(doc, run, out_dir)
     for experiment in experiments:
         experiment_section(doc, run, experiment, out_dir)

@@ -66,6 +66,9 @@ TRIAL_COLUMNS = [
     # the window's mean step and its throughput (samples_per_s and step_ms come from the
     # window's typical step: timing.typical_step_s of its steps' times, steps.csv)
     "window_samples_per_s", "window_step_ms",
+    # the share of the machine's CPU other processes used while the trial ran (env.CpuWindow):
+    # a burst of other work shows in the trials it slowed
+    "others_cpu_share",
 ]
 # The contract: every trials.csv has these (experiment ... final_loss); a reader notes the ones
 # an older run lacks.
