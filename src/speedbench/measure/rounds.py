@@ -263,7 +263,7 @@ class ModelRounds:
                     schema.NOT_MEASURED, "the run's bench.time_budget_s ran out before its "
                     "first trial; give more (the plan above says how much)")
             if name in self.skip:
-                if not self._measured(name) and not self._written(name):
+                if not self._measured(name) and name not in self.written:
                     # a variant with no trial (n/a, stopped, out of time) gets one row
                     self._write({**self._header(name, round_, position),
                                  **self.probes.get(name, {}), "status": self.skip[name]})
@@ -281,9 +281,6 @@ class ModelRounds:
     def _measured(self, name: str) -> bool:
         """Whether a trial of the variant has been run."""
         return any(r["variant"] == name for r in self.rows)
-
-    def _written(self, name: str) -> bool:
-        return name in self.written
 
     def _after(self, name: str, status: str) -> None:
         """A variant n/a in a trial is not measured again; one a limit stopped (`not measured`:
