@@ -114,10 +114,13 @@ ESTIMATORS = {
 }
 
 
-def per_trial(steps: pd.DataFrame, window: int | None, estimator) -> pd.DataFrame:
-    """One estimate of the step time per (model, precision, harness, round)."""
-    if window is not None:
-        steps = steps[steps["step"] < window]
+SETUP_S = 0.5  # a trial's model, optimizer and loader built (rounds.TRIAL_SETUP_S)
+
+
+def per_trial(steps: pd.DataFrame, skip: int, window: int, estimator) -> pd.DataFrame:
+    """One estimate of the step time per (model, precision, harness, round), from the steps
+    skip .. skip + window - 1 (the trial's own warm-up step came before step 0)."""
+    steps = steps[(steps["step"] >= skip) & (steps["step"] < skip + window)]
     return (steps.groupby(["model", "precision", "harness", "round"])["step_ms"]
             .apply(lambda s: estimator(s.to_numpy())).rename("est").reset_index())
 
@@ -136,37 +139,67 @@ def ratio_sd(trials: pd.DataFrame) -> pd.DataFrame:
             .agg(sd="std", mean="mean").reset_index())
 
 
+def components(steps: pd.DataFrame, skip: int) -> pd.DataFrame:
+    """Per arm, on the log scale: the within-trial sd of a step, and the between-trial sd of a
+    trial's mean log step beyond what the steps' own noise explains."""
+    s = steps[steps["step"] >= skip].assign(log=np.log(steps["step_ms"]))
+    rows = []
+    for key, g in s.groupby(["model", "precision", "harness"]):
+        by = g.groupby("round")["log"]
+        within = float(by.var(ddof=1).mean())
+        n = float(by.size().mean())
+        between = max(0.0, float(by.mean().var(ddof=1)) - within / n)
+        rows.append({"model": key[0], "precision": key[1], "harness": key[2],
+                     "step_sd": within ** 0.5, "trial_sd": between ** 0.5,
+                     "step_ms": float(g["step_ms"].median())})
+    return pd.DataFrame(rows)
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *["| " + " | ".join(r) + " |" for r in rows]]
+
+
 def analyse(steps: pd.DataFrame) -> str:
-    out = []
-    windows = sorted({5, 10, 20, int(steps["step"].max()) + 1})
-    lines = ["| model | harness | estimator | " + " | ".join(f"CV, {w} steps" for w in windows)
-             + " |", "|---|---|---|" + "---|" * len(windows)]
-    cvs = {}
-    for name, est in ESTIMATORS.items():
-        for w in windows:
-            cvs[(name, w)] = arm_cv(per_trial(steps, w, est))
-    for model in MODELS:
-        for harness in HARNESSES:
-            for name in ESTIMATORS:
-                cells = []
-                for w in windows:
-                    c = cvs[(name, w)]
-                    sel = c[(c["model"] == model) & (c["harness"] == harness)]["cv"]
-                    cells.append(f"{100 * sel.mean():.1f} %" if len(sel) else "-")
-                lines.append(f"| {model} | {harness} | {name} | " + " | ".join(cells) + " |")
-    out += ["Per-trial CV of the step time (mean of the fp32 and bf16 arms):", "", *lines, ""]
-    lines = ["| model | estimator | " + " | ".join(f"sd, {w} steps" for w in windows) + " |",
-             "|---|---|" + "---|" * len(windows)]
+    """The tables of benchmarks/README.md's "Trial noise" section."""
+    out = ["Where a trial's noise lies (log scale; steps after the 2nd):", ""]
+    comp = components(steps, 2)
+    out += _table(["model", "precision", "harness", "median step ms", "sd of a step",
+                   "sd of a trial's level"],
+                  [[r.model, r.precision, r.harness, f"{r.step_ms:.0f}", f"{r.step_sd:.3f}",
+                    f"{r.trial_sd:.3f}"] for r in comp.itertuples()])
+    windows = [w for w in (5, 10, 20) if w <= steps["step"].max() + 1]
+    out += ["", "Per-trial CV of the estimate, speedbench against the bare loop (steps 2 .. "
+            "2 + window; mean of the fp32 and bf16 arms):", ""]
+    rows = []
     for model in MODELS:
         for name, est in ESTIMATORS.items():
             cells = []
             for w in windows:
-                sd = ratio_sd(per_trial(steps, w, est))
-                sel = sd[(sd["model"] == model) & (sd["harness"] == "speedbench")]["sd"]
-                cells.append(f"{sel.iloc[0]:.3f}" if len(sel) else "-")
-            lines.append(f"| {model} | {name} | " + " | ".join(cells) + " |")
-    out += ["sd over rounds of the paired log speed-up bf16/fp32, speedbench's trials:", "",
-            *lines, ""]
+                c = arm_cv(per_trial(steps, 2, w, est))
+                c = c[c["model"] == model].groupby("harness")["cv"].mean()
+                cells.append(f"{100 * c.get('speedbench', np.nan):.1f} / "
+                             f"{100 * c.get('bare', np.nan):.1f} %")
+            rows.append([model, name, *cells])
+    out += _table(["model", "estimator", *[f"{w} steps" for w in windows]], rows)
+    out += ["", "The paired speed-up's per-round sd (log bf16/fp32, speedbench's trials) and "
+            "the half-width it buys per second of budget (sd x sqrt(seconds of a round of the "
+            "two arms: set-up, 1 + skip warm-up steps, the window); lower is better:", ""]
+    rows = []
+    for model in MODELS:
+        step_s = steps[(steps["model"] == model) & (steps["harness"] == "speedbench")] \
+            .groupby("precision")["step_ms"].median() / 1000
+        for skip in (0, 2, 4):
+            for name, est in ESTIMATORS.items():
+                cells = []
+                for w in windows:
+                    sd = ratio_sd(per_trial(steps, skip, w, est))
+                    sd = sd[(sd["model"] == model) & (sd["harness"] == "speedbench")]["sd"]
+                    round_s = sum(SETUP_S + (1 + skip + w) * t for t in step_s)
+                    cells.append(f"{sd.iloc[0]:.3f} ({sd.iloc[0] * round_s ** 0.5:.3f})"
+                                 if len(sd) else "-")
+                rows.append([model, str(skip), name, *cells])
+    out += _table(["model", "skip", "estimator", *[f"{w} steps" for w in windows]], rows)
     return "\n".join(out)
 
 
