@@ -141,3 +141,23 @@ def test_largest_batch_search_finds_the_out_of_memory_edge():
     assert row["stopped"] in ("resolved", "time")
     torch.cuda.empty_cache()
     assert torch.cuda.memory_allocated(device) < 64 * 2**20  # the tries left nothing behind
+
+
+def test_a_cuda_trial_times_each_step_with_events_and_reads_them_once():
+    """Each timed step of a CUDA window is an event pair on the device's timeline (recorded
+    after each step, read after the window's final synchronisation): the steps add up to the
+    window, and the trial's rate is its typical step's."""
+    from speedbench.measure.timing import typical_step_s
+
+    plan, spec, recipe, dataset = setup("bench.steps=8")
+    record = measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
+    assert record["status"] == "ok"
+    steps = record["step_s"]
+    assert len(steps) == record["steps"] == 8 and all(t > 0 for t in steps)
+    # the events span the window's steps: their sum is the window's time, less the host's
+    # time to the first event and after the last (a few ms at most)
+    assert sum(steps) <= record["elapsed_s"] * 1.01
+    assert sum(steps) >= 0.5 * record["elapsed_s"]
+    per_step = record["samples"] / record["steps"]
+    assert record["samples_per_s"] == pytest.approx(per_step / typical_step_s(steps))
+    assert record["window_samples_per_s"] == pytest.approx(per_step * 8 / record["elapsed_s"])
