@@ -241,10 +241,15 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, ref, limits: Limits, what) 
 
 def _stopped(times: list[float], steady_from: int, per_step: int, bench,
              ref: stopping.Reference | None) -> dict:
-    """The probe's record when a stopping rule stops it after its latest step, else {}."""
+    """The probe's record when a stopping rule stops it after its latest step, else {}. The
+    budget check judges steady steps, and a plain first step (with its margin); never a step
+    a technique declares one-time (compilation: a trial after the first finds its kernels in
+    Inductor's cache)."""
     steady = times[steady_from:]
     first = not steady
-    if stopping.over_budget(times[-1], first, bench, ref, ref and ref.others_s or 0.0):
+    judged = bool(steady) or (len(times) == 1 and steady_from == 1)
+    if judged and stopping.over_budget(times[-1], first, bench, ref,
+                                       ref and ref.others_s or 0.0):
         point = _ratio(steady or times[-1:], per_step, ref)
         return {"status": stopping.budget_status(times[-1], first, bench, ref, ref.others_s,
                                                  bench.time_budget_s),
