@@ -418,7 +418,8 @@ def resolve_scale(scale: str, device: str) -> str:
 
 def _choice(key: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
-        raise ConfigError(f"{key}: '{value}' is not allowed; choose one of {', '.join(allowed)}")
+        raise ConfigError(f"{key}: '{value}' is not allowed; choose one of "
+                          f"{', '.join(map(str, allowed))}")
 
 
 def check_declared(node: Any, cls: type = SpeedbenchConfig, where: str = "") -> None:

@@ -82,11 +82,12 @@ class LoaderData(Dataset):
 
 def replaced_settings(loader: DataLoader) -> dict[str, Any]:
     """The user's DataLoader's settings that speedbench's replaces: {knob: its value}, the
-    ones other than DataLoader's defaults (the batch size always)."""
+    ones other than DataLoader's defaults (the batch size always; prefetch_factor 2 is the
+    default with workers, as speedbench's null is)."""
     got = {"batch_size": loader.batch_size}
     for knob, default in DEFAULTS.items():
         value = getattr(loader, knob, default)
-        if value != default and not (knob == "prefetch_factor" and loader.num_workers == 0):
+        if value != default and not (knob == "prefetch_factor" and value in (None, 2)):
             got[knob] = value
     return got
 
