@@ -271,3 +271,27 @@ def test_a_baseline_that_fails_its_first_trial_stops_the_models_trials(tmp_path)
     assert (after["status"] == "not measured: the baseline's first trial failed, so the "
                                "model's trials stopped").all()
     assert "SeqClassifier: the baseline's first trial failed (error: ValueError" in out.stderr
+
+
+# --- a run that stops -----------------------------------------------------------------------------
+def test_a_run_that_stops_says_so_in_its_rebuilt_report_with_what_it_never_measured(tmp_path):
+    """Ctrl-C while the second model is built: the report rebuilt from the first model's
+    trials says the run did not finish and names the second model's variants; the report
+    of a run that finished says nothing of the kind."""
+    from speedbench.report.__main__ import main as report
+
+    tiny = "{_target_: fault_models.Tiny, model_name: tiny, " + IMAGES + "}"
+    stops = "{_target_: own_models.Interrupts, " + IMAGES + "}"
+    out = run_main("+experiment=amp", f"model=[{tiny}, {stops}]", *TINY, "bench.repeats=1",
+                   f"out_dir={tmp_path / 'stopped'}", cwd=tmp_path)
+    assert out.returncode == 130, out.stderr
+    run_dir = only_run_dir(tmp_path / "stopped")
+    assert set(pd.read_csv(run_dir / "trials.csv")["model"]) == {"tiny"}
+    assert report([str(run_dir)]) == 0
+    text = " ".join((run_dir / "report.md").read_text().split())
+    assert "This run did not finish: it stopped after 3 trials" in text
+    assert "Never measured: Interrupts/fp32, Interrupts/fp16, Interrupts/bf16." in text
+    out = run_main("+experiment=amp", f"model={tiny}", *TINY, "bench.repeats=1",
+                   f"out_dir={tmp_path / 'finished'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "did not finish" not in (only_run_dir(tmp_path / "finished") / "report.md").read_text()

@@ -28,7 +28,7 @@ from speedbench.measure.rounds import (measure_plan, na_variants, plan_order_see
                                        planned_comparisons)
 from speedbench.measure.trial import check_data
 from speedbench.report import method
-from speedbench.results import atomic, schema
+from speedbench.results import atomic, planned, schema
 from speedbench.results.runs import load_quality, load_to_target
 
 
@@ -102,6 +102,7 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
                               budget)
     if writer is None:
         return None
+    planned.mark_ended(run_dir)
     summary, profiled, load = _analyse_and_write(cfg, plans, run_dir, writer, resolved,
                                                  levels, progress, measure)
     _report(summary, run_dir, writer, experiment, overrides, groups is None, profiled,
@@ -133,6 +134,9 @@ def _open_run_dir(cfg: DictConfig, experiment: str | None, plans: list[Plan], re
                 atomic.write_text(run_dir / "members" / f"{name}.yaml",
                                   OmegaConf.to_yaml(plan.config, resolve=True))
         atomic.write_text(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
+        # what it sets out to measure: a report rebuilt after a stop lists what it never did
+        planned.write(run_dir, [(p.experiment, m.name, v) for p in plans for m in p.models
+                                for v in p.variants], search=recipe_search(cfg))
         machine = env.collect(plans[0].device)
         machine["distributed"] = distributed.describe(dist_env, device)
         results.write_env(machine, run_dir)
@@ -144,6 +148,12 @@ def _open_run_dir(cfg: DictConfig, experiment: str | None, plans: list[Plan], re
         _discard(run_dir)
         raise
     return run_dir
+
+
+def recipe_search(cfg: DictConfig) -> bool:
+    from speedbench.search import driver
+
+    return driver.is_recipe(cfg)
 
 
 def _discard(run_dir: Path) -> None:

@@ -22,7 +22,8 @@ from speedbench.analysis import claims as claims_mod
 from speedbench.analysis import intervals
 from speedbench.analysis.summary import summarised
 from speedbench.report import (capacity_section, host_sweep, method, plots, profile_section,
-                               recipe_section, recommend, settings, to_target_section)
+                               recipe_section, recommend, settings, to_target_section,
+                               unfinished)
 from speedbench.report.document import Document, slug, write
 from speedbench.report.numbers import ratio_ci
 from speedbench.results.runs import Run, load_recipe, load_run
@@ -557,6 +558,9 @@ def build_document(run: Run, out_dir: Path) -> Document:
     stalled = method.stall_note(run.trials)
     if stalled:  # a window with a step far outside its own distribution
         doc.note(stalled)
+    stopped = unfinished.note(run)
+    if stopped:  # the run never got to its end: what it never measured
+        doc.note(stopped)
     recommendation_section(doc, run, out_dir)
     for experiment in experiments:
         experiment_section(doc, run, experiment, out_dir)
