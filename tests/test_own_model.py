@@ -152,3 +152,29 @@ def test_recipe_yaml_command_repeats_the_run_with_its_flags(monkeypatch):
         HydraConfig.instance().cfg = None
     assert command == ("speedbench --config-dir=conf '+models.mynet={_target_: mynet.build}' "
                        "data.path=imgs model=mynet precision=fp32 sync=deferred")
+
+
+@pytest.mark.parametrize("parent, words", [
+    (["/v/bin/python3", "/v/bin/torchrun", "--standalone", "--nproc_per_node=2", "-m",
+      "speedbench", "+experiment=optimizer"],
+     ["torchrun", "--standalone", "--nproc_per_node=2", "-m", "speedbench"]),
+    (["python", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2", "-m",
+      "speedbench", "model=mynet"],
+     ["python", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2", "-m",
+      "speedbench"]),
+    (["/v/bin/torchrun", "--no-python", "--nproc_per_node=2", "/v/bin/speedbench", "x=1"],
+     ["torchrun", "--no-python", "--nproc_per_node=2", "speedbench"]),
+    ([], ["torchrun", "--nproc_per_node=2", "--nnodes=2", "-m", "speedbench"]),
+])
+def test_measure_again_keeps_the_launcher_that_started_the_run(parent, words):
+    from speedbench.distributed import DistEnv, launcher
+    from speedbench.report.render import console_warnings
+    from test_report_figures import trials_frame
+    from speedbench.analysis.summary import summarise
+
+    env = DistEnv(rank=0, world_size=4, local_rank=0, local_world_size=2, run_id="x")
+    assert launcher(env, parent) == words and launcher(None, parent) == ["speedbench"]
+    summary = summarise(trials_frame()).assign(spread=0.3, unsteady=0)
+    lines = console_warnings(summary, "amp", ["model=mynet"], width=400, program=words)
+    assert lines[-1] == "    " + " ".join(words + ["+experiment=amp", "model=mynet",
+                                                    "bench.repeats=6"])

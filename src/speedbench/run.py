@@ -107,7 +107,8 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
                                                  levels, progress, measure)
     _report(summary, run_dir, writer, experiment, overrides, groups is None, profiled,
             time.perf_counter() - started, load, cfg.bench.noise_threshold,
-            max(int(p.variants[p.baseline].bench.repeats) for p in plans))
+            max(int(p.variants[p.baseline].bench.repeats) for p in plans),
+            distributed.launcher(dist_env))
     return run_dir
 
 
@@ -206,10 +207,10 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
 def _report(summary, run_dir: Path, writer, experiment: str | None,
             overrides: list[str] | None, table: bool, profiled: bool, took_s: float,
             load: dict, threshold: float = intervals.DEFAULT_THRESHOLD,
-            repeats: int | None = None) -> None:
+            repeats: int | None = None, program: list[str] | None = None) -> None:
     """The console's lines (a busy machine and stalled windows said first; `repeats`, the
-    run's bench.repeats, for the command that measures a noisy run again); exit status 1
-    when no trial succeeded."""
+    run's bench.repeats, and `program`, the words that started it (torchrun's too), for the
+    command that measures a noisy run again); exit status 1 when no trial succeeded."""
     from speedbench.report import recommend  # the report's first section, in a few lines
     from speedbench.report.render import busy_note, console_lines, report_line
 
@@ -220,7 +221,7 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
     if stalled:
         print(textwrap.fill(stalled, width=100) + "\n")
     print("\n".join(console_lines(summary, experiment, overrides, table=table,
-                                   repeats=repeats)))
+                                   repeats=repeats, program=program)))
     if profiled:
         from speedbench.report.profile_section import console_text
         print("\n" + console_text(run_dir))

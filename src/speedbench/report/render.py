@@ -260,10 +260,11 @@ def console_table(summary: pd.DataFrame, width: Optional[int] = None) -> str:
 
 def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
                      overrides: Optional[list[str]] = None,
-                     width: Optional[int] = None, repeats: Optional[int] = None) -> list[str]:
+                     width: Optional[int] = None, repeats: Optional[int] = None,
+                     program: Optional[list[str]] = None) -> list[str]:
     """Noise warnings, short, each with a command to paste that measures again with more
     rounds (the same command line, more repeats: see _more_repeats; `repeats` is the run's
-    bench.repeats)."""
+    bench.repeats; `program`, the words that started the run: `speedbench`, or torchrun's)."""
     width = width or console_width()
     noisy = [f"{r.model}/{r.variant}" for r in summary.itertuples()
              if float(getattr(r, "spread", math.nan)) > method.SPREAD_WARN]
@@ -285,7 +286,7 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
                      + _listing(unsteady))
         extra.append("bench.warmup_max=30")
     flags = [o for o in kept if o.startswith("-")]  # --config-dir=...: before the overrides
-    command = ["speedbench"] + flags + ([f"+experiment={experiment}"] if experiment and not any(
+    command = list(program or ["speedbench"]) + flags + ([f"+experiment={experiment}"] if experiment and not any(
         o.lstrip("+").startswith("experiment=") for o in kept) else []) + \
         [o for o in kept if not o.startswith("-")] + extra
     out = []
@@ -325,12 +326,13 @@ def _listing(items: list[str], most: int = 4) -> str:
 
 def console_lines(summary: pd.DataFrame, experiment: Optional[str] = None,
                   overrides: Optional[list[str]] = None, table: bool = True,
-                  repeats: Optional[int] = None) -> list[str]:
+                  repeats: Optional[int] = None, program: Optional[list[str]] = None
+                  ) -> list[str]:
     """What a run prints at its end, before the path of its report: the table and the
     warnings, each line within the terminal's width (at most 100 columns). A recipe search
     prints no table: its recommendation, which follows, gives the search's own figures."""
     return ([console_table(summary)] if table else []) + \
-        console_warnings(summary, experiment, overrides, repeats=repeats)
+        console_warnings(summary, experiment, overrides, repeats=repeats, program=program)
 
 
 def report_line(run_dir: Path, trials: int, seconds: float) -> str:
