@@ -39,7 +39,8 @@ def _num(x, fmt="{:.1f}") -> str:
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     """The summary as people read it: one formatted row per (model, variant); the experiment
-    comes first when the run holds several (a suite such as `tips`)."""
+    comes first when the run holds several (a suite such as `tips`); a column of no value
+    (every row `-`) is left out."""
     table = pd.DataFrame({
         "model": summary["model"], "variant": summary["variant"], "status": summary["status"],
         "samples/s": summary["samples_per_s"].map(_num),
@@ -64,7 +65,10 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
             for r in summary.itertuples()])
     if summary["experiment"].nunique() > 1:
         table.insert(0, "experiment", summary["experiment"])
-    return table
+    # a column with no value in any row (nothing measured) says nothing, and widens the table
+    empty = [c for c in table.columns if c not in ("experiment", "model", "variant", "status",
+                                                   "verdict") and (table[c] == "-").all()]
+    return table.drop(columns=empty)
 
 
 QUALITY_SHORT = {"non-inferior": "non-inf.", "inconclusive": "inconcl."}
