@@ -295,3 +295,34 @@ def test_a_run_that_stops_says_so_in_its_rebuilt_report_with_what_it_never_measu
                    f"out_dir={tmp_path / 'finished'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "did not finish" not in (only_run_dir(tmp_path / "finished") / "report.md").read_text()
+
+
+@pytest.mark.parametrize("cls, task", [
+    ("BertForSequenceClassification", "sequence_classification"),
+    ("BertForTokenClassification", "token_classification"),
+    ("BertForMaskedLM", "masked_lm"),
+    ("AutoModelForSequenceClassification", "sequence_classification"),
+    ("GPT2LMHeadModel", "next_token"),
+])
+def test_each_token_task_is_one_line_for_a_hugging_face_model(cls, task, capfd):
+    """A Hugging Face model by name on the task's data: its loss from the logits, no warning
+    about special-token ids past the small vocabulary."""
+    pytest.importorskip("transformers", reason="needs transformers")
+    config = ("{n_layer: 1, n_head: 2, n_embd: 16, n_positions: 8}" if cls.startswith("GPT2")
+              else "{hidden_size: 16, num_hidden_layers: 1, num_attention_heads: 2, "
+                   "intermediate_size: 32, max_position_embeddings: 8}")
+    if cls.startswith("Auto"):
+        config = config.replace("{", "{model_type: bert, ")
+    classes = "" if task in ("next_token", "masked_lm") else ", num_classes: 3"
+    spec = _model(f"{{hf: {cls}, config: {config}, dataset: {{kind: tokens, seq_len: 8, "
+                  f"vocab_size: 32, task: {task}{classes}}}}}")
+    capfd.readouterr()
+    model = build_model(spec, seed=0)
+    assert "token_id" not in capfd.readouterr().err  # transformers' warning
+    ds = build_dataset(spec.dataset, 4, seed=0)
+    x, y = torch.utils.data.default_collate([ds[i] for i in range(4)])
+    loss = compute_loss(model, spec.loss, x, y)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    assert model.inner.config.vocab_size == 32
+    if cls.startswith("GPT2"):
+        assert model.inner.config.bos_token_id == model.inner.config.eos_token_id == 0
