@@ -90,7 +90,8 @@ class DataConfig:
                                             "loads it with its own DataLoader, so that the "
                                             "data.* knobs act; null: the model's dataset",
                                       per_variant=False)
-    kwargs: dict[str, Any] = setting(doc="keyword arguments of data._target_",
+    kwargs: dict[str, Any] = setting(doc="keyword arguments of data._target_ (on the command "
+                                         "line: '+data.kwargs={n: 512}')",
                                      factory=dict, per_variant=False)
 
 
