@@ -206,9 +206,9 @@ def test_a_dataloader_factory_keeps_its_collate_and_says_which_settings_speedben
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["speedbench: data: own_models.shapes_loader's DataLoader: speedbench loads "
                    "its dataset with its own DataLoader, keeping collate_fn and worker_init_fn "
-                   "and replacing batch_size, num_workers, pin_memory, so that the data knobs "
-                   "can be measured; to train as yours does, give batch_size=16 "
-                   "data.num_workers=2 data.pin_memory=true"]
+                   "and replacing batch_size, num_workers, pin_memory, prefetch_factor, so that "
+                   "the data knobs can be measured; to train as yours does, give batch_size=16 "
+                   "data.num_workers=2 data.pin_memory=true data.prefetch_factor=2"]
     loader = build_loader(ds, 4, {"num_workers": 0}, seed=0)
     x, _ = next(iter(loader))
     assert loader.num_workers == 0 and x.shape[0] == 4 and float(x.view(-1)[0]) == 7.0

@@ -13,20 +13,16 @@ data set's own.
 """
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, \
     RandomSampler, SequentialSampler
 
+from speedbench import techniques
 from speedbench.errors import ConfigError
 
-# A user's DataLoader setting -> the speedbench key that sets it
-KNOBS = {"num_workers": "data.num_workers", "pin_memory": "data.pin_memory",
-         "persistent_workers": "data.persistent_workers", "prefetch_factor": "data.prefetch_factor",
-         "batch_size": "batch_size"}
-DEFAULTS = {"num_workers": 0, "pin_memory": False, "persistent_workers": False,
-            "prefetch_factor": None}
 _SAID: set[str] = set()  # the targets whose replaced settings were said (once per process)
 
 
@@ -80,15 +76,23 @@ class LoaderData(Dataset):
         return self.dataset[index]
 
 
+def loader_knobs() -> dict[str, str]:
+    """DataLoader's own arguments that a technique's `data.*` key sets -> that key (from the
+    registry: the keys whose last part is one of DataLoader's arguments)."""
+    params = inspect.signature(DataLoader.__init__).parameters
+    return {f.key.split(".")[-1]: f.key for f in techniques.fields()
+            if f.key.startswith("data.") and f.key.split(".")[-1] in params}
+
+
 def replaced_settings(loader: DataLoader) -> dict[str, Any]:
-    """The user's DataLoader's settings that speedbench's replaces: {knob: its value}, the
-    ones other than DataLoader's defaults (the batch size always; prefetch_factor 2 is the
-    default with workers, as speedbench's null is)."""
+    """The user's DataLoader's settings that speedbench's replaces: {argument: its value},
+    those of the data knobs that differ from DataLoader's defaults, and the batch size."""
+    params = inspect.signature(DataLoader.__init__).parameters
     got = {"batch_size": loader.batch_size}
-    for knob, default in DEFAULTS.items():
-        value = getattr(loader, knob, default)
-        if value != default and not (knob == "prefetch_factor" and value in (None, 2)):
-            got[knob] = value
+    for arg in loader_knobs():
+        value = getattr(loader, arg, params[arg].default)
+        if value != params[arg].default:
+            got[arg] = value
     return got
 
 
@@ -102,7 +106,8 @@ def _say_replaced(name: str, loader: DataLoader) -> None:
     sampler = type(loader.sampler)
     order = "" if sampler in (RandomSampler, SequentialSampler) else \
         f", its {sampler.__name__} (a seeded shuffle instead)"
-    keys = " ".join(f"{KNOBS[k]}={_value(v)}" for k, v in settings.items())
+    key = {**loader_knobs(), "batch_size": "batch_size"}
+    keys = " ".join(f"{key[k]}={_value(v)}" for k, v in settings.items())
     print(f"speedbench: data: {name}'s DataLoader: speedbench loads its dataset with its own "
           f"DataLoader, keeping collate_fn and worker_init_fn and replacing "
           f"{', '.join(settings)}{order}, so that the data knobs can be measured; to train "
