@@ -48,3 +48,91 @@ class TinyLM(nn.Module):
 
 def build_lm(**kwargs) -> nn.Module:
     return TinyLM(**kwargs)
+
+
+class SeqClassifier(nn.Module):
+    """Token ids -> one class per sequence (mean of the embeddings, then a linear head)."""
+
+    def __init__(self, vocab_size: int = 32, num_classes: int = 4, dim: int = 16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(input_ids).mean(1))
+
+
+def named_net(model_name: str = "tiny", num_classes: int = 10) -> nn.Module:
+    """A builder with an argument named like speedbench's `model_name` (as timm's
+    create_model has): it must reach it."""
+    net = nn.Sequential(nn.Flatten(), nn.LazyLinear(num_classes))
+    net.built_as = model_name
+    return net
+
+
+# --- a user's own data ------------------------------------------------------------------------
+class Shapes(torch.utils.data.Dataset):
+    """In memory: 1-channel pictures of a square (label 0) or a disc (label 1) on noise."""
+
+    def __init__(self, n: int = 64, size: int = 16, seed: int = 0):
+        gen = torch.Generator().manual_seed(seed)
+        self.y = torch.randint(0, 2, (n,), generator=gen)
+        yy, xx = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+        c = size / 2
+        disc = ((yy - c) ** 2 + (xx - c) ** 2 < (size / 4) ** 2).float()
+        square = ((yy - c).abs() < size / 4).float() * ((xx - c).abs() < size / 4).float()
+        noise = 0.3 * torch.randn(n, 1, size, size, generator=gen)
+        self.x = torch.where(self.y.view(-1, 1, 1, 1) == 1, disc, square) + noise
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+
+def marked_collate(items):
+    """A collate of the user's own, seen in its batches: x's first value becomes 7."""
+    x, y = torch.utils.data.default_collate(items)
+    x = x.clone()
+    x.view(-1)[0] = 7.0
+    return x, y
+
+
+def shapes_loader(n: int = 64, batch_size: int = 16) -> torch.utils.data.DataLoader:
+    """A DataLoader factory with settings of its own, which speedbench's knobs replace."""
+    return torch.utils.data.DataLoader(Shapes(n), batch_size=batch_size, num_workers=2,
+                                       pin_memory=True, shuffle=True, collate_fn=marked_collate)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter([(torch.zeros(4), torch.tensor(0))] * 8)
+
+
+def stream_loader() -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(Stream(), batch_size=4)
+
+
+def bucketed_loader() -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(Shapes(16), batch_sampler=[[0, 1], [2, 3, 4]])
+
+
+def batches():
+    """Batches from a generator: not a Dataset, not a DataLoader."""
+    return (b for b in [(torch.zeros(2, 4), torch.zeros(2))])
+
+
+def dict_items() -> list:
+    return [{"x": torch.zeros(4), "y": 0}] * 8
+
+
+def broken(n: int = 4):
+    raise OSError(f"no file shapes-{n}.npz")
+
+
+class Interrupts(nn.Module):
+    """Building it is Ctrl-C: the run stops there, before this model's first trial."""
+
+    def __init__(self, **kwargs):
+        raise KeyboardInterrupt

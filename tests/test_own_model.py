@@ -152,3 +152,94 @@ def test_recipe_yaml_command_repeats_the_run_with_its_flags(monkeypatch):
         HydraConfig.instance().cfg = None
     assert command == ("speedbench --config-dir=conf '+models.mynet={_target_: mynet.build}' "
                        "data.path=imgs model=mynet precision=fp32 sync=deferred")
+
+
+@pytest.mark.parametrize("parent, words", [
+    (["/v/bin/python3", "/v/bin/torchrun", "--standalone", "--nproc_per_node=2", "-m",
+      "speedbench", "+experiment=optimizer"],
+     ["torchrun", "--standalone", "--nproc_per_node=2", "-m", "speedbench"]),
+    (["python", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2", "-m",
+      "speedbench", "model=mynet"],
+     ["python", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2", "-m",
+      "speedbench"]),
+    (["/v/bin/torchrun", "--no-python", "--nproc_per_node=2", "/v/bin/speedbench", "x=1"],
+     ["torchrun", "--no-python", "--nproc_per_node=2", "speedbench"]),
+    ([], ["torchrun", "--nproc_per_node=2", "--nnodes=2", "-m", "speedbench"]),
+])
+def test_measure_again_keeps_the_launcher_that_started_the_run(parent, words):
+    from speedbench.distributed import DistEnv, launcher
+    from speedbench.report.render import console_warnings
+    from test_report_figures import trials_frame
+    from speedbench.analysis.summary import summarise
+
+    env = DistEnv(rank=0, world_size=4, local_rank=0, local_world_size=2, run_id="x")
+    assert launcher(env, parent) == words and launcher(None, parent) == ["speedbench"]
+    summary = summarise(trials_frame()).assign(spread=0.3, unsteady=0)
+    lines = console_warnings(summary, "amp", ["model=mynet"], width=400, program=words)
+    assert lines[-1] == "    " + " ".join(words + ["+experiment=amp", "model=mynet",
+                                                    "bench.repeats=6"])
+
+
+# --- docs/own-model.md's worked examples, each run as written (at tiny sizes) -------------------
+OWN_MODEL_DOC = TESTS.parent / "docs" / "own-model.md"
+EXAMPLES = {  # the example's heading -> the package it needs (None: speedbench's own)
+    "A timm model by name": ("timm", "resnet18"),
+    "A Hugging Face causal LM (GPT-2, 2 layers)": ("transformers", "gpt2"),
+    "A Hugging Face sequence classifier (BERT, 2 layers)": ("transformers", "bert"),
+    "Your own module on your own Dataset (1-channel pictures, in memory)": (None, "mynet"),
+}
+
+
+def doc_example(title: str) -> tuple[dict[str, str], list[list[str]]]:
+    """The files (a code block whose first line is `# path`) and the commands (bash blocks) of
+    one worked example of docs/own-model.md."""
+    import re
+    import shlex
+
+    text = OWN_MODEL_DOC.read_text()
+    assert f"### {title}\n" in text, title
+    section = re.split(r"\n##+ ", text.split(f"### {title}\n", 1)[1])[0]
+    files, commands = {}, []
+    for lang, body in re.findall(r"```(\w+)\n(.*?)```", section, re.S):
+        if lang == "bash":
+            commands.append(shlex.split(body.replace("\\\n", " ")))
+        else:
+            files[body.splitlines()[0].removeprefix("# ")] = body
+    return files, commands
+
+
+def test_every_worked_example_of_the_doc_is_run_by_a_test():
+    import re
+
+    text = OWN_MODEL_DOC.read_text()
+    section = text.split("## Worked examples\n", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"^### (.+)$", section, re.M) == list(EXAMPLES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("title", list(EXAMPLES))
+def test_the_docs_worked_example_runs_as_written(tmp_path, title):
+    """From an empty project folder with the example's files, the console command as the doc
+    gives it, plus tiny sizes: the baseline measured, no variant failed."""
+    package, name = EXAMPLES[title]
+    if package:
+        pytest.importorskip(package, reason=f"the example needs {package}")
+    project = tmp_path / "proj"
+    project.mkdir()
+    files, commands = doc_example(title)
+    for path, body in files.items():
+        (project / path).parent.mkdir(parents=True, exist_ok=True)
+        (project / path).write_text(body)
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    for words in commands:
+        assert words[0] == "speedbench"
+        out = subprocess.run(
+            [*_console_command(tmp_path), *words[1:], *TINY, "bench.repeats=1",
+             "~variants.fp16", f"out_dir={project / 'results'}"],
+            cwd=project, env=env, capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "[transformers]" not in out.stderr  # no warning on every model built
+    trials = pd.read_csv(only_run_dir(project / "results") / "trials.csv")
+    assert set(trials["model"]) == {name}
+    assert (trials.loc[trials["variant"] == "fp32", "status"] == "ok").all()
+    assert not trials["status"].str.startswith(("error", "oom", "diverged")).any(), trials

@@ -56,6 +56,47 @@ def from_environ(environ: Mapping[str, str] = os.environ) -> Optional[DistEnv]:
                    run_id=environ.get("TORCHELASTIC_RUN_ID", "none"))
 
 
+def launcher(env: Optional[DistEnv], parent: Optional[list[str]] = None) -> list[str]:
+    """The words that start this run again as it was started, for the commands speedbench
+    prints: `speedbench` on its own; under torchrun the launcher and its options as given
+    (the parent process's command line, `parent` in tests), through `-m speedbench`, else
+    `torchrun --nproc_per_node=N [--nnodes=M] -m speedbench` from the job's variables."""
+    if env is None:
+        return ["speedbench"]
+    if parent is None:
+        try:
+            import psutil
+
+            parent = psutil.Process(os.getppid()).cmdline()
+        except Exception:  # gone, or not ours to read
+            parent = []
+    words = _launcher_words(parent)
+    if words:
+        return words
+    nodes = env.world_size // max(1, env.local_world_size)
+    return (["torchrun", f"--nproc_per_node={env.local_world_size}"]
+            + ([f"--nnodes={nodes}"] if nodes > 1 else []) + ["-m", "speedbench"])
+
+
+def _launcher_words(cmdline: list[str]) -> list[str]:
+    """torchrun's words in its command line, from the launcher through the entry that runs
+    speedbench (`-m speedbench`, or a `speedbench` script); [] when none is found."""
+    names = [os.path.basename(w) for w in cmdline]
+    if "torchrun" in names:
+        start, head = names.index("torchrun") + 1, ["torchrun"]
+    elif "torch.distributed.run" in cmdline:
+        start = cmdline.index("torch.distributed.run") + 1
+        head = ["python", "-m", "torch.distributed.run"]
+    else:
+        return []
+    for i in range(start, len(cmdline)):
+        if cmdline[i] == "-m" and cmdline[i + 1:i + 2] == ["speedbench"]:
+            return head + cmdline[start:i] + ["-m", "speedbench"]
+        if names[i] == "speedbench":  # torchrun --no-python speedbench
+            return head + cmdline[start:i] + ["speedbench"]
+    return []
+
+
 def is_main(env: Optional[DistEnv]) -> bool:
     """Rank 0, or a process on its own: the one that writes."""
     return env is None or env.rank == 0

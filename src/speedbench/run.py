@@ -28,7 +28,7 @@ from speedbench.measure.rounds import (measure_plan, na_variants, plan_order_see
                                        planned_comparisons)
 from speedbench.measure.trial import check_data
 from speedbench.report import method
-from speedbench.results import atomic, schema
+from speedbench.results import atomic, planned, schema
 from speedbench.results.runs import load_quality, load_to_target
 
 
@@ -102,11 +102,13 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
                               budget)
     if writer is None:
         return None
+    planned.mark_ended(run_dir)
     summary, profiled, load = _analyse_and_write(cfg, plans, run_dir, writer, resolved,
                                                  levels, progress, measure)
     _report(summary, run_dir, writer, experiment, overrides, groups is None, profiled,
             time.perf_counter() - started, load, cfg.bench.noise_threshold,
-            max(int(p.variants[p.baseline].bench.repeats) for p in plans))
+            max(int(p.variants[p.baseline].bench.repeats) for p in plans),
+            distributed.launcher(dist_env))
     return run_dir
 
 
@@ -133,6 +135,9 @@ def _open_run_dir(cfg: DictConfig, experiment: str | None, plans: list[Plan], re
                 atomic.write_text(run_dir / "members" / f"{name}.yaml",
                                   OmegaConf.to_yaml(plan.config, resolve=True))
         atomic.write_text(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
+        # what it sets out to measure: a report rebuilt after a stop lists what it never did
+        planned.write(run_dir, [(p.experiment, m.name, v) for p in plans for m in p.models
+                                for v in p.variants], search=recipe_search(cfg))
         machine = env.collect(plans[0].device)
         machine["distributed"] = distributed.describe(dist_env, device)
         results.write_env(machine, run_dir)
@@ -144,6 +149,12 @@ def _open_run_dir(cfg: DictConfig, experiment: str | None, plans: list[Plan], re
         _discard(run_dir)
         raise
     return run_dir
+
+
+def recipe_search(cfg: DictConfig) -> bool:
+    from speedbench.search import driver
+
+    return driver.is_recipe(cfg)
 
 
 def _discard(run_dir: Path) -> None:
@@ -196,10 +207,10 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
 def _report(summary, run_dir: Path, writer, experiment: str | None,
             overrides: list[str] | None, table: bool, profiled: bool, took_s: float,
             load: dict, threshold: float = intervals.DEFAULT_THRESHOLD,
-            repeats: int | None = None) -> None:
+            repeats: int | None = None, program: list[str] | None = None) -> None:
     """The console's lines (a busy machine and stalled windows said first; `repeats`, the
-    run's bench.repeats, for the command that measures a noisy run again); exit status 1
-    when no trial succeeded."""
+    run's bench.repeats, and `program`, the words that started it (torchrun's too), for the
+    command that measures a noisy run again); exit status 1 when no trial succeeded."""
     from speedbench.report import recommend  # the report's first section, in a few lines
     from speedbench.report.render import busy_note, console_lines, report_line
 
@@ -209,7 +220,7 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
     for note in method.trial_notes(writer.frame()):  # stalled windows, trials others slowed
         print(textwrap.fill(note, width=100) + "\n")
     print("\n".join(console_lines(summary, experiment, overrides, table=table,
-                                   repeats=repeats)))
+                                   repeats=repeats, program=program)))
     if profiled:
         from speedbench.report.profile_section import console_text
         print("\n" + console_text(run_dir))

@@ -6,7 +6,13 @@
   so the loss falls.
 - tokens: sequences from a fixed sparse Markov chain (each token has a few likely successors),
   so a language model can learn it.
-- real data: an ImageFolder directory, or a plain text file read as bytes (vocabulary 256).
+- tabular: feature vectors with a class (or regression targets) from a fixed random map.
+- the tasks beyond the default (`dataset.task`): one label per token sequence, a label per
+  token, masked tokens to fill in (tokens); regression targets (images, tabular); 1-channel
+  pictures (images' `channels`). Each wraps the data above, so held_out.py sets a random share
+  of it aside as it does with a user's own data.
+- real data: an ImageFolder directory, or a plain text file read as bytes (vocabulary 256);
+  a user's own Dataset or DataLoader factory (own_data.py).
 
 Augmentation is seeded per sample: sample i's crop and flip come from a generator seeded from
 (the data set's seed, i), never from the global RNG, so the same sample gets the same pixels
@@ -21,12 +27,15 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from speedbench.errors import ConfigError
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+GRAY_MEAN, GRAY_STD = 0.449, 0.226  # of 1-channel pictures, ImageNet's in grey
+MASK_SHARE = 0.15  # of the tokens masked_lm hides (at least one per sequence)
+IGNORE = -100  # a label cross_entropy skips (masked_lm's unmasked tokens)
 
 
 def synthetic_picture(label: int, num_classes: int, size: int, gen: torch.Generator) -> torch.Tensor:
@@ -53,43 +62,48 @@ class JpegImages(Dataset):
     is deterministic in (seed, i)."""
 
     def __init__(self, length: int, image_size: int, num_classes: int, stored_size: Optional[int] = None,
-                 pool: int = 256, seed: int = 0, quality: int = 90):
+                 pool: int = 256, seed: int = 0, quality: int = 90, channels: int = 3):
         self.length, self.image_size, self.seed = length, image_size, seed
-        self.stored_size = stored_size or 2 * image_size
+        self.stored_size, self.channels = stored_size or 2 * image_size, channels
         gen = torch.Generator().manual_seed(seed)
         self.labels = torch.randint(0, num_classes, (min(pool, length),), generator=gen)
-        self.jpegs = [encode_jpeg(synthetic_picture(int(c), num_classes, self.stored_size, gen), quality)
-                      for c in self.labels]
+        self.jpegs = [encode_jpeg(synthetic_picture(int(c), num_classes, self.stored_size, gen),
+                                  quality, channels) for c in self.labels]
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, index: int):
         k = index % len(self.jpegs)
-        img = decode_jpeg(self.jpegs[k])  # uint8 CHW
+        img = decode_jpeg(self.jpegs[k], self.channels)  # uint8 CHW
         return augment(img, self.image_size, sample_generator(self.seed, index)), self.labels[k]
 
 
-def encode_jpeg(img: torch.Tensor, quality: int) -> bytes:
-    """uint8 CHW → JPEG bytes (Pillow, as photo pipelines use)."""
+def encode_jpeg(img: torch.Tensor, quality: int, channels: int = 3) -> bytes:
+    """uint8 CHW (RGB) → JPEG bytes (Pillow, as photo pipelines use), in grey for 1 channel."""
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray(img.permute(1, 2, 0).contiguous().numpy()).save(buf, format="JPEG", quality=quality)
+    pic = Image.fromarray(img.permute(1, 2, 0).contiguous().numpy())
+    (pic.convert("L") if channels == 1 else pic).save(buf, format="JPEG", quality=quality)
     return buf.getvalue()
 
 
-def decode_jpeg(data: bytes) -> torch.Tensor:
+def decode_jpeg(data: bytes, channels: int = 3) -> torch.Tensor:
     """JPEG bytes → uint8 CHW."""
     from PIL import Image
 
-    return pil_to_tensor(Image.open(io.BytesIO(data)))
+    return pil_to_tensor(Image.open(io.BytesIO(data)), channels)
 
 
-def pil_to_tensor(img) -> torch.Tensor:
+def pil_to_tensor(img, channels: int = 3) -> torch.Tensor:
+    """A Pillow picture → uint8 CHW, RGB (3 channels) or grey (1)."""
     import numpy as np
 
-    return torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1).contiguous()
+    array = np.array(img.convert("L" if channels == 1 else "RGB"))
+    if channels == 1:
+        return torch.from_numpy(array).unsqueeze(0).contiguous()
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
 
 
 def augment(img: torch.Tensor, size: int, gen: Optional[torch.Generator] = None) -> torch.Tensor:
@@ -105,6 +119,8 @@ def augment(img: torch.Tensor, size: int, gen: Optional[torch.Generator] = None)
     img = TF.resized_crop(img, top, left, ch, cw, [size, size], antialias=True)
     if torch.rand(1, generator=gen).item() < 0.5:
         img = img.flip(-1)
+    if img.shape[0] == 1:
+        return (img.float() / 255 - GRAY_MEAN) / GRAY_STD
     return (img.float() / 255 - MEAN) / STD
 
 
@@ -158,20 +174,21 @@ class SeededImageFolder(Dataset):
     """A torchvision ImageFolder whose sample i is loaded by the folder's own loader and
     augmented from the generator of (seed, i)."""
 
-    def __init__(self, folder, image_size: int, seed: int = 0):
+    def __init__(self, folder, image_size: int, seed: int = 0, channels: int = 3):
         self.folder, self.image_size, self.seed = folder, image_size, seed
-        self.classes = folder.classes
+        self.classes, self.channels = folder.classes, channels
 
     def __len__(self) -> int:
         return len(self.folder)
 
     def __getitem__(self, index: int):
         path, label = self.folder.samples[index]
-        img = pil_to_tensor(self.folder.loader(path))
+        img = pil_to_tensor(self.folder.loader(path), self.channels)
         return augment(img, self.image_size, sample_generator(self.seed, index)), label
 
 
-def image_folder(path: str, image_size: int, num_classes: int, seed: int = 0) -> Dataset:
+def image_folder(path: str, image_size: int, num_classes: int, seed: int = 0,
+                 channels: int = 3) -> Dataset:
     from torchvision.datasets import ImageFolder
 
     try:
@@ -182,33 +199,148 @@ def image_folder(path: str, image_size: int, num_classes: int, seed: int = 0) ->
     if len(folder.classes) > num_classes:
         raise ConfigError(f"data.path: '{path}' has {len(folder.classes)} classes but the model is "
                           f"built for {num_classes}; set the model's num_classes")
-    return SeededImageFolder(folder, image_size, seed)
+    return SeededImageFolder(folder, image_size, seed, channels)
 
 
 def build_dataset(dataset: dict, length: int, path: Optional[str] = None, seed: int = 0) -> Dataset:
-    """The data set a model's `dataset` spec asks for (synthetic unless `path` is given)."""
+    """The data set a model's `dataset` spec asks for: synthetic unless `path` is given, the
+    user's own with a `_target_` (own_data.py); with its task's labels (`task`)."""
+    if "_target_" in dataset:
+        from speedbench.measure.own_data import own_dataset
+
+        return own_dataset(dataset)
     kind = dataset["kind"]
     if kind == "images":
-        if path:
-            return image_folder(path, dataset["image_size"], dataset["num_classes"], seed=seed)
-        return JpegImages(length, dataset["image_size"], dataset["num_classes"],
-                          stored_size=dataset.get("stored_size"), seed=seed)
+        return _images(dataset, length, path, seed)
+    if kind == "tabular":
+        return Tabular(length, dataset["features"], dataset.get("num_classes"),
+                       dataset.get("targets"), seed=seed)
     if path:
         if dataset["vocab_size"] < 256:
             raise ConfigError(f"data.path: a text file needs vocab_size >= 256, the model has "
                               f"{dataset['vocab_size']}")
-        return TextBytes(path, dataset["seq_len"])
-    return MarkovTokens(length, dataset["seq_len"], dataset["vocab_size"], seed=seed)
+        tokens = TextBytes(path, dataset["seq_len"])
+    else:
+        tokens = MarkovTokens(length, dataset["seq_len"], dataset["vocab_size"], seed=seed)
+    task = dataset.get("task", "next_token")
+    if task == "next_token":
+        return tokens
+    return TokenTask(tokens, task, dataset.get("num_classes"), dataset["vocab_size"], seed)
+
+
+def _images(dataset: dict, length: int, path: Optional[str], seed: int) -> Dataset:
+    """Pictures (an ImageFolder, else synthetic JPEGs) in the model's channels, with a class or,
+    for task regression, `targets` numbers per picture."""
+    channels, classes = dataset.get("channels", 3), dataset.get("num_classes") or 10
+    if path:
+        pictures = image_folder(path, dataset["image_size"], classes, seed=seed,
+                                channels=channels)
+    else:
+        pictures = JpegImages(length, dataset["image_size"], classes,
+                              stored_size=dataset.get("stored_size"), seed=seed,
+                              channels=channels)
+    if dataset.get("task") == "regression":
+        return Regression(pictures, classes, dataset["targets"], seed)
+    return pictures if channels == 3 or path else Wrapped(pictures)
+
+
+class Wrapped(Dataset):
+    """Another data set's items as they are: not an instance of it, so that held_out.py sets a
+    random share aside (its held-out pictures are made in 3 channels)."""
+
+    def __init__(self, inner: Dataset):
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int):
+        return self.inner[index]
+
+
+class Regression(Wrapped):
+    """Labelled items given regression targets: a fixed random vector of `targets` numbers per
+    class (seeded), so that a model can learn them."""
+
+    def __init__(self, inner: Dataset, classes: int, targets: int, seed: int = 0):
+        super().__init__(inner)
+        self.table = torch.randn(classes, targets, generator=torch.Generator().manual_seed(seed))
+
+    def __getitem__(self, index: int):
+        x, label = self.inner[index]
+        return x, self.table[int(label)]
+
+
+class Tabular(Dataset):
+    """Rows of `features` standard normal numbers (item i from (seed, i)); y: the argmax of a
+    fixed random linear map into `num_classes`, or (`targets` given) that map's values plus a
+    little noise, a regression."""
+
+    def __init__(self, length: int, features: int, num_classes: Optional[int] = None,
+                 targets: Optional[int] = None, seed: int = 0):
+        self.length, self.features, self.seed = length, features, seed
+        self.regression = targets is not None
+        out = targets if self.regression else num_classes
+        self.weights = torch.randn(features, out, generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        gen = sample_generator(self.seed, index)
+        x = torch.randn(self.features, generator=gen)
+        scores = x @ self.weights
+        if self.regression:
+            return x, scores + 0.1 * torch.randn(scores.shape, generator=gen)
+        return x, scores.argmax()
+
+
+class TokenTask(Wrapped):
+    """Token sequences with the labels of a task other than the next token:
+    sequence_classification: one class per sequence (the share of its tokens in the lower half
+    of the vocabulary, in `num_classes` bins); token_classification: a class per token (the
+    token modulo `num_classes`); masked_lm: MASK_SHARE of the tokens (one at least) replaced by
+    the last token id, the labels those tokens and IGNORE elsewhere. Item i is deterministic in
+    (seed, i)."""
+
+    def __init__(self, inner: Dataset, task: str, num_classes: Optional[int], vocab_size: int,
+                 seed: int = 0):
+        super().__init__(inner)
+        self.task, self.num_classes, self.vocab_size, self.seed = task, num_classes, vocab_size, seed
+
+    def __getitem__(self, index: int):
+        x, _ = self.inner[index]
+        if self.task == "sequence_classification":
+            low = (x < self.vocab_size // 2).float().mean().item()
+            return x, torch.tensor(min(int(low * self.num_classes), self.num_classes - 1))
+        if self.task == "token_classification":
+            return x, x % self.num_classes
+        rng = random.Random(self.seed * 1_000_003 + index)
+        hidden = rng.sample(range(len(x)), max(1, round(MASK_SHARE * len(x))))
+        y = torch.full_like(x, IGNORE)
+        y[hidden] = x[hidden]
+        x = x.clone()
+        x[hidden] = self.vocab_size - 1
+        return x, y
 
 
 def build_loader(ds: Dataset, batch_size: int, options: Optional[dict], seed: int,
                  sampler=None) -> DataLoader:
     """A DataLoader with the techniques' options (`techniques.loader_options(recipe, ctx)`:
-    num_workers, pin_memory, ...); shuffled from `seed` unless a sampler shards the data."""
+    num_workers, pin_memory, ...); shuffled from `seed` unless a sampler shards the data. A
+    user's DataLoader's collate_fn and worker_init_fn are kept (loader_functions)."""
     loader = DataLoader(ds, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
                         drop_last=True, generator=torch.Generator().manual_seed(seed),
-                        **(options or {}))
+                        **loader_functions(ds), **(options or {}))
     if len(loader) == 0:  # drop_last and too few samples: a step would wait forever for a batch
         raise ValueError(f"the data set yields no full batch: {len(sampler or ds)} samples, "
                          f"batches of {batch_size}")
     return loader
+
+
+def loader_functions(ds: Dataset) -> dict:
+    """The collate_fn and worker_init_fn of a user's DataLoader (own_data.LoaderData), found
+    through the Subsets the held-out split wraps it in; {} for any other data set."""
+    while isinstance(ds, Subset):
+        ds = ds.dataset
+    return dict(getattr(ds, "loader_functions", {}))

@@ -31,6 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from speedbench import techniques
 from speedbench.config import ModelSpec
+from speedbench.measure.data import loader_functions
 from speedbench.measure.timing import synchronize
 from speedbench.measure.train import compute_loss
 from speedbench.results.schema import OK
@@ -98,8 +99,10 @@ def step_flops(model: torch.nn.Module, loss_kind: str, batch: tuple, micro_batch
 
 
 def first_samples(dataset, n: int) -> tuple:
-    """The data set's first `n` samples (repeated if it is shorter) as one batch."""
-    return tuple(default_collate([dataset[i % len(dataset)] for i in range(n)]))
+    """The data set's first `n` samples (repeated if it is shorter) as one batch (collated as
+    a user's DataLoader collates them)."""
+    collate = loader_functions(dataset).get("collate_fn", default_collate)
+    return tuple(collate([dataset[i % len(dataset)] for i in range(n)]))
 
 
 def peak_kind(dtype: str, tf32: bool) -> str:

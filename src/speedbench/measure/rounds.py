@@ -287,10 +287,24 @@ class ModelRounds:
         a step past bench.max_trial_s, a machine's hiccup as often as the variant's own
         slowness) is tried in the next round, and left out after MAX_STOPS such trials."""
         kind = schema.parse_status(status).kind
+        if name == self.plan.baseline and schema.parse_status(status).failed and not any(
+                r["variant"] == name for r in self.rows):
+            self._baseline_failed(status)
         if kind == schema.NOT_MEASURED:
             self.stops[name] = self.stops.get(name, 0) + 1
         if kind in (schema.NA, schema.TOO_SLOW) or self.stops.get(name, 0) >= MAX_STOPS:
             self.skip[name] = status
+
+    def _baseline_failed(self, status: str) -> None:
+        """The baseline's first trial failed: the model's other trials would compare with
+        nothing (and fail alike, as often as not), so none is run; said once."""
+        self.skip[self.plan.baseline] = status
+        for other in self.plan.variants:
+            self.skip.setdefault(other, schema.format_status(
+                schema.NOT_MEASURED, "the baseline's first trial failed, so the model's "
+                                     "trials stopped"))
+        self.bar.write(f"{self.spec.name}: the baseline's first trial failed ({status}); the "
+                       "model's other trials were not run", sys.stderr)
 
     def measure(self, name: str, round_: int, position: int) -> dict:
         """One trial's record: in this process, or in processes of its own through torchrun."""

@@ -53,13 +53,44 @@ def forever(loader) -> Iterator:
 
 
 def compute_loss(model: nn.Module, loss_kind: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The loss of one batch: the model's own (`module`), the cross-entropy of its logits with
+    the labels, or the mean squared error of its output against the targets (`mse`); a shape
+    the loss cannot take is one line naming both shapes and what to change."""
     if loss_kind == "module":
         loss = output_tensor(model(x, y), "loss")
+    elif loss_kind == "mse":
+        out = output_tensor(model(x), "logits")
+        if out.shape != y.shape:
+            if out.numel() != y.numel():
+                raise ValueError(shape_hint("mse", out.shape, y.shape))
+            out = out.reshape(y.shape)  # (N, 1) against (N,)
+        loss = F.mse_loss(out.float(), y.float())
     else:
         logits = output_tensor(model(x), "logits")
+        if logits.shape[:-1].numel() != y.numel():  # (N*T, C) against (N, T) is fine
+            raise ValueError(shape_hint("cross_entropy", logits.shape, y.shape,
+                                        y.is_floating_point()))
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
     # DataParallel returns one loss per replica.
     return loss.mean() if loss.dim() else loss
+
+
+def shape_hint(loss: str, out: torch.Size, y: torch.Size, numbers: bool = False) -> str:
+    """One line (a trial's status keeps 160 characters): the output's and the labels' shapes
+    and the setting that makes them meet (`numbers`: the labels are floats)."""
+    got = f"{loss}: model output {tuple(out)}, labels {tuple(y)}"
+    if numbers:
+        return f"{got}: labels that are numbers take loss: mse (dataset task: regression)"
+    if loss == "mse":
+        return f"{got}: give the model {y[-1] if len(y) > 1 else 1} outputs (dataset targets)"
+    if len(out) == 2 and len(y) == 2:
+        return (f"{got}: one label per sequence needs dataset num_classes: {out[-1]} (kind "
+                "tokens gives next-token labels)")
+    if len(out) == 3 and len(y) == 1:
+        return f"{got}: labels per token need dataset task next_token or token_classification"
+    if len(out) == 4:
+        return f"{got}: the output is a picture, not class scores: loss: module or mse?"
+    return f"{got}: the output's last axis must be the classes, the rest the labels' shape"
 
 
 def output_tensor(out: Any, key: str) -> torch.Tensor:

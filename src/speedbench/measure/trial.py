@@ -71,16 +71,17 @@ def check_data(plan: Plan, spec: ModelSpec, world_size: int = 1) -> None:
                           f"(steps x batch_size x accumulate), over the {MAX_SAMPLES:,} allowed; "
                           "lower bench.steps, batch_size or data.samples")
     first = plan.variants[plan.baseline]
-    if not first.data.path and not first.data.samples:
+    own = "_target_" in spec.dataset  # the user's own data set (own_data.py): built to know
+    if not first.data.path and not first.data.samples and not own:
         return  # synthetic data is made as long as the trials need
     # a synthetic data set is as long as asked; a file or folder is read to know
     have = len(build_dataset(spec.dataset, length, first.data.path, seed=first.bench.seed)) \
-        if first.data.path else length
+        if first.data.path or own else length
     ctx = Context(device=torch.device(plan.device))
     for name, r in plan.variants.items():
         need = batching(spec, r, ctx).loader_batch * (techniques.processes(r, ctx) or world_size)
         if have < need:
-            key = "data.path" if first.data.path else "data.samples"
+            key = "data.path" if first.data.path else "data._target_" if own else "data.samples"
             raise ConfigError(f"{key}: model {spec.name} gets {have} sample(s), fewer than one "
                               f"batch of {need} (variant {name}); give more data or a smaller "
                               "batch_size")

@@ -131,7 +131,12 @@ def _cell_class(column: str, text: str) -> str:
     return "num" if NUMERIC.match(text) else ""
 
 
+LONG_VERDICT = 24  # characters: a verdict cell longer than this wraps (td.long)
+
+
 def html_table(df: pd.DataFrame) -> str:
+    """A table that fits the page: numbers and verdict words keep to one line, an estimate's
+    CI may go below it, and sentences wrap (the scroll box is for a narrow window)."""
     e = html.escape
     head = "".join(f"<th>{e(str(c))}</th>" for c in df.columns)
     rows = []
@@ -140,7 +145,13 @@ def html_table(df: pd.DataFrame) -> str:
         for col, value in zip(df.columns, row):
             text = str(value)
             cls = _cell_class(str(col), text)
-            cells.append(f'<td class="{cls}">{e(text)}</td>' if cls else f"<td>{e(text)}</td>")
+            body = e(text)
+            if cls == "num" and " [" in text:  # the estimate may wrap above its CI
+                est, ci = text.split(" [", 1)
+                cls, body = "num ci", f'{e(est)} <span class="nw">[{e(ci)}</span>'
+            elif cls.startswith("verdict") and len(text) > LONG_VERDICT:
+                cls += " long"  # a sentence (n/a: why), not a word: it wraps
+            cells.append(f'<td class="{cls}">{body}</td>' if cls else f"<td>{body}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table></div>")
@@ -178,12 +189,15 @@ margin:22px 0}
 h2{font-size:20px;margin:18px 0 10px;border-bottom:2px solid var(--line);padding-bottom:6px}
 h3{font-size:16px;margin:20px 0 8px;color:#2a6f86}
 .scroll{overflow-x:auto}
-table{border-collapse:collapse;margin:8px 0 14px;font-size:14px}
+table{border-collapse:collapse;margin:8px 0 14px;font-size:13.5px}
 th{background:var(--bg);text-align:left;font-weight:600;border-bottom:2px solid var(--line)}
-td,th{padding:5px 10px;border-bottom:1px solid var(--line);vertical-align:top}
+td,th{padding:5px 8px;border-bottom:1px solid var(--line);vertical-align:top}
 tbody tr:hover{background:#fafcfd}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.ci{white-space:normal}
 td.verdict{font-weight:600;white-space:nowrap}
+td.verdict.long{white-space:normal;min-width:12em}
+.nw{white-space:nowrap}
 td.good{color:var(--good)}td.bad{color:var(--bad)}td.mixed{color:var(--mixed)}
 td.na{color:var(--muted);font-weight:400}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:3px 18px;margin:10px 0}

@@ -22,7 +22,8 @@ from speedbench.analysis import claims as claims_mod
 from speedbench.analysis import intervals
 from speedbench.analysis.summary import summarised
 from speedbench.report import (capacity_section, host_sweep, method, plots, profile_section,
-                               recipe_section, recommend, settings, to_target_section)
+                               recipe_section, recommend, settings, to_target_section,
+                               unfinished)
 from speedbench.report.document import Document, slug, write
 from speedbench.report.numbers import ratio_ci
 from speedbench.results.runs import Run, load_recipe, load_run
@@ -38,7 +39,8 @@ def _num(x, fmt="{:.1f}") -> str:
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     """The summary as people read it: one formatted row per (model, variant); the experiment
-    comes first when the run holds several (a suite such as `tips`)."""
+    comes first when the run holds several (a suite such as `tips`); a column of no value
+    (every row `-`) is left out."""
     table = pd.DataFrame({
         "model": summary["model"], "variant": summary["variant"], "status": summary["status"],
         "samples/s": summary["samples_per_s"].map(_num),
@@ -63,7 +65,10 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
             for r in summary.itertuples()])
     if summary["experiment"].nunique() > 1:
         table.insert(0, "experiment", summary["experiment"])
-    return table
+    # a column with no value in any row (nothing measured) says nothing, and widens the table
+    empty = [c for c in table.columns if c not in ("experiment", "model", "variant", "status",
+                                                   "verdict") and (table[c] == "-").all()]
+    return table.drop(columns=empty)
 
 
 QUALITY_SHORT = {"non-inferior": "non-inf.", "inconclusive": "inconcl."}
@@ -259,10 +264,11 @@ def console_table(summary: pd.DataFrame, width: Optional[int] = None) -> str:
 
 def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
                      overrides: Optional[list[str]] = None,
-                     width: Optional[int] = None, repeats: Optional[int] = None) -> list[str]:
+                     width: Optional[int] = None, repeats: Optional[int] = None,
+                     program: Optional[list[str]] = None) -> list[str]:
     """Noise warnings, short, each with a command to paste that measures again with more
     rounds (the same command line, more repeats: see _more_repeats; `repeats` is the run's
-    bench.repeats)."""
+    bench.repeats; `program`, the words that started the run: `speedbench`, or torchrun's)."""
     width = width or console_width()
     noisy = [f"{r.model}/{r.variant}" for r in summary.itertuples()
              if float(getattr(r, "spread", math.nan)) > method.SPREAD_WARN]
@@ -284,7 +290,7 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
                      + _listing(unsteady))
         extra.append("bench.warmup_max=30")
     flags = [o for o in kept if o.startswith("-")]  # --config-dir=...: before the overrides
-    command = ["speedbench"] + flags + ([f"+experiment={experiment}"] if experiment and not any(
+    command = list(program or ["speedbench"]) + flags + ([f"+experiment={experiment}"] if experiment and not any(
         o.lstrip("+").startswith("experiment=") for o in kept) else []) + \
         [o for o in kept if not o.startswith("-")] + extra
     out = []
@@ -324,12 +330,13 @@ def _listing(items: list[str], most: int = 4) -> str:
 
 def console_lines(summary: pd.DataFrame, experiment: Optional[str] = None,
                   overrides: Optional[list[str]] = None, table: bool = True,
-                  repeats: Optional[int] = None) -> list[str]:
+                  repeats: Optional[int] = None, program: Optional[list[str]] = None
+                  ) -> list[str]:
     """What a run prints at its end, before the path of its report: the table and the
     warnings, each line within the terminal's width (at most 100 columns). A recipe search
     prints no table: its recommendation, which follows, gives the search's own figures."""
     return ([console_table(summary)] if table else []) + \
-        console_warnings(summary, experiment, overrides, repeats=repeats)
+        console_warnings(summary, experiment, overrides, repeats=repeats, program=program)
 
 
 def report_line(run_dir: Path, trials: int, seconds: float) -> str:
@@ -556,6 +563,9 @@ def build_document(run: Run, out_dir: Path) -> Document:
         doc.note(busy)
     for note in method.trial_notes(run.trials):  # stalled windows, trials others slowed
         doc.note(note)
+    stopped = unfinished.note(run)
+    if stopped:  # the run never got to its end: what it never measured
+        doc.note(stopped)
     recommendation_section(doc, run, out_dir)
     for experiment in experiments:
         experiment_section(doc, run, experiment, out_dir)
