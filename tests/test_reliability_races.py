@@ -454,23 +454,38 @@ def test_busy_means_other_processes_took_the_cores_not_a_lagging_load_average():
 
 
 def test_other_processes_cpu_time_is_told_apart_from_the_runs_own():
+    """Another process's CPU time is others'; this run's own children's, reaped or still
+    running (a DataLoader worker, a launched trial), is the run's own."""
     from speedbench.measure import env
 
     if env._cpu_jiffies() is None:
         pytest.skip("no /proc/stat here")
-    watch = env._LoadWatch()
-    watch.thread = True  # no sampler thread: the load average is not what this test reads
-    watch.start()
-    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\n"
-                                "while time.time() - t < 5: pass"])
-    try:
-        time.sleep(1.5)
-        got = watch.summary()  # the spinner is not reaped yet: not this process's child time
-    finally:
-        spinner.kill()
-        spinner.wait()
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 5: pass"
+
+    def watched(start):
+        watch = env._LoadWatch()
+        watch.thread = True  # no sampler thread: the load average is not what this test reads
+        watch.start()
+        pid = start()
+        try:
+            time.sleep(1.5)
+            return watch.summary()
+        finally:
+            os.kill(pid, signal.SIGKILL)
+
+    def other() -> int:  # a spinner that is not this process's descendant (its parent exited)
+        out = subprocess.run(["sh", "-c", f"{sys.executable} -c '{spin}' >/dev/null 2>&1 & "
+                              "echo $!"], capture_output=True, text=True, check=True)
+        return int(out.stdout.strip())
+
+    def child() -> int:
+        return subprocess.Popen([sys.executable, "-c", spin]).pid
+
+    got = watched(other)
     assert got["others_cpu_share"] > 0.5 / os.cpu_count(), got  # one core of os.cpu_count()
     assert got["own_cpu_share"] < 0.2, got  # this process slept
+    got = watched(child)
+    assert got["own_cpu_share"] > 0.5 / os.cpu_count(), got  # the live child is the run's
 
 
 def test_a_busy_machine_is_said_first_and_no_share_of_peak_exceeds_100(tmp_path):
