@@ -112,11 +112,13 @@ class BenchConfig:
                                     "loss from each, compared with the baseline's by a paired "
                                     "ratio and CI (1: no CI, no verdict)", low=1, high=100,
                                 **RUN_LEVEL)
-    quality_tolerance: float = setting(0.05, "non-inferiority margin on the held-out loss ratio: "
-                                             "a variant is non-inferior when the upper end of "
-                                             "its CI is at most 1 + this, worse when the lower "
+    quality_tolerance: float = setting(0.05, "non-inferiority margin on the share of what the "
+                                             "baseline learned (its step-0 held-out loss less "
+                                             "its loss, nats) that a variant may lose: "
+                                             "non-inferior when the upper end of the CI of "
+                                             "that share is at most this, worse when the lower "
                                              "end is above it", gt=0, lt=1, **RUN_LEVEL,
-                                        note="0.05 = a loss 5 % above the baseline's")
+                                        note="0.05 = 5 % of the baseline's learning")
     # measure/stopping.py: a one-sided test at the probe's 3rd and 6th steady steps, spending a
     # share of the family's error; a probe too slow for two rounds to fit is not measured.
     too_slow_factor: Optional[float] = setting(4.0, "stop a variant early, verdict \"slower "

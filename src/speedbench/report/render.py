@@ -24,7 +24,7 @@ from speedbench.analysis.summary import summarised
 from speedbench.report import (capacity_section, host_sweep, method, plots, profile_section,
                                recipe_section, recommend, settings, to_target_section)
 from speedbench.report.document import Document, slug, write
-from speedbench.report.numbers import ratio_ci
+from speedbench.report.numbers import learning_lost, ratio_ci
 from speedbench.results.runs import Run, load_recipe, load_run
 from speedbench.results.schema import OK, STOPPED_SLOWER
 
@@ -82,9 +82,10 @@ def _quality(summary: pd.DataFrame, short: bool) -> dict:
         return {"loss": summary["quality_loss"].map(lambda v: _num(v, "{:.3g}")),
                 "quality": verdicts.map(lambda v: QUALITY_SHORT.get(v, _clip(v, 9)))}
     return {"held-out loss": summary["quality_loss"].map(lambda v: _num(v, "{:.3f}")),
-            "loss ratio [adj. CI]": [_ci(r.loss_ratio, r.loss_ratio_lo, r.loss_ratio_hi)
-                                     for r in summary.itertuples()],
+            "learning lost [adj. CI]": [learning_lost(r._asdict())
+                                        for r in summary.itertuples()],
             "quality": verdicts}
+
 
 
 def _sig(x, digits: int = 3) -> str:
