@@ -173,37 +173,70 @@ def test_the_recommendation_skips_a_faster_variant_whose_loss_is_worse():
 
 
 @pytest.mark.slow
-def test_the_rounds_write_paired_seeds_where_a_variant_is_left_to_compare(tmp_path,
-                                                                            monkeypatch):
-    """Identical recipes: the same losses in every seed, non-inferior at exactly 1. A variant
-    stopped as too slow leaves the baseline nothing to compare: its extra seeds are spared."""
-    from conftest import TINY, compose_cfg
+def test_the_rounds_write_paired_seeds_and_a_recipe_that_learns_nothing_is_worse(
+        tmp_path, monkeypatch):
+    """Identical recipes: the same losses in every seed, non-inferior at exactly 1; lr=1e-8
+    learns nothing: worse (the tiny transformer's baseline learns 0.15 nats in 12 steps). A
+    variant stopped as too slow leaves the baseline nothing to compare: its extra seeds are
+    spared."""
+    from conftest import SMALL_MODELS, TINY, compose_cfg
 
     from speedbench.config import build_plan
-    from speedbench.measure import quality as probe, rounds
+    from speedbench.measure import rounds, stopping
     from speedbench.results.runs import load_quality
 
-    cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=1", "bench.quality_seeds=3",
-                      "+variants={base:{},same:{},slow:{accumulate:2}}", "baseline=base")
-    real = probe.far_slower
-    monkeypatch.setattr(probe, "far_slower", lambda s, p, rate, f: rate is not None and p == 8
-                        and len(s) >= 2 or real(s, p, rate, f))
+    real = stopping.far_slower
+    monkeypatch.setattr(stopping, "far_slower", lambda steady, per_step, ref: (
+        (0.1, 0.05, 0.2) if ref is not None and per_step == 8 and steady
+        else real(steady, per_step, ref)))
+    cfg = compose_cfg(*TINY, *SMALL_MODELS, "model=transformer", "bench.repeats=1",
+                      "bench.quality_seeds=3", "bench.quality_steps=12",
+                      "+variants={base:{},same:{},flat:{lr:1.0e-8},slow:{accumulate:2}}",
+                      "baseline=base")
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     writer = rounds.measure_plan(build_plan(cfg, None), tmp_path / "a", progress=False)
     rows = load_quality(tmp_path / "a")
-    assert rows.groupby("variant").size().to_dict() == {"base": 3, "same": 3, "slow": 1}
+    assert rows.groupby("variant").size().to_dict() == {"base": 3, "same": 3, "flat": 3,
+                                                        "slow": 1}
     assert rows[rows["variant"] == "slow"]["status"].iloc[0].startswith("too slow: ")
     base, same = (rows[rows["variant"] == v]["loss"].tolist() for v in ("base", "same"))
     assert base == same and len(set(base)) == 3
+    assert (rows[rows["variant"] == "base"]["initial_loss"] - base > 0.1).all()
     judged = quality.summarise(rows, 0.05).set_index("variant")
     assert judged.loc["same", "quality_verdict"] == quality.NON_INFERIOR
-    assert {r["variant"] for r in writer.rows} == {"base", "same", "slow"}
+    assert judged.loc["same", "loss_ratio"] == 1.0 and judged.loc["same", "learning_lost"] == 0
+    assert judged.loc["flat", "quality_verdict"] == quality.WORSE
+    assert judged.loc["flat", "learning_lost"] == pytest.approx(1.0, abs=0.01)
+    assert {r["variant"] for r in writer.rows} == {"base", "same", "flat", "slow"}
 
-    cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=1", "bench.quality_seeds=3",
-                      "+variants={base:{},slow:{accumulate:2}}", "baseline=base")
+    cfg = compose_cfg(*TINY, *SMALL_MODELS, "model=transformer", "bench.repeats=1",
+                      "bench.quality_seeds=3", "+variants={base:{},slow:{accumulate:2}}",
+                      "baseline=base")
     rounds.measure_plan(build_plan(cfg, None), tmp_path / "b", progress=False)
     assert load_quality(tmp_path / "b").groupby("variant").size().to_dict() == \
         {"base": 1, "slow": 1}
+
+
+def test_the_probes_losses_do_not_depend_on_the_data_sets_length():
+    """The held-out split, the training order and the calibration batch are fixed per seed:
+    the same probe on a data set of 20 samples and of 5000 gives the same losses."""
+    from conftest import SMALL_MODELS, TINY, compose_cfg
+
+    from speedbench.config import build_plan
+    from speedbench.measure import quality as probe
+    from speedbench.measure.data import build_dataset
+    from speedbench.measure.trial import context
+
+    cfg = compose_cfg(*TINY, *SMALL_MODELS, "model=transformer", "bench.too_slow_factor=null")
+    plan = build_plan(cfg, None)
+    spec, recipe = plan.models[0], plan.variants[plan.baseline]
+    got = [probe.quality_probe(spec, recipe, context(plan),
+                               build_dataset(spec.dataset, n, None, seed=0), 2, seeds=2)
+           for n in (20, 5000)]
+    assert got[0]["seed_losses"] == got[1]["seed_losses"]
+    assert [x.initial for x in got[0]["seed_losses"]] == [x.initial for x in got[1]["seed_losses"]]
+    assert all(x.chance == pytest.approx(math.log(256)) for x in got[0]["seed_losses"])
+    assert probe.loss_columns(got[0]["seed_losses"][0])["initial_loss"] > got[0]["final_loss"]
 
 
 def test_recalibrated_batchnorm_measures_training_not_its_running_statistics():
