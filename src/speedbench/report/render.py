@@ -56,6 +56,10 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         "peak GFLOP/s": _col(summary, "peak_tflops").map(_gflops),
         "% of peak": _col(summary, "peak_fraction").map(peak_share),
     })
+    if "rss_growth_mb" in summary and summary["rss_growth_mb"].notna().any():
+        # torchrun on the CPU: a process's RSS growth, not a tensor peak: never a ratio
+        table.insert(list(table.columns).index("mem ratio") + 1, "process RSS growth MB",
+                     summary["rss_growth_mb"].map(_num))
     if "scaling_efficiency" in summary:  # data-parallel variants (summary.add_efficiency)
         table.insert(4, "devices", summary["devices"])
         table.insert(5, "scaling eff. [95% CI]", [

@@ -66,6 +66,9 @@ TRIAL_COLUMNS = [
     # the window's mean step and its throughput (samples_per_s and step_ms come from the
     # window's typical step: timing.typical_step_s of its steps' times, steps.csv)
     "window_samples_per_s", "window_step_ms",
+    # under torchrun on the CPU (no tensor peak there): the largest rank's process RSS growth
+    # over the trial, in MB, never compared with a tensor peak
+    "rss_growth_mb",
 ]
 # The contract: every trials.csv has these (experiment ... final_loss); a reader notes the ones
 # an older run lacks.
@@ -75,6 +78,7 @@ SUMMARY_COLUMNS = [
     "speedup_lo", "speedup_hi", "verdict", "trials", "step_ms", "cv", "data_wait_frac",
     "peak_mem_mb", "mem_ratio", "host_rss_mb", "final_loss", "loss_delta",
     "spread", "unsteady", "flops_per_step", "achieved_tflops", "peak_tflops", "peak_fraction",
+    "rss_growth_mb",
     # verdicts (summary.py): paired rounds, the CI's relative half-width, the smallest effect an
     # inconclusive row could have shown, the threshold, and the family the CIs are adjusted for
     "rounds", "ci_halfwidth", "min_detectable", "noise_threshold", "comparisons",
