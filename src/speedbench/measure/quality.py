@@ -171,6 +171,8 @@ def more_seeds(spec, recipe, ctx: Context, dataset, steps: int, seeds: int,
     started, limit, losses = time.perf_counter(), probe_limit_s(recipe, left_s), []
     for k in range(1, seeds):
         left = None if limit is None else limit - (time.perf_counter() - started)
+        if left is not None and left <= 0:
+            break  # no time left: no seed started
         loss = _seed_loss(spec, seeded(recipe, k), ctx, train, xy, steps, left)
         if loss is None:
             break  # the time limit: the seeds done so far
