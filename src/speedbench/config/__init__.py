@@ -109,8 +109,8 @@ class BenchConfig:
                                      "max_trial_s (a hard cap, even mid-step), its loss then "
                                      "empty", low=0, high=10_000, **RUN_LEVEL)
     quality_seeds: int = setting(3, "paired seeds of the quality probe: each variant's held-out "
-                                    "loss from each, compared with the baseline's by a paired "
-                                    "ratio and CI (1: no CI, no verdict)", low=1, high=100,
+                                    "loss from each, compared with the baseline's in the same "
+                                    "seed, with a CI (1: no CI, no verdict)", low=1, high=100,
                                 **RUN_LEVEL)
     quality_tolerance: float = setting(0.05, "non-inferiority margin on the share of what the "
                                              "baseline learned (its step-0 held-out loss less "
