@@ -94,7 +94,7 @@ def _figures(rows: pd.DataFrame) -> dict:
     return {"censored": int((_kinds(timed) != OK).sum()),
             "time_to_target_s": _geomean(t), "steps_to_target": _geomean(n),
             "step_ms": 1000 * _geomean(t / n),
-            "cold_s": _median(reached["cold_s"]), "one_time_s": _median(timed["one_time_s"]),
+            "cold_s": _median(timed["cold_s"]), "one_time_s": _median(timed["one_time_s"]),
             "reached_loss": _median(reached["final_loss"])}
 
 

@@ -65,7 +65,7 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
         "= steps": [_fmt(r["steps_to_target"], "{:.4g}", _at_least(r)) for r in rows],
         "x ms/step": [_fmt(r["step_ms"], "{:.4g}") for r in rows],
         "one-time (s)": [_fmt(r["one_time_s"], "{:.2f}") for r in rows],
-        "from cold (s)": [_fmt(r["cold_s"]) for r in rows],
+        "from cold (s)": [_fmt(r["cold_s"], bound=_at_least(r)) for r in rows],
         "speed-up [CI]": [_ci(r) for r in rows],
         "= step speed": [_fmt(r["step_speed_ratio"], "{:.2f}x") for r in rows],
         "x steps": [_fmt(r["steps_ratio"], "{:.2f}x") for r in rows],
