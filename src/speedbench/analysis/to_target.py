@@ -44,6 +44,7 @@ MISSED_VERDICT = "missed the target"
 # The experiment name of a recipe search's closing check: its final recipe against naive
 RECIPE_CHECK = "recipe: time to target"
 NO_TARGET = "no verdict: the baseline missed the target"
+NO_BUDGET = "not measured: the baseline's share of the budget ran out before the target"
 # A seed's run that did not get there for want of time: its time is a lower bound
 CENSORED = (MISSED, NOT_MEASURED)
 # A seed's run stopped early, long before any cap: a miss of infinite time, no bound
@@ -127,8 +128,11 @@ def _verdict(rows, base, statuses, level: float, threshold: float) -> dict:
     if failed:
         return {"verdict": f"{failed[0].kind} in {len(failed)} seeds"}
     if (base_kinds != OK).any():
-        return {**_bound(rows, base), "verdict": f"{NO_TARGET} in "
-                f"{int((base_kinds != OK).sum())} of {len(base)} seeds"}
+        short = int((base_kinds != OK).sum())
+        if base_kinds.isin((OK, NOT_MEASURED)).all():  # the budget, not evidence
+            return {**_bound(rows, base), "verdict": f"{NO_BUDGET} in {short} of "
+                    f"{len(base)} seeds; a larger bench.time_budget_s lets it"}
+        return {**_bound(rows, base), "verdict": f"{NO_TARGET} in {short} of {len(base)} seeds"}
     kinds = [s.kind for s in statuses]
     misses = sum(k in (MISSED,) + STOPPED for k in kinds)
     if misses:

@@ -13,9 +13,9 @@ reaches the target, or a cap runs out, in the way MLPerf Training and AlgoPerf m
   BatchNorm's running statistics first (held_out.evaluate).
 - The target: `target.loss` when given. Else, for the Markov tokens, whose entropy rate
   speedbench knows exactly, the floor (the lowest loss any model can reach) plus
-  `target.margin`. Else the baseline trains first from `target.seeds` other seeds (reruns, not
-  timed against the target: seeds bench.seed + target.seeds onwards) for `target.steps` steps,
-  and the target is the worst of their held-out losses then.
+  `target.margin`. Else the baseline trains first from TARGET_RERUNS (3, at most target.seeds)
+  other seeds (reruns, not timed against the target: seeds bench.seed + target.seeds onwards)
+  for `target.steps` steps, and the target is the worst of their held-out losses then.
 - Timing: each optimizer step is timed alone (device synchronised); evaluation runs at a fixed
   cadence of samples seen and is not timed. The first step and the steps a technique declares
   one-time (techniques.one_time_steps: compile's eager and compiling steps) carry one-time
@@ -55,6 +55,9 @@ from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.measure.timing import synchronize
 from speedbench.measure.trial import context
 from speedbench.results import atomic, schema
+
+
+TARGET_RERUNS = 3  # baseline reruns that set a target the data gives no floor for (at most)
 
 
 @dataclass(frozen=True)
@@ -213,13 +216,15 @@ class ToTarget:
                 self._write(spec, name, s, position, record, curve, target, source, floor)
 
     def _reruns_target(self, spec, train, xy, base_step: int) -> tuple[float, str]:
-        """The target where the data has no known floor: the worst held-out loss of target.seeds
-        baseline reruns (seeds after the timed ones) after target.steps steps. Not timed
-        against it: a target set by the very runs it times would favour the baseline."""
+        """The target where the data has no known floor: the worst held-out loss of
+        TARGET_RERUNS baseline reruns (seeds after the timed ones) after target.steps steps.
+        Not timed against it: a target set by the very runs it times would favour the
+        baseline."""
         cfg, losses = self.cfg, []
-        self.left += cfg.seeds
-        self.bar.total += cfg.seeds
-        for s in range(cfg.seeds, 2 * cfg.seeds):
+        reruns = min(cfg.seeds, TARGET_RERUNS)
+        self.left += reruns
+        self.bar.total += reruns
+        for s in range(cfg.seeds, cfg.seeds + reruns):
             self.bar.set_postfix_str(f"{spec.name} {self.plan.baseline} rerun {s} (target)")
             record, _ = train_to_target(spec, seeded(self.first, s), self.ctx, train, xy, None,
                                         self._caps(base_step, cfg.steps))
@@ -227,8 +232,9 @@ class ToTarget:
             ok = schema.parse_status(record["status"]).ok
             losses.append(record.get("final_loss", math.nan) if ok else math.nan)
         target = max(losses) if all(map(math.isfinite, losses)) else math.nan
-        seeds = f"{self.first.bench.seed + cfg.seeds}-{self.first.bench.seed + 2 * cfg.seeds - 1}"
-        return target, (f"the worst of {cfg.seeds} baseline reruns (seeds {seeds}, not timed) "
+        first = self.first.bench.seed + cfg.seeds
+        seeds = f"{first}-{first + reruns - 1}"
+        return target, (f"the worst of {reruns} baseline reruns (seeds {seeds}, not timed) "
                         f"after {cfg.steps} steps: " + ", ".join(f"{x:.4g}" for x in losses))
 
     def _caps(self, base_step: int, steps: int) -> Caps:
