@@ -273,3 +273,18 @@ def test_recalibrated_batchnorm_measures_training_not_its_running_statistics():
     assert held_out.evaluate(model, spec, xy, cpu, train, seed=0) == recalibrated  # the same
     assert model[1].momentum == 0.1 and not model.training
     assert held_out.has_running_stats(model) and not held_out.has_running_stats(nn.Linear(2, 2))
+
+
+def test_the_console_says_why_a_model_has_no_quality_verdict():
+    from speedbench.report.render import console_table
+
+    why = "no quality verdict: the baseline has not learned in 12 steps; give " \
+          "bench.quality_steps=120"
+    summary = pd.DataFrame([
+        {"experiment": "e", "model": "m", "variant": v, "status": "ok", "verdict": verdict,
+         "samples_per_s": 10.0, "speedup": 1.0, "speedup_lo": math.nan,
+         "speedup_hi": math.nan, "peak_mem_mb": 1.0, "quality_loss": 2.28,
+         "quality_verdict": q}
+        for v, verdict, q in (("base", "baseline", "baseline"), ("v", "inconclusive", why))])
+    text = console_table(summary, width=100)
+    assert "no verd.*" in text and f"* m: {why}" in " ".join(text.split())
