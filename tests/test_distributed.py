@@ -80,6 +80,33 @@ def test_combine_reports_global_throughput_over_the_slowest_rank():
                                  "final_loss": 1.0, "status": "diverged"}])["status"] == "diverged"
 
 
+def test_a_cpu_jobs_row_has_its_process_memory_apart_and_every_ranks_flops(monkeypatch):
+    """Under torchrun on the CPU there is no tensor peak: the ranks' RSS growth is its own
+    column (never a tensor peak to take a ratio of); a step's FLOPs are all ranks', against
+    the machine's peak: the parent's where it measured it with every core, a rank's times the
+    world size where one rank measured it with its share."""
+    from speedbench.measure.flops import FlopsBook
+
+    rank = {"status": "ok", "steps": 4, "data_wait_frac": 0.1, "peak_mem_mb": math.nan,
+            "host_rss_mb": 50.0, "host_rss_main_mb": 40.0, "samples": 64, "step_ms": 500.0,
+            "final_loss": 1.0, "flops_per_step": 1e9, "world_size": 2, "peak_kind": "fp32"}
+    job = distributed.combine([{**rank, "elapsed_s": 2.0, "rss_growth_mb": 120.0},
+                               {**rank, "elapsed_s": 2.0, "rss_growth_mb": 150.0}])
+    assert math.isnan(job["peak_mem_mb"]) and job["rss_growth_mb"] == 150.0
+    assert job["flops_per_step"] == 2e9
+    book = FlopsBook(torch.device("cpu"))
+    book.peaks["fp32"] = 0.1  # TFLOP/s, as measured
+    parent = book.annotate(dict(job))
+    assert parent["achieved_tflops"] == pytest.approx(2e9 / 0.5 / 1e12)  # both ranks' work
+    assert parent["peak_tflops"] == 0.1  # the parent measured the whole machine
+    assert book.annotate({**job, "world_size": 1})["peak_tflops"] == 0.1
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                       "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    # measured inside rank 0, with its share of the machine
+    assert book.annotate(dict(job))["peak_tflops"] == pytest.approx(0.2)
+
+
 @pytest.fixture
 def under_torchrun(monkeypatch):
     """This process looks like rank 0 of a 2-process torchrun job, one process per node (two
@@ -303,6 +330,14 @@ def test_dp_vs_ddp_measures_ddp_and_reports_scaling(dp_vs_ddp_run):
     summary = pd.read_csv(run_dir / "summary.csv").query("model == 'tiny'").set_index("variant")
     ddp_row = summary.loc["ddp"]
     assert ddp_row["scaling_efficiency"] == pytest.approx(ddp_row["speedup"] / 2)
+    if not torch.cuda.is_available():  # no tensor peak: RSS growth apart, never a memory ratio
+        assert math.isnan(ddp_row["peak_mem_mb"]) and math.isnan(ddp_row["mem_ratio"])
+        assert ddp_row["rss_growth_mb"] > 0 and math.isnan(summary.loc["single", "rss_growth_mb"])
+    # both ranks' FLOPs: the job's FLOP/s is its samples/s times a sample's FLOPs
+    single = summary.loc["single"]
+    per_sample = single["flops_per_step"] / (single["samples_per_s"] * single["step_ms"] / 1000)
+    assert ddp_row["achieved_tflops"] * 1e12 == pytest.approx(
+        ddp_row["samples_per_s"] * per_sample, rel=0.05)
     assert (run_dir / "plots" / "dp_vs_ddp-scaling.png").exists()
     assert "scaling eff." in (run_dir / "report.md").read_text()
 

@@ -350,3 +350,21 @@ def test_a_real_run_and_its_comparison_produce_readable_reports(real_run, tmp_pa
     assert_images_embedded(parse_html(out / "report.html"), at_least=3)
     summary = pd.read_csv(real_run / "summary.csv")
     assert not math.isnan(summary["samples_per_s"].iloc[0])
+
+
+def test_the_report_and_the_readme_say_the_same_of_which_calls_the_5_percent_covers():
+    """One statement of the families (report/method.FAMILIES), in the report's method text and
+    in README.md; the code's families are the ones it names: the speed calls at FAMILY_LEVEL
+    (the probes' stops a share of it), and the quality and time-to-target verdicts each at
+    FAMILY_LEVEL over their own comparisons."""
+    from speedbench.analysis import quality, to_target
+    from speedbench.report import method
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert method.FAMILIES in readme
+    summary = pd.DataFrame({"comparisons": [2], "family_level": [0.05], "ci_level": [0.975],
+                            "noise_threshold": [0.05]})
+    assert method.FAMILIES in method.family_text(summary)
+    assert quality.summarise.__defaults__[-1] == intervals.FAMILY_LEVEL
+    assert to_target.summarise.__defaults__[-1] == intervals.FAMILY_LEVEL
+    assert 0 < intervals.STOP_SHARE < 1  # the probes' stops spend part of the speed family's

@@ -213,7 +213,7 @@ def test_report_lead_line_crowns_only_a_significant_result():
 def test_family_text_states_comparisons_level_and_loss_meaning():
     base = np.array([100, 101, 99, 100, 102.0])
     text = method.family_text(summarise(_rounds(base, {f"v{i}": base for i in range(6)})))
-    assert "6 comparisons" in text and "at most 5%" in text and "99.25%" in text
+    assert "6 speed comparisons" in text and "at most 5%" in text and "99.25%" in text
     assert "paired seeds" in text and "non-inferior" in text and "time to target" in text
 
 

@@ -17,6 +17,7 @@ from speedbench.errors import ConfigError
 from speedbench.measure import held_out, to_target
 from speedbench.measure.data import MarkovTokens
 from speedbench.measure.trial import context
+from speedbench.report import to_target_section
 from speedbench.results import schema
 
 
@@ -50,15 +51,34 @@ def test_one_run_stops_at_the_target_and_times_only_training():
     spec, recipe = plan.models[0], plan.variants[plan.baseline]
     train, xy, floor = held_out.held_out(spec, recipe, 4000, 64)
     ctx = context(plan)
-    record, curve = to_target.train_to_target(spec, recipe, ctx, train, xy, target=4.0,
-                                              every=8, cap_samples=4000, cap_s=60)
+    record, curve = to_target.train_to_target(spec, recipe, ctx, train, xy, 4.0,
+                                              to_target.Caps(8, 4000, 60))
     assert record["status"] == schema.OK, record
     assert curve[0]["steps"] == 0 and curve[0]["loss"] > 4.0  # chance: ln(256) = 5.5
     assert curve[-1]["loss"] <= 4.0 and all(c["loss"] > 4.0 for c in curve[:-1])
     assert record["steps"] == curve[-1]["steps"] and record["final_loss"] == curve[-1]["loss"]
     assert record["time_s"] + record["one_time_s"] == pytest.approx(curve[-1]["train_s"])
-    assert record["cold_s"] >= curve[-1]["train_s"]
+    # the figures multiply: time = steps x the mean step
+    assert record["steps"] * record["step_ms"] / 1000 == pytest.approx(record["time_s"])
+    assert record["cold_s"] >= curve[-1]["train_s"] and record["cap_s"] == 60
     assert floor < 4.0
+
+
+def test_declared_one_time_steps_are_left_out_of_the_time_and_shown_apart():
+    """compile's eager and compiling steps (techniques.one_time_steps) and the first step: their
+    excess over the later steps' median is one_time_s; the rest is time_s."""
+    steps = [3.0, 0.5, 9.0, 0.6, 0.2, 0.1, 0.1, 0.1, 0.1]
+    plain = to_target._record(steps, 8, 0.2, 1.0, schema.OK)
+    compiled = to_target._record(steps, 8, 0.2, 1.0, schema.OK, one_time_steps=5)
+    # undeclared, the compiling step (9 s) would stay in the time: only the first step's excess
+    assert plain["one_time_s"] == pytest.approx(3.0 - 0.15) and plain["time_s"] > 9
+    assert compiled["one_time_s"] == pytest.approx(2.9 + 0.4 + 8.9 + 0.5 + 0.1)
+    assert compiled["time_s"] == pytest.approx(9 * 0.1)  # each step at the steady pace
+    for r in (plain, compiled):
+        assert r["time_s"] + r["one_time_s"] == pytest.approx(sum(steps))
+        assert r["steps"] * r["step_ms"] / 1000 == pytest.approx(r["time_s"])
+        assert r["cold_s"] == pytest.approx(sum(steps) + 0.2)
+    assert to_target._record([], 8, 0.2, 1.0, schema.OK)["time_s"] == 0  # no step ran
 
 
 def test_the_held_out_batch_is_made_once_per_data_set_which_is_still_let_go():
@@ -90,11 +110,16 @@ def test_a_run_that_cannot_get_there_is_a_miss_not_a_number():
     spec, recipe = plan.models[0], plan.variants[plan.baseline]
     train, xy, floor = held_out.held_out(spec, recipe, 400, 32)
     record, curve = to_target.train_to_target(spec, recipe, context(plan), train, xy,
-                                              target=floor / 2, every=16, cap_samples=64,
-                                              cap_s=60)
+                                              floor / 2, to_target.Caps(16, 64, 60))
     st = schema.parse_status(record["status"])
     assert st.kind == schema.MISSED and "> target" in st.reason, record
-    assert curve[-1]["samples"] == 64
+    assert "target.max_steps" in st.reason and curve[-1]["samples"] == 64
+    assert record["time_s"] > 0  # its time at the stop: a lower bound of its time to target
+    # the same stop by the run's share of the budget is a limit, not evidence: no miss
+    record, _ = to_target.train_to_target(spec, recipe, context(plan), train, xy, floor / 2,
+                                          to_target.Caps(16, 10 ** 6, 1e-9, budget=True))
+    st = schema.parse_status(record["status"])
+    assert st.kind == schema.NOT_MEASURED and "bench.time_budget_s" in st.reason, record
 
 
 def _runs(times: dict, steps: dict | None = None, status: dict | None = None) -> pd.DataFrame:
@@ -119,20 +144,45 @@ def test_the_speedup_splits_into_step_speed_and_steps():
     assert row["steps_ratio"] == pytest.approx(4.0, rel=0.02)
     assert row["step_speed_ratio"] < 1  # each step is slower; it needs a quarter of them
     assert row["verdict"] == intervals.FASTER and row["speedup_lo"] > 1
-    assert row["time_to_target_s"] == 5.4 and row["reached"] == 3
+    assert row["reached"] == 3 and row["censored"] == 0
+    # the row's figures multiply: geometric means of the time, the steps and each seed's pace
+    assert row["time_to_target_s"] == pytest.approx((5.0 * 5.4 * 6.1) ** (1 / 3))
+    assert row["steps_to_target"] * row["step_ms"] / 1000 == pytest.approx(
+        row["time_to_target_s"])
 
 
-def test_misses_count_as_infinite_and_never_get_a_ratio():
-    missed = "missed: held-out loss 2 > target 1"
-    runs = _runs({"base": [10.0, 11.0, 12.0], "bf16": [math.nan, 4.0, math.nan]},
-                 status={"bf16": [missed, "ok", missed]})
+def test_a_miss_counts_as_infinite_time_and_still_has_a_row_and_a_bound():
+    """AlgoPerf's convention: a variant that misses where the baseline got there is slower; its
+    censored time bounds its speed-up from above. A stop by the budget's share is no call."""
+    missed = "missed: held-out loss 2 > target 1 after 500 steps, the cap target.max_s"
+    runs = _runs({"base": [10.0, 11.0, 12.0], "bf16": [30.0, 4.0, 30.0]},
+                 steps={"bf16": [500, 40, 500]}, status={"bf16": [missed, "ok", missed]})
     row = target_stats.summarise(runs).set_index("variant").loc["bf16"]
-    assert math.isinf(row["time_to_target_s"]) and row["reached"] == 1
-    assert math.isnan(row["speedup"]) and "missed the target in 2 of 3" in row["verdict"]
-    base_missed = _runs({"base": [10.0, math.nan, 12.0], "v": [9.0, 9.0, 9.0]},
+    assert row["reached"] == 1 and row["censored"] == 2
+    assert row["verdict"].startswith(intervals.SLOWER + " (missed the target in 2 of 3 seeds")
+    assert row["speedup_bound"] == "<=" and row["speedup"] == pytest.approx(
+        (10 / 30 * 11 / 4 * 12 / 30) ** (1 / 3))
+    assert row["time_to_target_s"] == pytest.approx((30 * 4 * 30) ** (1 / 3))  # a lower bound
+    shown = to_target_section.table(target_stats.summarise(runs)).set_index("variant")
+    assert shown.loc["bf16", "speed-up [CI]"] == f"<= {row['speedup']:.2f}x"
+    assert shown.loc["bf16", "time to target (s)"].startswith(">= ")
+    budget = "not measured: its share of bench.time_budget_s (9 s of training) ran out: ..."
+    cut = _runs({"base": [10.0, 11.0, 12.0], "v": [9.0, 9.0, 9.0]},
+                status={"v": ["ok", budget, "ok"]})
+    row = target_stats.summarise(cut).set_index("variant").loc["v"]
+    assert row["verdict"].startswith("not measured") and row["speedup_bound"] == "<="
+    stopped = _runs({"base": [10.0, 11.0, 12.0], "v": [9.0, 0.2, 9.0]},
+                    status={"v": ["ok", "diverged", "ok"]})
+    row = target_stats.summarise(stopped).set_index("variant").loc["v"]
+    assert row["verdict"].startswith(intervals.SLOWER) and row["speedup"] == 0.0
+    base_missed = _runs({"base": [10.0, 40.0, 12.0], "v": [9.0, 9.0, 9.0]},
                         status={"base": ["ok", missed, "ok"]})
     row = target_stats.summarise(base_missed).set_index("variant").loc["v"]
-    assert row["verdict"].startswith(target_stats.NO_TARGET)
+    assert row["verdict"].startswith(target_stats.NO_TARGET) and row["speedup_bound"] == ">="
+    base_cut = _runs({"base": [10.0, 40.0, 12.0], "v": [9.0, 9.0, 9.0]},
+                     status={"base": ["ok", budget, "ok"]})
+    row = target_stats.summarise(base_cut).set_index("variant").loc["v"]
+    assert row["verdict"].startswith("not measured: the baseline's share of the budget ran out")
 
 
 @pytest.mark.slow
@@ -195,7 +245,7 @@ def test_the_experiment_file_runs_every_variant_to_the_target(tmp_path):
     assert sorted(set(runs["variant"])) == ["accumulate_x4", "batch_x2", "batch_x4", "bf16",
                                             "fp32"]
     kinds = {schema.parse_status(s).kind for s in runs["status"]}
-    assert kinds <= {schema.OK, schema.MISSED, schema.TOO_SLOW}, runs["status"].tolist()
+    assert kinds <= {schema.OK, schema.MISSED, schema.NOT_MEASURED}, runs["status"].tolist()
     x4 = runs[runs["variant"].isin(["batch_x4", "accumulate_x4"])].sort_values("seed")
     assert set(x4["per_step"]) == {16}  # 4 x the tiny batch of 4, either way
 
@@ -203,10 +253,11 @@ def test_the_experiment_file_runs_every_variant_to_the_target(tmp_path):
 def test_the_recommendation_states_the_time_to_target_verdicts():
     missed = "missed: held-out loss 2 > target 1"
     runs = _runs({"base": [10.0, 11.0, 12.0], "big": [5.0, 5.4, 6.1], "same": [10.1, 10.9, 12.2],
-                  "bf16": [math.nan] * 3}, status={"bf16": [missed] * 3})
+                  "bf16": [30.0] * 3}, status={"bf16": [missed] * 3})
     line = target_stats.verdict_line(runs, "m")
     assert "sooner, significantly: big 2.0" in line, line
-    assert "no ratio: bf16 (missed the target in 3 of 3 seeds)" in line, line
+    assert "later (missed the target: infinite time): bf16 <= 0.37x (missed the target in 3 " \
+        "of 3 seeds" in line, line
     assert "same" in line and "sooner, significantly: same" not in line
     assert target_stats.verdict_line(runs, "other") == "" == target_stats.verdict_line(None, "m")
 
@@ -216,7 +267,7 @@ def test_a_recipe_searchs_final_recipe_is_stated_against_naive():
         experiment=target_stats.RECIPE_CHECK)
     runs["is_baseline"] = runs["variant"] == "naive"
     line = target_stats.recipe_line(runs, "m")
-    assert "the final recipe took 5.4 s, naive 11 s" in line and "sooner than naive" in line
+    assert "the final recipe took 5.48 s, naive 11 s" in line and "sooner than naive" in line
     assert target_stats.verdict_line(runs, "m") == ""  # not an experiment's verdicts
 
 
@@ -225,3 +276,38 @@ def test_a_variant_that_needs_processes_of_its_own_has_no_time_to_target(tmp_pat
     stage = to_target.ToTarget(plan, tmp_path, [], progress=False, order_seed=0)
     skip = stage._not_trained(plan.models[0])
     assert list(skip) == ["b"] and skip["b"].startswith("n/a: time to target trains in this")
+
+
+def test_the_target_comes_from_baseline_reruns_that_are_not_timed_against_it(tmp_path,
+                                                                              monkeypatch):
+    """Without a known floor the baseline's reruns (other seeds) set the target; every variant,
+    the baseline included, is then timed from the paired seeds 0..S-1 against it."""
+    plan = _plan("+variants={a: {}, b: {sync: item}}", "baseline=a", "target.seeds=3")
+    calls = []
+
+    def fake(spec, recipe, ctx, train, xy, target, caps):
+        calls.append((recipe.bench.seed, target))
+        loss = 2.0 + recipe.bench.seed / 10 if target is None else target
+        return {"status": schema.OK, "final_loss": loss, "steps": 10, "time_s": 1.0,
+                "cold_s": 1.5, "one_time_s": 0.1, "step_ms": 100.0, "per_step": 4}, []
+
+    monkeypatch.setattr(to_target, "train_to_target", fake)
+    monkeypatch.setattr(to_target.ToTarget, "_fixed_target", lambda self, floor: (None, ""))
+    to_target.ToTarget(plan, tmp_path, [], progress=False, order_seed=0).run()
+    reruns = [seed for seed, target in calls if target is None]
+    timed = [(seed, target) for seed, target in calls if target is not None]
+    assert reruns == [3, 4, 5]
+    assert sorted(timed) == [(s, pytest.approx(2.5)) for s in (0, 0, 1, 1, 2, 2)]
+    runs = pd.read_csv(tmp_path / "to_target.csv")
+    assert sorted(runs["seed"]) == [0, 0, 1, 1, 2, 2]
+    assert "baseline reruns (seeds 3-5, not timed)" in runs["target_source"].iloc[0]
+
+
+def test_a_variant_the_speed_rounds_stopped_is_still_trained_to_the_target(tmp_path):
+    plan = _plan("+variants={a: {}, b: {}, c: {}, d: {}}", "baseline=a")
+    rows = [{"experiment": plan.experiment, "model": "transformer", "variant": v, "status": st}
+            for v, st in (("a", "ok"), ("b", "too slow: 9x slower [6, 12] ..."),
+                          ("c", "not measured: a steady probe step took 8 s ..."),
+                          ("d", "n/a: needs CUDA"))]
+    stage = to_target.ToTarget(plan, tmp_path, rows, progress=False, order_seed=0)
+    assert stage._not_trained(plan.models[0]) == {"d": "n/a: needs CUDA"}

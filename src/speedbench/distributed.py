@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -256,7 +257,10 @@ def gather_record(record: dict, env: DistEnv) -> dict:
 
 def combine(records: list[dict]) -> dict:
     """One row for the job: global throughput is all ranks' samples over the slowest rank's
-    window; memory and the stall are the largest rank's; the loss is the ranks' mean."""
+    window; memory (a tensor peak, or on the CPU a process's RSS growth, each its own column)
+    and the stall are the largest rank's; the loss is the ranks' mean; the FLOPs of a step are
+    all ranks' (each rank counted its own micro-batches), so that the job's FLOP/s is compared
+    with the whole machine's peak (FlopsBook.annotate)."""
     first = records[0]
     slowest = max(r["elapsed_s"] for r in records)
     statuses = [r["status"] for r in records if r["status"] != schema.OK]
@@ -267,7 +271,9 @@ def combine(records: list[dict]) -> dict:
         "step_ms": 1000 * slowest / first["steps"],
         "elapsed_s": slowest,
         "data_wait_frac": sum(r["data_wait_frac"] for r in records) / len(records),
-        "peak_mem_mb": max(r["peak_mem_mb"] for r in records),
+        "peak_mem_mb": _largest(r.get("peak_mem_mb") for r in records),
+        "rss_growth_mb": _largest(r.get("rss_growth_mb") for r in records),
+        "flops_per_step": sum(r.get("flops_per_step", math.nan) for r in records),
         "host_rss_mb": max(r["host_rss_mb"] for r in records),
         "host_rss_main_mb": max(r["host_rss_main_mb"] for r in records),
         "final_loss": sum(r["final_loss"] for r in records) / len(records),
@@ -276,6 +282,12 @@ def combine(records: list[dict]) -> dict:
         "stall_ms": max(r.get("stall_ms", 0.0) for r in records),  # one rank's stalls the job
         "step_s": _slowest_steps([r.get("step_s") for r in records]),
     }
+
+
+def _largest(values) -> float:
+    """The largest of the ranks' values that were measured (NaN where none was)."""
+    got = [float(v) for v in values if v is not None and v == v]
+    return max(got) if got else math.nan
 
 
 def _slowest_steps(per_rank: list) -> Optional[list[float]]:

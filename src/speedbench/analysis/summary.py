@@ -175,7 +175,8 @@ def _medians(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
            "cv": _cv(ok["samples_per_s"]), "spread": spread(ok["samples_per_s"]),
            "unsteady": _unsteady(ok), "data_wait_frac": median("data_wait_frac"),
            "peak_mem_mb": median("peak_mem_mb"), "host_rss_mb": median("host_rss_mb"),
-           "final_loss": median("final_loss")}
+           "final_loss": median("final_loss"),
+           "rss_growth_mb": median("rss_growth_mb") if "rss_growth_mb" in ok else math.nan}
     for col in MEMORY_SPLIT:  # the memory split, when recorded
         if col in ok:
             med[col] = pd.to_numeric(ok[col], errors="coerce").median()

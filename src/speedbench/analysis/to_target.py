@@ -1,19 +1,28 @@
 """Time-to-target verdicts: to_target.csv (a row per model, variant and seed) -> one row per
 variant, with the speed-up over the baseline from the paired seeds.
 
-- time to target: the median over seeds of the training time to the first evaluation at or
-  below the target, a miss counted as infinite (so a variant that misses in most seeds has an
-  infinite median);
+- the figures of a row multiply: time to target = the geometric mean over seeds of the training
+  time to the first evaluation at or below the target (one-time costs left out and shown apart,
+  `one_time_s`), steps = the geometric mean of the steps, ms/step = the geometric mean of each
+  seed's time / steps; so time = steps x ms/step exactly. A seed that did not reach the target
+  enters with its training time and steps at its stop, a lower bound (`censored` counts them;
+  the report prints ">=");
 - speed-up: the geometric mean of the per-seed ratios baseline time / variant time, with a
   t interval on their logs (intervals.paired_ratio_ci, the engine of the speed rounds), at the
-  Bonferroni level of the run's comparisons; its verdict by intervals.classify with
-  bench.noise_threshold. It splits exactly into step-speed ratio x steps ratio: the geometric
-  means over seeds of (baseline time per step / variant time per step) and of (baseline steps /
-  variant steps), so a user sees whether a variant won by faster steps or lost by needing more
-  of them;
-- a variant that missed the target in any seed gets no ratio: its verdict says how many seeds
-  it missed in; a baseline that missed in any seed gives no verdict at all (the target was out
-  of reach: raise target.margin or target.max_steps).
+  Bonferroni level of the run's time-to-target comparisons (a family of its own: FAMILY_LEVEL
+  over these comparisons, apart from the speed rounds' and the quality verdicts'); its verdict
+  by intervals.classify with bench.noise_threshold. It splits exactly into step-speed ratio x
+  steps ratio: the geometric means over seeds of (baseline time per step / variant time per
+  step) and of (baseline steps / variant steps), so a user sees whether a variant won by
+  faster steps or lost by needing more of them;
+- a miss, as AlgoPerf counts it: a variant that did not reach the target in a seed where the
+  baseline did, at the caps (target.max_steps, target.max_s), or stopped as far too slow, or
+  diverged, took infinite time there: its verdict is `slower`, its speed-up the bound its
+  censored time gives (at most that: `speedup_bound` "<=") or 0 where it was stopped early;
+- a run that the budget's share stopped (`not measured: ...`) is censored without a call: the
+  verdict says not measured, with its bound;
+- a baseline that missed in any seed gives no verdict at all (the target was out of reach:
+  raise target.margin or target.max_steps), with the bound its censored times give (">=").
 """
 from __future__ import annotations
 
@@ -23,16 +32,25 @@ import numpy as np
 import pandas as pd
 
 from speedbench.analysis import intervals
-from speedbench.results.schema import MISSED, OK, TOO_SLOW, parse_status
+from speedbench.results.schema import (DIVERGED, MISSED, NOT_MEASURED, OK, TOO_SLOW,
+                                       parse_status)
 
 COLUMNS = ["experiment", "model", "variant", "is_baseline", "status", "seeds", "reached",
-           "time_to_target_s", "cold_s", "one_time_s", "steps_to_target", "step_ms",
-           "speedup", "speedup_lo", "speedup_hi", "ci_level", "step_speed_ratio", "steps_ratio",
-           "verdict", "target_loss", "entropy_floor", "reached_loss", "target_source"]
+           "censored", "time_to_target_s", "cold_s", "one_time_s", "steps_to_target",
+           "step_ms", "speedup", "speedup_lo", "speedup_hi", "speedup_bound", "ci_level",
+           "step_speed_ratio", "steps_ratio", "verdict", "target_loss", "entropy_floor",
+           "reached_loss", "target_source"]
 MISSED_VERDICT = "missed the target"
 # The experiment name of a recipe search's closing check: its final recipe against naive
 RECIPE_CHECK = "recipe: time to target"
 NO_TARGET = "no verdict: the baseline missed the target"
+NO_BUDGET = "not measured: the baseline's share of the budget ran out before the target"
+# A seed's run that did not get there for want of time: its time is a lower bound
+CENSORED = (MISSED, NOT_MEASURED)
+# A seed's run stopped early, long before any cap: a miss of infinite time, no bound
+STOPPED = (TOO_SLOW, DIVERGED)
+# speedup_bound: which side of the speed-up the censored seeds bound
+AT_MOST, AT_LEAST = "<=", ">="
 
 
 def comparisons(runs: pd.DataFrame) -> int:
@@ -57,54 +75,103 @@ def summarise(runs: pd.DataFrame, threshold: float = intervals.DEFAULT_THRESHOLD
                              kind="stable").reset_index(drop=True)
 
 
-def _times(rows: pd.DataFrame) -> pd.Series:
-    """Per seed: the time to target, infinite for a run that did not reach it."""
-    reached = rows["status"].map(lambda s: parse_status(s).ok)
-    return rows["time_s"].astype(float).where(reached, math.inf)
+def _kinds(rows: pd.DataFrame) -> pd.Series:
+    return rows["status"].map(lambda s: parse_status(s).kind)
+
+
+def _timed(rows: pd.DataFrame) -> pd.DataFrame:
+    """The seeds with a time: reached (exact) or censored at a cap (a lower bound)."""
+    return rows[_kinds(rows).isin((OK,) + CENSORED)]
+
+
+def _figures(rows: pd.DataFrame) -> dict:
+    """time, steps and ms/step of a variant's timed seeds (geometric means: they multiply)."""
+    timed = _timed(rows)
+    t = pd.to_numeric(timed["time_s"], errors="coerce")
+    n = pd.to_numeric(timed["steps"], errors="coerce")
+    ok = (t > 0) & (n > 0)
+    t, n = t[ok], n[ok]
+    reached = timed[_kinds(timed) == OK]
+    return {"censored": int((_kinds(timed) != OK).sum()),
+            "time_to_target_s": _geomean(t), "steps_to_target": _geomean(n),
+            "step_ms": 1000 * _geomean(t / n),
+            "cold_s": _median(timed["cold_s"]), "one_time_s": _median(timed["one_time_s"]),
+            "reached_loss": _median(reached["final_loss"])}
 
 
 def _row(exp, model, variant, rows, base, level, threshold) -> dict:
     is_base = bool(rows["is_baseline"].astype(bool).iloc[0])
     statuses = [parse_status(s) for s in rows["status"]]
-    reached = sum(s.ok for s in statuses)
-    ok = rows[[s.ok for s in statuses]]
-    times = _times(rows)
     row = {"experiment": exp, "model": model, "variant": variant, "is_baseline": is_base,
-           "status": _status(statuses), "seeds": len(rows), "reached": reached,
-           "time_to_target_s": float(np.median(times)),
-           "cold_s": _median(ok["cold_s"]) if reached == len(rows) else math.inf,
-           "one_time_s": _median(ok["one_time_s"]),
-           "steps_to_target": _median(ok["steps"]), "step_ms": _median(ok["step_ms"]),
-           "target_loss": _first(rows, "target_loss"), "entropy_floor": _first(rows,
-                                                                               "entropy_floor"),
-           "reached_loss": _median(ok["final_loss"]), "target_source": _first(rows,
-                                                                            "target_source"),
-           "speedup": math.nan, "speedup_lo": math.nan, "speedup_hi": math.nan,
-           "ci_level": math.nan, "step_speed_ratio": math.nan, "steps_ratio": math.nan}
+           "status": _status(statuses), "seeds": len(rows),
+           "reached": sum(s.ok for s in statuses), **_figures(rows),
+           "target_loss": _first(rows, "target_loss"),
+           "entropy_floor": _first(rows, "entropy_floor"),
+           "target_source": _first(rows, "target_source"),
+           **dict.fromkeys(("speedup", "speedup_lo", "speedup_hi", "ci_level",
+                            "step_speed_ratio", "steps_ratio"), math.nan),
+           "speedup_bound": ""}
     if is_base:
         return {**row, "verdict": intervals.BASELINE}
+    return {**row, **_verdict(rows, base, statuses, level, threshold)}
+
+
+def _verdict(rows, base, statuses, level: float, threshold: float) -> dict:
+    """A variant's verdict and speed-up: a CI where every seed of both reached the target, a
+    bound where a seed is censored, `slower` for a miss (AlgoPerf's infinite time)."""
     if all(s.na for s in statuses):
-        return {**row, "verdict": "n/a"}
-    if not len(base) or all(parse_status(s).na for s in base["status"]):
-        return {**row, "verdict": "no verdict: the baseline has no time to target here"}
-    base_missed = int((~np.isfinite(_times(base))).sum())
-    if base_missed:
-        return {**row, "verdict": f"{NO_TARGET} in {base_missed} of {len(base)} seeds"}
-    if any(s.kind == TOO_SLOW or (s.kind == MISSED and "stopped" in s.reason)
-           for s in statuses):
-        return {**row, "verdict": intervals.SLOWER + " (stopped early: far too slow)"}
-    if reached < len(rows):
-        failed = [s for s in statuses if s.failed]
-        what = f"{failed[0].kind} in {len(failed)} seeds" if failed else \
-            f"{MISSED_VERDICT} in {len(rows) - reached} of {len(rows)} seeds"
-        return {**row, "verdict": what}
-    return {**row, **_speedup(ok, base, level, threshold)}
+        return {"verdict": "n/a"}
+    base_kinds = _kinds(base)
+    if not len(base) or (base_kinds == "n/a").all():
+        return {"verdict": "no verdict: the baseline has no time to target here"}
+    failed = [s for s in statuses if s.kind in ("oom", "error")]
+    if failed:
+        return {"verdict": f"{failed[0].kind} in {len(failed)} seeds"}
+    if (base_kinds != OK).any():
+        short = int((base_kinds != OK).sum())
+        if base_kinds.isin((OK, NOT_MEASURED)).all():  # the budget, not evidence
+            return {**_bound(rows, base), "verdict": f"{NO_BUDGET} in {short} of "
+                    f"{len(base)} seeds; a larger bench.time_budget_s lets it"}
+        return {**_bound(rows, base), "verdict": f"{NO_TARGET} in {short} of {len(base)} seeds"}
+    kinds = [s.kind for s in statuses]
+    misses = sum(k in (MISSED,) + STOPPED for k in kinds)
+    if misses:
+        early = any(k in STOPPED for k in kinds)
+        how = ("stopped early: far too slow" if TOO_SLOW in kinds else
+               f"{MISSED_VERDICT} in {misses} of {len(kinds)} seeds: a miss counts as "
+               "infinite time")
+        return {**(_zero() if early else _bound(rows, base)),
+                "verdict": f"{intervals.SLOWER} ({how})"}
+    if NOT_MEASURED in kinds:
+        return {**_bound(rows, base), "verdict": f"{NOT_MEASURED} (the budget's share ran out "
+                f"in {kinds.count(NOT_MEASURED)} of {len(kinds)} seeds)"}
+    return _speedup(rows, base, level, threshold)
 
 
-def _speedup(ok: pd.DataFrame, base: pd.DataFrame, level: float, threshold: float) -> dict:
+def _zero() -> dict:
+    """A run stopped early: infinite time, speed-up 0 (AlgoPerf), no bound of its own."""
+    return {"speedup": 0.0, "speedup_bound": AT_MOST}
+
+
+def _pairs(rows: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
+    return _timed(rows).merge(_timed(base), on="seed", suffixes=("", "_b"))
+
+
+def _bound(rows: pd.DataFrame, base: pd.DataFrame) -> dict:
+    """The speed-up from the censored times: at most this where only the variant's are
+    censored, at least where only the baseline's; none where both are."""
+    pairs = _pairs(rows, base)
+    mine = (_kinds(pairs) != OK).any()
+    theirs = (pairs["status_b"].map(lambda s: parse_status(s).kind) != OK).any()
+    if not len(pairs) or (mine and theirs):
+        return {}
+    point = _geomean(pairs["time_s_b"].astype(float) / pairs["time_s"].astype(float))
+    return {"speedup": point, "speedup_bound": AT_MOST if mine else AT_LEAST}
+
+
+def _speedup(rows: pd.DataFrame, base: pd.DataFrame, level: float, threshold: float) -> dict:
     """The paired ratios over the seeds both reached the target in."""
-    pairs = ok.merge(base[base["status"].map(lambda s: parse_status(s).ok)], on="seed",
-                     suffixes=("", "_b"))
+    pairs = _pairs(rows, base)
     point, lo, hi = intervals.paired_ratio_ci(pairs["time_s_b"], pairs["time_s"], level)
     per_step_b = pairs["time_s_b"] / pairs["steps_b"]
     per_step = pairs["time_s"] / pairs["steps"]
@@ -151,24 +218,26 @@ def recipe_line(runs: pd.DataFrame | None, model: str,
     final, naive = rows.loc["final"], rows.loc["naive"]
     head = (f"time to target (held-out loss {final['target_loss']:.4g}, {int(final['seeds'])} "
             f"seeds): the final recipe ")
-    if not math.isfinite(final["speedup"]):
-        return head + f"has no ratio to naive: {final['verdict']}"
-    ci = (f"[{final['speedup_lo']:.2f}, {final['speedup_hi']:.2f}]"
-          if math.isfinite(final["speedup_lo"]) else "(no CI)")
+    if not math.isfinite(final["speedup_lo"]):
+        bound = f"{final['speedup_bound']} {final['speedup']:.2f}x, " \
+            if math.isfinite(final["speedup"]) else ""
+        return head + f"has no interval against naive: {bound}{final['verdict']}"
+    ci = f"[{final['speedup_lo']:.2f}, {final['speedup_hi']:.2f}]"
     sooner = {intervals.FASTER: "sooner than naive, significantly",
               intervals.SLOWER: "later than naive, significantly",
               intervals.EQUIVALENT: "as soon as naive (equivalent)"}.get(final["verdict"],
                                                                    "not significantly sooner "
                                                                    "than naive")
     return (head + f"took {final['time_to_target_s']:.3g} s, naive "
-            f"{naive['time_to_target_s']:.3g} s (medians): {final['speedup']:.2f}x {ci}, "
-            f"{sooner}")
+            f"{naive['time_to_target_s']:.3g} s (geometric means over seeds): "
+            f"{final['speedup']:.2f}x {ci}, {sooner}")
 
 
 def _effect(row) -> str:
     lo, hi = row["speedup_lo"], row["speedup_hi"]
     ci = f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
-    return f"{row['variant']} {row['speedup']:.2f}x{ci}"
+    bound = f"{row['speedup_bound']} " if row.get("speedup_bound") else ""
+    return f"{row['variant']} {bound}{row['speedup']:.2f}x{ci}"
 
 
 def verdict_line(runs: pd.DataFrame | None, model: str,
@@ -182,14 +251,19 @@ def verdict_line(runs: pd.DataFrame | None, model: str,
     if rows.empty:
         return ""
     parts = {"sooner, significantly": [], "later, significantly": [], "as soon (equivalent)": [],
-             "not settled": [], "no ratio": []}
+             "later (missed the target: infinite time)": [], "not settled": [], "no ratio": []}
     for r in rows[~rows["is_baseline"].astype(bool)].to_dict("records"):
+        if r["verdict"].startswith(intervals.SLOWER + " ("):  # a miss, AlgoPerf's infinite time
+            parts["later (missed the target: infinite time)"].append(
+                f"{_effect(r)} ({r['verdict'].removeprefix(intervals.SLOWER + ' (')[:-1]})")
+            continue
         if not math.isfinite(r["speedup"]):
             parts["no ratio"].append(f"{r['variant']} ({r['verdict']})")
             continue
         key = {intervals.FASTER: "sooner, significantly", intervals.SLOWER: "later, significantly",
                intervals.EQUIVALENT: "as soon (equivalent)"}.get(r["verdict"], "not settled")
-        parts[key].append(_effect(r))
+        parts[key].append(_effect(r) + ("" if key != "not settled" or
+                                        math.isfinite(r["speedup_lo"]) else f" ({r['verdict']})"))
     base = rows[rows["is_baseline"].astype(bool)]
     if base.empty:
         return ""

@@ -29,7 +29,7 @@ from torch.utils.data import default_collate
 from omegaconf import OmegaConf
 from torch.utils.flop_counter import FlopCounterMode
 
-from speedbench import techniques
+from speedbench import distributed, techniques
 from speedbench.config import ModelSpec
 from speedbench.measure.data import loader_functions
 from speedbench.measure.timing import synchronize
@@ -237,8 +237,23 @@ class FlopsBook:
             self.peak(kind)
 
     def annotate(self, record: dict) -> dict:
-        """Add achieved_tflops and peak_tflops to a measured trial with flops_per_step."""
+        """Add achieved_tflops and peak_tflops to a measured trial with flops_per_step. A job
+        of several ranks (world_size) is compared with the whole machine's peak: its
+        flops_per_step is all ranks' (distributed.combine), and the peak is scaled to the
+        machine where it was measured for one rank's share (`peak_units`)."""
         if record.get("status") == OK and record.get("step_ms") and record.get("peak_kind"):
             record["achieved_tflops"] = record["flops_per_step"] / (record["step_ms"] / 1000) / 1e12
-            record["peak_tflops"] = self.peak(record["peak_kind"])
+            record["peak_tflops"] = self.peak(record["peak_kind"]) * self.peak_units(record)
         return record
+
+    def peak_units(self, record: dict) -> int:
+        """How many of the measured peak the job's ranks hold together: on CUDA one device
+        per rank (the peak is one device's); on the CPU 1 where this process measured the
+        peak with the whole machine (a launched trial's parent), the world size where it is
+        itself one rank of the job (its share of the threads)."""
+        world = int(record.get("world_size") or 1)
+        if world <= 1:
+            return 1
+        if self.device.type != "cpu":
+            return world
+        return world if distributed.from_environ() is not None else 1

@@ -5,9 +5,12 @@ the machine (3 to 10 steps), so a loss taken after it measures how long the warm
 quality probe trains fresh models from bench.quality_seeds paired seeds (seed k: the same
 initial weights and data order for every variant), each for the same number of samples seen:
 bench.quality_steps optimizer steps of the baseline (a variant that takes k times the samples
-per step, accumulation with accumulate_mode=add, runs 1/k as many). Each is then evaluated on
-held-out data (held_out.py: samples never trained on), in fp32 with the model in eval mode.
-Identical recipes give identical losses on the CPU. analysis/quality.py turns the paired
+per step, accumulation with accumulate_mode=add, runs 1/k as many), on a training order fixed
+per seed (held_out.probe_pool: not a function of the data set's length). Each is evaluated on
+held-out data (held_out.py: samples never trained on), in fp32 with the model in eval mode and
+its BatchNorm statistics recalibrated, before its first step and after its last: the step-0
+loss tells whether the baseline has learned anything (analysis/quality.py's guard). Identical
+recipes give identical losses on the CPU. analysis/quality.py turns the paired
 per-seed losses into a ratio with a CI and a non-inferiority verdict. The probe runs once per
 (model, variant), before the first round, untimed, and writes quality.csv.
 
@@ -16,10 +19,10 @@ technique's declared one-time steps, such as compilation) are its steady steps: 
 steady throughput, and stopping.py's rules stop a variant far slower than the baseline (a call
 of the family, with an interval) or too slow for its rounds to fit the budget (not measured).
 
-Time to target (to_target.py) keeps the older rule here (`far_slower`): a training run is
-stopped, a miss, once its last STEADY_STEPS steady steps each ran F times slower than the
-baseline's speed-round throughput, or every steady step so far (of GROSS_MIN_S or more) GROSS x F
-times slower.
+The older rule here (`far_slower`: the last STEADY_STEPS steady steps each F times slower than
+the baseline's throughput, or every steady step so far, of GROSS_MIN_S or more, GROSS x F times
+slower) is no longer used by a run: time to target, its last user, caps its runs by the budget
+instead (to_target.py).
 """
 from __future__ import annotations
 
@@ -145,6 +148,23 @@ def overrun_status(hard: tuple[float, str], elapsed_s: float) -> str:
               f"{hard[1]} ({hard[0]:.3g} s); stopped after {elapsed_s:.1f} s")
 
 
+class SeedLoss(float):
+    """A seed's held-out loss after the probe's steps (the float itself), with the same model's
+    held-out loss before its first step (`initial`) and the task's chance loss (`chance`,
+    held_out.chance_loss; NaN where it has none), all in nats."""
+
+    def __new__(cls, loss: float, initial: float = math.nan, chance: float = math.nan):
+        self = super().__new__(cls, loss)
+        self.initial, self.chance = float(initial), float(chance)
+        return self
+
+
+def loss_columns(loss) -> dict:
+    """quality.csv's columns of a seed's loss besides `loss`: initial_loss and chance_loss."""
+    return {"initial_loss": getattr(loss, "initial", math.nan),
+            "chance_loss": getattr(loss, "chance", math.nan)}
+
+
 def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
                   ref: stopping.Reference | None = None, seeds: int = 1, what: str = "",
                   left_s: float | None = None) -> dict:
@@ -165,7 +185,7 @@ def quality_probe(spec, recipe, ctx: Context, dataset, steps: int,
         return {"quality_status": na("no held-out loss: no time was left for the quality "
                                      "probe (bench.time_budget_s)"), "final_loss": math.nan,
                 "quality_steps": 0, "quality_samples": 0}
-    train, xy, _ = held_out.split(dataset, spec, recipe.bench.seed, EVAL_SAMPLES)
+    train, xy = _data(dataset, spec, recipe)
     started = time.perf_counter()
     got = _first_seed(spec, recipe, ctx, train, xy, steps, ref,
                       Limits(probe_limit_s(recipe), left_s), what or f"model {spec.name}")
@@ -181,16 +201,31 @@ def more_seeds(spec, recipe, ctx: Context, dataset, steps: int, seeds: int,
     """The held-out losses of seeds 1 .. seeds - 1 (the first is quality_probe's), untimed;
     those done within the probe's own limit and `left_s` (the budget's share) where a limit
     stops them."""
-    train, xy, _ = held_out.split(dataset, spec, recipe.bench.seed, EVAL_SAMPLES)
+    train, xy = _data(dataset, spec, recipe)
     limits = [t for t in (probe_limit_s(recipe), left_s) if t is not None]
     started, limit, losses = time.perf_counter(), min(limits) if limits else None, []
     for k in range(1, seeds):
         left = None if limit is None else limit - (time.perf_counter() - started)
+        if left is not None and left <= 0:
+            break  # no time left: no seed started
         loss = _seed_loss(spec, seeded(recipe, k), ctx, train, xy, steps, left)
         if loss is None:
             break  # the time limit: the seeds done so far
         losses.append(loss)
     return losses
+
+
+def _data(dataset, spec, recipe):
+    """(the probe's training pool, the held-out batch): fixed per bench.seed, whatever the data
+    set's length (held_out.probe_pool)."""
+    train, xy, _ = held_out.split(dataset, spec, recipe.bench.seed, EVAL_SAMPLES)
+    return held_out.probe_pool(train), xy
+
+
+def _evaluated(trainer, spec, xy, train, seed: int, initial: float) -> SeedLoss:
+    """The trained model's held-out loss (BatchNorm recalibrated on `train`), with `initial`."""
+    loss = held_out.evaluate(trainer.model, spec, xy, trainer.device, train, seed)
+    return SeedLoss(loss, initial, held_out.chance_loss(spec))
 
 
 def seeded(recipe, k: int):
@@ -215,6 +250,7 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, ref, limits: Limits, what) 
     try:
         hard = limits.hard()
         with applied(spec, recipe, ctx, train) as trainer, _capped(hard[0], what):
+            initial = _initial(trainer, spec, xy, train, recipe, steps)
             torch.manual_seed(recipe.bench.seed)  # dropout, per-step noise: the same stream
             while len(times) < total:
                 times.append(_timed_step(trainer))
@@ -222,7 +258,7 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, ref, limits: Limits, what) 
                 if stop:
                     return {**_timings(times, steady_from, per_step), **stop}
                 if len(times) == steps:
-                    loss = held_out.evaluate(trainer.model, spec, xy, trainer.device)
+                    loss = _evaluated(trainer, spec, xy, train, recipe.bench.seed, initial)
                 reached = limits.reached(times, floor)
                 if reached:
                     if len(times) < steps:  # no loss: the probe's steps are not all done
@@ -290,14 +326,23 @@ def _seed_loss(spec, recipe, ctx, train, xy, steps: int, left_s: float | None) -
                 _capped(None if left_s is None else
                         max(0.1, left_s - (time.perf_counter() - started)),
                         f"model {spec.name}"):
+            initial = _initial(trainer, spec, xy, train, recipe, steps)
             torch.manual_seed(recipe.bench.seed)
             for _ in range(steps):
                 trainer.step()
                 if left_s is not None and time.perf_counter() - started > left_s:
                     return None
-            return held_out.evaluate(trainer.model, spec, xy, trainer.device)
+            return _evaluated(trainer, spec, xy, train, recipe.bench.seed, initial)
     except watchdog.StepOverrun:
         return None
+
+
+def _initial(trainer, spec, xy, train, recipe, steps: int) -> float:
+    """The fresh model's held-out loss before its first step (NaN where no loss is asked for);
+    taken before the seed's random stream is set, so training is as without it."""
+    if not steps:
+        return math.nan
+    return held_out.evaluate(trainer.model, spec, xy, trainer.device, train, recipe.bench.seed)
 
 
 def _timings(step_s: list[float], steady_from: int, per_step: int) -> dict:

@@ -413,7 +413,8 @@ class ModelRounds:
         losses = self.seed_losses.get(name)
         if losses:
             return [{**head, "seed": seed + k, "steps": got["quality_steps"],
-                     "samples": got["quality_samples"], "loss": loss, "status": schema.OK}
+                     "samples": got["quality_samples"], "loss": loss,
+                     **quality.loss_columns(loss), "status": schema.OK}
                     for k, loss in enumerate(losses)]
         if name in self.skip:
             status = self.skip[name]

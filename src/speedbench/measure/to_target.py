@@ -9,18 +9,28 @@ reaches the target, or a cap runs out, in the way MLPerf Training and AlgoPerf m
 
 - The held-out data: for the synthetic tokens, sequences of the same Markov chain beyond the
   training set; for the synthetic pictures, pictures made from another seed; for a user's own
-  data (`data.path`), a seeded random share set aside from training.
+  data (`data.path`), a seeded random share set aside from training. Evaluation recalibrates
+  BatchNorm's running statistics first (held_out.evaluate).
 - The target: `target.loss` when given. Else, for the Markov tokens, whose entropy rate
   speedbench knows exactly, the floor (the lowest loss any model can reach) plus
-  `target.margin`. Else the baseline's seeds train first for `target.steps` steps, and the target
-  is the worst of their held-out losses then, so that every baseline seed reaches it.
+  `target.margin`. Else the baseline trains first from TARGET_RERUNS (3, at most target.seeds)
+  other seeds (reruns, not timed against the target: seeds bench.seed + target.seeds onwards)
+  for `target.steps` steps, and the target is the worst of their held-out losses then.
 - Timing: each optimizer step is timed alone (device synchronised); evaluation runs at a fixed
-  cadence of samples seen and is not timed. The first step carries the one-time costs
-  (compilation, allocation); `one_time_s` is its excess over the median step, and `time_s`
-  (the figure compared) leaves it out; `cold_s` adds it and the set-up back.
-- A variant whose speed rounds stopped it as far too slow, or that cannot act here (n/a), is not
-  trained: its rows say so. One that is stopped here by the same rule (bench.too_slow_factor,
-  against the baseline's speed-round throughput) is a miss.
+  cadence of samples seen and is not timed. The first step and the steps a technique declares
+  one-time (techniques.one_time_steps: compile's eager and compiling steps) carry one-time
+  costs: `one_time_s` is their excess over the median of the later steps, left out of `time_s`
+  (the figure compared) and shown apart; `step_ms` is time_s / steps, so that the figures
+  multiply; `cold_s` adds the one-time costs and the set-up back.
+- Caps: `target.max_steps` baseline steps' worth of samples and `target.max_s` of training, or
+  the run's even share of what bench.time_budget_s has left where that is less (`cap_s`). A run
+  the first two stop is a miss (`missed: ...`, its time a lower bound); one the budget's share
+  stops is `not measured: ...` (no call; its time a lower bound too).
+- Every variant is trained, including one the speed rounds stopped (too slow, not measured):
+  its runs are capped like the others', and no step-time rule stops them early (such a rule,
+  against the speed rounds' unpaired throughput, stopped fine variants, and the baseline
+  itself, under load). Only a variant that cannot act here (n/a), or that needs processes of
+  its own, is not trained.
 - The rounds run in a balanced random order per seed block (rounds.round_order).
 
 Writes to_target.csv (a row per model, variant and seed) and curves.csv (a row per evaluation).
@@ -30,6 +40,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,81 +50,116 @@ from speedbench import distributed, errors, techniques
 from speedbench.config import Plan
 from speedbench.measure.budget import Budget
 from speedbench.measure.held_out import evaluate, held_out
-from speedbench.measure.quality import far_slower, seeded, too_slow
+from speedbench.measure.quality import seeded
 from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.measure.timing import synchronize
 from speedbench.measure.trial import context
 from speedbench.results import atomic, schema
 
 
+TARGET_RERUNS = 3  # baseline reruns that set a target the data gives no floor for (at most)
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Where a run stops: an evaluation every `every` samples, at most `samples` samples and
+    `seconds` of training (None: no time cap); `budget`: the seconds are the run's share of
+    bench.time_budget_s rather than target.max_s."""
+
+    every: int
+    samples: int
+    seconds: float | None
+    budget: bool = False
+
+
 # --- one variant, one seed -----------------------------------------------------------------------
-def train_to_target(spec, recipe, ctx, train, xy, target: float | None, *, every: int,
-                    cap_samples: int, cap_s: float | None, baseline_rate: float | None = None,
-                    stop_at_target: bool = True) -> tuple[dict, list[dict]]:
+def train_to_target(spec, recipe, ctx, train, xy, target: float | None,
+                    caps: Caps) -> tuple[dict, list[dict]]:
     """Train `recipe` from its seed until the held-out loss is at most `target` (evaluated every
-    `every` samples seen), or `cap_samples` samples or `cap_s` seconds of training are spent.
-    Returns (the run's record, its curve). target None: train to the cap (the baseline's seeds
-    that set the target)."""
+    caps.every samples seen), or a cap is reached. Returns (the run's record, its curve).
+    target None: train to the cap (the baseline reruns that set the target)."""
     per_step = batching(spec, recipe, ctx).per_step
-    factor = recipe.bench.too_slow_factor
-    step_s, curve, status, loss = [], [], schema.OK, math.nan
+    step_s, curve, setup_s = [], [], 0.0
     t0 = time.perf_counter()
     try:
         with applied(spec, recipe, ctx, train) as trainer:
             setup_s = time.perf_counter() - t0
             torch.manual_seed(recipe.bench.seed)  # dropout: the same stream for every variant
-            loss = evaluate(trainer.model, spec, xy, ctx.device)
-            curve.append({"steps": 0, "samples": 0, "train_s": 0.0, "loss": loss})
-            next_eval = every
-            while True:
-                errors.stop_if_asked()
-                synchronize(trainer.device)
-                start = time.perf_counter()
-                trainer.step()
-                synchronize(trainer.device)
-                step_s.append(time.perf_counter() - start)
-                samples = len(step_s) * per_step
-                if far_slower(step_s, per_step, baseline_rate, factor):
-                    status = too_slow(step_s, per_step, baseline_rate)
-                    break
-                capped = samples >= cap_samples or (cap_s is not None and sum(step_s) >= cap_s)
-                if samples < next_eval and not capped:
-                    continue
-                while next_eval <= samples:
-                    next_eval += every
-                loss = evaluate(trainer.model, spec, xy, ctx.device)
-                curve.append({"steps": len(step_s), "samples": samples,
-                              "train_s": sum(step_s), "loss": loss})
-                if not math.isfinite(loss):
-                    status = schema.DIVERGED
-                    break
-                if stop_at_target and target is not None and loss <= target:
-                    break
-                if capped:
-                    if target is not None and stop_at_target:
-                        status = schema.format_status(schema.MISSED, _cap_text(
-                            samples, len(step_s), sum(step_s), loss, target))
-                    break
+            curve.append({"steps": 0, "samples": 0, "train_s": 0.0,
+                          "loss": evaluate(trainer.model, spec, xy, ctx.device, train,
+                                           recipe.bench.seed)})
+            status = _train(trainer, spec, recipe, train, xy, target, caps, per_step, step_s,
+                            curve)
     except NotApplicable as exc:
         return {"status": str(exc)}, []
     except Exception as exc:  # a fault in one run must not stop the others
         return {"status": distributed.failure_status(exc)}, curve
-    return _record(step_s, per_step, setup_s, loss, status), curve
+    record = _record(step_s, per_step, setup_s, curve[-1]["loss"], status,
+                     1 + techniques.one_time_steps(recipe))
+    return {**record, "cap_s": math.nan if caps.seconds is None else caps.seconds}, curve
 
 
-def _cap_text(samples: int, steps: int, took_s: float, loss: float, target: float) -> str:
-    return (f"held-out loss {loss:.4g} > target {target:.4g} after {steps} steps "
+def _train(trainer, spec, recipe, train, xy, target, caps: Caps, per_step: int,
+           step_s: list[float], curve: list[dict]) -> str:
+    """The training loop of train_to_target, filling step_s and curve; the run's status."""
+    next_eval = caps.every
+    while True:
+        errors.stop_if_asked()
+        synchronize(trainer.device)
+        start = time.perf_counter()
+        trainer.step()
+        synchronize(trainer.device)
+        step_s.append(time.perf_counter() - start)
+        samples = len(step_s) * per_step
+        by_samples = samples >= caps.samples
+        by_time = caps.seconds is not None and sum(step_s) >= caps.seconds
+        if samples < next_eval and not (by_samples or by_time):
+            continue
+        while next_eval <= samples:
+            next_eval += caps.every
+        loss = evaluate(trainer.model, spec, xy, trainer.device, train, recipe.bench.seed)
+        curve.append({"steps": len(step_s), "samples": samples, "train_s": sum(step_s),
+                      "loss": loss})
+        if not math.isfinite(loss):
+            return schema.DIVERGED
+        if target is not None and loss <= target:
+            return schema.OK
+        if by_samples or by_time:
+            return schema.OK if target is None else _cap_status(
+                caps, by_samples, samples, len(step_s), sum(step_s), loss, target)
+
+
+def _cap_status(caps: Caps, by_samples: bool, samples: int, steps: int, took_s: float,
+                loss: float, target: float) -> str:
+    """`missed: ...` at target.max_steps or target.max_s; `not measured: ...` where the run's
+    share of bench.time_budget_s stopped it first (a limit, not evidence)."""
+    text = (f"held-out loss {loss:.4g} > target {target:.4g} after {steps} steps "
             f"({samples:,} samples, {took_s:.1f} s of training)")
+    if not by_samples and caps.budget:
+        return schema.format_status(schema.NOT_MEASURED, f"its share of bench.time_budget_s "
+                                    f"({caps.seconds:.3g} s of training) ran out: {text}; a "
+                                    "larger bench.time_budget_s lets it run to the target")
+    which = "target.max_steps" if by_samples else "target.max_s"
+    return schema.format_status(schema.MISSED, f"{text}, the cap {which}")
 
 
-def _record(step_s: list[float], per_step: int, setup_s: float, loss: float,
-            status: str) -> dict:
-    steady = statistics.median(step_s[1:]) if len(step_s) > 1 else step_s[0]
-    one_time = max(0.0, step_s[0] - steady)
+def _record(step_s: list[float], per_step: int, setup_s: float, loss: float, status: str,
+            one_time_steps: int = 1) -> dict:
+    """The run's figures: its first `one_time_steps` steps' excess over the median of the later
+    ones (the median of all but the first where no later one ran) is one_time_s, left out of
+    time_s; step_ms = time_s / steps (the mean, so that steps x step_ms = time_s)."""
+    if not step_s:
+        return {"status": status, "final_loss": loss, "steps": 0, "samples": 0,
+                "per_step": per_step, "time_s": 0.0, "cold_s": setup_s, "one_time_s": 0.0,
+                "step_ms": math.nan}
+    later = step_s[one_time_steps:] or step_s[1:] or step_s
+    steady = statistics.median(later)
+    one_time = sum(max(0.0, t - steady) for t in step_s[:one_time_steps])
     took = sum(step_s)
     return {"status": status, "final_loss": loss, "steps": len(step_s),
             "samples": len(step_s) * per_step, "per_step": per_step, "time_s": took - one_time,
-            "cold_s": took + setup_s, "one_time_s": one_time, "step_ms": 1000 * steady}
+            "cold_s": took + setup_s, "one_time_s": one_time,
+            "step_ms": 1000 * (took - one_time) / len(step_s)}
 
 
 def reached_at(curve: list[dict], target: float) -> dict | None:
@@ -149,42 +195,52 @@ class ToTarget:
     def _model(self, spec, stream: int) -> None:
         cfg, first = self.cfg, self.first
         base_step = batching(spec, first, self.ctx).per_step
-        every = cfg.eval_every * base_step
-        cap_samples = cfg.max_steps * base_step
-        train, xy, floor = held_out(spec, first, cap_samples, cfg.eval_samples)
+        train, xy, floor = held_out(spec, first, cfg.max_steps * base_step, cfg.eval_samples)
         skip = self._not_trained(spec)
-        rate = self._baseline_rate(spec)
-        runs: dict[tuple[str, int], tuple[dict, list]] = {}
         target, source = self._fixed_target(floor)
-        if target is None:  # the baseline's seeds set it: they train first, to target.steps
-            for s in range(cfg.seeds):
-                self.bar.set_postfix_str(f"{spec.name} {self.plan.baseline} seed {s} (target)")
-                runs[(self.plan.baseline, s)] = train_to_target(
-                    spec, seeded(first, s), self.ctx, train, xy, None, every=every,
-                    cap_samples=cfg.steps * base_step, cap_s=self._cap_s(), stop_at_target=False)
-                self._done()
-            losses = [r[0].get("final_loss", math.nan) for r in runs.values()]
-            target = max(losses) if all(map(math.isfinite, losses)) else math.nan
-            source = f"the worst of the baseline's {cfg.seeds} seeds after {cfg.steps} steps"
+        if target is None:  # baseline reruns set it; the timed seeds are others
+            target, source = self._reruns_target(spec, train, xy, base_step)
         for s in range(cfg.seeds):
             names = self.round_order(list(self.plan.variants), self.order_seed, s, stream)
             for position, name in enumerate(names):
                 errors.stop_if_asked()
-                if (name, s) in runs:
-                    record, curve = runs[(name, s)]
-                    record = {**record, **self._judged(record, curve, target)}
-                elif name in skip or not math.isfinite(target):
-                    why = skip.get(name) or schema.na("no target: a baseline seed failed")
+                if name in skip or not math.isfinite(target):
+                    why = skip.get(name) or schema.na("no target: a baseline rerun failed")
                     record, curve = {"status": why}, []
-                    self._done()
                 else:
                     self.bar.set_postfix_str(f"{spec.name} {name} seed {s}")
                     record, curve = train_to_target(
                         spec, seeded(self.plan.variants[name], s), self.ctx, train, xy,
-                        target, every=every, cap_samples=cap_samples, cap_s=self._cap_s(),
-                        baseline_rate=rate)
-                    self._done()
+                        target, self._caps(base_step, cfg.max_steps))
+                self._done()
                 self._write(spec, name, s, position, record, curve, target, source, floor)
+
+    def _reruns_target(self, spec, train, xy, base_step: int) -> tuple[float, str]:
+        """The target where the data has no known floor: the worst held-out loss of
+        TARGET_RERUNS baseline reruns (seeds after the timed ones) after target.steps steps.
+        Not timed against it: a target set by the very runs it times would favour the
+        baseline."""
+        cfg, losses = self.cfg, []
+        reruns = min(cfg.seeds, TARGET_RERUNS)
+        self.left += reruns
+        self.bar.total += reruns
+        for s in range(cfg.seeds, cfg.seeds + reruns):
+            self.bar.set_postfix_str(f"{spec.name} {self.plan.baseline} rerun {s} (target)")
+            record, _ = train_to_target(spec, seeded(self.first, s), self.ctx, train, xy, None,
+                                        self._caps(base_step, cfg.steps))
+            self._done()
+            ok = schema.parse_status(record["status"]).ok
+            losses.append(record.get("final_loss", math.nan) if ok else math.nan)
+        target = max(losses) if all(map(math.isfinite, losses)) else math.nan
+        first = self.first.bench.seed + cfg.seeds
+        seeds = f"{first}-{first + reruns - 1}"
+        return target, (f"the worst of {reruns} baseline reruns (seeds {seeds}, not timed) "
+                        f"after {cfg.steps} steps: " + ", ".join(f"{x:.4g}" for x in losses))
+
+    def _caps(self, base_step: int, steps: int) -> Caps:
+        cap = self._cap_s()
+        return Caps(self.cfg.eval_every * base_step, steps * base_step, cap,
+                    budget=cap is not None and cap != self.cfg.max_s)
 
     def _cap_s(self) -> float | None:
         """A run's cap on its training time: target.max_s, or its even share of what the run's
@@ -204,34 +260,16 @@ class ToTarget:
                                              f"target.margin {self.cfg.margin:g}")
         return None, ""
 
-    def _judged(self, record: dict, curve: list[dict], target: float) -> dict:
-        """A baseline seed that trained to target.steps: its time to the target, read off its
-        curve (the training time up to the first evaluation at or below it)."""
-        if not schema.parse_status(record["status"]).ok:
-            return {}
-        hit = reached_at(curve, target)
-        if hit is None:
-            return {"status": schema.format_status(schema.MISSED, "the target is this run's "
-                                                                  "own loss, not reached")}
-        per_step, one_time = record["per_step"], record["one_time_s"]
-        return {"steps": hit["steps"], "samples": hit["samples"],
-                "time_s": hit["train_s"] - one_time,
-                "cold_s": record["cold_s"] - (record["time_s"] + one_time) + hit["train_s"],
-                "final_loss": hit["loss"], "per_step": per_step}
-
     def _not_trained(self, spec) -> dict:
-        """variant -> why it is not trained: n/a in the speed rounds, or stopped there as far
-        too slow (it would spend the cap at that pace)."""
+        """variant -> why it is not trained: n/a in the speed rounds, or processes of its own.
+        A variant the rounds stopped (too slow, not measured) is trained all the same, within
+        its share of the budget: its time to target is a question of its own."""
         out = {}
         for row in self.speed_rows:
             if row.get("model") != spec.name or row["variant"] == self.plan.baseline:
                 continue
-            st = schema.parse_status(row.get("status"))
-            if st.na:
+            if schema.parse_status(row.get("status")).na:
                 out[row["variant"]] = row["status"]
-            elif st.kind == schema.TOO_SLOW:
-                out[row["variant"]] = schema.format_status(
-                    schema.MISSED, f"not trained: the speed rounds stopped it ({st.reason})")
         for name, recipe in self.plan.variants.items():
             if techniques.processes(recipe, self.ctx) or techniques.environment(recipe,
                                                                                 self.ctx):
@@ -243,23 +281,16 @@ class ToTarget:
             out.update({n: schema.na(reason) for n in self.plan.variants})
         return out
 
-    def _baseline_rate(self, spec) -> float | None:
-        """The baseline's samples per second in its speed trials (median), for the too-slow
-        rule; None without them."""
-        rates = [r.get("samples_per_s") for r in self.speed_rows
-                 if r.get("model") == spec.name and r["variant"] == self.plan.baseline
-                 and schema.parse_status(r.get("status")).ok]
-        rates = [x for x in rates if x == x and x]
-        return statistics.median(rates) if rates else None
-
     def _write(self, spec, name, seed, position, record, curve, target, source, floor) -> None:
         row = {"experiment": self.plan.experiment, "model": spec.name, "variant": name,
                "is_baseline": name == self.plan.baseline, "seed": self.first.bench.seed + seed,
                "position": position, "order_seed": self.order_seed, "target_loss": target,
                "target_source": source, "entropy_floor": math.nan if floor is None else floor,
                **record}
+        head = {"experiment": self.plan.experiment, "model": spec.name, "variant": name,
+                "seed": row["seed"]}
         atomic.append_rows(self.run_dir / "curves.csv", schema.CURVE_COLUMNS,
-                [{"experiment": self.plan.experiment, "model": spec.name, "variant": name, "seed": row["seed"], **p} for p in curve])
+                           [{**head, **p} for p in curve])
         # last: a run in to_target.csv has its whole curve
         atomic.append_rows(self.run_dir / "to_target.csv", schema.TO_TARGET_COLUMNS, [row])
 

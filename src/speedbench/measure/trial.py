@@ -249,8 +249,10 @@ def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profil
     got.update({
         "status": schema.OK if math.isfinite(loss) else schema.DIVERGED,
         "data_wait_frac": clock.totals["data"] / elapsed,
-        "peak_mem_mb": dev_peak if dev_peak is not None else
-        rss.main_mb - rss.start_mb if ctx.dist_env is not None else math.nan,
+        # a tensor peak only (the step's split, below; the allocator's on CUDA): under torchrun
+        # on the CPU a process's RSS growth is its own column, never compared with a tensor peak
+        "peak_mem_mb": dev_peak if dev_peak is not None else math.nan,
+        "rss_growth_mb": rss.main_mb - rss.start_mb if ctx.dist_env is not None else math.nan,
         "host_rss_mb": rss.total_mb, "host_rss_main_mb": rss.main_mb,
         "final_loss": loss, "window_loss": loss, "samples": got["steps"] * b.per_step,
         "noise_threshold": recipe.bench.noise_threshold,

@@ -122,13 +122,21 @@ class Deadline:
         self.started = time.monotonic()
         if not self.active:
             return self
-        with _changing():
-            if not _stack:
-                _save_outside()
-            self.due, self.last_step = self.started + self.seconds, self.started
-            self.end_by = self.due + self.grace
-            _stack.append(self)
-        threading.Thread(target=self._backstop, name="speedbench-watchdog", daemon=True).start()
+        try:
+            # the backstop starts while the handler is quiet: a deadline already due (a block
+            # given no time) raises only once the block is entered, never in here, where the
+            # `with` would not call __exit__ and a stale backstop would end the process later
+            with _changing():
+                if not _stack:
+                    _save_outside()
+                self.due, self.last_step = self.started + self.seconds, self.started
+                self.end_by = self.due + self.grace
+                _stack.append(self)
+                threading.Thread(target=self._backstop, name="speedbench-watchdog",
+                                 daemon=True).start()
+        except BaseException:  # an alarm on the way out of _changing: nothing left behind
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc) -> bool:

@@ -24,6 +24,16 @@ METHOD = ("Speed-up = geometric mean of the per-round ratios of a variant's thro
           "lies within +-threshold; inconclusive: anything else.")
 
 
+# The one statement of which calls the 5 % covers (README.md says the same: tests/test_report.py)
+FAMILIES = ("Three families, each with a family-wise error of at most "
+            f"{100 * FAMILY_LEVEL:g} % over its own comparisons (Bonferroni): the speed calls "
+            "(the rounds' faster, slower and equivalent, and the quality probes' early stops, "
+            "slower (stopped early), which spend part of the same error), the quality verdicts "
+            "(non-inferior, worse), and the time-to-target verdicts (faster, slower, a miss "
+            "included). The chance of any false call among all three is at most "
+            f"{300 * FAMILY_LEVEL:g} %.")
+
+
 def family_text(summary: pd.DataFrame) -> str:
     """The report's sentence on error control and on the loss column."""
     parts = []
@@ -38,19 +48,19 @@ def family_text(summary: pd.DataFrame) -> str:
                       "measured (a recipe search's measurements, the findings' checks: "
                       "docs/experiments.md); each CI is at the level of its share, Bonferroni-"
                       "adjusted over its measurement's comparisons (ci_level in summary.csv), "
-                      f"so the chance of any false faster/slower call in the whole run is at "
-                      f"most {FAMILY_LEVEL:.0%}. ")
+                      f"so the chance of any false speed call in the whole run is at most "
+                      f"{FAMILY_LEVEL:.0%}. ")
         elif len(scope) and (scope == "experiment").all():
             family = (f"Each experiment of this run is its own family (a recipe search's "
                       f"measurements are separate decisions; up to {m} comparisons in one): its "
                       f"CIs are Bonferroni-adjusted over its own comparisons, so the chance of "
-                      f"any false faster/slower call in one experiment is at most {fam:.0%}. ")
+                      f"any false speed call in one experiment is at most {fam:.0%}. ")
         else:
-            family = (f"{m} comparison{'' if m == 1 else 's'} in this run; each CI is at level "
-                      f"{_levels_text(summary, m, fam)}, so the chance of any false "
-                      f"faster/slower call in the whole run is at most {fam:.0%}. ")
+            family = (f"{m} speed comparison{'' if m == 1 else 's'} in this run; each CI is at "
+                      f"level {_levels_text(summary, m, fam)}, so the chance of any false "
+                      f"speed call in the whole run is at most {fam:.0%}. ")
         parts.append(
-            family + "Noise threshold: "
+            family + FAMILIES + " Noise threshold: "
             f"{(thr.iloc[0] if len(thr) else DEFAULT_THRESHOLD):.0%}. An inconclusive row "
             "gives the smallest effect the run could have detected (min_detectable in "
             "summary.csv).")
@@ -70,16 +80,23 @@ def _levels_text(summary: pd.DataFrame, m: int, fam: float) -> str:
 
 
 # What the loss columns mean (the quality probe, measure/quality.py; analysis/quality.py)
-LOSS_MEANING = ("Held-out loss = the quality probe's: each variant trains fresh models from "
-                "bench.quality_seeds paired seeds (the same weights and data order for every "
-                "variant in a seed) for the same number of samples seen (bench.quality_steps "
-                "optimizer steps of the baseline), then evaluates them on held-out data in fp32; "
-                "the median over seeds is shown. Loss ratio = the geometric mean of the per-seed "
-                "ratios to the baseline's loss, with a t CI at the Bonferroni level of the run's "
-                "quality comparisons. Quality: non-inferior when the CI's upper end is at most "
-                "1 + bench.quality_tolerance, worse when its lower end is above it, else "
-                "inconclusive; identical numerics give exactly 1. A few steps judge whether a "
-                "technique breaks training, not how well it trains in the end: time to target "
+LOSS_MEANING = ("Held-out loss = the quality probe's (nats): each variant trains fresh models "
+                "from bench.quality_seeds paired seeds (the same weights and data order for "
+                "every variant in a seed) for the same number of samples seen "
+                "(bench.quality_steps optimizer steps of the baseline), then evaluates them on "
+                "held-out data in fp32, BatchNorm's statistics recalibrated on training samples "
+                "first; the median over seeds is shown. Each seed is also evaluated before its "
+                "first step: the baseline must beat that step-0 loss, and chance where the task "
+                "has one, by 0.05 nats in every seed, else no variant gets a quality verdict "
+                "(the row says which bench.quality_steps should do). Learning lost = per seed, "
+                "the variant's loss less the baseline's over what the baseline learned (its "
+                "step-0 loss less its loss), in nats over nats, averaged over the seeds with a "
+                "t CI at the Bonferroni level of the run's quality comparisons: 0 for the same "
+                "loss, 1 for a recipe that learned nothing. Quality: non-inferior when the CI's "
+                "upper end is at most bench.quality_tolerance (5 % of the baseline's learning), "
+                "worse when its lower end is above it, else inconclusive; identical numerics "
+                "give exactly 0 (loss ratio 1). A few steps judge whether a technique breaks "
+                "training, not how well it trains in the end: time to target "
                 "(target.enabled=true) judges that. loss Δ is the difference from the "
                 "baseline's first-seed loss.")
 

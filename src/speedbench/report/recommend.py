@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from speedbench.report.numbers import clip, ratio_ci
+from speedbench.report.numbers import clip, learning_lost, ratio_ci
 from speedbench.analysis.quality import DIVERGED, WORSE
 from speedbench.analysis.to_target import recipe_line, verdict_line
 from speedbench.results.runs import load_recipe, load_to_target
@@ -113,8 +113,8 @@ def _classify(row: dict) -> tuple[str, str]:
             return "skip", f"{effect}, {status}" if effect != "-" else status
         return "untested", f"failed here: {status}"
     if verdict == FASTER and str(row.get("quality_verdict")) in (WORSE, DIVERGED):
-        loss = _ci(_get(row, "loss_ratio"), _get(row, "loss_ratio_lo"), _get(row, "loss_ratio_hi"))
-        return "skip", f"{effect}, but its held-out loss is {row['quality_verdict']}: {loss}"
+        return "skip", (f"{effect}, but its held-out loss is {row['quality_verdict']}: "
+                        f"learning lost {learning_lost(row)}")
     if verdict == FASTER:
         return "use", effect
     if verdict == SLOWER:

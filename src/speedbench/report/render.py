@@ -25,8 +25,9 @@ from speedbench.report import (capacity_section, host_sweep, method, plots, prof
                                recipe_section, recommend, settings, to_target_section,
                                unfinished)
 from speedbench.report.document import Document, slug, write
-from speedbench.report.numbers import ratio_ci
+from speedbench.report.numbers import learning_lost, ratio_ci
 from speedbench.results.runs import Run, load_recipe, load_run
+from speedbench.analysis.quality import NO_VERDICT
 from speedbench.results.schema import OK, STOPPED_SLOWER
 
 
@@ -58,6 +59,10 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         "peak GFLOP/s": _col(summary, "peak_tflops").map(_gflops),
         "% of peak": _col(summary, "peak_fraction").map(peak_share),
     })
+    if "rss_growth_mb" in summary and summary["rss_growth_mb"].notna().any():
+        # torchrun on the CPU: a process's RSS growth, not a tensor peak: never a ratio
+        table.insert(list(table.columns).index("mem ratio") + 1, "process RSS growth MB",
+                     summary["rss_growth_mb"].map(_num))
     if "scaling_efficiency" in summary:  # data-parallel variants (summary.add_efficiency)
         table.insert(4, "devices", summary["devices"])
         table.insert(5, "scaling eff. [95% CI]", [
@@ -85,11 +90,13 @@ def _quality(summary: pd.DataFrame, short: bool) -> dict:
     verdicts = summary["quality_verdict"].fillna("-").astype(str).map(lambda v: v.split(" (")[0])
     if short:
         return {"loss": summary["quality_loss"].map(lambda v: _num(v, "{:.3g}")),
-                "quality": verdicts.map(lambda v: QUALITY_SHORT.get(v, _clip(v, 9)))}
+                "quality": verdicts.map(lambda v: "no verd.*" if v.startswith(NO_VERDICT)
+                                        else QUALITY_SHORT.get(v, _clip(v, 9)))}
     return {"held-out loss": summary["quality_loss"].map(lambda v: _num(v, "{:.3f}")),
-            "loss ratio [adj. CI]": [_ci(r.loss_ratio, r.loss_ratio_lo, r.loss_ratio_hi)
-                                     for r in summary.itertuples()],
+            "learning lost [adj. CI]": [learning_lost(r._asdict())
+                                        for r in summary.itertuples()],
             "quality": verdicts}
+
 
 
 def _sig(x, digits: int = 3) -> str:
@@ -235,7 +242,16 @@ def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             lambda v: _num(v, "{:.2f}")))
     if summary["experiment"].nunique() > 1:
         table.insert(0, "exp.", summary["experiment"].map(lambda v: _clip(v, 14)))
-    return table, [f"[{i}] {r}" for i, r in enumerate(reasons, 1)]
+    return table, [f"[{i}] {r}" for i, r in enumerate(reasons, 1)] + _no_quality(summary)
+
+
+def _no_quality(summary: pd.DataFrame) -> list[str]:
+    """`* resnet: no quality verdict: the baseline has not learned ...`, once per model."""
+    if "quality_verdict" not in summary:
+        return []
+    said = {f"* {r.model}: {r.quality_verdict}" for r in summary.itertuples()
+            if str(r.quality_verdict).startswith(NO_VERDICT)}
+    return sorted(said)
 
 
 def console_table(summary: pd.DataFrame, width: Optional[int] = None) -> str:

@@ -14,29 +14,44 @@ from speedbench.report.document import Document, slug
 
 METHOD = ("Each variant trains from the same seeds (the same weights and data order per seed) "
           "until its loss on held-out data reaches the target, evaluated at a fixed cadence of "
-          "samples seen; evaluation is not timed. Time to target = training time to the first "
-          "evaluation at or below it, the first step's one-time cost (compilation, allocation) "
-          "left out and shown apart; a run that does not get there within the cap is a miss, "
-          "counted as infinite. Speed-up = geometric mean of the per-seed ratios (baseline time "
-          "/ variant time) with a t interval at the run's Bonferroni level, split exactly into "
-          "step speed (baseline / variant time per step) x steps (baseline / variant steps "
-          "to target).")
+          "samples seen; evaluation is not timed (BatchNorm's statistics recalibrated on "
+          "training samples first). Time to target = training time to the first evaluation at "
+          "or below it; the one-time costs of the first step and of the steps a technique "
+          "declares (compile's eager and compiling steps) are left out and shown apart "
+          "(one-time). time, steps and ms/step are geometric means over the seeds, so that "
+          "time = steps x ms/step; '>=' marks a figure in which a seed that stopped short of "
+          "the target enters with its time at the stop. A miss at the caps (target.max_steps, "
+          "target.max_s), or a run stopped as far too slow or diverged, counts as infinite "
+          "time (AlgoPerf): the variant is slower, its speed-up at most the bound its "
+          "censored time gives; a run its share of bench.time_budget_s stopped is not "
+          "measured (no call). Speed-up = geometric mean of the per-seed ratios (baseline "
+          "time / variant time) with a t interval at the Bonferroni level of the run's "
+          "time-to-target comparisons (a family of its own), split exactly into step speed "
+          "(baseline / variant time per step) x steps (baseline / variant steps to target).")
 
 
-def _fmt(x, spec: str = "{:.3g}") -> str:
+def _fmt(x, spec: str = "{:.3g}", bound: str = "") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     if isinstance(x, float) and math.isinf(x):
         return "not reached"
-    return spec.format(x)
+    return bound + spec.format(x)
 
 
 def _ci(row) -> str:
     if not math.isfinite(row["speedup"]):
         return "-"
+    if row.get("speedup_bound"):
+        return f"{row['speedup_bound']} {row['speedup']:.2f}x"
     if not (math.isfinite(row["speedup_lo"]) and math.isfinite(row["speedup_hi"])):
         return f"{row['speedup']:.2f}x"
     return f"{row['speedup']:.2f}x [{row['speedup_lo']:.2f}, {row['speedup_hi']:.2f}]"
+
+
+def _at_least(row) -> str:
+    """'>= ' where a seed enters the row's figures with its time at a stop short of the
+    target."""
+    return ">= " if row.get("censored", 0) else ""
 
 
 def table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -45,11 +60,12 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
         "model": [r["model"] for r in rows],
         "variant": [r["variant"] for r in rows],
         "reached": [f"{r['reached']}/{r['seeds']}" for r in rows],
-        "time to target (s, median)": [_fmt(r["time_to_target_s"]) for r in rows],
-        "from cold (s)": [_fmt(r["cold_s"]) for r in rows],
+        "time to target (s)": [_fmt(r["time_to_target_s"], "{:.4g}", _at_least(r))
+                               for r in rows],
+        "= steps": [_fmt(r["steps_to_target"], "{:.4g}", _at_least(r)) for r in rows],
+        "x ms/step": [_fmt(r["step_ms"], "{:.4g}") for r in rows],
         "one-time (s)": [_fmt(r["one_time_s"], "{:.2f}") for r in rows],
-        "steps": [_fmt(r["steps_to_target"], "{:.0f}") for r in rows],
-        "ms/step": [_fmt(r["step_ms"]) for r in rows],
+        "from cold (s)": [_fmt(r["cold_s"], bound=_at_least(r)) for r in rows],
         "speed-up [CI]": [_ci(r) for r in rows],
         "= step speed": [_fmt(r["step_speed_ratio"], "{:.2f}x") for r in rows],
         "x steps": [_fmt(r["steps_ratio"], "{:.2f}x") for r in rows],

@@ -19,7 +19,8 @@ import yaml
 
 from speedbench.results.schema import (CURVE_COLUMNS, FINDING_COLUMNS, OK, PHASE_COLUMNS,
                                        REQUIRED_CAPACITY_COLUMNS, REQUIRED_TRIAL_COLUMNS,
-                                       QUALITY_COLUMNS, TO_TARGET_COLUMNS)
+                                       REQUIRED_QUALITY_COLUMNS,
+                                       REQUIRED_TO_TARGET_COLUMNS)
 
 # The contract columns without which a run cannot be summarised, plotted or compared at all.
 MINIMUM = ("experiment", "model", "variant", "is_baseline", "status", "samples_per_s")
@@ -287,21 +288,22 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
                phases=_optional_table(path / "phases.csv", PHASE_COLUMNS, notes),
                findings=_optional_table(path / "findings.csv", FINDING_COLUMNS, notes),
                capacity=_optional_table(path / "capacity.csv", REQUIRED_CAPACITY_COLUMNS, notes),
-               to_target=_optional_table(path / "to_target.csv", TO_TARGET_COLUMNS, notes),
+               to_target=_optional_table(path / "to_target.csv", REQUIRED_TO_TARGET_COLUMNS,
+                                         notes),
                curves=_optional_table(path / "curves.csv", CURVE_COLUMNS, notes),
-               quality=_optional_table(path / "quality.csv", QUALITY_COLUMNS, notes),
+               quality=_optional_table(path / "quality.csv", REQUIRED_QUALITY_COLUMNS, notes),
                recipe_search=(path / "recipe.csv").is_file(), format_version=version,
                notes=notes, missing=missing, label=path.name)
 
 
 def load_quality(run_dir) -> Optional[pd.DataFrame]:
     """quality.csv of a run (None without one, or unreadable)."""
-    return _optional_table(Path(run_dir) / "quality.csv", QUALITY_COLUMNS, [])
+    return _optional_table(Path(run_dir) / "quality.csv", REQUIRED_QUALITY_COLUMNS, [])
 
 
 def load_to_target(run_dir) -> Optional[pd.DataFrame]:
     """to_target.csv of a run (None without one, or unreadable)."""
-    return _optional_table(Path(run_dir) / "to_target.csv", TO_TARGET_COLUMNS, [])
+    return _optional_table(Path(run_dir) / "to_target.csv", REQUIRED_TO_TARGET_COLUMNS, [])
 
 
 def load_trials(run_dir, notes: Optional[list[str]] = None) -> pd.DataFrame:

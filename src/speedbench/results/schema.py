@@ -69,6 +69,9 @@ TRIAL_COLUMNS = [
     # the share of the machine's CPU other processes used while the trial ran (env.CpuWindow):
     # a burst of other work shows in the trials it slowed
     "others_cpu_share",
+    # under torchrun on the CPU (no tensor peak there): the largest rank's process RSS growth
+    # over the trial, in MB, never compared with a tensor peak
+    "rss_growth_mb",
 ]
 # The contract: every trials.csv has these (experiment ... final_loss); a reader notes the ones
 # an older run lacks.
@@ -78,6 +81,7 @@ SUMMARY_COLUMNS = [
     "speedup_lo", "speedup_hi", "verdict", "trials", "step_ms", "cv", "data_wait_frac",
     "peak_mem_mb", "mem_ratio", "host_rss_mb", "final_loss", "loss_delta",
     "spread", "unsteady", "flops_per_step", "achieved_tflops", "peak_tflops", "peak_fraction",
+    "rss_growth_mb",
     # verdicts (summary.py): paired rounds, the CI's relative half-width, the smallest effect an
     # inconclusive row could have shown, the threshold, and the family the CIs are adjusted for
     "rounds", "ci_halfwidth", "min_detectable", "noise_threshold", "comparisons",
@@ -87,10 +91,12 @@ SUMMARY_COLUMNS = [
     "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "peak_phase", "probe_samples_per_s",
     # the model's first-in-round throughput over its later trials' (summary.position_effect)
     "position_effect", "position_lo", "position_hi",
-    # the quality probe's held-out loss over its seeds and its paired ratio to the baseline's
-    # (analysis/quality.py)
-    "quality_loss", "quality_seeds", "loss_ratio", "loss_ratio_lo", "loss_ratio_hi",
-    "quality_level", "quality_tolerance", "quality_verdict",
+    # the quality probe's held-out loss over its seeds, its paired ratio to the baseline's, what
+    # the baseline learned (nats) and the share of it the variant lost, with the CI the
+    # verdict is judged on (analysis/quality.py)
+    "quality_loss", "quality_seeds", "loss_ratio", "learned_nats", "learning_lost",
+    "learning_lost_lo", "learning_lost_hi", "quality_level", "quality_tolerance",
+    "quality_tolerance_nats", "quality_verdict",
 ]
 # The parts of one optimizer step the phase clock times (train.Trainer.step), in step order.
 PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
@@ -108,10 +114,13 @@ RECIPE_COLUMNS = ["model", "table", "step", "label", "option", "group", "speedup
 TO_TARGET_COLUMNS = ["experiment", "model", "variant", "is_baseline", "seed", "position",
                      "order_seed", "status", "target_loss", "target_source", "entropy_floor",
                      "final_loss", "steps", "samples", "per_step", "time_s", "cold_s",
-                     "one_time_s", "step_ms"]
+                     "one_time_s", "step_ms", "cap_s"]
+REQUIRED_TO_TARGET_COLUMNS = TO_TARGET_COLUMNS[:-1]  # cap_s: a run written before it lacks it
 # quality.csv: the quality probe's held-out loss per model, variant and seed (measure/quality.py)
+# initial_loss: the same model's before its first step; chance_loss: a uniform guess's (nats)
 QUALITY_COLUMNS = ["experiment", "model", "variant", "is_baseline", "seed", "steps", "samples",
-                   "loss", "status"]
+                   "loss", "status", "initial_loss", "chance_loss"]
+REQUIRED_QUALITY_COLUMNS = QUALITY_COLUMNS[:9]  # a run written before the step-0 loss
 # steps.csv: each timed step of each trial (measure/trial.py), in ms
 STEP_COLUMNS = ["experiment", "model", "variant", "round", "position", "step", "step_ms"]
 CURVE_COLUMNS = ["experiment", "model", "variant", "seed", "steps", "samples", "train_s", "loss"]

@@ -176,8 +176,9 @@ class TrialMeasurer:
         for r in judged.itertuples():
             if r.variant in arms:
                 arms[r.variant].quality = r.quality_verdict
-                arms[r.variant].quality_note = (f"loss ratio {r.loss_ratio:.3g} "
-                                                f"[{r.loss_ratio_lo:.3g}, {r.loss_ratio_hi:.3g}]")
+                arms[r.variant].quality_note = (
+                    f"learning lost {r.learning_lost:+.0%} "
+                    f"[{r.learning_lost_lo:+.0%}, {r.learning_lost_hi:+.0%}]")
         return arms
 
 
