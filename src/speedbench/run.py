@@ -20,7 +20,7 @@ from speedbench.analysis import intervals
 from speedbench.analysis import to_target as target_stats
 from speedbench.analysis.summary import summary_of
 from speedbench.config import Plan, build_plan, suite
-from speedbench.measure import diagnosis, env, to_target
+from speedbench.measure import diagnosis, env, isolation, to_target
 from speedbench.measure.budget import Budget
 from speedbench.measure.flops import FlopsBook
 from speedbench.measure.timing import settled_heap
@@ -43,6 +43,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     from speedbench.search import driver as recipe
 
     plans = _plans(cfg, experiment, overrides)  # every plan validated before anything is written
+    isolation.clear_notes()  # a sweep's jobs each say their own models' changes
     dist_env = distributed.from_environ()
     groups = recipe.check(cfg, plans[0], dist_env) if recipe.is_recipe(cfg) else None
     for plan in plans:  # the data too, before the run directory exists
@@ -185,6 +186,8 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
         if runs is not None:  # to_target_summary.csv: the time-to-target verdicts
             atomic.write_csv(target_stats.summarise(runs, cfg.bench.noise_threshold),
                              run_dir / "to_target_summary.csv", index=False)
+        if isolation.notes():  # what the models' code changed in the process (put back)
+            results.update_json(run_dir / "env.json", model_changes=isolation.notes())
         load = env.record_end(run_dir / "env.json")  # the load over the run, beside the start's
         write_report(run_dir, cfg=resolved)
     except OSError as exc:  # a full disk: a run is complete with summary.csv and its report

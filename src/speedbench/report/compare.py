@@ -18,7 +18,7 @@ from speedbench.results import atomic, fresh_dir
 from speedbench.analysis import intervals
 from speedbench.analysis.summary import summarised
 from speedbench.report import plots
-from speedbench.report.document import Document, slug, write
+from speedbench.report.document import Document, shortened, slug, write
 from speedbench.report.render import _ci, _num
 from speedbench.results.runs import KEYS, ReportError, Run, label_runs, load_run
 from speedbench.results.schema import OK
@@ -40,13 +40,7 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-MOST_CHARS, MOST_ROWS = 200, 200  # a cell and a table of differences, at most
-
-
-def shortened(text: str, most: int = MOST_CHARS) -> str:
-    """`text`, cut to about `most` characters, saying how long it was: a report is read, and
-    one huge value (an environment variable of 50 MB) must not make it huge."""
-    return text if len(text) <= most else f"{text[:most - 30]}… ({len(text):,} characters)"
+MOST_ROWS = 200  # a table of differences, at most (a cell: document.MOST_CHARS)
 
 
 def differences(runs: list[Run], what: str = "env", ignored=ENV_IGNORED) -> pd.DataFrame:

@@ -22,6 +22,14 @@ BAD = ("slower", "does not hold", "oom", "diverged", "error")
 MIXED = ("partly", "inconclusive", "too few trials", "no baseline")
 NUMERIC = re.compile(r"^[-+]?(\d[\d,]*\.?\d*|\.\d+)(x|%| MB)?( \[.*\])?$")
 
+MOST_CHARS = 200  # a value from a run's files in a table cell, at most (shortened)
+
+
+def shortened(text: str, most: int = MOST_CHARS) -> str:
+    """`text`, cut to about `most` characters, saying how long it was: a report is read, and
+    one huge value (an environment variable of 50 MB) must not make it huge."""
+    return text if len(text) <= most else f"{text[:most - 30]}… ({len(text):,} characters)"
+
 
 @dataclass
 class Document:

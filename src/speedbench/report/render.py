@@ -23,7 +23,7 @@ from speedbench.analysis import intervals
 from speedbench.analysis.summary import summarised
 from speedbench.report import (capacity_section, host_sweep, method, plots, profile_section,
                                recipe_section, recommend, settings, to_target_section)
-from speedbench.report.document import Document, slug, write
+from speedbench.report.document import Document, shortened, slug, write
 from speedbench.report.numbers import ratio_ci
 from speedbench.results.runs import Run, load_recipe, load_run
 from speedbench.results.schema import OK, STOPPED_SLOWER
@@ -121,6 +121,15 @@ def busy_note(env: dict) -> Optional[str]:
             f"cores{f' ({said})' if said else ''}; figures are noisy and speed-ups may come out "
             "inconclusive. Measure again on a quiet machine, or give speedbench fewer threads "
             "(OMP_NUM_THREADS) than the cores left free.")
+
+
+def model_change_notes(env: dict) -> list[str]:
+    """env.json's `model_changes`: what a model's own code changed in the process (the default
+    dtype, grad mode, ...), which the run put back after its trials; at most 20, each shortened."""
+    changes = env.get("model_changes") if isinstance(env, dict) else None
+    if not isinstance(changes, list):
+        return []
+    return [shortened(str(c), 400) for c in changes[:20] if isinstance(c, str)]
 
 
 def _gflops(tflops) -> str:
@@ -557,6 +566,8 @@ def build_document(run: Run, out_dir: Path) -> Document:
     stalled = method.stall_note(run.trials)
     if stalled:  # a window with a step far outside its own distribution
         doc.note(stalled)
+    for change in model_change_notes(run.env):  # a model's code changed the process
+        doc.note(change[:1].upper() + change[1:])
     recommendation_section(doc, run, out_dir)
     for experiment in experiments:
         experiment_section(doc, run, experiment, out_dir)

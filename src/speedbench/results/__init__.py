@@ -34,14 +34,15 @@ class OutputError(ConfigError):
 
 def new_run_dir(out_dir: str, experiment: str, explicit: Optional[str] = None) -> Path:
     """`<out_dir>/<experiment>/<timestamp>`, made unique; or the explicit path given, which
-    must be new or an empty folder: a run never writes over files it did not make.
+    must be new or an empty folder: a run never writes over files it did not make. The path
+    returned is absolute, so that a model's os.chdir() cannot move the run's files.
 
     The folder comes locked for this process's run (`release_run_dir` ends that): a second
     run given the same run_dir is refused even when it comes between the mkdir and the first
     file, and the report tool refuses to rebuild a report while its run is still going."""
-    if explicit:
-        return _claim(Path(explicit), explicit)
-    path = fresh_dir(Path(out_dir) / experiment)
+    if explicit:  # an absolute path: the model's code may change the working directory
+        return _claim(Path(os.path.abspath(explicit)), explicit)
+    path = fresh_dir(Path(os.path.abspath(out_dir)) / experiment)
     _lock(path)
     return path
 
