@@ -206,13 +206,79 @@ def interrupted_line(run_dir: Path | None) -> str:
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     _quiet_libraries()
+    from hydra.types import RunMode
+
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        _sweep_job(cfg)
+    else:
+        _job(cfg)
+
+
+# A Hydra sweep (`-m`): each job's outcome, so that one refused or failed job is said in that
+# job and the sweep goes on; the sweep's exit status is the number of jobs that failed.
+_SWEEP: dict = {"jobs": 0, "failed": [], "dir": None}
+
+
+def _sweep_job(cfg: DictConfig) -> None:
+    """One job of a sweep: its refusal or failure said, written to the job's own folder of the
+    sweep (outcome.txt) and counted; a signal still stops the whole sweep."""
+    hc = HydraConfig.get()
+    _SWEEP["jobs"] += 1
+    _SWEEP["dir"] = Path(hc.sweep.dir)
+    try:
+        run_dir, code = _job(cfg), 0
+        outcome = f"ok: {run_dir}" if run_dir else "ok"
+    except SystemExit as end:
+        code = end.code if isinstance(end.code, int) else 1
+        if code >= 128:  # interrupted: the sweep stops with this job
+            raise
+        why = _LAST_ERROR[0] if _LAST_ERROR else "no trial succeeded (see its trials.csv)"
+        outcome = f"failed (exit status {code}): {why}"
+    except Exception as exc:  # a fault of speedbench's own: its traceback, then the next job
+        import traceback
+
+        traceback.print_exc()
+        code, outcome = 1, f"failed: {type(exc).__name__}: {exc}"
+    if code:
+        _SWEEP["failed"].append(hc.job.num)
+    try:
+        folder = Path(hc.runtime.output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "outcome.txt").write_text(outcome.strip() + "\n", encoding="utf-8")
+    except OSError:
+        pass  # (an unwritable out_dir: its refusal was said on the console)
+
+
+def _sweep_end() -> int:
+    """After a sweep: one line saying how many of its jobs failed; the exit status is that
+    number (at most 100)."""
+    jobs, failed = _SWEEP["jobs"], _SWEEP["failed"]
+    if not jobs:
+        return 0
+    where = f"; each job's outcome.txt is in {_SWEEP['dir']}" if _SWEEP["dir"] else ""
+    if failed:
+        print(f"speedbench: sweep: {len(failed)} of {jobs} jobs failed "
+              f"(job {', '.join(map(str, failed))}){where}", file=sys.stderr)
+    else:
+        print(f"speedbench: sweep: all {jobs} jobs ended well{where}", file=sys.stderr)
+    return min(len(failed), 100)
+
+
+_LAST_ERROR: list[str] = []  # the last job's one-line error, for its outcome.txt
+
+
+def _job(cfg: DictConfig):
+    """One run: its run directory; a refusal, an interrupt or a failed run ends in SystemExit
+    with the exit status, after one line."""
     from speedbench.run import run
 
     experiment = HydraConfig.get().runtime.choices.get("experiment")
+    _LAST_ERROR.clear()
     try:
-        run(cfg, experiment,
-            overrides=config_flags(sys.argv[1:]) + list(HydraConfig.get().overrides.task))
+        return run(cfg, experiment,
+                   overrides=config_flags(sys.argv[1:]) + list(HydraConfig.get().overrides.task))
     except (ConfigError, FileExistsError) as exc:
+        _LAST_ERROR.append(str(exc))
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: say it once
             print(f"speedbench: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
@@ -253,6 +319,7 @@ def main() -> None:
     _take_signals()
     console_never_fails()
     import_from_here()
+    _SWEEP.update(jobs=0, failed=[], dir=None)
     try:
         problem = command_line_problem(sys.argv[1:])
         if problem:
@@ -261,6 +328,9 @@ def main() -> None:
         _hydra_main()
     except KeyboardInterrupt as exc:  # before the run started (composing the config)
         _before_the_run(exc)
+    failed = _sweep_end()
+    if failed:
+        sys.exit(failed)
 
 
 def cli() -> None:
