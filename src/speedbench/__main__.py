@@ -278,8 +278,12 @@ def _job(cfg: DictConfig):
         return run(cfg, experiment,
                    overrides=config_flags(sys.argv[1:]) + list(HydraConfig.get().overrides.task))
     except (ConfigError, FileExistsError) as exc:
+        from speedbench.distributed import DistEnvError
+
         _LAST_ERROR.append(str(exc))
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: say it once
+        # under torchrun every rank fails alike: say it once (torchrun's variables themselves
+        # may be what is wrong: then every process says it)
+        if os.environ.get("RANK", "0") == "0" or isinstance(exc, DistEnvError):
             print(f"speedbench: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     except Exception:

@@ -32,6 +32,7 @@ from typing import Mapping, Optional
 import torch
 import torch.distributed as dist
 
+from speedbench.errors import ConfigError
 from speedbench.results import schema
 
 @dataclass(frozen=True)
@@ -45,15 +46,61 @@ class DistEnv:
     run_id: str  # TORCHELASTIC_RUN_ID: the same on every rank of one job
 
 
+class DistEnvError(ConfigError):
+    """torchrun's variables in this process's environment do not make a job it can join (a
+    leftover RANK in a cluster shell, a peer that never came): one line, nothing written."""
+
+
+LEFTOVER = ("unset RANK and WORLD_SIZE if they are leftovers of another job (a cluster shell), "
+            "or start speedbench through torchrun")
+
+
+def _int_var(environ: Mapping[str, str], name: str, default: Optional[str] = None) -> int:
+    text = environ.get(name, default)
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise DistEnvError(f"{name}={str(text)[:40]!r} is not an integer (torchrun's variables "
+                           f"make this process a rank): {LEFTOVER}") from None
+
+
 def from_environ(environ: Mapping[str, str] = os.environ) -> Optional[DistEnv]:
-    """The torchrun job this process is a rank of, or None when it runs on its own."""
+    """The torchrun job this process is a rank of, or None when it runs on its own.
+    DistEnvError when the variables do not make a job (not integers, a rank outside the
+    world)."""
     if "RANK" not in environ or "WORLD_SIZE" not in environ:
         return None
-    world = int(environ["WORLD_SIZE"])
-    return DistEnv(rank=int(environ["RANK"]), world_size=world,
-                   local_rank=int(environ.get("LOCAL_RANK", environ["RANK"])),
-                   local_world_size=int(environ.get("LOCAL_WORLD_SIZE", world)),
-                   run_id=environ.get("TORCHELASTIC_RUN_ID", "none"))
+    rank, world = _int_var(environ, "RANK"), _int_var(environ, "WORLD_SIZE")
+    local_rank = _int_var(environ, "LOCAL_RANK", environ["RANK"])
+    local_world = _int_var(environ, "LOCAL_WORLD_SIZE", environ["WORLD_SIZE"])
+    if not (world >= 1 and 0 <= rank < world and 0 <= local_rank < local_world <= world):
+        raise DistEnvError(f"RANK={rank}, WORLD_SIZE={world}, LOCAL_RANK={local_rank}, "
+                           f"LOCAL_WORLD_SIZE={local_world} make no torchrun job (0 <= rank < "
+                           f"world size): {LEFTOVER}")
+    return DistEnv(rank=rank, world_size=world, local_rank=local_rank,
+                   local_world_size=local_world, run_id=environ.get("TORCHELASTIC_RUN_ID", "none"))
+
+
+def join(env: Optional[DistEnv], device: torch.device, timeout_s: float) -> None:
+    """The process group joined before anything is written (nothing without torchrun): a job
+    whose rendezvous variables are missing, or whose peers do not all come within
+    dist_timeout_s, is refused in one line (DistEnvError), with no run directory left."""
+    if env is None:
+        return
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        raise DistEnvError(f"RANK={env.rank} and WORLD_SIZE={env.world_size} are set but "
+                           f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                           f"not: {LEFTOVER}")
+    try:
+        init_process_group(env, device, timeout_s)
+    except Exception as exc:  # a peer that never came, an address that does not answer
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise DistEnvError(
+            f"could not join torchrun's job as rank {env.rank} of {env.world_size} at "
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} within dist_timeout_s="
+            f"{timeout_s:g} s ({type(exc).__name__}: {text}); nothing was written: start every "
+            f"rank, or {LEFTOVER}") from None
 
 
 def is_main(env: Optional[DistEnv]) -> bool:

@@ -7,6 +7,7 @@ prints the report's lines.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import textwrap
@@ -50,6 +51,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
         for spec in plan.models:
             check_data(plan, spec, dist_env.world_size if dist_env else 1)
     device = distributed.rank_device(plans[0].device, dist_env)
+    distributed.join(dist_env, device, cfg.dist_timeout_s)  # torchrun's peers, before any file
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if suite.is_suite(cfg):
         resolved["claims"] = suite.combined_claims(plans)
@@ -62,9 +64,23 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     except KeyboardInterrupt as exc:
         exc.run_dir = run_dir  # the interrupt's line names this run's folder, no other
         raise
+    except OSError as exc:  # a full disk while a table of the run is written (quality.csv,
+        if not _in(exc.filename, run_dir):  # capacity.csv, ...): one line, like trials.csv's
+            raise
+        raise results.write_failed(exc, run_dir) from None
     finally:
         if run_dir is not None:
             results.release_run_dir(run_dir)
+
+
+def _in(filename, run_dir: Path | None) -> bool:
+    """Whether a failed OSError's file is one of the run directory's."""
+    if not filename or run_dir is None:
+        return False
+    try:
+        return Path(os.path.abspath(os.fsdecode(filename))).is_relative_to(run_dir)
+    except (TypeError, ValueError):
+        return False
 
 
 def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, resolved: dict,
