@@ -12,36 +12,69 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP (a closed terminal), taken like Ctrl-C: a launched DDP trial's
-    processes are killed and its temp folder removed on the way out (by default both signals
-    end Python with no cleanup at all)."""
-
-    def __init__(self, signum: int):
-        super().__init__()
-        self.signum = signum
-
-
 from speedbench import errors  # no dependencies: ready before the signals are taken
+from speedbench.errors import Terminated
 
 STOPPING = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+# Stop signals within this many seconds of the first are one stop (Ctrl-C pressed twice, a
+# service manager's second SIGTERM): ignored, so that they cannot cut the cleanup short. One
+# later than that ends the process at once (_stop_now).
+CLEANUP_S = 1.0
+_first_stop: list[float] = []  # when the first stop signal came (monotonic)
 
 
 def _on_signal(signum, frame):
-    # The first signal starts the cleanup; later ones (a service manager's second SIGTERM,
-    # Ctrl-C pressed twice) are ignored so that they cannot cut it short and leave temp folders
-    # behind. The cleanup is bounded: it kills the launched processes and removes files.
-    for sig in STOPPING:
-        signal.signal(sig, signal.SIG_IGN)
+    # The first signal raises KeyboardInterrupt (Terminated for SIGTERM and SIGHUP): the run
+    # cleans up on its way out (launched processes killed, temp files removed) and says what
+    # it kept. A later one means the first did not stop the run: the model's code caught it
+    # (a bare `except:` in a retry loop) or the cleanup is stuck. Then it ends now.
+    now = time.monotonic()
+    if _first_stop:
+        if now - _first_stop[0] >= CLEANUP_S:
+            errors.when_free(lambda: _stop_now(signum))  # (after a file being written)
+        return
+    _first_stop.append(now)
     stop = errors.ask_to_stop(KeyboardInterrupt() if signum == signal.SIGINT
                               else Terminated(signum))
+    dist = sys.modules.get("speedbench.distributed")
+    if dist is not None:  # a torchrun rank: the others learn it was a stop, not a failure
+        dist.say_stopped(signum)
     if not _importing:  # an exception raised inside an import can leave a module half-made
-        raise stop      # (numpy without `subtract`); the stop is raised once the imports end
+        errors.when_free(_raiser(stop))  # (numpy without `subtract`); the stop is raised once
+                                         # the imports end, and after a file being written
+
+
+def _raiser(stop: KeyboardInterrupt):
+    def raise_it():
+        raise stop
+    return raise_it
+
+
+def _stop_now(signum: int) -> None:
+    """The run did not stop at the first signal: end the process now, with what a stop leaves
+    (the launched trial's processes killed and its temp folder removed, one line on what was
+    kept). Every file of the run is written whole or not at all (results/atomic.py holds the
+    signals while it writes), so none is left half-written."""
+    try:
+        launch = sys.modules.get("speedbench.measure.launch")
+        if launch is not None:
+            launch.abandon()
+        results = sys.modules.get("speedbench.results")
+        dirs = results.open_run_dirs() if results is not None else []
+        if os.environ.get("RANK", "0") == "0":
+            line = interrupted_line(dirs[0] if dirs else None)
+            print("\n" + line.replace("interrupted", "interrupted at a second signal (the first "
+                                       "did not stop the run)", 1), file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
 
 
 _importing = True
@@ -59,10 +92,9 @@ def _exit_status(exc: KeyboardInterrupt) -> int:
 
 
 def _take_signals() -> None:
-    if "RANK" not in os.environ:  # not a torchrun rank: those stop the way torchrun expects
-        for sig in STOPPING:  # an ignored one stays ignored (nohup's SIGHUP, or a 2nd signal)
-            if signal.getsignal(sig) not in (signal.SIG_IGN, _on_signal):
-                signal.signal(sig, _on_signal)
+    for sig in STOPPING:  # an ignored one stays ignored (nohup's SIGHUP)
+        if signal.getsignal(sig) not in (signal.SIG_IGN, _on_signal):
+            signal.signal(sig, _on_signal)
 
 
 def _before_the_run(exc: KeyboardInterrupt) -> None:
@@ -320,6 +352,7 @@ def console_never_fails() -> None:
 def main() -> None:
     from speedbench import errors
     errors.clear_stop()
+    _first_stop.clear()
     _take_signals()
     console_never_fails()
     import_from_here()
@@ -348,10 +381,14 @@ def cli() -> None:
         if not isinstance(end.code, (int, type(None))):
             raise
         code = end.code or 0
-    if code == 0:
-        from speedbench import distributed
+    from speedbench import distributed
 
-        distributed.exit_cleanly()  # under torchrun: leave without torch's teardown
+    try:
+        if code == 0:
+            distributed.exit_cleanly()  # under torchrun: leave without torch's teardown
+        distributed.leave_now(code)  # a rank that stopped or failed: its peers may be gone
+    except KeyboardInterrupt:  # a stop as the job ends: its work is done and written
+        distributed.leave_now(code, joined=True)
     _leave_despite_threads(code)
     sys.exit(code)
 

@@ -32,6 +32,7 @@ from typing import Mapping, Optional
 import torch
 import torch.distributed as dist
 
+from speedbench import errors
 from speedbench.errors import ConfigError
 from speedbench.results import schema
 
@@ -177,12 +178,73 @@ def outlive_peer_failure(env: Optional[DistEnv]) -> None:
         return
 
     def on_term(signum, frame):
-        signal.signal(signum, signal.SIG_DFL)
+        if _termed:  # a second SIGTERM: at once
+            os._exit(128 + signum)
+        _termed.append(signum)
         timer = threading.Timer(TERM_GRACE_S, os._exit, args=(128 + signum,))
         timer.daemon = True
         timer.start()
 
     signal.signal(signal.SIGTERM, on_term)
+
+
+def leave_now(code: int, joined: bool = False) -> None:
+    """End a rank that joined a process group (or `joined`) now, with `code`, without the
+    barrier at exit or torch's teardown: after a stop or a failure the peers may be gone, and
+    the barrier would wait for them (dist_timeout_s) and then print a traceback. Nothing when
+    this process never joined one."""
+    if not (_joined or joined):
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+STOP_KEY = "speedbench/stop/"  # + rank: that rank was told to stop (a signal), not failed
+
+
+def say_stopped(signum: int) -> None:
+    """This rank was told to stop (torchrun forwards the user's signal to every rank): it says
+    so in the job's store, so that rank 0 records an interrupted run rather than blaming it as
+    a rank that died; the process group is not waited for at exit. Bounded: a store that does
+    not answer within 1 s is not waited for."""
+    global _failed
+    if not _joined:
+        return
+    _failed = True  # leave at exit without the barrier (peers are stopping too)
+
+    def tell():
+        try:
+            dist.distributed_c10d._get_default_store().set(
+                f"{STOP_KEY}{dist.get_rank()}", str(signum))
+        except Exception:
+            pass
+
+    teller = threading.Thread(target=tell, name="speedbench-stop", daemon=True)
+    teller.start()
+    teller.join(1.0)
+
+
+def peers_stopped(env: DistEnv, wait_s: float = 2.0) -> Optional[int]:
+    """The signal every other rank of the job was told to stop by, when each of them said so
+    (say_stopped): a user's stop forwarded by torchrun, not a failure. None when one of them
+    did not: it died or failed (a few seconds are given to the others once one has said it)."""
+    others = [r for r in range(env.world_size) if r != env.rank]
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        deadline = time.monotonic() + wait_s
+        while True:
+            said = [r for r in others if store.check([f"{STOP_KEY}{r}"])]
+            if not others or not said or len(said) == len(others) \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if not others or len(said) < len(others):
+            return None
+        return int(store.get(f"{STOP_KEY}{others[0]}").decode())
+    except Exception:  # no process group or store
+        return None
 
 
 def exit_cleanly() -> None:
@@ -201,9 +263,12 @@ def exit_cleanly() -> None:
     os._exit(0)
 
 
+_termed: list[int] = []  # rank 0's SIGTERM, taken as notice (outlive_peer_failure)
+
+
 def _destroy_process_group() -> None:
-    # After a failure the peers may be gone, and the process is ending anyway.
-    if dist.is_initialized() and not _failed:
+    # After a failure or a stop the peers may be gone, and the process is ending anyway.
+    if dist.is_initialized() and not _failed and errors.stopping() is None:
         # No rank may tear its connections down while a peer still talks to it: gloo's
         # background threads abort the process when a peer's socket closes under them.
         dist.barrier()
@@ -356,6 +421,11 @@ def report_failure(exc: BaseException, env: DistEnv, where: str) -> str:
     the root cause rather than the lost connection it saw. torchrun then stops the job."""
     global _failed
     _failed = True
+    errors.stop_if_asked()  # this rank was told to stop: not a failure of the job
+    stopped = None if any(_failed_keys(env)) else peers_stopped(env)
+    if stopped is not None:  # every other rank was told to stop: the user stopped the job
+        raise errors.ask_to_stop(KeyboardInterrupt() if stopped == signal.SIGINT
+                                 else errors.Terminated(stopped))
     status = failure_status(exc)
     print(f"speedbench: rank {env.rank} of {env.world_size} failed in {where}: "
           f"{schema.reason_of(status) or status}", file=sys.stderr, flush=True)
@@ -368,9 +438,20 @@ def report_failure(exc: BaseException, env: DistEnv, where: str) -> str:
             if store.check([f"{FAILURE_KEY}{r}"]):
                 t, st = json.loads(store.get(f"{FAILURE_KEY}{r}"))
                 first, reported = min(first, (t, r, st)), reported | {r}
+        # a rank torchrun stopped because of the failure said so: it is not blamed for it
+        told = {r for r in range(env.world_size) if store.check([f"{STOP_KEY}{r}"])}
     except Exception:  # no process group or store: this rank's own failure is the record
         return with_rank(status, env.rank)
-    return blame(first[2], first[1], reported, env.world_size)
+    return blame(first[2], first[1], reported | told, env.world_size)
+
+
+def _failed_keys(env: DistEnv) -> list[int]:
+    """The ranks that left a failure in the job's store (report_failure)."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        return [r for r in range(env.world_size) if store.check([f"{FAILURE_KEY}{r}"])]
+    except Exception:
+        return []
 
 
 def describe(env: Optional[DistEnv], device: torch.device) -> dict:

@@ -11,7 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
-from speedbench import results
+from speedbench import errors, results
 from speedbench.results.runs import ReportError
 
 
@@ -29,7 +29,21 @@ class _Stopped(KeyboardInterrupt):
 def _on_signal(signum, frame):
     for sig in STOPPING:  # one cleanup, not cut short by a second signal
         signal.signal(sig, signal.SIG_IGN)
-    raise _Stopped(signum)
+    errors.when_free(_raiser(_Stopped(signum)))  # after the file being written, if one is
+
+
+def _raiser(stop: KeyboardInterrupt):
+    def raise_it():
+        raise stop
+    return raise_it
+
+
+def _done() -> None:
+    """The report is written: a signal now changes nothing (it would only turn a finished
+    report's line into a traceback or a failed exit status)."""
+    for sig in STOPPING:
+        if signal.getsignal(sig) is _on_signal:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def main(argv=None) -> int:
@@ -56,6 +70,7 @@ def main(argv=None) -> int:
         return 2
     try:
         md = _write(args.run_dirs, args.out)
+        _done()
     except ReportError as exc:
         print(f"speedbench.report: error: {exc}", file=sys.stderr)
         return 2

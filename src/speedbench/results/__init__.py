@@ -111,10 +111,36 @@ def _lock(path: Path) -> bool:
 
 
 def release_run_dir(path: Path) -> None:
-    """The run in `path` is over (its report written, or stopped): its folder unlocked."""
+    """The run in `path` is over (its report written, or stopped): its folder unlocked, for
+    every copy of the descriptor too (a process the model's code forked holds one: closing
+    ours alone would leave the run 'still going' while that process lives)."""
     fd = _LOCKS.pop(Path(path), None)
     if fd is not None:
-        os.close(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+def open_run_dirs() -> list[Path]:
+    """The run directories this process holds (one, while a run goes)."""
+    return list(_LOCKS)
+
+
+def _forget_locks_in_child() -> None:
+    """In a process forked from a run (a DataLoader worker, the model's own helper): its copies
+    of the run directory's lock are closed, not unlocked (the run still holds it), so that the
+    lock ends with the run, not with the last process forked from it."""
+    for fd in _LOCKS.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 
 def run_in_progress(path: Path) -> bool:
