@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     try:
         md = _write(args.run_dirs, args.out)
         _done()
-    except ReportError as exc:
+    except (ReportError, errors.ConfigError) as exc:  # (ConfigError: the default --out folder)
         print(f"speedbench.report: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk, a read-only folder: the old report files are kept
@@ -91,12 +91,23 @@ def _write(run_dirs: list[Path], out: Path | None) -> Path:
     from speedbench.report.compare import compare_runs
     from speedbench.report.render import write_report
 
+    if out is not None and (out / "trials.csv").exists() and not (
+            len(run_dirs) == 1 and _same(out, run_dirs[0])):  # its report would be replaced
+        raise ReportError(f"--out {out} holds a run of its own (trials.csv); its report is not "
+                          "replaced: choose another folder")
     if len(run_dirs) == 1:
         if results.run_in_progress(run_dirs[0]):  # its own report would replace this one
             raise ReportError(f"{run_dirs[0]}: its run is still going; rebuild the report "
                               "when it has ended")
         return write_report(run_dirs[0], out_dir=out)
     return compare_runs(run_dirs, out)
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

@@ -369,10 +369,12 @@ def env_pairs(env: dict) -> list[tuple[str, str]]:
          + {True: " (uncommitted changes)", False: " (clean)"}.get(env.get("git_dirty"), "")),
     ]
     if env.get("cpu_flags") is not None:
-        pairs.insert(2, ("CPU flags", " ".join(env["cpu_flags"]) or "none of those that matter"))
+        pairs.insert(2, ("CPU flags", " ".join(map(str, env["cpu_flags"]))
+                         or "none of those that matter"))
     if env.get("machine_load") or env.get("load_average"):
         pairs.insert(-3, ("load average (1 min)", _load_text(env)))
-    return pairs
+    # env.json is the run's file, not trusted: one huge value must not make the report huge
+    return [(label, shortened(value, 400)) for label, value in pairs]
 
 
 def _load_text(env: dict) -> str:
