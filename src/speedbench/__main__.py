@@ -121,8 +121,44 @@ except KeyboardInterrupt as exc:
     _before_the_run(exc)
 
 
-def experiment_names() -> list[str]:
-    return sorted(p.stem for p in (Path(config_dir()) / "experiment").glob("*.yaml"))
+def experiment_names(args: list[str] | None = None) -> list[str]:
+    """The experiments Hydra can load: the package's, and those in `--config-dir` and
+    `hydra.searchpath` folders of the command line `args` (a user's own experiment files)."""
+    folders = [Path(config_dir())] + _user_config_dirs(args or [])
+    return sorted({p.stem for d in folders for p in (d / "experiment").glob("*.yaml")})
+
+
+def _without_package(name: str | None, args: list[str]) -> Path | None:
+    """A user's experiment file `name` that lacks Hydra's `# @package _global_` line (Hydra
+    would load it under `experiment:` and fail with a conversion error)."""
+    for folder in _user_config_dirs(args):
+        path = folder / "experiment" / f"{name}.yaml"
+        try:
+            head = path.read_text(encoding="utf-8", errors="replace")[:2000]
+        except OSError:
+            continue
+        return None if "@package _global_" in head else path
+    return None
+
+
+def _user_config_dirs(args: list[str]) -> list[Path]:
+    """Config folders the command line adds: --config-dir/-cd, and hydra.searchpath's file://
+    (or plain) paths; pkg:// entries are packages, not folders, and are left to Hydra."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = get_args_parser().parse_args(args)
+        overrides = OverridesParser.create().parse_overrides(parsed.overrides)
+    except (Exception, SystemExit):
+        return []
+    folders = [parsed.config_dir] if parsed.config_dir else []
+    for o in overrides:
+        if o.key_or_group == "hydra.searchpath":
+            value = o.value()
+            folders += [str(v) for v in (value if isinstance(value, list) else [value])]
+    return [Path(f[len("file://"):] if f.startswith("file://") else f).expanduser()
+            for f in folders if not str(f).startswith("pkg://")]
 
 
 def _schema():
@@ -156,6 +192,14 @@ def _known(key: str, node: DictConfig) -> bool:
     return True
 
 
+def _deletes_schema(key: str, schema: DictConfig) -> bool:
+    """Whether `~key` would delete a node or key of the schema (not one under a free-form
+    node, such as a variant or a model's own keys)."""
+    parts = key.split(".")
+    return all(".".join(parts[:i]) not in FREE_FORM for i in range(1, len(parts))) \
+        and _known(key, schema)
+
+
 def did_you_mean(word: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""
@@ -179,11 +223,16 @@ def command_line_problem(args: list[str]) -> str | None:
                 word in str(o.value()) for word in ("slurm", "submitit")):
             return (f"hydra/launcher={o.value()} needs Hydra's submitit launcher plugin: "
                     f"pip install hydra-submitit-launcher")
+        if o.is_delete() and not key.startswith("hydra") and "/" not in key:
+            schema = _schema() if schema is None else schema
+            if key == "experiment" or _deletes_schema(key, schema):
+                return (f"~{key}: speedbench's keys cannot be deleted (each has a default in "
+                        f"its schema); set a value instead, e.g. {key}=...")
         if key.startswith("hydra") or "/" in key or o.package is not None or o.is_delete():
             continue
         if key == "experiment":
             value = o.value() if isinstance(o.value(), str) else None
-            names = experiment_names()
+            names = experiment_names(args)
             if not (o.is_add() or o.is_force_add()):
                 return (f"experiment={value or '...'}: write +experiment={value or 'NAME'} (with "
                         f"'+': an experiment is added to the base config); experiments: "
@@ -191,6 +240,11 @@ def command_line_problem(args: list[str]) -> str | None:
             if value is not None and value not in names:
                 return (f"unknown experiment {value}{did_you_mean(value, names)} "
                         f"(experiments: {', '.join(names)})")
+            unpackaged = _without_package(value, args)
+            if unpackaged:
+                return (f"experiment {value}: {unpackaged} does not start with `# @package "
+                        f"_global_`, which an experiment file needs (its keys are the run's, "
+                        f"as in {Path(config_dir()) / 'experiment' / 'amp.yaml'})")
             continue
         schema = _schema() if schema is None else schema
         if not _known(key, schema):
