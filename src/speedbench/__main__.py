@@ -372,6 +372,8 @@ def _job(cfg: DictConfig):
         if os.environ.get("RANK", "0") == "0" or isinstance(exc, DistEnvError):
             print(f"speedbench: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
+    except BrokenPipeError:  # `speedbench ... | head`: the reader of the output went away
+        _pipe_closed()
     except Exception:
         from speedbench import distributed
 
@@ -386,6 +388,23 @@ def _job(cfg: DictConfig):
         if os.environ.get("RANK", "0") == "0":
             print("\n" + interrupted_line(getattr(exc, "run_dir", None)), file=sys.stderr)
         sys.exit(_exit_status(exc))
+
+
+def _pipe_closed() -> None:
+    """stdout or stderr was a pipe whose reader ended: one line where it can still be said, the
+    streams pointed at /dev/null (no second error as Python flushes them at exit), and the exit
+    status of a program that SIGPIPE ended."""
+    try:
+        print("speedbench: the output pipe was closed (its reader ended); stopped",
+              file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        except (OSError, ValueError):
+            pass
+    sys.exit(128 + signal.SIGPIPE)
 
 
 def import_from_here() -> None:

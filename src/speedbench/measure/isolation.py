@@ -2,8 +2,10 @@
 before it runs and put back after, and a model that changed it is named.
 
 The model's code (its constructor, its forward) runs in speedbench's own process, and some of
-what it may change is process-wide: the default dtype, grad mode, deterministic algorithms,
-anomaly detection, the working directory, the stop signals' handlers, the random generators.
+what it may change is process-wide (WATCHED): the default dtype and device, grad mode,
+deterministic algorithms, anomaly detection, oneDNN, the working directory, the umask, the
+environment variables speedbench reads, the stop signals' handlers, sys.stdout, warnings turned
+into errors, a lowered recursion limit, the garbage collector; and the random generators.
 Left changed, it would reach every later trial: a `torch.set_default_dtype(torch.float64)` in a
 constructor made the next model train in float64 while its row said fp32. So every trial and
 probe (session.applied) and the n/a check's model runs inside `isolated()`: on the way out each
@@ -13,16 +15,20 @@ dtype to torch.float64 when it is built; ...". The random generators are put bac
 trial draws from them by design). A model's own trial runs with what its own code set.
 
 `sys.exit()` in the model's code is the model's failure, not the end of the run: it is raised
-as ModelExit, which the trial records as its row's status.
+as ModelExit, which the trial records as its row's status (so is any other BaseException of
+the model's own, which `except Exception` would let through).
 """
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import random
 import signal
 import sys
 import threading
+import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -33,7 +39,8 @@ STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
 
 
 class ModelExit(RuntimeError):
-    """The model's code called sys.exit(): its trial fails, the run goes on."""
+    """The model's code called sys.exit() or raised another BaseException that is not a stop
+    (KeyboardInterrupt): its trial fails, the run goes on."""
 
 
 def _handlers() -> tuple:
@@ -62,18 +69,104 @@ def _anomaly() -> tuple:
     return torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()
 
 
-# what -> (read, write, the value as the note says it). A change is named and put back.
-WATCHED: dict[str, tuple[Callable[[], Any], Callable[[Any], None], Callable[[Any], str]]] = {
-    "the default dtype": (torch.get_default_dtype, torch.set_default_dtype, str),
-    "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled,
-                  lambda v: "on" if v else "off"),
-    "deterministic algorithms": (_deterministic,
-                                 lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1]),
-                                 lambda v: ("on" if v[0] else "off") + " (warn only)" * v[1]),
-    "anomaly detection": (_anomaly, lambda v: torch.autograd.set_detect_anomaly(*v),
-                          lambda v: "on" if v[0] else "off"),
-    "the working directory": (os.getcwd, os.chdir, str),
-    "the stop signals' handlers": (_handlers, _set_handlers, _handler_names),
+def _default_device():
+    context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    return None if context is None else str(context.device)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# The environment variables speedbench reads or records (a trial's omp_num_threads, torchrun's)
+# or that shape a fresh process: others are left alone (torch.compile sets some of its own).
+VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD",
+             "PYTORCH_CUDA_ALLOC_CONF", "KMP_AFFINITY", "KMP_BLOCKTIME", "RANK", "WORLD_SIZE",
+             "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TMPDIR")
+
+
+def _variables() -> tuple:
+    return tuple(os.environ.get(v) for v in VARIABLES)
+
+
+def _set_variables(values: tuple) -> None:
+    for name, value in zip(VARIABLES, values):
+        if value is None:
+            os.environ.pop(name, None)
+        elif os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+def _changed_variables(values: tuple) -> str:
+    return ", ".join(f"{n}={v}" if v is not None else f"{n} unset"
+                     for n, v in zip(VARIABLES, values) if v is not None) or "none set"
+
+
+def _error_filters() -> tuple:
+    return tuple(f for f in warnings.filters if f[0] == "error")
+
+
+def _set_error_filters(kept: tuple) -> None:
+    """Warnings turned into errors since: that filter removed (others, which libraries add as
+    they are imported, are left)."""
+    warnings.filters[:] = [f for f in warnings.filters if f[0] != "error" or f in kept]
+    warnings._filters_mutated()
+
+
+def _streams() -> tuple:
+    return sys.stdout, sys.stderr
+
+
+def _set_streams(streams: tuple) -> None:
+    sys.stdout, sys.stderr = streams
+
+
+def _on_off(value) -> str:
+    return "on" if value else "off"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One thing of the process the model's code may change: how to read it, write it back and
+    say it; `harmful(now, before)`: whether a change is one to undo and say (default: any)."""
+
+    read: Callable[[], Any]
+    write: Callable[[Any], None]
+    text: Callable[[Any], str] = str
+    harmful: Callable[[Any, Any], bool] | None = None
+
+
+# what -> Setting. A change is named once and put back after every trial and probe.
+WATCHED: dict[str, Setting] = {
+    "the default dtype": Setting(torch.get_default_dtype, torch.set_default_dtype),
+    "the default device": Setting(_default_device, torch.set_default_device,
+                                  lambda v: v or "none"),
+    "grad mode": Setting(torch.is_grad_enabled, torch.set_grad_enabled, _on_off),
+    "deterministic algorithms": Setting(
+        _deterministic, lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1]),
+        lambda v: _on_off(v[0]) + " (warn only)" * v[1]),
+    "anomaly detection": Setting(_anomaly, lambda v: torch.autograd.set_detect_anomaly(*v),
+                                 lambda v: _on_off(v[0])),
+    "cuDNN's deterministic flag": Setting(
+        lambda: torch.backends.cudnn.deterministic,
+        lambda v: setattr(torch.backends.cudnn, "deterministic", v), _on_off),
+    "oneDNN (mkldnn)": Setting(lambda: torch.backends.mkldnn.enabled,
+                               lambda v: setattr(torch.backends.mkldnn, "enabled", v), _on_off),
+    "the working directory": Setting(os.getcwd, os.chdir),
+    "the file mode mask (umask)": Setting(_umask, os.umask, lambda v: f"{v:04o}"),
+    "the environment variables speedbench reads": Setting(_variables, _set_variables,
+                                                          _changed_variables),
+    "the stop signals' handlers": Setting(_handlers, _set_handlers, _handler_names),
+    "sys.stdout or sys.stderr": Setting(_streams, _set_streams,
+                                        lambda v: ", ".join(type(s).__name__ for s in v)),
+    "the warnings turned into errors": Setting(
+        _error_filters, _set_error_filters, lambda v: f"{len(v)} filter(s)"),
+    "Python's recursion limit": Setting(sys.getrecursionlimit, sys.setrecursionlimit,
+                                        harmful=lambda now, before: now < before),
+    "the garbage collector": Setting(gc.isenabled,
+                                     lambda v: gc.enable() if v else gc.disable(), _on_off),
 }
 
 
@@ -110,7 +203,7 @@ class Watch:
 
     def __init__(self, model: str, say: Callable[[str], None] | None):
         self.model, self.say = model, say
-        self.before = {what: read() for what, (read, _, _) in WATCHED.items()}
+        self.before = {what: setting.read() for what, setting in WATCHED.items()}
         self.generators = _generators()
         self.seen: dict[str, tuple[str, Any]] = {}  # what -> (where, the value) first seen
 
@@ -118,16 +211,16 @@ class Watch:
         self._look("when it is built")
 
     def _look(self, where: str) -> None:
-        for what, (read, _, _) in WATCHED.items():
-            now = _safe(read)
-            if what not in self.seen and _changed(now, self.before[what]):
+        for what, setting in WATCHED.items():
+            now = _safe(setting.read)
+            if what not in self.seen and _changed(setting, now, self.before[what]):
                 self.seen[what] = (where, now)
 
     def restore(self) -> None:
         self._look("while it trains")
-        for what, (_, write, _) in WATCHED.items():
+        for what in self.seen:  # only what was changed: a write can cost (signal handlers)
             try:
-                write(self.before[what])
+                WATCHED[what].write(self.before[what])
             except Exception:  # a setting this torch cannot set back: the others still are
                 continue
         _set_generators(self.generators)
@@ -138,7 +231,7 @@ class Watch:
         key = (self.model, what)
         if key in _NOTES:
             return
-        text = WATCHED[what][2]
+        text = WATCHED[what].text
         _NOTES[key] = (f"model {self.model}: its code changes {what} (to {_said(text, value)}) "
                        f"{where}; speedbench put it back ({_said(text, self.before[what])}) "
                        "after each of its trials, so the rows of the other models and variants "
@@ -161,8 +254,10 @@ def _safe(read: Callable[[], Any]) -> Any:
         return None
 
 
-def _changed(now: Any, before: Any) -> bool:
+def _changed(setting: Setting, now: Any, before: Any) -> bool:
     try:
+        if setting.harmful is not None:
+            return bool(setting.harmful(now, before))
         return bool(now != before)
     except Exception:  # values that do not compare (arrays): take them as changed
         return True
@@ -185,5 +280,12 @@ def isolated(model: str, say: Callable[[str], None] | None = _console) -> Iterat
     except SystemExit as exc:
         raise ModelExit(f"the model's code called sys.exit({exc.code!r}); its trial was "
                         "recorded as failed and the run went on") from None
+    except (Exception, KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as exc:  # one of the model's own, past `except Exception`: its
+        if type(exc).__module__.startswith("speedbench"):  # trial's failure (speedbench's own,
+            raise                                          # the watchdog's, go on)
+        raise ModelExit(f"the model's code raised {type(exc).__name__} (a BaseException): "
+                        f"{str(exc)[:100]}") from None
     finally:
         watch.restore()

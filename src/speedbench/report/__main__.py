@@ -7,6 +7,7 @@ results/compare/<timestamp>/.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -74,8 +75,11 @@ def main(argv=None) -> int:
     except (ReportError, errors.ConfigError) as exc:  # (ConfigError: the default --out folder)
         print(f"speedbench.report: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of our output went away (`| head`): nothing to say
+        return _pipe_closed()
     except OSError as exc:  # a full disk, a read-only folder: the old report files are kept
-        where = f" ({exc.filename})" if exc.filename else ""
+        name = str(exc.filename or "")
+        where = f" ({name if len(name) <= 200 else name[:160] + '…'})" if name else ""
         print(f"speedbench.report: error: could not write the report: {exc.strerror or exc}"
               f"{where}; report.md and report.html were left as they were", file=sys.stderr)
         return 1
@@ -83,8 +87,21 @@ def main(argv=None) -> int:
         print("\nspeedbench.report: interrupted; no file was left half-written (run it again "
               "for the whole report)", file=sys.stderr)
         return 128 + (exc.signum if isinstance(exc, _Stopped) else signal.SIGINT)
-    print(f"report: {md.with_suffix('.html')} (and {md.name} beside it)")
+    try:
+        print(f"report: {md.with_suffix('.html')} (and {md.name} beside it)", flush=True)
+    except BrokenPipeError:  # `| head -0`: the report is written all the same
+        return _pipe_closed()
     return 0
+
+
+def _pipe_closed() -> int:
+    """stdout's reader went away: point stdout at /dev/null so that Python's own flush at exit
+    prints no second traceback; exit as a program the pipe's SIGPIPE ended does."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 128 + signal.SIGPIPE
 
 
 def _write(run_dirs: list[Path], out: Path | None) -> Path:

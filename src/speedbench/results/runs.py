@@ -326,12 +326,17 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
     """Everything a report needs from one run directory, its summary None where summary.csv
     is absent or unusable (summary.summarised recomputes it); ReportError when it is unusable."""
     path = Path(path)
-    if not path.exists():
-        raise ReportError(f"{path} does not exist")
-    if not path.is_dir():
-        raise ReportError(f"{path} is not a directory")
-    if not (path / "trials.csv").exists():
-        raise ReportError(f"{path} has no trials.csv; is it a speedbench run directory?")
+    named = str(path) if len(str(path)) <= 200 else \
+        f"{str(path)[:160]}… ({len(str(path)):,} characters)"
+    try:
+        if not path.exists():
+            raise ReportError(f"{named} does not exist")
+        if not path.is_dir():
+            raise ReportError(f"{named} is not a directory")
+        if not (path / "trials.csv").exists():
+            raise ReportError(f"{named} has no trials.csv; is it a speedbench run directory?")
+    except OSError as exc:  # a name too long, a folder that cannot be searched
+        raise ReportError(f"{named} cannot be read ({exc.strerror or exc})") from None
     notes: list[str] = []
     env_notes: list[str] = []  # noted after the trials' own, as a report lists them
     env = _env_file(path / "env.json", env_notes)
