@@ -371,6 +371,7 @@ def failure_status(exc: BaseException) -> str:
         seen.add(id(exc))
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         text = re.sub(r"^\[[^\]]*:\d+\]\s*", "", text)  # gloo's `[/path/pair.cc:561] ` prefix
+        text = re.sub(r"[\x00-\x1f\x7f]", " ", text)  # a NUL or a control character: a space
         parts.append(f"{type(exc).__name__}: {text.rstrip(':')}"[:160])
         exc = exc.__cause__
     return schema.format_status(schema.ERROR, "; caused by ".join(parts))
