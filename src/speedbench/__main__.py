@@ -370,7 +370,9 @@ def _job(cfg: DictConfig):
         # under torchrun every rank fails alike: say it once (torchrun's variables themselves
         # may be what is wrong: then every process says it)
         if os.environ.get("RANK", "0") == "0" or isinstance(exc, DistEnvError):
-            print(f"speedbench: error: {exc}", file=sys.stderr)
+            # mid-run (a full disk): on a line of its own, after the progress bar's
+            print("\n" * bool(getattr(exc, "run_dir", None)) + f"speedbench: error: {exc}",
+                  file=sys.stderr)
         sys.exit(EXIT_USAGE)
     except BrokenPipeError:  # `speedbench ... | head`: the reader of the output went away
         _pipe_closed()

@@ -185,7 +185,9 @@ def write_failed(exc: OSError, run_dir: Optional[Path]) -> OutputError:
     """One line for a write that failed mid-run (a full disk): what failed and what was kept."""
     where = f" {exc.filename}" if exc.filename else " the run's files"
     kept = f"; the run in {run_dir} is incomplete (no report)" if run_dir else ""
-    return OutputError(f"out_dir: cannot write{where} ({exc.strerror or exc}){kept}")
+    error = OutputError(f"out_dir: cannot write{where} ({exc.strerror or exc}){kept}")
+    error.run_dir = run_dir  # (the run had started: its line follows the progress bar's)
+    return error
 
 
 class TrialWriter:
