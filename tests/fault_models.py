@@ -1,6 +1,7 @@
 """Models that fail on purpose, for the fault-handling tests (given to speedbench via _target_)."""
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -31,6 +32,14 @@ class Tiny(nn.Module):
         late = self.calls > self.sleep_after  # the first `sleep_after` calls do not sleep
         if half and late and self.fail == "sleeps_in_autocast":
             time.sleep(self.sleep_s)  # a step far longer than bench.max_trial_s
+        if late and self.fail == "swallows_stops":  # a retry loop's bare except, sleeping
+            open(os.environ["FAULT_MARKER"], "w").close()
+            end = time.monotonic() + self.sleep_s
+            while time.monotonic() < end:
+                try:
+                    time.sleep(0.1)
+                except BaseException:
+                    pass
         if late and self.fail == "hangs_outside_python":
             # SIGALRM blocked, then a wait in C: the watchdog's alarm cannot interrupt it
             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
@@ -44,7 +53,6 @@ class Tiny(nn.Module):
 # --- round 4: model code that changes the process, and hostile model objects -----------------
 import gc  # noqa: E402
 import io  # noqa: E402
-import os  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
 

@@ -414,7 +414,8 @@ HOSTILE_RUNS = [
     ("every_row_a_baseline", lambda r, o: _trials(r, lambda t: t.__setitem__("is_baseline", True)),
      0, "trials.csv flags more than one baseline variant of a model"),
     ("variant_name_of_2_mb", lambda r, o: _trials(r, lambda t: t.__setitem__(
-        "variant", t["variant"].replace({"fp16": "W" * 2_000_000}))), 0, "(2,000,000 characters, #"),
+        "variant", t["variant"].replace({"fp16": "W" * 2_000_000}))), 0,
+     "(2,000,000 characters, #"),
     ("env_device_name_of_30_mb", lambda r, o: _env_entry(r, device_name="D" * 30_000_000), 0,
      "env.json is 30 MB, more than a run writes"),
     ("env_device_name_of_1_mb", lambda r, o: _env_entry(r, device_name="D" * 1_000_000), 0,

@@ -465,6 +465,8 @@ def cli() -> None:
     except KeyboardInterrupt:  # a stop as the job ends: its work is done and written
         distributed.leave_now(code, joined=True)
     _leave_despite_threads(code)
+    for sig in STOPPING:  # Python puts the default handlers back as it ends: a signal then
+        signal.signal(sig, signal.SIG_IGN)  # would kill it (-15), its line already said
     sys.exit(code)
 
 
