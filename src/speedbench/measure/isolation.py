@@ -266,7 +266,8 @@ def _changed(setting: Setting, now: Any, before: Any) -> bool:
 def _console(text: str) -> None:
     from tqdm.auto import tqdm
 
-    tqdm.write(text, file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun every rank sees it: rank 0 says it
+        tqdm.write(text, file=sys.stderr)
 
 
 @contextlib.contextmanager

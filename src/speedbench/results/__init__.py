@@ -15,7 +15,7 @@ from typing import Iterable, Optional
 import pandas as pd
 
 from speedbench.results import atomic
-from speedbench.errors import ConfigError
+from speedbench.errors import ConfigError, signals_held
 from speedbench.results.runs import load_trials  # noqa: F401  (the one trials.csv loader)
 from speedbench.results.schema import (CAPACITY_COLUMNS, FINDING_COLUMNS, FORMAT_VERSION,
                                        PHASE_COLUMNS, RECIPE_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS,
@@ -206,17 +206,20 @@ class TrialWriter:
     def append(self, record: dict) -> None:
         """The trial's row, and its timed steps' times into steps.csv (beside trials.csv)."""
         steps = self.path.parent / "steps.csv"
-        try:  # a full disk: no half row; the rows before it stay
-            if record.get("step_s"):
-                if not steps.exists():
-                    atomic.write_text(steps, _csv_line(STEP_COLUMNS, None))
-                atomic.append_text(steps, "".join(
-                    _csv_line(STEP_COLUMNS, {**record, "step": i, "step_ms": 1000 * t})
-                    for i, t in enumerate(record["step_s"])))
-            atomic.append_text(self.path, _csv_line(self.columns, record))
-        except OSError as exc:
-            raise write_failed(exc, self.path.parent) from None
-        self.rows.append(record)
+        # a full disk: no half row, the rows before it stay; a signal: the row and its steps,
+        # its KeyboardInterrupt raised once both are written
+        with signals_held():
+            try:
+                if record.get("step_s"):
+                    if not steps.exists():
+                        atomic.write_text(steps, _csv_line(STEP_COLUMNS, None))
+                    atomic.append_text(steps, "".join(
+                        _csv_line(STEP_COLUMNS, {**record, "step": i, "step_ms": 1000 * t})
+                        for i, t in enumerate(record["step_s"])))
+                atomic.append_text(self.path, _csv_line(self.columns, record))
+            except OSError as exc:
+                raise write_failed(exc, self.path.parent) from None
+            self.rows.append(record)
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows, columns=self.columns)
