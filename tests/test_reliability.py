@@ -616,6 +616,21 @@ def test_a_closed_output_pipe_ends_the_report_tool_quietly(tmp_path):
     assert (run / "report.html").is_file()
 
 
+@pytest.mark.slow
+def test_a_run_whose_output_pipe_closes_says_so_in_one_line(tmp_path):
+    r, w = os.pipe()
+    os.close(r)  # `speedbench ... | head -0`: the reader is gone before the table is printed
+    proc = subprocess.run([sys.executable, "-m", "speedbench", *T, "bench.quality_steps=0",
+                           f"out_dir={tmp_path / 'out'}"], cwd=tmp_path, stdout=w,
+                          stderr=subprocess.PIPE, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    os.close(w)
+    assert proc.returncode == 128 + signal.SIGPIPE, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("speedbench:")]
+    assert said == ["speedbench: the output pipe was closed (its reader ended); stopped"], said
+
+
 # --- a full disk ---------------------------------------------------------------------------
 
 def _capped(limit_bytes: int):
@@ -841,7 +856,8 @@ def test_cpu_out_of_memory_is_recorded_as_oom(tmp_path):
 def test_a_model_that_cannot_be_built_keeps_its_cause_and_the_exit_status_fails(tmp_path):
     proc = run_cli(*TINY, "bench.repeats=1", f"out_dir={tmp_path}",
                    f"model={{_target_: fault_models.Tiny, nosuch: 1, {IMAGES}}}", cwd=tmp_path,
-                   env={"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                   env={"PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"),
+                                                       str(Path(__file__).parent),
                                                        os.environ.get("PYTHONPATH", "")])})
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("speedbench: no trial succeeded")
@@ -895,7 +911,10 @@ def test_a_full_disk_during_a_run_leaves_an_incomplete_run_and_one_line(tmp_path
 # --- DDP trials launched by speedbench: no orphan, no temp folder, the hung rank named -----
 
 TESTS = Path(__file__).resolve().parent
-DDP_ENV = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+# the checkout's src/ first, as an absolute path: a relative PYTHONPATH=src does not reach a
+# child started in tmp_path, which would import another speedbench (an installed one)
+DDP_ENV = {"PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS),
+                                          os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
 HANGING = ("+models.hanging={_target_:dist_models.FailsOnRank,hang:true,loss:cross_entropy,"
            "batch_size:4,dataset:{kind:tokens,seq_len:8,vocab_size:32}}")

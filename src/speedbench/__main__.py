@@ -375,7 +375,7 @@ def _job(cfg: DictConfig):
                   file=sys.stderr)
         sys.exit(EXIT_USAGE)
     except BrokenPipeError:  # `speedbench ... | head`: the reader of the output went away
-        _pipe_closed()
+        sys.exit(_pipe_closed())
     except Exception:
         from speedbench import distributed
 
@@ -392,10 +392,10 @@ def _job(cfg: DictConfig):
         sys.exit(_exit_status(exc))
 
 
-def _pipe_closed() -> None:
+def _pipe_closed() -> int:
     """stdout or stderr was a pipe whose reader ended: one line where it can still be said, the
-    streams pointed at /dev/null (no second error as Python flushes them at exit), and the exit
-    status of a program that SIGPIPE ended."""
+    streams pointed at /dev/null (no second error as Python flushes them at exit); returns the
+    exit status of a program that SIGPIPE ended."""
     try:
         print("speedbench: the output pipe was closed (its reader ended); stopped",
               file=sys.stderr, flush=True)
@@ -406,7 +406,7 @@ def _pipe_closed() -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
         except (OSError, ValueError):
             pass
-    sys.exit(128 + signal.SIGPIPE)
+    return 128 + signal.SIGPIPE
 
 
 def import_from_here() -> None:
@@ -456,6 +456,10 @@ def cli() -> None:
         if not isinstance(end.code, (int, type(None))):
             raise
         code = end.code or 0
+    try:  # what is left in stdout's buffer, while a closed pipe can still be said in one line
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _pipe_closed()
     from speedbench import distributed
 
     try:
