@@ -47,6 +47,10 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 600,
             module: str = "speedbench") -> subprocess.CompletedProcess:
     """`python -m speedbench args...` in a subprocess, like a user at a shell."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    # the checkout's src/ first, absolute: a relative PYTHONPATH=src does not reach a child
+    # started in another folder, which would then import an installed speedbench instead
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1] / "src"), full_env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 

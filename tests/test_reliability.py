@@ -158,6 +158,13 @@ BAD_INPUTS = [
     ("quality_steps_negative", ["bench.quality_steps=-1"], "config", "bench.quality_steps"),
     ("variant_seed_negative", ["+variants={a: {bench.seed: -5}}"], "config",
      "variants.a.bench.seed"),
+    # round 4: a data set's size, and deleting a schema key
+    ("vocab_size_zero", ["models.transformer.small.dataset.vocab_size=0"], "config",
+     "dataset.vocab_size"),
+    ("seq_len_zero", ["models.transformer.small.dataset.seq_len=0"], "config",
+     "dataset.seq_len"),
+    ("delete_bench", ["~bench"], "config", "~bench"),
+    ("delete_a_bench_key", ["~bench.steps"], "config", "~bench.steps"),
 ]
 if not torch.cuda.is_available():
     BAD_INPUTS.append(("no_cuda", ["device=cuda"], "config", "device"))
@@ -367,6 +374,52 @@ HOSTILE_RUNS = [
     ("trials_a_folder", lambda r, o: ((r / "trials.csv").unlink(), (r / "trials.csv").mkdir()),
      2, "trials.csv is not a regular file"),
     ("env_huge_value", lambda r, o: _env_value(r, "x" * 5_000_000), 0, "## Experiment: amp"),
+    # round 4 (G9-G12, G22-G24): types, nesting, sizes and values no run writes
+    ("cfg_bench_a_list", lambda r, o: _config(r, bench=[1, 2]), 0,
+     "config.yaml: bench of an unexpected type, left out"),
+    ("cfg_bench_a_string", lambda r, o: _config(r, bench="fast"), 0,
+     "config.yaml: bench of an unexpected type, left out"),
+    ("env_cpu_flags_an_int", lambda r, o: _env_entry(r, cpu_flags=5), 0,
+     "env.json: cpu_flags of an unexpected type, left out"),
+    ("env_cpu_flags_not_strings", lambda r, o: _env_entry(r, cpu_flags=[1, "avx2"]), 0,
+     "- **CPU flags**: avx2\n"),
+    ("env_deep", lambda r, o: (r / "env.json").write_text("[" * 200_000 + "]" * 200_000), 0,
+     "env.json nests deeper than 64 levels"),
+    ("env_deep_but_parseable", lambda r, o: (r / "env.json").write_text(
+        '{"versions": ' + '{"a": ' * 500 + "1" + "}" * 500 + "}"), 0,
+     "env.json nests deeper than 64 levels"),
+    ("cfg_deep", lambda r, o: (r / "config.yaml").write_text("a: " + "[" * 50_000 + "]" * 50_000),
+     0, "config.yaml nests deeper than 64 levels"),
+    ("members_deep", lambda r, o: ((r / "members").mkdir(),
+                                   (r / "members" / "a.yaml").write_text("[" * 50_000)), 0,
+     "members/a.yaml is not a readable"),
+    ("techniques_deep", lambda r, o: (r / "techniques.json").write_text("[" * 200_000), 0,
+     "## Experiment: amp"),
+    ("techniques_fields_an_int", lambda r, o: _techniques(r, [{"name": "x", "fields": 5}]), 0,
+     "## Experiment: amp"),
+    ("techniques_column_a_list", lambda r, o: _techniques(
+        r, [{"name": "x", "fields": [{"column": ["num_workers"], "doc": "d"}]}]), 0,
+     "## Experiment: amp"),
+    ("techniques_host_sweep_column_a_list", lambda r, o: _techniques(
+        r, [{"name": "x", "fields": [], "host_sweep": {"column": ["variant"], "title": "t"}}]),
+     0, "## Experiment: amp"),
+    ("recipe_csv_empty", lambda r, o: (r / "recipe.csv").write_text(""), 0,
+     "recipe.csv left out: "),
+    ("recipe_csv_binary", lambda r, o: (r / "recipe.csv").write_bytes(bytes(range(256)) * 4), 0,
+     "recipe.csv left out: "),
+    ("recipe_csv_other_columns", lambda r, o: (r / "recipe.csv").write_text("a,b\n1,2\n"), 0,
+     "recipe.csv left out: it lacks the columns model"),
+    ("memory_negative", lambda r, o: _trials(r, lambda t: t.__setitem__("peak_mem_mb", -1e9)), 0,
+     "peak_mem_mb cell(s) not finite numbers"),
+    ("every_row_a_baseline", lambda r, o: _trials(r, lambda t: t.__setitem__("is_baseline", True)),
+     0, "trials.csv flags more than one baseline variant of a model"),
+    ("variant_name_of_2_mb", lambda r, o: _trials(r, lambda t: t.__setitem__(
+        "variant", t["variant"].replace({"fp16": "W" * 2_000_000}))), 0,
+     "(2,000,000 characters, #"),
+    ("env_device_name_of_30_mb", lambda r, o: _env_entry(r, device_name="D" * 30_000_000), 0,
+     "env.json is 30 MB, more than a run writes"),
+    ("env_device_name_of_1_mb", lambda r, o: _env_entry(r, device_name="D" * 1_000_000), 0,
+     "D… (1,000,0"),  # the device line, shortened: "cpu (DDD…)" has a few more characters
 ]
 
 
@@ -383,6 +436,15 @@ def _grow(path: Path, size: int) -> None:
     header, *rows = path.read_text().splitlines(keepends=True)
     body = "".join(rows) or "x\n"
     path.write_text(header + body * (size // len(body) + 1))
+
+
+def _env_entry(run: Path, **entries) -> None:
+    env = json.loads((run / "env.json").read_text())
+    (run / "env.json").write_text(json.dumps({**env, **entries}))
+
+
+def _techniques(run: Path, entries: list) -> None:
+    (run / "techniques.json").write_text(json.dumps({"techniques": entries}))
 
 
 def _env_value(run: Path, value: str) -> None:
@@ -414,6 +476,7 @@ def test_hostile_run_directory_through_the_report_tool(row, tmp_path, capsys):
     assert not re.search(r"(?<!\\)\]\(\s*javascript:", md), "a name became a link"
     assert not (run / "report.html").is_symlink() and not (run / "plots").is_symlink()
     assert (run / "report.html").stat().st_size > 1000
+    assert (run / "report.html").stat().st_size < 3_000_000, "a huge value made a huge report"
 
 
 def test_the_hostile_run_table_is_large_enough():
@@ -429,6 +492,143 @@ def test_out_pointing_at_a_file_is_refused_in_one_line(tmp_path, capsys):
     assert (tmp_path / "afile").read_text() == "keep"
     assert report_main([str(run), str(run), "--out", str(tmp_path / "afile" / "sub")]) == 1
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_two_experiment_names_that_map_to_one_file_name_get_figures_of_their_own(tmp_path):
+    run = make_run(tmp_path / "run", models=("resnet",), repeats=3)
+    t = pd.read_csv(run / "trials.csv")
+    other = t.assign(experiment="exp-one", samples_per_s=t["samples_per_s"] * 10)
+    pd.concat([t.assign(experiment="exp/one"), other]).to_csv(run / "trials.csv", index=False)
+    (run / "summary.csv").unlink()
+    assert report_main([str(run)]) == 0
+    md = (run / "report.md").read_text()
+    sections = md.split("## Experiment: ")[1:]
+    figures = [set(re.findall(r"\(plots/([^)]+\.png)\)", s)) for s in sections]
+    assert len(figures) == 2 and figures[0] and figures[1] and not figures[0] & figures[1], figures
+
+
+def test_out_never_replaces_another_runs_report(tmp_path, capsys):
+    a, b = make_run(tmp_path / "a"), make_run(tmp_path / "b", speed=1.2, seed=1)
+    assert report_main([str(b)]) == 0
+    before = snapshot(b)
+    for argv in ([str(a), str(b), "--out", str(b)], [str(a), "--out", str(b)]):
+        assert report_main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (f"speedbench.report: error: --out {b} holds a run of its own (trials.csv); "
+                       "its report is not replaced: choose another folder"), err
+    assert snapshot(b) == before
+    assert report_main([str(b), "--out", str(b)]) == 0  # its own folder: a rebuild in place
+
+
+def test_a_comparison_with_a_run_still_going_is_refused(tmp_path, capsys):
+    from speedbench import results
+
+    a, b = make_run(tmp_path / "a"), make_run(tmp_path / "b", speed=1.2, seed=1)
+    fd = results._flocked(b, __import__("fcntl").LOCK_EX)  # its run holds the lock
+    try:
+        assert report_main([str(a), str(b), "--out", str(tmp_path / "cmp")]) == 2
+    finally:
+        os.close(fd)
+    err = capsys.readouterr().err.strip()
+    assert err == f"speedbench.report: error: {b}: its run is still going; compare it when it " \
+                  "has ended", err
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_a_comparison_whose_default_folder_cannot_be_made_says_so_in_one_line(tmp_path, capsys,
+                                                                             monkeypatch):
+    a, b = make_run(tmp_path / "a"), make_run(tmp_path / "b", speed=1.2, seed=1)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").write_text("a file where the folder would go")
+    assert report_main([str(a), str(b)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(
+        "speedbench.report: error: --out: cannot make the folder 'results/compare/"), err
+
+
+def test_a_run_without_quality_probe_has_nothing_to_say_about_its_final_loss(tmp_path):
+    run = make_run(tmp_path / "run", models=("resnet",), repeats=3)
+    _trials(run, lambda t: t.__setitem__("final_loss", "nan"))  # as Python writes NaN
+    assert "nan" in (run / "trials.csv").read_text()
+    assert report_main([str(run)]) == 0
+    assert "final_loss cell(s)" not in (run / "report.md").read_text()
+
+
+# --- round 4, new: hostile command lines of the report tool ----------------------------------
+
+def _symlinked(tmp_path: Path) -> str:
+    run = make_run(tmp_path / "real", models=("resnet",), repeats=3)
+    (tmp_path / "link").symlink_to(run)
+    return str(tmp_path / "link")
+
+
+def _odd_name(tmp_path: Path) -> str:
+    return str(make_run(tmp_path / "ünï\nline 😀 [x](y)", models=("resnet",), repeats=3))
+
+
+def _loop(tmp_path: Path) -> str:
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    return str(tmp_path / "loop")
+
+
+def _a_file(tmp_path: Path) -> str:
+    (tmp_path / "trials.csv").write_text("experiment\n")
+    return str(tmp_path / "trials.csv")
+
+
+# (id, the arguments made in tmp_path, expected rc, what the one-line error says (rc 2))
+ODD_ARGUMENTS = [
+    ("same_run_twice", lambda d: [str(make_run(d / "r", models=("resnet",), repeats=3))] * 2 +
+     ["--out", str(d / "cmp")], 0, None),
+    ("through_a_symlink", lambda d: [_symlinked(d)], 0, None),
+    ("name_with_a_newline_and_markdown", lambda d: [_odd_name(d)], 0, None),
+    ("the_root_folder", lambda d: ["/"], 2, "/ has no trials.csv"),
+    ("a_file", lambda d: [_a_file(d)], 2, "is not a directory"),
+    ("a_symlink_loop", lambda d: [_loop(d)], 2, "does not exist"),
+    ("a_name_too_long", lambda d: [str(d / ("x" * 5000))], 2, "characters) cannot be read"),
+]
+
+
+@pytest.mark.parametrize("row", ODD_ARGUMENTS, ids=[r[0] for r in ODD_ARGUMENTS])
+def test_odd_arguments_to_the_report_tool_give_a_report_or_one_short_line(row, tmp_path, capsys):
+    name, make, rc, text = row
+    argv = make(tmp_path)
+    assert report_main(argv) == rc
+    err = capsys.readouterr().err.strip()
+    if rc:
+        assert len(err.splitlines()) == 1 and len(err) < 400 and text in err, err[:500]
+        return
+    out = Path(argv[-1]) if "--out" in argv else Path(argv[0])
+    assert (out / "report.html").is_file() and not (out / "report.html").is_symlink()
+    assert not out.is_symlink() or (out.resolve() / "report.html").is_file()
+
+
+@pytest.mark.slow
+def test_a_closed_output_pipe_ends_the_report_tool_quietly(tmp_path):
+    run = make_run(tmp_path / "run", models=("resnet",), repeats=3)
+    r, w = os.pipe()
+    os.close(r)  # the reader went away (`| head -0`)
+    proc = subprocess.run([sys.executable, "-m", "speedbench.report", str(run)], stdout=w,
+                          stderr=subprocess.PIPE, text=True, timeout=300)
+    os.close(w)
+    assert proc.returncode == 128 + signal.SIGPIPE, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert (run / "report.html").is_file()
+
+
+@pytest.mark.slow
+def test_a_run_whose_output_pipe_closes_says_so_in_one_line(tmp_path):
+    r, w = os.pipe()
+    os.close(r)  # `speedbench ... | head -0`: the reader is gone before the table is printed
+    proc = subprocess.run([sys.executable, "-m", "speedbench", *T, "bench.quality_steps=0",
+                           f"out_dir={tmp_path / 'out'}"], cwd=tmp_path, stdout=w,
+                          stderr=subprocess.PIPE, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    os.close(w)
+    assert proc.returncode == 128 + signal.SIGPIPE, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("speedbench:")]
+    assert said == ["speedbench: the output pipe was closed (its reader ended); stopped"], said
 
 
 # --- a full disk ---------------------------------------------------------------------------
@@ -459,6 +659,122 @@ def test_a_full_disk_leaves_the_old_report_whole_and_no_temp_files(tmp_path):
     assert "File too large" in err or "No space left" in err, err
     assert {k: v for k, v in snapshot(run).items() if k.startswith("report.")} == before
     assert not [p for p in run.rglob("*.tmp")], "a temp file was left behind"
+
+
+def test_a_full_disk_while_quality_csv_is_written_is_one_line(tmp_path, monkeypatch):
+    import errno
+
+    from speedbench.results import atomic
+
+    real = atomic.append_rows
+
+    def full(path, columns, rows):
+        if Path(path).name == "quality.csv":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, columns, rows)
+
+    monkeypatch.setattr(atomic, "append_rows", full)
+    proc = run_main(*T, f"out_dir={tmp_path / 'out'}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("speedbench:")]
+    assert "Traceback" not in proc.stderr and len(said) == 1, proc.stderr[-3000:]
+    assert said[0].startswith("speedbench: error: out_dir: cannot write ") and \
+        "quality.csv (No space left on device)" in said[0] and \
+        said[0].endswith("is incomplete (no report)"), said
+    run = next((tmp_path / "out").rglob("config.yaml")).parent
+    assert not (run / "summary.csv").exists() and not (run / "report.html").exists()
+    assert not [p for p in run.rglob("*") if p.name.endswith(".tmp")]
+
+
+# --- torchrun's variables checked before anything is written (G8) ----------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("variables, says", [
+    ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not an integer"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "make no torchrun job"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "make no torchrun job"),
+    ({"RANK": "0", "WORLD_SIZE": "1"}, "MASTER_ADDR and MASTER_PORT are not"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "free"},
+     "could not join torchrun's job as rank 0 of 2"),
+], ids=["rank_not_an_int", "world_of_0", "rank_outside", "no_master", "missing_peer"])
+def test_stale_torchrun_variables_are_one_line_and_nothing_is_written(variables, says, tmp_path,
+                                                                      monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, str(_free_port()) if value == "free" else value)
+    proc = run_main(*T, "dist_timeout_s=1", f"out_dir={tmp_path / 'out'}", cwd=tmp_path)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, err[-3000:]
+    assert len(err.splitlines()) == 1 and err.startswith("speedbench: error: ") and says in err, \
+        err
+    assert not (tmp_path / "out").exists()
+
+
+# --- a sweep goes on past a refused or failed job (G5) -----------------------------------------
+
+def test_a_sweep_runs_every_job_and_counts_the_failed_ones(tmp_path):
+    model = ("model={_target_: fault_models.Hostile, mode: seed_fails, loss: module, "
+             "batch_size: 4, dataset: {kind: tokens, seq_len: 8, vocab_size: 16}}")
+    proc = run_main("-m", *TINY, "bench.repeats=1", "bench.quality_steps=0", model,
+                    "bench.seed=0,-1,1", f"out_dir={tmp_path / 'out'}", cwd=tmp_path)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-3000:]  # two jobs failed
+    assert "Traceback" not in proc.stderr
+    assert err[-1].startswith("speedbench: sweep: 2 of 3 jobs failed (job 1, 2); each job's "
+                              "outcome.txt is in "), err[-3:]
+    assert any(e.startswith("speedbench: error: bench.seed: -1 is out of range") for e in err)
+    sweep = next((tmp_path / "out" / "multirun").iterdir())
+    outcome = {d.name: (d / "outcome.txt").read_text() for d in sweep.iterdir() if d.is_dir()}
+    assert outcome["0"].startswith("ok: ") and outcome["1"].startswith(
+        "failed (exit status 2): bench.seed: -1") and outcome["2"].startswith(
+        "failed (exit status 1): no trial succeeded"), outcome
+    runs = sorted(p.parent for p in (tmp_path / "out").rglob("trials.csv"))
+    assert len(runs) == 2  # job 1 wrote nothing; job 2's failed trials are kept
+    assert outcome["0"].strip() == f"ok: {runs[0]}" or outcome["0"].strip() == f"ok: {runs[1]}"
+
+
+# --- own experiment files (G25) ----------------------------------------------------------------
+
+def _own_experiment(folder: Path, header: bool = True) -> Path:
+    (folder / "conf" / "experiment").mkdir(parents=True)
+    (folder / "conf" / "experiment" / "mine.yaml").write_text(
+        ("# @package _global_\n" if header else "") +
+        "baseline: a\nvariants:\n  a: {precision: fp32}\n  b: {precision: fp32}\n")
+    return folder / "conf"
+
+
+@pytest.mark.parametrize("how", ["config_dir", "searchpath"])
+def test_an_experiment_file_of_ones_own_is_found_on_the_search_path(how, tmp_path):
+    from speedbench.__main__ import command_line_problem, experiment_names
+
+    conf = _own_experiment(tmp_path)
+    args = ["--config-dir", str(conf), "+experiment=mine"] if how == "config_dir" else \
+        [f"hydra.searchpath=[file://{conf}]", "+experiment=mine"]
+    assert "mine" in experiment_names(args) and "mine" not in experiment_names([])
+    assert command_line_problem(args) is None
+    if how == "config_dir":  # the whole run once
+        proc = run_main(*args, *T, "bench.quality_steps=0", f"out_dir={tmp_path / 'out'}",
+                        cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        trials = pd.read_csv(next((tmp_path / "out" / "mine").rglob("trials.csv")))
+        assert sorted(trials["variant"]) == ["a", "b"]
+
+
+def test_an_experiment_file_without_its_package_line_is_one_line(tmp_path):
+    conf = _own_experiment(tmp_path, header=False)
+    proc = run_main("--config-dir", str(conf), "+experiment=mine", *T, cwd=tmp_path)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "mine.yaml does not start with `# @package _global_`" in err, err
 
 
 # --- atomic writes -------------------------------------------------------------------------
@@ -540,7 +856,8 @@ def test_cpu_out_of_memory_is_recorded_as_oom(tmp_path):
 def test_a_model_that_cannot_be_built_keeps_its_cause_and_the_exit_status_fails(tmp_path):
     proc = run_cli(*TINY, "bench.repeats=1", f"out_dir={tmp_path}",
                    f"model={{_target_: fault_models.Tiny, nosuch: 1, {IMAGES}}}", cwd=tmp_path,
-                   env={"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                   env={"PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"),
+                                                       str(Path(__file__).parent),
                                                        os.environ.get("PYTHONPATH", "")])})
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("speedbench: no trial succeeded")
@@ -594,7 +911,10 @@ def test_a_full_disk_during_a_run_leaves_an_incomplete_run_and_one_line(tmp_path
 # --- DDP trials launched by speedbench: no orphan, no temp folder, the hung rank named -----
 
 TESTS = Path(__file__).resolve().parent
-DDP_ENV = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+# the checkout's src/ first, as an absolute path: a relative PYTHONPATH=src does not reach a
+# child started in tmp_path, which would import another speedbench (an installed one)
+DDP_ENV = {"PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS),
+                                          os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
 HANGING = ("+models.hanging={_target_:dist_models.FailsOnRank,hang:true,loss:cross_entropy,"
            "batch_size:4,dataset:{kind:tokens,seq_len:8,vocab_size:32}}")

@@ -524,3 +524,178 @@ def test_a_run_beside_a_cpu_bound_process_starts_with_the_busy_note(tmp_path):
     md = next((tmp_path / "out").rglob("report.md")).read_text()
     assert [ln for ln in md.splitlines()[1:] if ln.strip()][1].startswith(
         "> The machine was busy: load "), md[:800]
+
+
+# --- round 4: signals the model's code swallows, writes a signal cannot cut, locks a fork keeps
+
+def test_a_stop_signal_during_a_write_waits_for_it_and_leaves_no_temp_file(tmp_path,
+                                                                           monkeypatch):
+    """G19: the KeyboardInterrupt of a signal that comes while a file is written is raised once
+    the write is done; the temp file is never left behind."""
+    import tempfile
+
+    from speedbench import errors
+    from speedbench.results import atomic
+
+    real_mkstemp = tempfile.mkstemp
+
+    def mkstemp_then_signal(*args, **kwargs):  # a signal right after the temp file exists
+        made = real_mkstemp(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return made
+
+    def handler(signum, frame):
+        def stop():
+            raise KeyboardInterrupt
+        errors.when_free(stop)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp_then_signal)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            atomic.write_text(tmp_path / "report.md", "whole")
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert (tmp_path / "report.md").read_text() == "whole"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]
+
+
+def test_a_second_stop_signal_ends_a_run_whose_first_was_swallowed(monkeypatch):
+    """G17: a signal within CLEANUP_S of the first is part of it; a later one ends the process
+    (here: _stop_now is called with it) whatever became of the first's KeyboardInterrupt."""
+    import speedbench.__main__ as cli
+
+    ended, clock = [], [100.0]
+    monkeypatch.setattr(cli, "_stop_now", ended.append)
+    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(cli, "_importing", False)
+    cli._first_stop.clear()
+    cli.errors.clear_stop()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cli._on_signal(signal.SIGINT, None)
+        try:  # the model's code swallows it ...
+            pass
+        except BaseException:
+            pass
+        clock[0] += cli.CLEANUP_S / 2
+        cli._on_signal(signal.SIGTERM, None)  # a double Ctrl-C: part of the first
+        assert ended == []
+        clock[0] += cli.CLEANUP_S
+        cli._on_signal(signal.SIGINT, None)  # ... so a later one ends the run at once
+        assert ended == [signal.SIGINT]
+    finally:
+        cli._first_stop.clear()
+        cli.errors.clear_stop()
+
+
+def test_the_run_lock_ends_with_the_run_though_the_models_code_forked(tmp_path):
+    """G20: a process forked during the run (multiprocessing's fork) does not keep the run
+    directory 'still going' once the run has ended."""
+    run_dir = results.new_run_dir(str(tmp_path), "x")
+    child = os.fork()
+    if child == 0:  # the model's helper, living on
+        time.sleep(30)
+        os._exit(0)
+    try:
+        results.release_run_dir(run_dir)
+        assert not results.run_in_progress(run_dir)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+def test_a_child_forked_from_a_run_does_not_hold_its_lock_after_the_run_dies(tmp_path):
+    """The lock ends with the run's process, not with the last process forked from it."""
+    script = ("import os, sys, time\nfrom speedbench import results\n"
+              f"d = results.new_run_dir({str(tmp_path)!r}, 'x')\nprint(d, flush=True)\n"
+              "if os.fork() == 0:\n    time.sleep(30)\n    os._exit(0)\nos._exit(0)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    run_dir = Path(proc.stdout.strip())
+    assert proc.returncode == 0 and run_dir.is_dir(), proc.stderr
+    assert not results.run_in_progress(run_dir)  # its parent is gone; its child lives on
+
+
+def test_a_signal_after_the_report_is_written_changes_nothing(tmp_path, monkeypatch, capsys):
+    """G16: once the report is written, a signal neither makes a traceback nor a failed exit."""
+    import speedbench.report.__main__ as tool
+
+    run = make_run(tmp_path / "run", models=("resnet",), repeats=3)
+    handlers = {sig: signal.getsignal(sig) for sig in tool.STOPPING}
+    real_done = tool._done
+
+    def done_then_signal():
+        real_done()
+        os.kill(os.getpid(), signal.SIGTERM)  # as the success line is printed
+
+    monkeypatch.setattr(tool, "_done", done_then_signal)
+    monkeypatch.setattr(sys, "argv", ["speedbench.report", str(run)])
+    try:
+        rc = tool.main()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert rc == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("report: ")
+
+
+HANG_SWALLOW = ("model={_target_: fault_models.Tiny, fail: swallows_stops, sleep_s: 60, "
+                "dataset: {kind: images, image_size: 16, num_classes: 10}}")
+
+
+@pytest.mark.slow
+def test_a_run_whose_model_swallows_the_first_ctrl_c_ends_at_the_second(tmp_path):
+    marker = tmp_path / "swallowing"
+    proc = _start([*TINY, "bench.repeats=1", "bench.max_trial_s=null", "bench.quality_steps=0",
+                   HANG_SWALLOW, f"out_dir={tmp_path / 'out'}"], tmp_path, tmp_path / "tmp",
+                  env={"FAULT_MARKER": str(marker)})
+    try:
+        assert _wait_for(marker.exists, proc), _finish(proc)[1][-3000:]
+        proc.send_signal(signal.SIGINT)  # swallowed by the model's bare except
+        time.sleep(2)  # past CLEANUP_S: a second Ctrl-C is not part of the first
+        assert proc.poll() is None, "the first Ctrl-C was not swallowed: the test is void"
+        proc.send_signal(signal.SIGINT)
+        _, err = _finish(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    said = [ln for ln in err.splitlines() if ln.startswith("speedbench:")]
+    assert "Traceback" not in err and len(said) == 1, err[-3000:]
+    assert said[0].startswith("speedbench: interrupted at a second signal"), said
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.name.endswith(".tmp")]
+
+
+# --- torchrun: a stop is 'interrupted', not a dead rank (G2), and no wait at exit (G18) -------
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stopped_torchrun_job_is_interrupted_not_a_failed_rank(tmp_path, sig):
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    tmp.mkdir()
+    variants = "+variants={a: {precision: fp32}, b: {precision: fp32}}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "speedbench", *T, "bench.steps=400", "bench.max_trial_s=60", variants,
+         "bench.order_seed=1", "baseline=a", f"out_dir={out}"], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint,
+        env={**os.environ, **DDP_ENV, "TMPDIR": str(tmp)})
+    try:
+        assert _wait_for(lambda: any(out.rglob("trials.csv")), proc)
+        time.sleep(3)  # into a trial's window
+        proc.send_signal(sig)  # what `docker stop`, `scancel` or Ctrl-C do to torchrun
+        output, _ = _finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for line in _processes_mentioning(str(out)):  # only what this test started
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+    said = [ln for ln in output.splitlines() if ln.startswith("speedbench:")]
+    assert said and said[-1].startswith("speedbench: interrupted"), output[-3000:]
+    assert not any("failed" in ln for ln in said), said
+    assert "_destroy_process_group" not in output and "Exception ignored" not in output, \
+        output[-3000:]
+    statuses = list(pd.read_csv(next(out.rglob("trials.csv")))["status"])
+    assert all(s == "ok" for s in statuses), statuses  # no row blames a rank

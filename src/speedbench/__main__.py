@@ -12,36 +12,69 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP (a closed terminal), taken like Ctrl-C: a launched DDP trial's
-    processes are killed and its temp folder removed on the way out (by default both signals
-    end Python with no cleanup at all)."""
-
-    def __init__(self, signum: int):
-        super().__init__()
-        self.signum = signum
-
-
 from speedbench import errors  # no dependencies: ready before the signals are taken
+from speedbench.errors import Terminated
 
 STOPPING = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+# Stop signals within this many seconds of the first are one stop (Ctrl-C pressed twice, a
+# service manager's second SIGTERM): ignored, so that they cannot cut the cleanup short. One
+# later than that ends the process at once (_stop_now).
+CLEANUP_S = 1.0
+_first_stop: list[float] = []  # when the first stop signal came (monotonic)
 
 
 def _on_signal(signum, frame):
-    # The first signal starts the cleanup; later ones (a service manager's second SIGTERM,
-    # Ctrl-C pressed twice) are ignored so that they cannot cut it short and leave temp folders
-    # behind. The cleanup is bounded: it kills the launched processes and removes files.
-    for sig in STOPPING:
-        signal.signal(sig, signal.SIG_IGN)
+    # The first signal raises KeyboardInterrupt (Terminated for SIGTERM and SIGHUP): the run
+    # cleans up on its way out (launched processes killed, temp files removed) and says what
+    # it kept. A later one means the first did not stop the run: the model's code caught it
+    # (a bare `except:` in a retry loop) or the cleanup is stuck. Then it ends now.
+    now = time.monotonic()
+    if _first_stop:
+        if now - _first_stop[0] >= CLEANUP_S:
+            errors.when_free(lambda: _stop_now(signum))  # (after a file being written)
+        return
+    _first_stop.append(now)
     stop = errors.ask_to_stop(KeyboardInterrupt() if signum == signal.SIGINT
                               else Terminated(signum))
+    dist = sys.modules.get("speedbench.distributed")
+    if dist is not None:  # a torchrun rank: the others learn it was a stop, not a failure
+        dist.say_stopped(signum)
     if not _importing:  # an exception raised inside an import can leave a module half-made
-        raise stop      # (numpy without `subtract`); the stop is raised once the imports end
+        errors.when_free(_raiser(stop))  # (numpy without `subtract`); the stop is raised once
+                                         # the imports end, and after a file being written
+
+
+def _raiser(stop: KeyboardInterrupt):
+    def raise_it():
+        raise stop
+    return raise_it
+
+
+def _stop_now(signum: int) -> None:
+    """The run did not stop at the first signal: end the process now, with what a stop leaves
+    (the launched trial's processes killed and its temp folder removed, one line on what was
+    kept). Every file of the run is written whole or not at all (results/atomic.py holds the
+    signals while it writes), so none is left half-written."""
+    try:
+        launch = sys.modules.get("speedbench.measure.launch")
+        if launch is not None:
+            launch.abandon()
+        results = sys.modules.get("speedbench.results")
+        dirs = results.open_run_dirs() if results is not None else []
+        if os.environ.get("RANK", "0") == "0":
+            line = interrupted_line(dirs[0] if dirs else None)
+            print("\n" + line.replace("interrupted", "interrupted at a second signal (the first "
+                                       "did not stop the run)", 1), file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
 
 
 _importing = True
@@ -59,10 +92,9 @@ def _exit_status(exc: KeyboardInterrupt) -> int:
 
 
 def _take_signals() -> None:
-    if "RANK" not in os.environ:  # not a torchrun rank: those stop the way torchrun expects
-        for sig in STOPPING:  # an ignored one stays ignored (nohup's SIGHUP, or a 2nd signal)
-            if signal.getsignal(sig) not in (signal.SIG_IGN, _on_signal):
-                signal.signal(sig, _on_signal)
+    for sig in STOPPING:  # an ignored one stays ignored (nohup's SIGHUP)
+        if signal.getsignal(sig) not in (signal.SIG_IGN, _on_signal):
+            signal.signal(sig, _on_signal)
 
 
 def _before_the_run(exc: KeyboardInterrupt) -> None:
@@ -89,8 +121,44 @@ except KeyboardInterrupt as exc:
     _before_the_run(exc)
 
 
-def experiment_names() -> list[str]:
-    return sorted(p.stem for p in (Path(config_dir()) / "experiment").glob("*.yaml"))
+def experiment_names(args: list[str] | None = None) -> list[str]:
+    """The experiments Hydra can load: the package's, and those in `--config-dir` and
+    `hydra.searchpath` folders of the command line `args` (a user's own experiment files)."""
+    folders = [Path(config_dir())] + _user_config_dirs(args or [])
+    return sorted({p.stem for d in folders for p in (d / "experiment").glob("*.yaml")})
+
+
+def _without_package(name: str | None, args: list[str]) -> Path | None:
+    """A user's experiment file `name` that lacks Hydra's `# @package _global_` line (Hydra
+    would load it under `experiment:` and fail with a conversion error)."""
+    for folder in _user_config_dirs(args):
+        path = folder / "experiment" / f"{name}.yaml"
+        try:
+            head = path.read_text(encoding="utf-8", errors="replace")[:2000]
+        except OSError:
+            continue
+        return None if "@package _global_" in head else path
+    return None
+
+
+def _user_config_dirs(args: list[str]) -> list[Path]:
+    """Config folders the command line adds: --config-dir/-cd, and hydra.searchpath's file://
+    (or plain) paths; pkg:// entries are packages, not folders, and are left to Hydra."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = get_args_parser().parse_args(args)
+        overrides = OverridesParser.create().parse_overrides(parsed.overrides)
+    except (Exception, SystemExit):
+        return []
+    folders = [parsed.config_dir] if parsed.config_dir else []
+    for o in overrides:
+        if o.key_or_group == "hydra.searchpath":
+            value = o.value()
+            folders += [str(v) for v in (value if isinstance(value, list) else [value])]
+    return [Path(f[len("file://"):] if f.startswith("file://") else f).expanduser()
+            for f in folders if not str(f).startswith("pkg://")]
 
 
 def _schema():
@@ -124,6 +192,14 @@ def _known(key: str, node: DictConfig) -> bool:
     return True
 
 
+def _deletes_schema(key: str, schema: DictConfig) -> bool:
+    """Whether `~key` would delete a node or key of the schema (not one under a free-form
+    node, such as a variant or a model's own keys)."""
+    parts = key.split(".")
+    return all(".".join(parts[:i]) not in FREE_FORM for i in range(1, len(parts))) \
+        and _known(key, schema)
+
+
 def did_you_mean(word: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""
@@ -147,11 +223,16 @@ def command_line_problem(args: list[str]) -> str | None:
                 word in str(o.value()) for word in ("slurm", "submitit")):
             return (f"hydra/launcher={o.value()} needs Hydra's submitit launcher plugin: "
                     f"pip install hydra-submitit-launcher")
+        if o.is_delete() and not key.startswith("hydra") and "/" not in key:
+            schema = _schema() if schema is None else schema
+            if key == "experiment" or _deletes_schema(key, schema):
+                return (f"~{key}: speedbench's keys cannot be deleted (each has a default in "
+                        f"its schema); set a value instead, e.g. {key}=...")
         if key.startswith("hydra") or "/" in key or o.package is not None or o.is_delete():
             continue
         if key == "experiment":
             value = o.value() if isinstance(o.value(), str) else None
-            names = experiment_names()
+            names = experiment_names(args)
             if not (o.is_add() or o.is_force_add()):
                 return (f"experiment={value or '...'}: write +experiment={value or 'NAME'} (with "
                         f"'+': an experiment is added to the base config); experiments: "
@@ -159,6 +240,11 @@ def command_line_problem(args: list[str]) -> str | None:
             if value is not None and value not in names:
                 return (f"unknown experiment {value}{did_you_mean(value, names)} "
                         f"(experiments: {', '.join(names)})")
+            unpackaged = _without_package(value, args)
+            if unpackaged:
+                return (f"experiment {value}: {unpackaged} does not start with `# @package "
+                        f"_global_`, which an experiment file needs (its keys are the run's, "
+                        f"as in {Path(config_dir()) / 'experiment' / 'amp.yaml'})")
             continue
         schema = _schema() if schema is None else schema
         if not _known(key, schema):
@@ -206,16 +292,90 @@ def interrupted_line(run_dir: Path | None) -> str:
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     _quiet_libraries()
+    from hydra.types import RunMode
+
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        _sweep_job(cfg)
+    else:
+        _job(cfg)
+
+
+# A Hydra sweep (`-m`): each job's outcome, so that one refused or failed job is said in that
+# job and the sweep goes on; the sweep's exit status is the number of jobs that failed.
+_SWEEP: dict = {"jobs": 0, "failed": [], "dir": None}
+
+
+def _sweep_job(cfg: DictConfig) -> None:
+    """One job of a sweep: its refusal or failure said, written to the job's own folder of the
+    sweep (outcome.txt) and counted; a signal still stops the whole sweep."""
+    hc = HydraConfig.get()
+    _SWEEP["jobs"] += 1
+    _SWEEP["dir"] = Path(hc.sweep.dir)
+    try:
+        run_dir, code = _job(cfg), 0
+        outcome = f"ok: {run_dir}" if run_dir else "ok"
+    except SystemExit as end:
+        code = end.code if isinstance(end.code, int) else 1
+        if code >= 128:  # interrupted: the sweep stops with this job
+            raise
+        why = _LAST_ERROR[0] if _LAST_ERROR else "no trial succeeded (see its trials.csv)"
+        outcome = f"failed (exit status {code}): {why}"
+    except Exception as exc:  # a fault of speedbench's own: its traceback, then the next job
+        import traceback
+
+        traceback.print_exc()
+        code, outcome = 1, f"failed: {type(exc).__name__}: {exc}"
+    if code:
+        _SWEEP["failed"].append(hc.job.num)
+    try:
+        folder = Path(hc.runtime.output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "outcome.txt").write_text(outcome.strip() + "\n", encoding="utf-8")
+    except OSError:
+        pass  # (an unwritable out_dir: its refusal was said on the console)
+
+
+def _sweep_end() -> int:
+    """After a sweep: one line saying how many of its jobs failed; the exit status is that
+    number (at most 100)."""
+    jobs, failed = _SWEEP["jobs"], _SWEEP["failed"]
+    if not jobs:
+        return 0
+    where = f"; each job's outcome.txt is in {_SWEEP['dir']}" if _SWEEP["dir"] else ""
+    if failed:
+        print(f"speedbench: sweep: {len(failed)} of {jobs} jobs failed "
+              f"(job {', '.join(map(str, failed))}){where}", file=sys.stderr)
+    else:
+        print(f"speedbench: sweep: all {jobs} jobs ended well{where}", file=sys.stderr)
+    return min(len(failed), 100)
+
+
+_LAST_ERROR: list[str] = []  # the last job's one-line error, for its outcome.txt
+
+
+def _job(cfg: DictConfig):
+    """One run: its run directory; a refusal, an interrupt or a failed run ends in SystemExit
+    with the exit status, after one line."""
     from speedbench.run import run
 
     experiment = HydraConfig.get().runtime.choices.get("experiment")
+    _LAST_ERROR.clear()
     try:
-        run(cfg, experiment,
-            overrides=config_flags(sys.argv[1:]) + list(HydraConfig.get().overrides.task))
+        return run(cfg, experiment,
+                   overrides=config_flags(sys.argv[1:]) + list(HydraConfig.get().overrides.task))
     except (ConfigError, FileExistsError) as exc:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: say it once
-            print(f"speedbench: error: {exc}", file=sys.stderr)
+        from speedbench.distributed import DistEnvError
+
+        _LAST_ERROR.append(str(exc))
+        # under torchrun every rank fails alike: say it once (torchrun's variables themselves
+        # may be what is wrong: then every process says it)
+        if os.environ.get("RANK", "0") == "0" or isinstance(exc, DistEnvError):
+            # mid-run (a full disk): on a line of its own, after the progress bar's
+            print("\n" * bool(getattr(exc, "run_dir", None)) + f"speedbench: error: {exc}",
+                  file=sys.stderr)
         sys.exit(EXIT_USAGE)
+    except BrokenPipeError:  # `speedbench ... | head`: the reader of the output went away
+        sys.exit(_pipe_closed())
     except Exception:
         from speedbench import distributed
 
@@ -230,6 +390,23 @@ def _hydra_main(cfg: DictConfig) -> None:
         if os.environ.get("RANK", "0") == "0":
             print("\n" + interrupted_line(getattr(exc, "run_dir", None)), file=sys.stderr)
         sys.exit(_exit_status(exc))
+
+
+def _pipe_closed() -> int:
+    """stdout or stderr was a pipe whose reader ended: one line where it can still be said, the
+    streams pointed at /dev/null (no second error as Python flushes them at exit); returns the
+    exit status of a program that SIGPIPE ended."""
+    try:
+        print("speedbench: the output pipe was closed (its reader ended); stopped",
+              file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        except (OSError, ValueError):
+            pass
+    return 128 + signal.SIGPIPE
 
 
 def import_from_here() -> None:
@@ -250,9 +427,11 @@ def console_never_fails() -> None:
 def main() -> None:
     from speedbench import errors
     errors.clear_stop()
+    _first_stop.clear()
     _take_signals()
     console_never_fails()
     import_from_here()
+    _SWEEP.update(jobs=0, failed=[], dir=None)
     try:
         problem = command_line_problem(sys.argv[1:])
         if problem:
@@ -261,6 +440,9 @@ def main() -> None:
         _hydra_main()
     except KeyboardInterrupt as exc:  # before the run started (composing the config)
         _before_the_run(exc)
+    failed = _sweep_end()
+    if failed:
+        sys.exit(failed)
 
 
 def cli() -> None:
@@ -274,11 +456,21 @@ def cli() -> None:
         if not isinstance(end.code, (int, type(None))):
             raise
         code = end.code or 0
-    if code == 0:
-        from speedbench import distributed
+    try:  # what is left in stdout's buffer, while a closed pipe can still be said in one line
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _pipe_closed()
+    from speedbench import distributed
 
-        distributed.exit_cleanly()  # under torchrun: leave without torch's teardown
+    try:
+        if code == 0:
+            distributed.exit_cleanly()  # under torchrun: leave without torch's teardown
+        distributed.leave_now(code)  # a rank that stopped or failed: its peers may be gone
+    except KeyboardInterrupt:  # a stop as the job ends: its work is done and written
+        distributed.leave_now(code, joined=True)
     _leave_despite_threads(code)
+    for sig in STOPPING:  # Python puts the default handlers back as it ends: a signal then
+        signal.signal(sig, signal.SIG_IGN)  # would kill it (-15), its line already said
     sys.exit(code)
 
 

@@ -33,6 +33,8 @@ from typing import Mapping, Optional
 import torch
 import torch.distributed as dist
 
+from speedbench import errors
+from speedbench.errors import ConfigError
 from speedbench.results import schema
 
 @dataclass(frozen=True)
@@ -46,15 +48,61 @@ class DistEnv:
     run_id: str  # TORCHELASTIC_RUN_ID: the same on every rank of one job
 
 
+class DistEnvError(ConfigError):
+    """torchrun's variables in this process's environment do not make a job it can join (a
+    leftover RANK in a cluster shell, a peer that never came): one line, nothing written."""
+
+
+LEFTOVER = ("unset RANK and WORLD_SIZE if they are leftovers of another job (a cluster shell), "
+            "or start speedbench through torchrun")
+
+
+def _int_var(environ: Mapping[str, str], name: str, default: Optional[str] = None) -> int:
+    text = environ.get(name, default)
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise DistEnvError(f"{name}={str(text)[:40]!r} is not an integer (torchrun's variables "
+                           f"make this process a rank): {LEFTOVER}") from None
+
+
 def from_environ(environ: Mapping[str, str] = os.environ) -> Optional[DistEnv]:
-    """The torchrun job this process is a rank of, or None when it runs on its own."""
+    """The torchrun job this process is a rank of, or None when it runs on its own.
+    DistEnvError when the variables do not make a job (not integers, a rank outside the
+    world)."""
     if "RANK" not in environ or "WORLD_SIZE" not in environ:
         return None
-    world = int(environ["WORLD_SIZE"])
-    return DistEnv(rank=int(environ["RANK"]), world_size=world,
-                   local_rank=int(environ.get("LOCAL_RANK", environ["RANK"])),
-                   local_world_size=int(environ.get("LOCAL_WORLD_SIZE", world)),
-                   run_id=environ.get("TORCHELASTIC_RUN_ID", "none"))
+    rank, world = _int_var(environ, "RANK"), _int_var(environ, "WORLD_SIZE")
+    local_rank = _int_var(environ, "LOCAL_RANK", environ["RANK"])
+    local_world = _int_var(environ, "LOCAL_WORLD_SIZE", environ["WORLD_SIZE"])
+    if not (world >= 1 and 0 <= rank < world and 0 <= local_rank < local_world <= world):
+        raise DistEnvError(f"RANK={rank}, WORLD_SIZE={world}, LOCAL_RANK={local_rank}, "
+                           f"LOCAL_WORLD_SIZE={local_world} make no torchrun job (0 <= rank < "
+                           f"world size): {LEFTOVER}")
+    return DistEnv(rank=rank, world_size=world, local_rank=local_rank,
+                   local_world_size=local_world, run_id=environ.get("TORCHELASTIC_RUN_ID", "none"))
+
+
+def join(env: Optional[DistEnv], device: torch.device, timeout_s: float) -> None:
+    """The process group joined before anything is written (nothing without torchrun): a job
+    whose rendezvous variables are missing, or whose peers do not all come within
+    dist_timeout_s, is refused in one line (DistEnvError), with no run directory left."""
+    if env is None:
+        return
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        raise DistEnvError(f"RANK={env.rank} and WORLD_SIZE={env.world_size} are set but "
+                           f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                           f"not: {LEFTOVER}")
+    try:
+        init_process_group(env, device, timeout_s)
+    except Exception as exc:  # a peer that never came, an address that does not answer
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise DistEnvError(
+            f"could not join torchrun's job as rank {env.rank} of {env.world_size} at "
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} within dist_timeout_s="
+            f"{timeout_s:g} s ({type(exc).__name__}: {text}); nothing was written: start every "
+            f"rank, or {LEFTOVER}") from None
 
 
 def launcher(env: Optional[DistEnv], parent: Optional[list[str]] = None) -> list[str]:
@@ -172,12 +220,73 @@ def outlive_peer_failure(env: Optional[DistEnv]) -> None:
         return
 
     def on_term(signum, frame):
-        signal.signal(signum, signal.SIG_DFL)
+        if _termed:  # a second SIGTERM: at once
+            os._exit(128 + signum)
+        _termed.append(signum)
         timer = threading.Timer(TERM_GRACE_S, os._exit, args=(128 + signum,))
         timer.daemon = True
         timer.start()
 
     signal.signal(signal.SIGTERM, on_term)
+
+
+def leave_now(code: int, joined: bool = False) -> None:
+    """End a rank that joined a process group (or `joined`) now, with `code`, without the
+    barrier at exit or torch's teardown: after a stop or a failure the peers may be gone, and
+    the barrier would wait for them (dist_timeout_s) and then print a traceback. Nothing when
+    this process never joined one."""
+    if not (_joined or joined):
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+STOP_KEY = "speedbench/stop/"  # + rank: that rank was told to stop (a signal), not failed
+
+
+def say_stopped(signum: int) -> None:
+    """This rank was told to stop (torchrun forwards the user's signal to every rank): it says
+    so in the job's store, so that rank 0 records an interrupted run rather than blaming it as
+    a rank that died; the process group is not waited for at exit. Bounded: a store that does
+    not answer within 1 s is not waited for."""
+    global _failed
+    if not _joined:
+        return
+    _failed = True  # leave at exit without the barrier (peers are stopping too)
+
+    def tell():
+        try:
+            dist.distributed_c10d._get_default_store().set(
+                f"{STOP_KEY}{dist.get_rank()}", str(signum))
+        except Exception:
+            pass
+
+    teller = threading.Thread(target=tell, name="speedbench-stop", daemon=True)
+    teller.start()
+    teller.join(1.0)
+
+
+def peers_stopped(env: DistEnv, wait_s: float = 2.0) -> Optional[int]:
+    """The signal every other rank of the job was told to stop by, when each of them said so
+    (say_stopped): a user's stop forwarded by torchrun, not a failure. None when one of them
+    did not: it died or failed (a few seconds are given to the others once one has said it)."""
+    others = [r for r in range(env.world_size) if r != env.rank]
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        deadline = time.monotonic() + wait_s
+        while True:
+            said = [r for r in others if store.check([f"{STOP_KEY}{r}"])]
+            if not others or not said or len(said) == len(others) \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if not others or len(said) < len(others):
+            return None
+        return int(store.get(f"{STOP_KEY}{others[0]}").decode())
+    except Exception:  # no process group or store
+        return None
 
 
 def exit_cleanly() -> None:
@@ -196,9 +305,12 @@ def exit_cleanly() -> None:
     os._exit(0)
 
 
+_termed: list[int] = []  # rank 0's SIGTERM, taken as notice (outlive_peer_failure)
+
+
 def _destroy_process_group() -> None:
-    # After a failure the peers may be gone, and the process is ending anyway.
-    if dist.is_initialized() and not _failed:
+    # After a failure or a stop the peers may be gone, and the process is ending anyway.
+    if dist.is_initialized() and not _failed and errors.stopping() is None:
         # No rank may tear its connections down while a peer still talks to it: gloo's
         # background threads abort the process when a peer's socket closes under them.
         dist.barrier()
@@ -312,6 +424,7 @@ def failure_status(exc: BaseException) -> str:
         seen.add(id(exc))
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         text = re.sub(r"^\[[^\]]*:\d+\]\s*", "", text)  # gloo's `[/path/pair.cc:561] ` prefix
+        text = re.sub(r"[\x00-\x1f\x7f]", " ", text)  # a NUL or a control character: a space
         parts.append(f"{type(exc).__name__}: {text.rstrip(':')}"[:160])
         exc = exc.__cause__
     return schema.format_status(schema.ERROR, "; caused by ".join(parts))
@@ -362,6 +475,11 @@ def report_failure(exc: BaseException, env: DistEnv, where: str) -> str:
     the root cause rather than the lost connection it saw. torchrun then stops the job."""
     global _failed
     _failed = True
+    errors.stop_if_asked()  # this rank was told to stop: not a failure of the job
+    stopped = None if any(_failed_keys(env)) else peers_stopped(env)
+    if stopped is not None:  # every other rank was told to stop: the user stopped the job
+        raise errors.ask_to_stop(KeyboardInterrupt() if stopped == signal.SIGINT
+                                 else errors.Terminated(stopped))
     status = failure_status(exc)
     print(f"speedbench: rank {env.rank} of {env.world_size} failed in {where}: "
           f"{schema.reason_of(status) or status}", file=sys.stderr, flush=True)
@@ -374,9 +492,20 @@ def report_failure(exc: BaseException, env: DistEnv, where: str) -> str:
             if store.check([f"{FAILURE_KEY}{r}"]):
                 t, st = json.loads(store.get(f"{FAILURE_KEY}{r}"))
                 first, reported = min(first, (t, r, st)), reported | {r}
+        # a rank torchrun stopped because of the failure said so: it is not blamed for it
+        told = {r for r in range(env.world_size) if store.check([f"{STOP_KEY}{r}"])}
     except Exception:  # no process group or store: this rank's own failure is the record
         return with_rank(status, env.rank)
-    return blame(first[2], first[1], reported, env.world_size)
+    return blame(first[2], first[1], reported | told, env.world_size)
+
+
+def _failed_keys(env: DistEnv) -> list[int]:
+    """The ranks that left a failure in the job's store (report_failure)."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        return [r for r in range(env.world_size) if store.check([f"{FAILURE_KEY}{r}"])]
+    except Exception:
+        return []
 
 
 def describe(env: Optional[DistEnv], device: torch.device) -> dict:

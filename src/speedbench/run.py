@@ -7,6 +7,7 @@ prints the report's lines.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import textwrap
@@ -20,7 +21,7 @@ from speedbench.analysis import intervals
 from speedbench.analysis import to_target as target_stats
 from speedbench.analysis.summary import summary_of
 from speedbench.config import Plan, build_plan, suite
-from speedbench.measure import diagnosis, env, to_target
+from speedbench.measure import diagnosis, env, isolation, to_target
 from speedbench.measure.budget import Budget
 from speedbench.measure.flops import FlopsBook
 from speedbench.measure.timing import settled_heap
@@ -43,12 +44,14 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     from speedbench.search import driver as recipe
 
     plans = _plans(cfg, experiment, overrides)  # every plan validated before anything is written
+    isolation.clear_notes()  # a sweep's jobs each say their own models' changes
     dist_env = distributed.from_environ()
     groups = recipe.check(cfg, plans[0], dist_env) if recipe.is_recipe(cfg) else None
     for plan in plans:  # the data too, before the run directory exists
         for spec in plan.models:
             check_data(plan, spec, dist_env.world_size if dist_env else 1)
     device = distributed.rank_device(plans[0].device, dist_env)
+    distributed.join(dist_env, device, cfg.dist_timeout_s)  # torchrun's peers, before any file
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if suite.is_suite(cfg):
         resolved["claims"] = suite.combined_claims(plans)
@@ -61,9 +64,23 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     except KeyboardInterrupt as exc:
         exc.run_dir = run_dir  # the interrupt's line names this run's folder, no other
         raise
+    except OSError as exc:  # a full disk while a table of the run is written (quality.csv,
+        if not _in(exc.filename, run_dir):  # capacity.csv, ...): one line, like trials.csv's
+            raise
+        raise results.write_failed(exc, run_dir) from None
     finally:
         if run_dir is not None:
             results.release_run_dir(run_dir)
+
+
+def _in(filename, run_dir: Path | None) -> bool:
+    """Whether a failed OSError's file is one of the run directory's."""
+    if not filename or run_dir is None:
+        return False
+    try:
+        return Path(os.path.abspath(os.fsdecode(filename))).is_relative_to(run_dir)
+    except (TypeError, ValueError):
+        return False
 
 
 def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, resolved: dict,
@@ -196,6 +213,8 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
         if runs is not None:  # to_target_summary.csv: the time-to-target verdicts
             atomic.write_csv(target_stats.summarise(runs, cfg.bench.noise_threshold),
                              run_dir / "to_target_summary.csv", index=False)
+        if isolation.notes():  # what the models' code changed in the process (put back)
+            results.update_json(run_dir / "env.json", model_changes=isolation.notes())
         load = env.record_end(run_dir / "env.json")  # the load over the run, beside the start's
         write_report(run_dir, cfg=resolved)
     except OSError as exc:  # a full disk: a run is complete with summary.csv and its report

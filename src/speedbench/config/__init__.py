@@ -806,9 +806,25 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     return plan
 
 
+# A synthetic data set's sizes: each a positive integer where the model's dataset gives it
+# (vocab_size=0 would fail while the data is made, after the run directory exists).
+DATASET_SIZES = ("image_size", "num_classes", "seq_len", "vocab_size")
+
+
+def check_dataset_sizes(spec: "ModelSpec") -> None:
+    for key in DATASET_SIZES:
+        if key in spec.dataset:
+            value = spec.dataset[key]
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ConfigError(f"model {spec.name}: dataset.{key}: {value!r} is out of "
+                                  f"range; it must be an integer >= 1")
+
+
 def check_plan(plan: Plan, env: Optional[distributed.DistEnv]) -> None:
     """Checks against the whole plan and how speedbench was started (under torchrun: `env`),
     then every technique's own (techniques.check_plan). Raises ConfigError."""
+    for spec in plan.models:
+        check_dataset_sizes(spec)
     kind = plan.device.split(":")[0]
     if env is not None:
         reason = distributed.cannot_launch(kind)

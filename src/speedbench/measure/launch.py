@@ -84,6 +84,7 @@ def _launched(plan, spec, variant: str, recipe, trial: int, nproc: Optional[int]
         proc = subprocess.Popen(cmd, env={**env, PARENT_PID: str(os.getpid())},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
+        _LIVE[proc.pid] = job
         try:
             output, _ = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
@@ -91,6 +92,7 @@ def _launched(plan, spec, variant: str, recipe, trial: int, nproc: Optional[int]
             return {"status": f"error: {what} did not end within "
                               f"{limit:.0f} s (dist_timeout_s + 2 x bench.max_trial_s)"}
         finally:
+            _LIVE.pop(proc.pid, None)
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -101,6 +103,20 @@ def _launched(plan, spec, variant: str, recipe, trial: int, nproc: Optional[int]
             return json.loads(record_file.read_text())
         return {"status": _launch_failure(job, proc.returncode, output, nproc or 1),
                 "world_size": nproc or 1}
+
+
+_LIVE: dict[int, Path] = {}  # the launched trial running now: its process group -> job folder
+
+
+def abandon() -> None:
+    """What a stop that cannot wait for the cleanup does (a second signal): the launched
+    trial's processes killed and its job folder removed, at once."""
+    for pid, job in list(_LIVE.items()):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        shutil.rmtree(job, ignore_errors=True)
 
 
 # Every process of a launched trial ends with the one that started it, however that ends

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from speedbench import distributed, errors, techniques
 from speedbench.analysis import adaptive, intervals, power
 from speedbench.config import ModelSpec, Plan
-from speedbench.measure import capacity, env, launch, quality, stopping
+from speedbench.measure import capacity, env, isolation, launch, quality, stopping
 from speedbench.measure.budget import Budget
 from speedbench.measure.data import build_dataset
 from speedbench.measure.flops import FlopsBook
@@ -96,7 +96,9 @@ def na_variants(plan: Plan, spec: ModelSpec, dist_env: distributed.DistEnv | Non
     baseline is known from the start. (Each trial asks again, of its own fresh model.)"""
     ctx = context(plan, dist_env)
     try:
-        ctx.model = build_model(spec, plan.variants[plan.baseline].bench.seed)
+        with isolation.isolated(spec.name) as watch:  # what its code changes is put back
+            ctx.model = build_model(spec, plan.variants[plan.baseline].bench.seed)
+            watch.built()
     except Exception:  # each trial builds it again and records why it cannot be built
         return {}
     skip = {}

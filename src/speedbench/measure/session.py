@@ -4,7 +4,9 @@ The trial, the quality probe and the largest-batch probe all enter `applied`, so
 them measures the recipe under the same settings: the techniques' global state (restored on
 exit), a fresh model from the seed, the n/a check of that model, the loader's options, the
 prepared model and the Trainer. What a trial reads while inside (its FLOPs, whether fp32 runs
-as TF32) is read under the variant's own settings.
+as TF32) is read under the variant's own settings. The model's own code runs isolated
+(isolation.py): what it changes of the process (the default dtype, grad mode, the working
+directory, ...) is put back on exit and said once, and its sys.exit() is its trial's failure.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from speedbench import techniques
+from speedbench.measure import isolation
 from speedbench.measure.data import build_loader
 from speedbench.measure.train import Trainer, build_model
 from speedbench.techniques import Context
@@ -51,9 +54,10 @@ def applied(spec, recipe, ctx: Context, dataset=None, *, loader=None, sampler=No
     state; everything is undone on exit. `loader` replaces the one built from `dataset`.
     Raises NotApplicable when a technique cannot act on the model."""
     trainer = None
-    with techniques.global_state(recipe, ctx):
+    with techniques.global_state(recipe, ctx), isolation.isolated(spec.name) as watch:
         try:
             ctx.model = build_model(spec, recipe.bench.seed)
+            watch.built()
             reason = techniques.not_applicable(recipe, ctx)
             if reason:
                 raise NotApplicable(reason)

@@ -7,11 +7,12 @@ results/compare/<timestamp>/.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
 
-from speedbench import results
+from speedbench import errors, results
 from speedbench.results.runs import ReportError
 
 
@@ -29,7 +30,21 @@ class _Stopped(KeyboardInterrupt):
 def _on_signal(signum, frame):
     for sig in STOPPING:  # one cleanup, not cut short by a second signal
         signal.signal(sig, signal.SIG_IGN)
-    raise _Stopped(signum)
+    errors.when_free(_raiser(_Stopped(signum)))  # after the file being written, if one is
+
+
+def _raiser(stop: KeyboardInterrupt):
+    def raise_it():
+        raise stop
+    return raise_it
+
+
+def _done() -> None:
+    """The report is written: a signal now changes nothing (it would only turn a finished
+    report's line into a traceback or a failed exit status)."""
+    for sig in STOPPING:
+        if signal.getsignal(sig) is _on_signal:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def main(argv=None) -> int:
@@ -56,11 +71,15 @@ def main(argv=None) -> int:
         return 2
     try:
         md = _write(args.run_dirs, args.out)
-    except ReportError as exc:
+        _done()
+    except (ReportError, errors.ConfigError) as exc:  # (ConfigError: the default --out folder)
         print(f"speedbench.report: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of our output went away (`| head`): nothing to say
+        return _pipe_closed()
     except OSError as exc:  # a full disk, a read-only folder: the old report files are kept
-        where = f" ({exc.filename})" if exc.filename else ""
+        name = str(exc.filename or "")
+        where = f" ({name if len(name) <= 200 else name[:160] + '…'})" if name else ""
         print(f"speedbench.report: error: could not write the report: {exc.strerror or exc}"
               f"{where}; report.md and report.html were left as they were", file=sys.stderr)
         return 1
@@ -68,20 +87,44 @@ def main(argv=None) -> int:
         print("\nspeedbench.report: interrupted; no file was left half-written (run it again "
               "for the whole report)", file=sys.stderr)
         return 128 + (exc.signum if isinstance(exc, _Stopped) else signal.SIGINT)
-    print(f"report: {md.with_suffix('.html')} (and {md.name} beside it)")
+    try:
+        print(f"report: {md.with_suffix('.html')} (and {md.name} beside it)", flush=True)
+    except BrokenPipeError:  # `| head -0`: the report is written all the same
+        return _pipe_closed()
     return 0
+
+
+def _pipe_closed() -> int:
+    """stdout's reader went away: point stdout at /dev/null so that Python's own flush at exit
+    prints no second traceback; exit as a program the pipe's SIGPIPE ended does."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 128 + signal.SIGPIPE
 
 
 def _write(run_dirs: list[Path], out: Path | None) -> Path:
     from speedbench.report.compare import compare_runs
     from speedbench.report.render import write_report
 
+    if out is not None and (out / "trials.csv").exists() and not (
+            len(run_dirs) == 1 and _same(out, run_dirs[0])):  # its report would be replaced
+        raise ReportError(f"--out {out} holds a run of its own (trials.csv); its report is not "
+                          "replaced: choose another folder")
     if len(run_dirs) == 1:
         if results.run_in_progress(run_dirs[0]):  # its own report would replace this one
             raise ReportError(f"{run_dirs[0]}: its run is still going; rebuild the report "
                               "when it has ended")
         return write_report(run_dirs[0], out_dir=out)
     return compare_runs(run_dirs, out)
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

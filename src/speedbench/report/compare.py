@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from speedbench import results
 from speedbench.results import atomic, fresh_dir
 from speedbench.analysis import intervals
 from speedbench.analysis.summary import summarised
 from speedbench.report import plots
-from speedbench.report.document import Document, slug, write
+from speedbench.report.document import Document, shortened, slug, write
 from speedbench.report.render import _ci, _num
 from speedbench.results.runs import KEYS, ReportError, Run, label_runs, load_run
 from speedbench.results.schema import OK
@@ -40,13 +41,7 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-MOST_CHARS, MOST_ROWS = 200, 200  # a cell and a table of differences, at most
-
-
-def shortened(text: str, most: int = MOST_CHARS) -> str:
-    """`text`, cut to about `most` characters, saying how long it was: a report is read, and
-    one huge value (an environment variable of 50 MB) must not make it huge."""
-    return text if len(text) <= most else f"{text[:most - 30]}… ({len(text):,} characters)"
+MOST_ROWS = 200  # a table of differences, at most (a cell: document.MOST_CHARS)
 
 
 def differences(runs: list[Run], what: str = "env", ignored=ENV_IGNORED) -> pd.DataFrame:
@@ -241,11 +236,12 @@ def build_document(runs: list[Run], out_dir: Path) -> Document:
     doc = Document(title="speedbench comparison: " + " vs ".join(r.label for r in runs),
                    subtitle=f"reference: {runs[0].label} · {len(keys)} rows compared")
     doc.heading("Runs")
-    doc.table(pd.DataFrame([{
-        "run": r.label, "directory": str(r.path), "device": (r.env or {}).get("device", "?"),
-        "device name": (r.env or {}).get("device_name", "?"),
-        "torch": ((r.env or {}).get("versions") or {}).get("torch", "?"),
-        "experiments": ", ".join(r.experiments), "trials": len(r.trials),
+    doc.table(pd.DataFrame([{  # every cell shortened: a run's files are not trusted
+        "run": shortened(r.label), "directory": shortened(str(r.path)),
+        "device": shortened(str((r.env or {}).get("device", "?"))),
+        "device name": shortened(str((r.env or {}).get("device_name", "?"))),
+        "torch": shortened(str(((r.env or {}).get("versions") or {}).get("torch", "?"))),
+        "experiments": shortened(", ".join(r.experiments)), "trials": len(r.trials),
         "state": "interrupted: summary recomputed" if any("no summary.csv" in n for n in r.notes)
         else "complete"} for r in runs]))
     doc.heading("Environment differences")
@@ -296,10 +292,14 @@ def compare_runs(run_dirs: list, out_dir: Path | None) -> Path:
     """Load the runs, write report.md/report.html comparing them into out_dir (None: a new
     folder results/compare/<timestamp>[-n], made atomically so that two comparisons started in
     the same second never share one); returns report.md."""
+    for p in run_dirs:  # a run still going: its report, and a comparison, must wait for it
+        if results.run_in_progress(Path(p)):
+            raise ReportError(f"{p}: its run is still going; compare it when it has ended")
     runs = [summarised(load_run(p)) for p in run_dirs]
     label_runs(runs)
     align(runs)  # fails before anything is written when nothing can be compared
-    out_dir = Path(out_dir) if out_dir is not None else fresh_dir(Path("results", "compare"))
+    out_dir = Path(out_dir) if out_dir is not None else fresh_dir(Path("results", "compare"),
+                                                                   key="--out")
     atomic.real_dir(out_dir / "plots")
     write(build_document(runs, out_dir), out_dir, plots.DPI)
     return out_dir / "report.md"

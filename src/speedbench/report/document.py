@@ -6,6 +6,7 @@ configs, environments and CSV files are data, never markup.
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import re
 import struct
@@ -21,6 +22,14 @@ GOOD = ("faster", "holds")
 BAD = ("slower", "does not hold", "oom", "diverged", "error")
 MIXED = ("partly", "inconclusive", "too few trials", "no baseline")
 NUMERIC = re.compile(r"^[-+]?(\d[\d,]*\.?\d*|\.\d+)(x|%| MB)?( \[.*\])?$")
+
+MOST_CHARS = 200  # a value from a run's files in a table cell, at most (shortened)
+
+
+def shortened(text: str, most: int = MOST_CHARS) -> str:
+    """`text`, cut to about `most` characters, saying how long it was: a report is read, and
+    one huge value (an environment variable of 50 MB) must not make it huge."""
+    return text if len(text) <= most else f"{text[:most - 30]}… ({len(text):,} characters)"
 
 
 @dataclass
@@ -66,8 +75,14 @@ class Document:
 
 
 def slug(text: str) -> str:
-    """A safe file-name and anchor fragment for any string."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", str(text)).strip("-.")[:60] or "x"
+    """A safe file-name and anchor fragment for any string; one that had to change (`exp/one`)
+    gets a short hash of the whole, so that two names never share a figure (`exp-one`)."""
+    text = str(text)
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")[:60] or "x"
+    if safe == text:
+        return safe
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{safe[:50]}-{digest}"
 
 
 # --- Markdown ---------------------------------------------------------------------------------

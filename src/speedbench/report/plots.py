@@ -209,7 +209,7 @@ def forest(rows: pd.DataFrame, xlabel: str, title: str, panel: str = "model",
                 ci = f" [{r.lo:.2f}, {r.hi:.2f}]" if np.isfinite(r.lo) else ""
                 ax.text(1.02, yi, f"{r.ratio:.2f}x{ci}  {r.verdict}", transform=side,
                         va="center", fontsize=9, color=colour)
-            ax.set_yticks(y, [str(v) for v in sel[label]])
+            ax.set_yticks(y, [clip(str(v), 40) for v in sel[label]])
             ax.set_ylim(-0.6, len(sel) - 0.4)
             ax.set_title(str(p), loc="left", fontsize=10)
             ax.grid(axis="x", alpha=0.3)
@@ -218,7 +218,8 @@ def forest(rows: pd.DataFrame, xlabel: str, title: str, panel: str = "model",
         axes[-1].set_xlabel(xlabel)
         _suptitle(fig, title, x=0.02, ha="left")
         fig.tight_layout()
-        fig.subplots_adjust(right=0.6)
+        # room on the right for the ratios' text, never left of the labels' margin
+        fig.subplots_adjust(right=min(0.95, max(0.6, fig.subplotpars.left + 0.15)))
         return fig
 
 

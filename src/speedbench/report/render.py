@@ -24,7 +24,7 @@ from speedbench.analysis.summary import summarised
 from speedbench.report import (capacity_section, host_sweep, method, plots, profile_section,
                                recipe_section, recommend, settings, to_target_section,
                                unfinished)
-from speedbench.report.document import Document, slug, write
+from speedbench.report.document import Document, shortened, slug, write
 from speedbench.report.numbers import learning_lost, ratio_ci
 from speedbench.results.runs import Run, load_recipe, load_run
 from speedbench.analysis.quality import NO_VERDICT
@@ -133,6 +133,15 @@ def busy_note(env: dict) -> Optional[str]:
             f"cores{f' ({said})' if said else ''}; figures are noisy and speed-ups may come out "
             "inconclusive. Measure again on a quiet machine, or give speedbench fewer threads "
             "(OMP_NUM_THREADS) than the cores left free.")
+
+
+def model_change_notes(env: dict) -> list[str]:
+    """env.json's `model_changes`: what a model's own code changed in the process (the default
+    dtype, grad mode, ...), which the run put back after its trials; at most 20, each shortened."""
+    changes = env.get("model_changes") if isinstance(env, dict) else None
+    if not isinstance(changes, list):
+        return []
+    return [shortened(str(c), 400) for c in changes[:20] if isinstance(c, str)]
 
 
 def _gflops(tflops) -> str:
@@ -383,10 +392,12 @@ def env_pairs(env: dict) -> list[tuple[str, str]]:
          + {True: " (uncommitted changes)", False: " (clean)"}.get(env.get("git_dirty"), "")),
     ]
     if env.get("cpu_flags") is not None:
-        pairs.insert(2, ("CPU flags", " ".join(env["cpu_flags"]) or "none of those that matter"))
+        pairs.insert(2, ("CPU flags", " ".join(map(str, env["cpu_flags"]))
+                         or "none of those that matter"))
     if env.get("machine_load") or env.get("load_average"):
         pairs.insert(-3, ("load average (1 min)", _load_text(env)))
-    return pairs
+    # env.json is the run's file, not trusted: one huge value must not make the report huge
+    return [(label, shortened(value, 400)) for label, value in pairs]
 
 
 def _load_text(env: dict) -> str:
@@ -582,6 +593,8 @@ def build_document(run: Run, out_dir: Path) -> Document:
     stopped = unfinished.note(run)
     if stopped:  # the run never got to its end: what it never measured
         doc.note(stopped)
+    for change in model_change_notes(run.env):  # a model's code changed the process
+        doc.note(change[:1].upper() + change[1:])
     recommendation_section(doc, run, out_dir)
     for experiment in experiments:
         experiment_section(doc, run, experiment, out_dir)

@@ -15,7 +15,7 @@ from typing import Iterable, Optional
 import pandas as pd
 
 from speedbench.results import atomic
-from speedbench.errors import ConfigError
+from speedbench.errors import ConfigError, signals_held
 from speedbench.results.runs import load_trials  # noqa: F401  (the one trials.csv loader)
 from speedbench.results.schema import (CAPACITY_COLUMNS, FINDING_COLUMNS, FORMAT_VERSION,
                                        PHASE_COLUMNS, RECIPE_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS,
@@ -34,14 +34,15 @@ class OutputError(ConfigError):
 
 def new_run_dir(out_dir: str, experiment: str, explicit: Optional[str] = None) -> Path:
     """`<out_dir>/<experiment>/<timestamp>`, made unique; or the explicit path given, which
-    must be new or an empty folder: a run never writes over files it did not make.
+    must be new or an empty folder: a run never writes over files it did not make. The path
+    returned is absolute, so that a model's os.chdir() cannot move the run's files.
 
     The folder comes locked for this process's run (`release_run_dir` ends that): a second
     run given the same run_dir is refused even when it comes between the mkdir and the first
     file, and the report tool refuses to rebuild a report while its run is still going."""
-    if explicit:
-        return _claim(Path(explicit), explicit)
-    path = fresh_dir(Path(out_dir) / experiment)
+    if explicit:  # an absolute path: the model's code may change the working directory
+        return _claim(Path(os.path.abspath(explicit)), explicit)
+    path = fresh_dir(Path(os.path.abspath(out_dir)) / experiment)
     _lock(path)
     return path
 
@@ -110,10 +111,36 @@ def _lock(path: Path) -> bool:
 
 
 def release_run_dir(path: Path) -> None:
-    """The run in `path` is over (its report written, or stopped): its folder unlocked."""
+    """The run in `path` is over (its report written, or stopped): its folder unlocked, for
+    every copy of the descriptor too (a process the model's code forked holds one: closing
+    ours alone would leave the run 'still going' while that process lives)."""
     fd = _LOCKS.pop(Path(path), None)
     if fd is not None:
-        os.close(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+def open_run_dirs() -> list[Path]:
+    """The run directories this process holds (one, while a run goes)."""
+    return list(_LOCKS)
+
+
+def _forget_locks_in_child() -> None:
+    """In a process forked from a run (a DataLoader worker, the model's own helper): its copies
+    of the run directory's lock are closed, not unlocked (the run still holds it), so that the
+    lock ends with the run, not with the last process forked from it."""
+    for fd in _LOCKS.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 
 def run_in_progress(path: Path) -> bool:
@@ -158,7 +185,9 @@ def write_failed(exc: OSError, run_dir: Optional[Path]) -> OutputError:
     """One line for a write that failed mid-run (a full disk): what failed and what was kept."""
     where = f" {exc.filename}" if exc.filename else " the run's files"
     kept = f"; the run in {run_dir} is incomplete (no report)" if run_dir else ""
-    return OutputError(f"out_dir: cannot write{where} ({exc.strerror or exc}){kept}")
+    error = OutputError(f"out_dir: cannot write{where} ({exc.strerror or exc}){kept}")
+    error.run_dir = run_dir  # (the run had started: its line follows the progress bar's)
+    return error
 
 
 class TrialWriter:
@@ -177,17 +206,20 @@ class TrialWriter:
     def append(self, record: dict) -> None:
         """The trial's row, and its timed steps' times into steps.csv (beside trials.csv)."""
         steps = self.path.parent / "steps.csv"
-        try:  # a full disk: no half row; the rows before it stay
-            if record.get("step_s"):
-                if not steps.exists():
-                    atomic.write_text(steps, _csv_line(STEP_COLUMNS, None))
-                atomic.append_text(steps, "".join(
-                    _csv_line(STEP_COLUMNS, {**record, "step": i, "step_ms": 1000 * t})
-                    for i, t in enumerate(record["step_s"])))
-            atomic.append_text(self.path, _csv_line(self.columns, record))
-        except OSError as exc:
-            raise write_failed(exc, self.path.parent) from None
-        self.rows.append(record)
+        # a full disk: no half row, the rows before it stay; a signal: the row and its steps,
+        # its KeyboardInterrupt raised once both are written
+        with signals_held():
+            try:
+                if record.get("step_s"):
+                    if not steps.exists():
+                        atomic.write_text(steps, _csv_line(STEP_COLUMNS, None))
+                    atomic.append_text(steps, "".join(
+                        _csv_line(STEP_COLUMNS, {**record, "step": i, "step_ms": 1000 * t})
+                        for i, t in enumerate(record["step_s"])))
+                atomic.append_text(self.path, _csv_line(self.columns, record))
+            except OSError as exc:
+                raise write_failed(exc, self.path.parent) from None
+            self.rows.append(record)
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows, columns=self.columns)

@@ -2,7 +2,10 @@
 
 A crash, a full disk or Ctrl-C leaves either the old file or the new one, never a truncated
 one. os.replace swaps the directory entry: a symbolic link at the destination is replaced by
-the new file, its target is never written through.
+the new file, its target is never written through. A stop signal's action is held while a
+file is written (errors.signals_held): its KeyboardInterrupt cannot land between a temp file's
+creation and its cleanup (which would leave it behind), nor halfway through an appended row;
+it comes as soon as the write is done.
 """
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import io
 import os
 import tempfile
 from pathlib import Path
+
+from speedbench.errors import signals_held
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read once: mkstemp's files are 0600, output files get the usual mode
@@ -48,14 +53,15 @@ def write_files(contents: dict) -> None:
     """Several files as one step: every temp file is written before any target is replaced,
     so that a full disk leaves all the old files (or none), never half of a new set."""
     temps = {}
-    try:
-        for path, data in contents.items():
-            temps[Path(path)] = _temp_copy(Path(path), data)
-        for path, tmp in temps.items():
-            os.replace(tmp, path)
-    finally:
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)  # left only when something failed
+    with signals_held():
+        try:
+            for path, data in contents.items():
+                temps[Path(path)] = _temp_copy(Path(path), data)
+            for path, tmp in temps.items():
+                os.replace(tmp, path)
+        finally:
+            for tmp in temps.values():
+                tmp.unlink(missing_ok=True)  # left only when something failed
     for directory in {p.parent for p in temps}:
         _sync_dir(directory)
 
@@ -64,16 +70,17 @@ def append_text(path, text: str) -> None:
     """`text` appended whole or not at all: a failed write (a full disk) is cut back off, so
     that the file never ends in half a line."""
     data = memoryview(text.encode("utf-8"))
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-    end = os.lseek(fd, 0, os.SEEK_END)
-    try:
-        while data:
-            data = data[os.write(fd, data):]
-    except OSError:
-        os.ftruncate(fd, end)
-        raise
-    finally:
-        os.close(fd)
+    with signals_held():
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        end = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError:
+            os.ftruncate(fd, end)
+            raise
+        finally:
+            os.close(fd)
 
 
 def write_bytes(path, data: bytes) -> Path:

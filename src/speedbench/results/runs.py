@@ -18,8 +18,8 @@ import pandas as pd
 import yaml
 
 from speedbench.results.schema import (CURVE_COLUMNS, FINDING_COLUMNS, OK, PHASE_COLUMNS,
-                                       REQUIRED_CAPACITY_COLUMNS, REQUIRED_TRIAL_COLUMNS,
-                                       REQUIRED_QUALITY_COLUMNS,
+                                       RECIPE_COLUMNS, REQUIRED_CAPACITY_COLUMNS,
+                                       REQUIRED_TRIAL_COLUMNS, REQUIRED_QUALITY_COLUMNS,
                                        REQUIRED_TO_TARGET_COLUMNS)
 
 # The contract columns without which a run cannot be summarised, plotted or compared at all.
@@ -40,7 +40,16 @@ SUMMARY_NUMERIC = ("samples_per_s", "speedup", "speedup_lo", "speedup_hi", "tria
                    "unsteady", "flops_per_step", "achieved_tflops", "peak_tflops", "peak_fraction",
                    "devices", "scaling_efficiency", "scaling_efficiency_lo", "scaling_efficiency_hi")
 # env.json entries the report reads, with the type each must have to be used.
-ENV_TYPES = {"versions": dict, "env": dict, "distributed": dict, "cuda_devices": list}
+ENV_TYPES = {"versions": dict, "env": dict, "distributed": dict, "cuda_devices": list,
+             "cpu_flags": list, "machine_load": dict, "model_changes": list}
+# config.yaml entries the report reads, with their types (claims: checked one by one).
+CONFIG_TYPES = {"bench": dict}
+# A run's JSON and YAML files stay far below this; a deeper nesting is not a run's, and
+# walking it would overflow Python's stack (RecursionError).
+MAX_DEPTH = 64
+# A name (experiment, model, variant) longer than this is shortened for the report: a figure's
+# tick labels would take minutes to lay out a name of megabytes.
+MAX_NAME = 200
 # Claim fields and the types they may have (claims.py reads them); other claims are left out.
 CLAIM_TYPES = {"tip": str, "source": str, "quote": str, "kind": str, "metric": str,
                "versus": str, "experiment": str, "requires": str, "factor": (int, float),
@@ -85,21 +94,45 @@ def _bool(col: pd.Series) -> pd.Series:
 
 def _names(col: pd.Series) -> pd.Series:
     """Names (experiment, model, variant) as non-empty strings: pandas reads an empty cell as
-    missing, which would drop the row from every group."""
+    missing, which would drop the row from every group. A name over MAX_NAME characters is
+    shortened, with a hash of the whole that keeps two such names apart."""
     text = col.astype(object).where(col.notna(), "").map(str).str.strip()
-    return text.where(text != "", "(empty)")
+    return text.where(text != "", "(empty)").map(_short_name)
+
+
+def _short_name(name: str) -> str:
+    if len(name) <= MAX_NAME:
+        return name
+    import hashlib
+
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{name[:MAX_NAME - 40]}… ({len(name):,} characters, #{digest})"
+
+
+# Columns that hold sizes, times and counts: a negative value is not one (and a figure of
+# one can overflow matplotlib's rasteriser).
+NON_NEGATIVE = ("peak_mem_mb", "host_rss_mb", "host_rss_main_mb", "step_ms", "elapsed_s",
+                "data_wait_frac", "steps", "warmup_steps", "batch_size", "devices", "samples",
+                "world_size", "flops_per_step", "achieved_tflops", "peak_tflops", "trials",
+                "mem_ratio", "mem_ratio_lo", "mem_ratio_hi", "params_mem_mb", "grads_mem_mb",
+                "opt_state_mem_mb", "activation_mem_mb", "state_mem_mb")
 
 
 def _numbers(df: pd.DataFrame, columns, what: str, notes: list[str]) -> int:
-    """Read `columns` of df as numbers in place; a cell that is not a finite number becomes NaN.
-    Returns how many non-empty cells were not numbers, after noting them."""
+    """Read `columns` of df as numbers in place; a cell that is not a finite number (or a
+    negative one in a NON_NEGATIVE column) becomes NaN. `nan`, as Python writes a figure that
+    was not measured (final_loss without a quality probe), is missing, not wrong. Returns how
+    many other non-empty cells were not numbers, after noting them."""
     bad = {}
     for c in columns:
         if c not in df.columns:
             continue
         values = pd.to_numeric(df[c], errors="coerce").astype(float)
         values = values.where(np.isfinite(values))
-        wrong = int((values.isna() & df[c].notna()).sum())
+        if c in NON_NEGATIVE:
+            values = values.where(~(values < 0))
+        missing = df[c].isna() | df[c].astype(str).str.strip().str.lower().isin(["nan", ""])
+        wrong = int((values.isna() & ~missing).sum())
         if wrong:
             bad[c] = wrong
         df[c] = values
@@ -118,9 +151,19 @@ def _env(env, notes: list[str]) -> dict:
     env = {k: v for k, v in env.items() if k not in wrong}
     if isinstance(env.get("cuda_devices"), list):
         env["cuda_devices"] = [g for g in env["cuda_devices"] if isinstance(g, dict)]
+    if isinstance(env.get("cpu_flags"), list):
+        env["cpu_flags"] = [f for f in env["cpu_flags"] if isinstance(f, str)]
     if wrong:
         notes.append(f"env.json: {', '.join(wrong)} of an unexpected type, left out")
     return env
+
+
+def _config(cfg: dict, notes: list[str]) -> dict:
+    """The config with the entries the report reads of the types it expects."""
+    wrong = [k for k, kind in CONFIG_TYPES.items() if k in cfg and not isinstance(cfg[k], kind)]
+    if wrong:
+        notes.append(f"config.yaml: {', '.join(wrong)} of an unexpected type, left out")
+    return _claims({k: v for k, v in cfg.items() if k not in wrong}, notes)
 
 
 def _claims(cfg: dict, notes: list[str]) -> dict:
@@ -153,7 +196,8 @@ def _members(path: Path, notes: list[str]) -> dict:
     for p in sorted((path / "members").glob("*.yaml")) if (path / "members").is_dir() else []:
         try:
             bench = (_yaml(p) or {}).get("bench", {}) if p.is_file() else None
-        except (yaml.YAMLError, UnicodeDecodeError, AttributeError, OSError):
+        except (yaml.YAMLError, UnicodeDecodeError, AttributeError, OSError, ValueError,
+                RecursionError):
             bench = None
         if isinstance(bench, dict):
             members[p.stem] = bench
@@ -163,10 +207,23 @@ def _members(path: Path, notes: list[str]) -> dict:
 
 
 def _techniques(run_dir: Path) -> list[dict]:
-    """The technique entries of techniques.json (load_techniques); [] without a usable one."""
+    """The technique entries of techniques.json (load_techniques); [] without a usable one.
+    Their fields and host-sweep views are kept only where their names are strings."""
     data = load_techniques(run_dir)
     entries = data.get("techniques") if isinstance(data, dict) else None
-    return [t for t in entries if isinstance(t, dict)] if isinstance(entries, list) else []
+    return [_technique(t) for t in entries if isinstance(t, dict)] \
+        if isinstance(entries, list) else []
+
+
+def _technique(entry: dict) -> dict:
+    fields = entry.get("fields") if isinstance(entry.get("fields"), list) else []
+    fields = [{**f, "doc": f.get("doc") if isinstance(f.get("doc"), str) else ""}
+              for f in fields
+              if isinstance(f, dict) and isinstance(f.get("column"), (str, type(None)))]
+    view = entry.get("host_sweep")
+    view = view if isinstance(view, dict) and isinstance(view.get("column"), str) \
+        and isinstance(view.get("title", ""), str) else {}
+    return {**entry, "fields": fields, "host_sweep": view}
 
 
 def _regular(path: Path) -> bool:
@@ -227,6 +284,8 @@ def _unusable_summary(summary: pd.DataFrame, trials: pd.DataFrame,
     for c in KEYS:
         summary[c] = _names(summary[c])
     summary["is_baseline"] = _bool(summary["is_baseline"])
+    if summary[summary["is_baseline"]].duplicated(["experiment", "model"]).any():
+        return "summary.csv flags more than one baseline of a model: summary recomputed"
     have = set(map(tuple, summary[KEYS].to_numpy()))
     if have != set(map(tuple, trials[KEYS].drop_duplicates().to_numpy())):
         return "summary.csv does not match trials.csv: summary recomputed from trials.csv"
@@ -267,12 +326,17 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
     """Everything a report needs from one run directory, its summary None where summary.csv
     is absent or unusable (summary.summarised recomputes it); ReportError when it is unusable."""
     path = Path(path)
-    if not path.exists():
-        raise ReportError(f"{path} does not exist")
-    if not path.is_dir():
-        raise ReportError(f"{path} is not a directory")
-    if not (path / "trials.csv").exists():
-        raise ReportError(f"{path} has no trials.csv; is it a speedbench run directory?")
+    named = str(path) if len(str(path)) <= 200 else \
+        f"{str(path)[:160]}… ({len(str(path)):,} characters)"
+    try:
+        if not path.exists():
+            raise ReportError(f"{named} does not exist")
+        if not path.is_dir():
+            raise ReportError(f"{named} is not a directory")
+        if not (path / "trials.csv").exists():
+            raise ReportError(f"{named} has no trials.csv; is it a speedbench run directory?")
+    except OSError as exc:  # a name too long, a folder that cannot be searched
+        raise ReportError(f"{named} cannot be read ({exc.strerror or exc})") from None
     notes: list[str] = []
     env_notes: list[str] = []  # noted after the trials' own, as a report lists them
     env = _env_file(path / "env.json", env_notes)
@@ -281,7 +345,7 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
     notes += env_notes
     if cfg is None:
         cfg = _config_file(path / "config.yaml", notes)
-    cfg = _claims(cfg, notes) if isinstance(cfg, dict) else {}
+    cfg = _config(cfg, notes) if isinstance(cfg, dict) else {}
     return Run(path=path, trials=trials, summary=_summary(path, trials, notes), env=env,
                cfg=cfg, members=_members(path, notes),
                techniques=_techniques(path),
@@ -292,8 +356,15 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
                                          notes),
                curves=_optional_table(path / "curves.csv", CURVE_COLUMNS, notes),
                quality=_optional_table(path / "quality.csv", REQUIRED_QUALITY_COLUMNS, notes),
-               recipe_search=(path / "recipe.csv").is_file(), format_version=version,
+               recipe_search=_recipe_search(path, notes), format_version=version,
                notes=notes, missing=missing, label=path.name)
+
+
+def _recipe_search(path: Path, notes: list[str]) -> bool:
+    """Whether the run is a recipe search (recipe.csv beside trials.csv: each experiment its own
+    CI family); an unusable recipe.csv is noted (and left out of the report)."""
+    load_recipe(path, notes)
+    return (path / "recipe.csv").is_file()
 
 
 def load_quality(run_dir) -> Optional[pd.DataFrame]:
@@ -347,6 +418,7 @@ def _trials(file: Path, version: int,
     for c in KEYS:
         trials[c] = _names(trials[c])
     trials["is_baseline"] = _bool(trials["is_baseline"])
+    _one_baseline(trials, notes)
     trials["status"] = trials["status"].astype(object).where(
         trials["status"].notna(), "error: no status").map(str)
     _numbers(trials, TRIAL_NUMERIC, "trials.csv", notes)
@@ -359,15 +431,35 @@ def _trials(file: Path, version: int,
     return trials, missing
 
 
+def _one_baseline(trials: pd.DataFrame, notes: list[str]) -> None:
+    """One baseline variant per (experiment, model), as a run writes: where several variants
+    are flagged, the first one flagged stays the baseline (noted)."""
+    flagged = trials[trials["is_baseline"]]
+    first = flagged.groupby(["experiment", "model"], sort=False)["variant"].first()
+    keep = [first.get((e, m)) == v for e, m, v in
+            zip(trials["experiment"], trials["model"], trials["variant"])]
+    extra = trials["is_baseline"] & ~pd.Series(keep, index=trials.index, dtype=bool)
+    if extra.any():
+        names = ", ".join(dict.fromkeys(trials.loc[extra, "variant"]))
+        notes.append(f"trials.csv flags more than one baseline variant of a model: "
+                     f"{_short_name(names)} read as not the baseline")
+        trials.loc[extra, "is_baseline"] = False
+
+
 def _env_file(file: Path, notes: list[str]) -> dict:
     if not _regular(file):
         notes.append("no env.json: environment unknown")
         return {}
     try:
-        return _env(json.loads(file.read_text(encoding="utf-8")), notes)
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        return _env(_json(file), notes)
+    except TooLarge as exc:
+        notes.append(f"env.json {exc}: environment unknown")
+    except RecursionError:  # the parser's own stack: deeper than MAX_DEPTH by far
+        notes.append(f"env.json nests deeper than {MAX_DEPTH} levels, deeper than a run writes: "
+                     "environment unknown")
+    except (ValueError, UnicodeDecodeError, OSError):
         notes.append("env.json is not valid JSON: environment unknown")
-        return {}
+    return {}
 
 
 def _config_file(file: Path, notes: list[str]) -> dict:
@@ -378,14 +470,51 @@ def _config_file(file: Path, notes: list[str]) -> dict:
     except AliasError:
         notes.append("config.yaml uses YAML aliases, which speedbench never writes (they can "
                      "expand without bound): claims and settings unknown")
+    except TooLarge as exc:
+        notes.append(f"config.yaml {exc}: claims and settings unknown")
+    except RecursionError:
+        notes.append(f"config.yaml nests deeper than {MAX_DEPTH} levels, deeper than a run "
+                     "writes: claims and settings unknown")
     except (yaml.YAMLError, UnicodeDecodeError, OSError):
         notes.append("config.yaml is not valid YAML: claims and settings unknown")
     return {}
 
 
+class TooLarge(ValueError):
+    """A run's JSON or YAML file larger or deeper than a run writes; the message says which."""
+
+
+def _text(path: Path) -> str:
+    size_mb = path.stat().st_size / 1e6
+    if size_mb > MAX_CSV_MB:
+        raise TooLarge(f"is {size_mb:,.0f} MB, more than a run writes (at most {MAX_CSV_MB} MB "
+                       "are read)")
+    return path.read_text(encoding="utf-8")
+
+
+def _bounded(data):
+    """`data` (loaded JSON or YAML) when it nests at most MAX_DEPTH deep; TooLarge otherwise,
+    before anything walks it recursively."""
+    level, depth = [data], 0
+    while level:
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise TooLarge(f"nests deeper than {MAX_DEPTH} levels, deeper than a run writes")
+        level = [v for x in level
+                 for v in (x.values() if isinstance(x, dict) else x if isinstance(x, list)
+                           else ()) if isinstance(v, (dict, list))]
+    return data
+
+
+def _json(path: Path):
+    """A JSON file of the run: at most MAX_CSV_MB and MAX_DEPTH (TooLarge), else parsed."""
+    return _bounded(json.loads(_text(path)))
+
+
 def _yaml(path: Path):
-    """A YAML file speedbench wrote, read back as UTF-8 whatever the locale, without aliases."""
-    return yaml.load(path.read_text(encoding="utf-8"), Loader=NoAliasLoader)
+    """A YAML file speedbench wrote, read back as UTF-8 whatever the locale, without aliases,
+    at most MAX_CSV_MB and MAX_DEPTH."""
+    return _bounded(yaml.load(_text(path), Loader=NoAliasLoader))
 
 
 class AliasError(yaml.YAMLError):
@@ -403,33 +532,53 @@ class NoAliasLoader(yaml.SafeLoader):
 
 
 def load_profile_tables(run_dir) -> Optional[tuple[pd.DataFrame, pd.DataFrame]]:
-    """(phases.csv, findings.csv as text) of a profiled run; None when no variant was profiled."""
+    """(phases.csv, findings.csv as text) of a profiled run; None when no variant was profiled
+    or phases.csv is unusable (load_run notes why)."""
     run_dir = Path(run_dir)
-    if not (run_dir / "phases.csv").exists():
+    phases = _optional_table(run_dir / "phases.csv", tuple(PHASE_COLUMNS), [])
+    if phases is None:
         return None
-    findings = pd.read_csv(run_dir / "findings.csv", dtype=str, keep_default_na=False) \
-        if (run_dir / "findings.csv").exists() else pd.DataFrame()
-    return pd.read_csv(run_dir / "phases.csv"), findings
+    findings = _optional_table(run_dir / "findings.csv", tuple(FINDING_COLUMNS), [])
+    return phases, (pd.DataFrame() if findings is None else findings.fillna("").astype(str))
 
 
-def load_recipe(run_dir) -> Optional[pd.DataFrame]:
-    """recipe.csv of a run directory (a recipe search), or None."""
+def load_recipe(run_dir, notes: Optional[list[str]] = None) -> Optional[pd.DataFrame]:
+    """recipe.csv of a run directory (a recipe search), or None: also where it is unreadable
+    or lacks the columns a search writes (said in `notes`)."""
     path = Path(run_dir) / "recipe.csv" if run_dir is not None else None
-    return pd.read_csv(path) if path is not None and path.is_file() else None
+    if path is None or not path.exists():
+        return None
+    try:
+        table = _read_csv(path)
+    except ReportError as exc:
+        (notes if notes is not None else []).append(f"recipe.csv left out: {exc}")
+        return None
+    lacking = [c for c in RECIPE_COLUMNS if c not in table.columns]
+    if lacking:
+        (notes if notes is not None else []).append(
+            f"recipe.csv left out: it lacks the columns {', '.join(lacking)}")
+        return None
+    table["model"] = _names(table["model"])
+    return table
 
 
 def load_recipe_yaml(run_dir) -> dict:
-    """recipe.yaml (the recipe found per model); empty when absent."""
+    """recipe.yaml (the recipe found per model); empty when absent or unreadable."""
     path = Path(run_dir) / "recipe.yaml"
-    return (yaml.safe_load(path.read_text(encoding="utf-8")) or {}) if path.is_file() else {}
+    try:
+        data = _yaml(path) if _regular(path) else {}
+    except (yaml.YAMLError, UnicodeDecodeError, OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def load_techniques(run_dir) -> Optional[dict]:
     """techniques.json (the registry's metadata as the run had it); None when the run has none
-    (it predates the file) or it is unreadable."""
+    (it predates the file) or it is unreadable, too large or too deep."""
+    path = Path(run_dir) / "techniques.json"
     try:
-        return json.loads((Path(run_dir) / "techniques.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return _json(path) if _regular(path) else None
+    except (OSError, ValueError, RecursionError):
         return None
 
 
