@@ -311,9 +311,11 @@ def _sweep_job(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     _SWEEP["jobs"] += 1
     _SWEEP["dir"] = Path(hc.sweep.dir)
+    from speedbench.results.schema import OK
+
     try:
         run_dir, code = _job(cfg), 0
-        outcome = f"ok: {run_dir}" if run_dir else "ok"
+        outcome = f"{OK}: {run_dir}" if run_dir else OK
     except SystemExit as end:
         code = end.code if isinstance(end.code, int) else 1
         if code >= 128:  # interrupted: the sweep stops with this job

@@ -20,7 +20,8 @@ import yaml
 from speedbench.results.schema import (CURVE_COLUMNS, FINDING_COLUMNS, OK, PHASE_COLUMNS,
                                        RECIPE_COLUMNS, REQUIRED_CAPACITY_COLUMNS,
                                        REQUIRED_TRIAL_COLUMNS, REQUIRED_QUALITY_COLUMNS,
-                                       REQUIRED_TO_TARGET_COLUMNS)
+                                       REQUIRED_TO_TARGET_COLUMNS, SUMMARY_COLUMNS,
+                                       TRIAL_COLUMNS)
 
 # The contract columns without which a run cannot be summarised, plotted or compared at all.
 MINIMUM = ("experiment", "model", "variant", "is_baseline", "status", "samples_per_s")
@@ -30,15 +31,17 @@ OPTIONAL_NUMERIC = ("trial", "world_size", "step_ms", "data_wait_frac", "peak_me
 SUMMARY_CONTRACT = ("experiment", "model", "variant", "is_baseline", "status", "samples_per_s",
                     "speedup", "speedup_lo", "speedup_hi", "verdict")
 KEYS = ["experiment", "model", "variant"]
-# Columns read as numbers: a cell that is not a finite number is read as missing (and noted).
-TRIAL_NUMERIC = OPTIONAL_NUMERIC + ("samples_per_s", "steps", "warmup_steps", "batch_size",
-                                    "elapsed_s", "devices", "flops_per_step", "achieved_tflops",
-                                    "peak_tflops")
-SUMMARY_NUMERIC = ("samples_per_s", "speedup", "speedup_lo", "speedup_hi", "trials", "step_ms",
-                   "cv", "data_wait_frac", "peak_mem_mb", "mem_ratio", "mem_ratio_lo",
-                   "mem_ratio_hi", "host_rss_mb", "final_loss", "loss_delta", "spread",
-                   "unsteady", "flops_per_step", "achieved_tflops", "peak_tflops", "peak_fraction",
-                   "devices", "scaling_efficiency", "scaling_efficiency_lo", "scaling_efficiency_hi")
+# Columns read as numbers (every trials.csv column but its text ones): a cell that is not a
+# finite number is read as missing (and noted). A run writes `nan` for a figure it did not
+# measure, which keep_default_na=False would otherwise keep as text.
+TRIAL_TEXT = ("experiment", "model", "variant", "is_baseline", "status", "device", "profile",
+              "rank_step_ms", "peak_kind", "peak_phase")
+TRIAL_NUMERIC = tuple(c for c in TRIAL_COLUMNS if c not in TRIAL_TEXT)
+SUMMARY_TEXT = ("experiment", "model", "variant", "is_baseline", "status", "verdict",
+                "family_scope", "peak_phase", "quality_verdict")
+SUMMARY_NUMERIC = tuple(c for c in SUMMARY_COLUMNS if c not in SUMMARY_TEXT) + (
+    "mem_ratio_lo", "mem_ratio_hi", "scaling_efficiency", "scaling_efficiency_lo",
+    "scaling_efficiency_hi")
 # env.json entries the report reads, with the type each must have to be used.
 ENV_TYPES = {"versions": dict, "env": dict, "distributed": dict, "cuda_devices": list,
              "cpu_flags": list, "machine_load": dict, "model_changes": list}
