@@ -113,8 +113,10 @@ def na_variants(plan: Plan, spec: ModelSpec, dist_env: distributed.DistEnv | Non
 TRIAL_SETUP_S = 0.5  # a trial's model and loader built, in the rounds' estimate
 MAX_STOPS = 2  # a variant's trials a limit may stop before it is left out of the rounds
 PROBE_SHARE = 0.4  # of a model's budget, what its quality probes may take (the rounds: the rest)
-# The per-round sd of a paired log speed-up the plan assumes (benchmarks/step_noise.py)
-ROUND_SD = 0.04
+# The per-round sd of a paired log speed-up the plan assumes: measured on the reference models'
+# bf16/fp32 trials on a quiet 2-core CPU, 5-step windows, 0.13 (VAE) to 0.29 (transformer)
+# (benchmarks/step_noise.py): the trials' levels move ~10 % between trials, bare loops too
+ROUND_SD = 0.15
 
 
 class ModelRounds:
@@ -229,9 +231,11 @@ class ModelRounds:
         if not round_s > 0:
             return head + "; no probe timed a round: rounds run while the budget lasts"
         uncounted = f" (not counting {unknown} variant(s) without a probe)" if unknown else ""
-        fit = min(int(left // round_s), self.repeats * intervals.LOOKS)
+        most = self.repeats * intervals.LOOKS  # adaptive rounds stop at their last look
+        by_time = int(left // round_s) if math.isfinite(left) else most
+        fit = min(by_time, most)
         text = (f"{head}; about {fit} rounds of {round_s:.1f} s{uncounted} fit in the "
-                f"{left:.0f} s left")
+                + (f"{left:.0f} s left" if math.isfinite(left) else "plan (no time budget)"))
         if fit < 2:
             text += ": fewer than 2, so no interval"
         else:
@@ -239,10 +243,14 @@ class ModelRounds:
             small = power.smallest_call(fit, ROUND_SD, level, self.first.bench.noise_threshold)
             text += f": effects under about {small:.0%} will likely stay inconclusive"
         need = power.rounds_for(1.1, ROUND_SD, intervals.sequential_level(self.comparisons))
-        if need and need > fit:
-            total = self.first.bench.time_budget_s * (spent + need * round_s) / (spent + left)
-            text += (f"; a verdict on 1.1x needs about {need} rounds: give "
-                     f"bench.time_budget_s={float(f'{total:.2g}'):g}")
+        if need and need > fit:  # what stops short of it: the rounds' cap, the budget, or both
+            give = []
+            if need > most:
+                give.append(f"bench.repeats={math.ceil(need / intervals.LOOKS)}")
+            if need > by_time:
+                total = self.first.bench.time_budget_s * (spent + need * round_s) / (spent + left)
+                give.append(f"bench.time_budget_s={float(f'{total:.2g}'):g}")
+            text += f"; a verdict on 1.1x needs about {need} rounds: give {' and '.join(give)}"
         return text
 
     def order(self, round_: int) -> list[tuple[int, str]]:
