@@ -250,7 +250,7 @@ class Settings:
     quality_seeds: int = 3
     too_slow_factor: float | None = 4.0
     warmup: int = 3
-    steps: int = 10
+    steps: int = 5  # amp's windows (configs/experiment/amp.yaml)
     max_trial_s: float | None = 6.0
     noise_threshold: float = 0.05
     steady_tol: float | None = None
@@ -312,12 +312,19 @@ def share(verdicts: list[str], *words: str) -> float:
     return sum(v in words for v in verdicts) / max(len(verdicts), 1)
 
 
-# The reference models on a 2-core AVX-512-bf16 CPU (the fp32 baseline's step; bf16's and fp16's
-# speeds against it), as measured there (results/reference/, benchmarks/README.md).
-def amp_models(bf16=(1.45, 1.26, 1.0), fp16=(0.04, 0.06, 0.08)) -> list[SimModel]:
+# The reference models on a 2-core AVX-512-bf16 CPU: the fp32 baseline's step and bf16's speed
+# against it from speedbench's trials in step_times.csv (medians), where it exists; fp16's
+# speeds as the default amp run measured them there (its probes stop it, 20-27x slower).
+def amp_models(bf16=None, fp16=(0.04, 0.04, 0.05)) -> list[SimModel]:
     steps = {"resnet": 0.32, "vae": 0.25, "transformer": 0.08}
-    return [SimModel(name, steps[name], {"fp32": 1.0, "fp16": f16, "bf16": b16})
-            for name, b16, f16 in zip(steps, bf16, fp16)]
+    speeds = dict(zip(steps, bf16 or (1.45, 1.26, 1.0)))
+    if bf16 is None and STEPS.is_file():
+        ours = pd.read_csv(STEPS).query("harness == 'speedbench' and step >= 2")
+        med = ours.groupby(["model", "precision"])["step_ms"].median() / 1000
+        steps = {m: float(med[(m, "fp32")]) for m in steps}
+        speeds = {m: float(med[(m, "fp32")] / med[(m, "bf16")]) for m in steps}
+    return [SimModel(name, steps[name], {"fp32": 1.0, "fp16": f16, "bf16": speeds[name]})
+            for name, f16 in zip(steps, fp16)]
 
 
 def identical(variants: int, models: int = 3) -> list[SimModel]:
