@@ -517,30 +517,6 @@ def test_quality_probe_is_na_where_a_technique_cannot_act():
                              "without it)"}
 
 
-def test_the_too_slow_rule_needs_three_steady_steps_far_slower():
-    from speedbench.measure import quality
-
-    rate = 10.0  # the baseline's steady samples/s; 4 samples per step
-    assert quality.far_slower([30, 2, 2, 2], 4, rate, 4)  # 2 samples/s each: 5x slower
-    assert not quality.far_slower([30, 2, 2], 4, rate, 4)  # two steady steps are not enough
-    assert not quality.far_slower([30, 2, 0.3, 2], 4, rate, 4)  # one fast steady step
-    assert not quality.far_slower([30, 2, 2, 2], 4, rate, 6)  # under the factor
-    assert not quality.far_slower([30, 2, 2, 2], 4, rate, None)  # rule off
-    assert not quality.far_slower([30, 2, 2, 2], 4, None, 4)  # the baseline itself
-    # the first step (one-time costs) is never evidence; steps under MIN_STOP_S neither
-    assert not quality.far_slower([900, 0.4, 0.4, 0.4], 1, 100.0, 4)
-    assert quality.far_slower([0.1, 2, 0.1, 2, 2, 2], 4, rate, 4)  # the last three
-    # one steady step of seconds, over 3F slower, is enough; shorter or milder ones are not
-    assert quality.far_slower([30, 13], 1, 1.0, 4)  # 13x slower, 13 s
-    assert quality.far_slower([30, 1.5], 1, 10.0, 4)  # 15x slower, 1.5 s (a 16-bit transformer)
-    assert not quality.far_slower([30, 0.9], 1, 20.0, 4)  # 18x slower but under 1 s
-    assert not quality.far_slower([30, 2.5], 4, 10.0, 4)  # 6.25x: not 12x
-    assert not quality.far_slower([30, 0.1, 13], 1, 1.0, 4)  # not every steady step
-    assert quality.too_slow([30, 2, 2, 2], 4, rate) == (
-        "too slow: 5x slower than the baseline in steady steps (2 s/step, median of 3), "
-        "stopped after 4 steps")
-
-
 def test_too_slow_factor_is_checked():
     cfg = compose_cfg(*TINY, "model=transformer", "bench.too_slow_factor=1")
     with pytest.raises(ConfigError, match="bench.too_slow_factor: 1.0 is out of range"):

@@ -326,3 +326,17 @@ def test_each_token_task_is_one_line_for_a_hugging_face_model(cls, task, capfd):
     assert model.inner.config.vocab_size == 32
     if cls.startswith("GPT2"):
         assert model.inner.config.bos_token_id == model.inner.config.eos_token_id == 0
+
+
+def test_the_held_out_and_calibration_batches_of_a_dataloader_factory_use_its_collate():
+    """The quality probe's batches are made as the user's DataLoader makes them (marked_collate
+    marks every batch's first value 7), not by torch's default collate."""
+    from types import SimpleNamespace
+
+    from speedbench.measure import held_out
+
+    ds = build_dataset({"_target_": "own_models.shapes_loader", "n": 40}, 0)
+    train, (x, _), _ = held_out.split(ds, SimpleNamespace(name="own", dataset={}), 0, 8)
+    assert float(x.view(-1)[0]) == 7.0
+    cx, _ = held_out.calibration(train, 0, n=4)
+    assert float(cx.view(-1)[0]) == 7.0 and cx.shape[0] == 4

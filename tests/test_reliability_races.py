@@ -434,8 +434,8 @@ def test_a_run_ends_after_its_report_though_the_model_left_a_thread_running(tmp_
                           text=True, timeout=600, env={**os.environ, **DDP_ENV})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (
-        "speedbench: the model's code left 1 thread(s) running (left-behind); exiting without "
-        "waiting for them"), proc.stderr[-3000:]
+        "speedbench: 1 thread(s) the run started are still running (left-behind: the model's "
+        "code or a library it used); exiting without waiting for them"), proc.stderr[-3000:]
     assert "report.html" in proc.stdout
 
 

@@ -37,7 +37,8 @@ def test_the_simulation_runs_the_command_lines_code():
                  "estimate", "_another_round", "_after"):
         assert getattr(sim.SimRounds, name) is getattr(ModelRounds, name), name
     rng = np.random.default_rng(0)
-    s, took = sim.simulate_run(sim.amp_models(), NOISE, rng, sim.Settings(time_budget_s=900))
+    models = sim.amp_models(bf16=(1.45, 1.26, 1.0))  # the reference ResNet's 1.45x
+    s, took = sim.simulate_run(models, NOISE, rng, sim.Settings(time_budget_s=900))
     v = s.set_index(["model", "variant"])["verdict"]
     assert v[("resnet", "bf16")] == intervals.FASTER  # 1.45x with a long budget
     # 25x slower: stopped by the far-slower test (a call with its interval), or not measured
@@ -68,3 +69,30 @@ def test_balanced_orders_absorb_a_position_effect():
         logs += [math.log(x) for x in s[~s["is_baseline"]]["speedup"]]
     # with a fixed order, one variant would sit first every round: a 5 % bias
     assert abs(np.mean(logs)) < 0.025
+
+
+def _plan_line(budget_s: float) -> str:
+    """ModelRounds.estimate's line for two identical variants of a 50 ms model, after the
+    probes, with `budget_s` for the run."""
+    from types import SimpleNamespace
+
+    from speedbench.measure.budget import Budget
+
+    clock = sim.Clock()
+    bench = SimpleNamespace(**{k: v for k, v in vars(sim.Settings(time_budget_s=budget_s)).items()
+                               if k != "extra"})
+    rounds = sim.SimRounds(sim.SimModel("m", 0.05, {"a": 1.0, "b": 1.0}), bench, NOISE,
+                           np.random.default_rng(1), 1, Budget.of_run(budget_s, clock=clock),
+                           clock)
+    rounds._probe_all()
+    return rounds.estimate()
+
+
+def test_the_plan_names_what_stops_it_short_of_a_verdict_on_1_1x():
+    # a day of budget: the rounds' cap (bench.repeats x 3 looks) is what stops short
+    ample = _plan_line(86_400)
+    assert "a verdict on 1.1x needs about" in ample and "give bench.repeats=" in ample, ample
+    assert "bench.time_budget_s=" not in ample, ample
+    # 20 s: the budget stops short too, and the line says how much would do
+    short = _plan_line(20)
+    assert "bench.time_budget_s=" in short, short

@@ -482,8 +482,10 @@ def _leave_despite_threads(code: int) -> None:
     left = [t.name for t in threading.enumerate()
             if t.is_alive() and not t.daemon and t is not threading.main_thread()]
     if left:
-        print(f"speedbench: the model's code left {len(left)} thread(s) running "
-              f"({', '.join(left[:3])}); exiting without waiting for them", file=sys.stderr)
+        # the model's code, or a library it ran (torch.compile's compile workers, say)
+        print(f"speedbench: {len(left)} thread(s) the run started are still running "
+              f"({', '.join(left[:3])}: the model's code or a library it used); exiting "
+              "without waiting for them", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset, default_collate
 
-from speedbench.measure.data import JpegImages, MarkovTokens, build_dataset
+from speedbench.measure.data import JpegImages, MarkovTokens, build_dataset, loader_functions
 from speedbench.measure.train import compute_loss
 
 EVAL_CHUNK = 64  # held-out samples per forward pass
@@ -116,7 +116,13 @@ def _held_out(train, spec, seed: int, n_eval: int):
     n = min(n_eval, max(1, len(train) // 10))
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
     torch.manual_seed(seed)
-    return order[n:], default_collate([train[i] for i in order[:n]]), None
+    return order[n:], _collate(train)([train[i] for i in order[:n]]), None
+
+
+def _collate(ds):
+    """How a batch of `ds` is made: its DataLoader's collate_fn where the user gave one
+    (own_data.LoaderData: padding, dicts), else torch's default."""
+    return loader_functions(ds).get("collate_fn") or default_collate
 
 
 class _Prefix(Dataset):
@@ -157,7 +163,7 @@ def calibration(train, seed: int, n: int = CALIBRATION_SAMPLES):
 
     def make():
         order = torch.randperm(size, generator=torch.Generator().manual_seed(seed))[:n]
-        return default_collate([base[int(i)] for i in index(order.tolist())])
+        return _collate(base)([base[int(i)] for i in index(order.tolist())])
     return _cached(base, ("calibration", seed, n, size), make)
 
 

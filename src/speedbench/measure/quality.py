@@ -18,11 +18,6 @@ Every step of the probe's first seed is timed. The steps after the first (and af
 technique's declared one-time steps, such as compilation) are its steady steps: they give its
 steady throughput, and stopping.py's rules stop a variant far slower than the baseline (a call
 of the family, with an interval) or too slow for its rounds to fit the budget (not measured).
-
-The older rule here (`far_slower`: the last STEADY_STEPS steady steps each F times slower than
-the baseline's throughput, or every steady step so far, of GROSS_MIN_S or more, GROSS x F times
-slower) is no longer used by a run: time to target, its last user, caps its runs by the budget
-instead (to_target.py).
 """
 from __future__ import annotations
 
@@ -38,55 +33,15 @@ from speedbench.measure import held_out, stopping, watchdog
 from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.techniques import Context
 from speedbench.measure.timing import synchronize
-from speedbench.results.schema import TOO_SLOW, format_status, na
+from speedbench.results.schema import na
 
 EVAL_SAMPLES = 128  # held-out samples the probe evaluates
-STEADY_STEPS = 3  # steady steps (after the first) that must all be far slower to stop a variant
-# Shorter steps cannot stall a run, and on a loaded machine a step of a few milliseconds can
-# take several times another for no reason of its own.
-MIN_STOP_S = 0.5
-# A steady step GROSS x F slower that takes a second or more is no scheduler hiccup: it stops
-# the variant at once (a 16-bit ResNet step on a CPU without 16-bit instructions: 12 s against
-# 0.6 s; a transformer's: 1.5 s against 0.12 s), so that its probe does not spend three more
-# such steps proving it.
-GROSS, GROSS_MIN_S = 3, 1.0
 
 
 def probe_steps(spec, recipe, baseline, ctx: Context) -> int:
     """Optimizer steps that see as many samples as bench.quality_steps steps of the baseline."""
     samples = baseline.bench.quality_steps * batching(spec, baseline, ctx).per_step
     return max(1, round(samples / batching(spec, recipe, ctx).per_step)) if samples else 0
-
-
-def steady_rate(step_s: list[float], per_step: int) -> float:
-    """Samples per second of the steady steps (all but the first): per_step over their median;
-    NaN without one."""
-    steady = step_s[1:]
-    return per_step / statistics.median(steady) if steady else math.nan
-
-
-def far_slower(step_s: list[float], per_step: int, baseline_rate: float | None,
-               factor: float | None) -> bool:
-    """The stopping rule: the last STEADY_STEPS steady steps each took at least MIN_STOP_S and
-    each ran at under 1/`factor` of `baseline_rate` (samples per second); or every steady step
-    so far (one is enough) took at least GROSS_MIN_S and ran at under 1/(GROSS x `factor`)."""
-    steady = step_s[1:]
-    if not factor or not baseline_rate or not steady:
-        return False
-    if all(t >= GROSS_MIN_S and per_step / t * GROSS * factor < baseline_rate for t in steady):
-        return True
-    last = steady[-STEADY_STEPS:]
-    return len(last) == STEADY_STEPS and all(
-        t >= MIN_STOP_S and per_step / t * factor < baseline_rate for t in last)
-
-
-def too_slow(step_s: list[float], per_step: int, baseline_rate: float) -> str:
-    """`too slow: 12x slower ...`: the status of a variant stopped early."""
-    rate = steady_rate(step_s, per_step)
-    return format_status(TOO_SLOW, f"{baseline_rate / rate:.3g}x slower than the baseline in "
-                                   f"steady steps ({statistics.median(step_s[1:]):.3g} s/step, "
-                                   f"median of {len(step_s) - 1}), stopped after "
-                                   f"{len(step_s)} steps")
 
 
 PROBE_LIMIT_TRIALS = 10  # the probe may take as long as this many capped trials
