@@ -282,3 +282,20 @@ def _agree(table: pd.DataFrame, summary: pd.DataFrame) -> None:
     levels = summary.groupby("experiment")[["ci_level", "comparisons"]].first()
     spent = ((1 - levels["ci_level"]) * levels["comparisons"]).sum()
     assert spent <= 0.05 + 1e-12
+
+
+def test_the_rerun_command_of_a_torchrun_search_starts_with_torchrun(monkeypatch):
+    """A recipe found under torchrun is measured again under torchrun: its command keeps the
+    launcher (distributed.launcher; here the job's variables, the parent being pytest)."""
+    from speedbench.search import driver
+
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    assert driver.rerun_command("resnet", ["precision=bf16"]) == (
+        "torchrun --nproc_per_node=2 -m speedbench model=resnet precision=bf16")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name)
+    assert driver.rerun_command("resnet", ["precision=bf16"]) == (
+        "speedbench model=resnet precision=bf16")

@@ -364,8 +364,9 @@ def recipe_yaml(found: dict[str, search.SearchResult], entries: dict) -> str:
 
 
 def rerun_command(entry: Any, recipe_args: list[str]) -> str:
-    """`speedbench` with this run's config flags and overrides (but the search's own and those
-    the recipe sets), the model as given, then the recipe: a plain run of the final recipe."""
+    """`speedbench` (under torchrun, its launcher: distributed.launcher) with this run's config
+    flags and overrides (but the search's own and those the recipe sets), the model as given,
+    then the recipe: a plain run of the final recipe."""
     from hydra.core.hydra_config import HydraConfig
 
     given: list[str] = []
@@ -378,8 +379,11 @@ def rerun_command(entry: Any, recipe_args: list[str]) -> str:
             and o.lstrip("+~").split("=", 1)[0] not in set_here]
     model = entry if isinstance(entry, str) else yaml.safe_dump(
         entry, default_flow_style=True, sort_keys=False, width=math.inf).strip()
-    return " ".join(shlex.quote(w) for w in ["speedbench", *given, f"model={model}",
-                                             *recipe_args])
+    from speedbench import distributed
+
+    # under torchrun the launcher as given, so that the command measures the same setup
+    start = distributed.launcher(distributed.from_environ())
+    return " ".join(shlex.quote(w) for w in [*start, *given, f"model={model}", *recipe_args])
 
 
 def _cli(value: Any) -> str:
