@@ -311,3 +311,35 @@ def test_a_variant_the_speed_rounds_stopped_is_still_trained_to_the_target(tmp_p
                           ("d", "n/a: needs CUDA"))]
     stage = to_target.ToTarget(plan, tmp_path, rows, progress=False, order_seed=0)
     assert stage._not_trained(plan.models[0]) == {"d": "n/a: needs CUDA"}
+
+
+def test_a_run_ends_at_its_wall_clock_share_and_none_starts_once_the_budget_is_spent(
+        tmp_path, monkeypatch):
+    """The budget's share is a deadline for the whole run (set-up and evaluations included:
+    under load they cost more than the steps); once the budget is spent no run starts, each
+    such run a 'not measured' row."""
+    import time as _time
+
+    from speedbench.measure.budget import Budget
+
+    plan = _plan()
+    spec, recipe = plan.models[0], plan.variants[plan.baseline]
+    train, xy, floor = held_out.held_out(spec, recipe, 400, 32)
+    past = to_target.Caps(16, 10 ** 6, None, deadline=_time.perf_counter() - 1)
+    record, curve = to_target.train_to_target(spec, recipe, context(plan), train, xy,
+                                              floor / 2, past)
+    st = schema.parse_status(record["status"])
+    assert st.kind == schema.NOT_MEASURED and "bench.time_budget_s" in st.reason, record
+    assert record["steps"] == 1  # stopped at its first evaluation after the deadline
+
+    plan = _plan("+variants={a: {}, b: {}}", "baseline=a", "target.seeds=2")
+    trained = []
+    monkeypatch.setattr(to_target, "train_to_target",
+                        lambda *a, **k: trained.append(1) or ({"status": schema.OK}, []))
+    stage = to_target.ToTarget(plan, tmp_path, [], progress=False, order_seed=0,
+                               budget=Budget(0.0))
+    stage.run()
+    runs = pd.read_csv(tmp_path / "to_target.csv")
+    assert not trained and len(runs) == 4
+    assert runs["status"].str.startswith("not measured: bench.time_budget_s ran out before "
+                                         "this run started").all()

@@ -23,9 +23,11 @@ reaches the target, or a cap runs out, in the way MLPerf Training and AlgoPerf m
   (the figure compared) and shown apart; `step_ms` is time_s / steps, so that the figures
   multiply; `cold_s` adds the one-time costs and the set-up back.
 - Caps: `target.max_steps` baseline steps' worth of samples and `target.max_s` of training, or
-  the run's even share of what bench.time_budget_s has left where that is less (`cap_s`). A run
-  the first two stop is a miss (`missed: ...`, its time a lower bound); one the budget's share
-  stops is `not measured: ...` (no call; its time a lower bound too).
+  the run's even share of what bench.time_budget_s has left where that is less (`cap_s`); that
+  share is also a wall-clock deadline for the whole run, its set-up and evaluations included
+  (under load they cost more than its steps), and no run starts once the budget is spent. A run
+  the first two stop is a miss (`missed: ...`, its time a lower bound); one the budget stops is
+  `not measured: ...` (no call; its time a lower bound too).
 - Every variant is trained, including one the speed rounds stopped (too slow, not measured):
   its runs are capped like the others', and no step-time rule stops them early (such a rule,
   against the speed rounds' unpaired throughput, stopped fine variants, and the baseline
@@ -70,6 +72,9 @@ class Caps:
     samples: int
     seconds: float | None
     budget: bool = False
+    # the time.perf_counter() by which the run ends, its set-up and evaluations included: its
+    # share of bench.time_budget_s as wall time (None: no budget)
+    deadline: float | None = None
 
 
 # --- one variant, one seed -----------------------------------------------------------------------
@@ -112,7 +117,8 @@ def _train(trainer, spec, recipe, train, xy, target, caps: Caps, per_step: int,
         step_s.append(time.perf_counter() - start)
         samples = len(step_s) * per_step
         by_samples = samples >= caps.samples
-        by_time = caps.seconds is not None and sum(step_s) >= caps.seconds
+        late = caps.deadline is not None and time.perf_counter() >= caps.deadline
+        by_time = late or (caps.seconds is not None and sum(step_s) >= caps.seconds)
         if samples < next_eval and not (by_samples or by_time):
             continue
         while next_eval <= samples:
@@ -126,19 +132,21 @@ def _train(trainer, spec, recipe, train, xy, target, caps: Caps, per_step: int,
             return schema.OK
         if by_samples or by_time:
             return schema.OK if target is None else _cap_status(
-                caps, by_samples, samples, len(step_s), sum(step_s), loss, target)
+                caps, by_samples, samples, len(step_s), sum(step_s), loss, target, late)
 
 
 def _cap_status(caps: Caps, by_samples: bool, samples: int, steps: int, took_s: float,
-                loss: float, target: float) -> str:
+                loss: float, target: float, late: bool = False) -> str:
     """`missed: ...` at target.max_steps or target.max_s; `not measured: ...` where the run's
     share of bench.time_budget_s stopped it first (a limit, not evidence)."""
     text = (f"held-out loss {loss:.4g} > target {target:.4g} after {steps} steps "
             f"({samples:,} samples, {took_s:.1f} s of training)")
-    if not by_samples and caps.budget:
+    if not by_samples and (caps.budget or late):
+        share = ("as wall time, set-up and evaluations included" if late else
+                 f"{caps.seconds:.3g} s of training")
         return schema.format_status(schema.NOT_MEASURED, f"its share of bench.time_budget_s "
-                                    f"({caps.seconds:.3g} s of training) ran out: {text}; a "
-                                    "larger bench.time_budget_s lets it run to the target")
+                                    f"({share}) ran out: {text}; a larger "
+                                    "bench.time_budget_s lets it run to the target")
     which = "target.max_steps" if by_samples else "target.max_s"
     return schema.format_status(schema.MISSED, f"{text}, the cap {which}")
 
@@ -207,6 +215,8 @@ class ToTarget:
                 if name in skip or not math.isfinite(target):
                     why = skip.get(name) or schema.na("no target: a baseline rerun failed")
                     record, curve = {"status": why}, []
+                elif self._over():
+                    record, curve = self._over(), []
                 else:
                     self.bar.set_postfix_str(f"{spec.name} {name} seed {s}")
                     record, curve = train_to_target(
@@ -226,8 +236,9 @@ class ToTarget:
         self.bar.total += reruns
         for s in range(cfg.seeds, cfg.seeds + reruns):
             self.bar.set_postfix_str(f"{spec.name} {self.plan.baseline} rerun {s} (target)")
-            record, _ = train_to_target(spec, seeded(self.first, s), self.ctx, train, xy, None,
-                                        self._caps(base_step, cfg.steps))
+            record = self._over() or train_to_target(
+                spec, seeded(self.first, s), self.ctx, train, xy, None,
+                self._caps(base_step, cfg.steps))[0]
             self._done()
             ok = schema.parse_status(record["status"]).ok
             losses.append(record.get("final_loss", math.nan) if ok else math.nan)
@@ -239,8 +250,18 @@ class ToTarget:
 
     def _caps(self, base_step: int, steps: int) -> Caps:
         cap = self._cap_s()
+        share = self.budget.left() / max(1, self.left)
         return Caps(self.cfg.eval_every * base_step, steps * base_step, cap,
-                    budget=cap is not None and cap != self.cfg.max_s)
+                    budget=cap is not None and cap != self.cfg.max_s,
+                    deadline=time.perf_counter() + share if math.isfinite(share) else None)
+
+    def _over(self) -> dict | None:
+        """The record of a run that does not start: the run's budget is spent."""
+        if not self.budget.over():
+            return None
+        return {"status": schema.format_status(
+            schema.NOT_MEASURED, "bench.time_budget_s ran out before this run started; a "
+            "larger bench.time_budget_s lets it run to the target")}
 
     def _cap_s(self) -> float | None:
         """A run's cap on its training time: target.max_s, or its even share of what the run's
