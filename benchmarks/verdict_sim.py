@@ -165,6 +165,7 @@ class SimRounds(ModelRounds):
         self.written = set()
         self.order_seed, self.comparisons = int(rng.integers(2 ** 62)), comparisons
         self.looks = None if bench.target_ci is not None else 1
+        self.spacing = bench.repeats
         self.model, self.noise, self.rng, self.clock = model, noise, rng, clock
         self.position_effect, self.round_effect, self.budget = position_effect, {}, budget
 

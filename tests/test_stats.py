@@ -153,7 +153,9 @@ def test_rounds_stop_at_a_look_once_decided_or_out_of_time():
     assert adaptive.wants_more_rounds(five, _Bench, 5, elapsed_s=10)  # 5 more fit: 20 s
     assert not adaptive.wants_more_rounds(five, _Bench, 5, elapsed_s=60)  # 10 rounds: 120 s
     assert not adaptive.wants_more_rounds(narrow, _Bench, 5, elapsed_s=10)  # decided: faster
-    assert adaptive.wants_more_rounds(wide[:14], _Bench, 7, elapsed_s=99)  # on to the next look
+    # between two looks: on while the next round fits (7 rounds in 80 s: the 8th ends by 91 s)
+    assert adaptive.wants_more_rounds(wide[:14], _Bench, 7, elapsed_s=80)
+    assert not adaptive.wants_more_rounds(wide[:14], _Bench, 7, elapsed_s=99)  # 113 s > 100
     assert not adaptive.wants_more_rounds(wide, _Bench, 15, elapsed_s=10)  # the last look
 
 
@@ -251,3 +253,14 @@ def test_two_wild_pairs_at_a_strict_level_give_an_infinite_upper_end_not_an_erro
     ratio, lo, hi = intervals.paired_ratio_ci([196.0, 290.7], [226.0, 3.41], 0.99933)
     assert math.isfinite(ratio) and lo >= 0 and hi == math.inf
     assert intervals.verdict(lo, hi) == intervals.SAME  # "no significant difference"
+
+
+def test_the_looks_spread_over_the_budget_within_their_bounds():
+    # 3 looks of 5 rounds fit in 30 s at 2 s a round: the spacing stays bench.repeats
+    assert intervals.look_spacing(30, 5, 2.0, 3) == 5
+    # 120 s fit 60 rounds: 20 between looks; a day would fit more, capped at 4 x repeats
+    assert intervals.look_spacing(120, 5, 2.0, 3) == 20
+    assert intervals.look_spacing(86_400, 5, 2.0, 3) == intervals.MAX_SPACING * 5
+    # no pace measured, no budget: bench.repeats
+    assert intervals.look_spacing(120, 5, 0.0, 3) == 5
+    assert intervals.look_spacing(math.inf, 5, 2.0, 3) == 5

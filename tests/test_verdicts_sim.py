@@ -71,7 +71,7 @@ def test_balanced_orders_absorb_a_position_effect():
     assert abs(np.mean(logs)) < 0.025
 
 
-def _plan_line(budget_s: float) -> str:
+def _plan_line(budget_s: float, repeats: int = 5) -> str:
     """ModelRounds.estimate's line for two identical variants of a 50 ms model, after the
     probes, with `budget_s` for the run."""
     from types import SimpleNamespace
@@ -79,8 +79,8 @@ def _plan_line(budget_s: float) -> str:
     from speedbench.measure.budget import Budget
 
     clock = sim.Clock()
-    bench = SimpleNamespace(**{k: v for k, v in vars(sim.Settings(time_budget_s=budget_s)).items()
-                               if k != "extra"})
+    settings = sim.Settings(time_budget_s=budget_s, repeats=repeats)
+    bench = SimpleNamespace(**{k: v for k, v in vars(settings).items() if k != "extra"})
     rounds = sim.SimRounds(sim.SimModel("m", 0.05, {"a": 1.0, "b": 1.0}), bench, NOISE,
                            np.random.default_rng(1), 1, Budget.of_run(budget_s, clock=clock),
                            clock)
@@ -89,10 +89,13 @@ def _plan_line(budget_s: float) -> str:
 
 
 def test_the_plan_names_what_stops_it_short_of_a_verdict_on_1_1x():
-    # a day of budget: the rounds' cap (bench.repeats x 3 looks) is what stops short
+    # a day of budget: the looks spread over it, 3 x 4 x bench.repeats rounds at most
     ample = _plan_line(86_400)
-    assert "a verdict on 1.1x needs about" in ample and "give bench.repeats=" in ample, ample
-    assert "bench.time_budget_s=" not in ample, ample
+    assert "about 60 rounds of" in ample and "a verdict on 1.1x" not in ample, ample
+    # one repeat: the rounds' cap (12 rounds) is what stops short, not the budget
+    capped = _plan_line(86_400, repeats=1)
+    assert "about 12 rounds of" in capped and "give bench.repeats=2" in capped, capped
+    assert "bench.time_budget_s=" not in capped, capped
     # 20 s: the budget stops short too, and the line says how much would do
     short = _plan_line(20)
     assert "bench.time_budget_s=" in short, short

@@ -128,6 +128,22 @@ def planned_looks(time_budget_s: float, min_rounds: int, round_s: float) -> int:
     return max(1, min(LOOKS, int(time_budget_s // (min_rounds * round_s))))
 
 
+# The looks' spacing grows with the budget, at most this many times bench.repeats: a budget that
+# fits more rounds spends them on the comparisons still undecided, while a first look far out
+# would keep a run that could stop early from stopping.
+MAX_SPACING = 4
+
+
+def look_spacing(time_budget_s: float, min_rounds: int, round_s: float, looks: int) -> int:
+    """Rounds between two looks, planned with the looks after the first round: `looks` looks
+    spread over the model's budget at the first round's pace, at least `min_rounds`
+    (bench.repeats) and at most MAX_SPACING x `min_rounds` apart."""
+    if not round_s > 0 or not math.isfinite(time_budget_s):
+        return min_rounds
+    fit = int(time_budget_s // (max(1, looks) * round_s))
+    return max(min_rounds, min(MAX_SPACING * min_rounds, fit))
+
+
 def look_of(rounds: int, min_rounds: int, looks: int) -> int:
     """The look a comparison of `rounds` paired rounds ended at (looks every `min_rounds`
     rounds): the last one all of whose rounds it has, the first at least."""

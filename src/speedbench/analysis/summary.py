@@ -94,7 +94,10 @@ def _schedule(per_model: pd.DataFrame) -> tuple[int, int]:
         got = pd.to_numeric(per_model[col], errors="coerce").dropna() \
             if col in per_model else pd.Series(dtype=float)
         return int(got.max()) if len(got) else 1
-    return max(1, most("min_rounds")), max(1, most("looks"))
+    # the looks' spacing; a run written before `look_every` looked every min_rounds rounds
+    every = most("look_every") if "look_every" in per_model and \
+        per_model["look_every"].notna().any() else most("min_rounds")
+    return max(1, every), max(1, most("looks"))
 
 
 def _floor(trials: pd.DataFrame) -> int:

@@ -9,10 +9,12 @@ the models and the data only). trials.csv records `order_seed`, `round` and `pos
 trial's place in its round, 0 first), so `bench.order_seed=<that value>` replays a run's orders;
 under torchrun rank 0's seed is used on every rank. `trial` equals `round` for older readers.
 `bench.repeats` rounds are the floor; with `bench.target_ci` the rounds are group-sequential
-(adaptive.wants_more_rounds): a look after every `bench.repeats` rounds, intervals.LOOKS at
-most, that stops once every comparison is decided at the look's level, or when the next look's
-rounds would not fit in the model's time budget. Each row records the schedule (`min_rounds`,
-`looks`), from which the analysis finds the level of the look a comparison stopped at.
+(adaptive.wants_more_rounds): intervals.LOOKS looks at most, spread over the model's budget at
+the first round's pace (a look every `bench.repeats` rounds, or up to intervals.MAX_SPACING
+times that where the budget fits more: intervals.look_spacing), that stop once every comparison
+is decided at the look's level, or when the next look's rounds would not fit in the model's
+time budget. Each row records the schedule (`min_rounds`, `look_every`, `looks`), from which the
+analysis finds the level of the look a comparison stopped at.
 
 Before the first round, each model gets its data set, the variants that cannot act here (n/a:
 one row each, in round 0) and a quality probe per variant (quality.py). One trial is
@@ -146,6 +148,7 @@ class ModelRounds:
         # have to decide alike); else planned after the first round (None until then).
         sequential = self.first.bench.target_ci is not None and dist_env is None
         self.looks: int | None = None if sequential else 1
+        self.spacing = self.repeats  # rounds between two looks (intervals.look_spacing)
 
     def prepare(self) -> None:
         """The data set, the n/a variants (all of them without a baseline) and the probes."""
@@ -181,10 +184,12 @@ class ModelRounds:
             yield round_
             round_ += 1
             if self.looks is None:  # after the first round: its pace plans the looks
-                self.looks = intervals.planned_looks(budget, self.repeats,
-                                                     self.budget.clock() - started)
+                round_s = self.budget.clock() - started
+                self.looks = intervals.planned_looks(budget, self.repeats, round_s)
+                self.spacing = intervals.look_spacing(budget, self.repeats, round_s,
+                                                      self.looks)
         if self.looks and self.looks > 1 and not self._nothing_left():
-            look = intervals.look_of(round_, self.repeats, self.looks)
+            look = intervals.look_of(round_, self.spacing, self.looks)
             level = intervals.sequential_level(self.comparisons, look, self.looks)
             self.bar.write(f"{self.spec.name}: {round_} rounds, look {look} of {self.looks} "
                            f"(CIs at {level:.2%}): " + adaptive.halfwidth_note(self.rows, level))
@@ -204,7 +209,7 @@ class ModelRounds:
                            f"={self.first.bench.time_budget_s:g} s (wider CIs)", sys.stderr)
             return False
         return self.looks > 1 and adaptive.wants_more_rounds(
-            self.rows, self.first.bench, round_, elapsed, self.comparisons, self.repeats,
+            self.rows, self.first.bench, round_, elapsed, self.comparisons, self.spacing,
             self.looks, budget_s=budget)
 
     def _nothing_left(self) -> bool:
@@ -231,7 +236,10 @@ class ModelRounds:
         if not round_s > 0:
             return head + "; no probe timed a round: rounds run while the budget lasts"
         uncounted = f" (not counting {unknown} variant(s) without a probe)" if unknown else ""
-        most = self.repeats * intervals.LOOKS  # adaptive rounds stop at their last look
+        # adaptive rounds stop at their last look, the looks spread over the budget
+        spacing = intervals.look_spacing(left, self.repeats, round_s, intervals.LOOKS) \
+            if self.looks is None else self.repeats
+        most = spacing * (intervals.LOOKS if self.looks is None else 1)
         by_time = int(left // round_s) if math.isfinite(left) else most
         fit = min(by_time, most)
         text = (f"{head}; about {fit} rounds of {round_s:.1f} s{uncounted} fit in the "
@@ -246,7 +254,8 @@ class ModelRounds:
         if need and need > fit:  # what stops short of it: the rounds' cap, the budget, or both
             give = []
             if need > most:
-                give.append(f"bench.repeats={math.ceil(need / intervals.LOOKS)}")
+                give.append(f"bench.repeats="
+                            f"{math.ceil(need / intervals.LOOKS / intervals.MAX_SPACING)}")
             if need > by_time:
                 total = self.first.bench.time_budget_s * (spent + need * round_s) / (spent + left)
                 give.append(f"bench.time_budget_s={float(f'{total:.2g}'):g}")
@@ -488,7 +497,8 @@ class ModelRounds:
 
     def _write(self, record: dict) -> None:
         # bench.order_seed=<order_seed> replays the orders; the looks give the CI's level
-        record.update(order_seed=self.order_seed, min_rounds=self.repeats, looks=self.looks)
+        record.update(order_seed=self.order_seed, min_rounds=self.repeats,
+                      look_every=self.spacing, looks=self.looks)
         self.written.add(record["variant"])
         if self.writer:
             self.writer.append(record)
