@@ -99,3 +99,4 @@ def test_the_plan_names_what_stops_it_short_of_a_verdict_on_1_1x():
     # 20 s: the budget stops short too, and the line says how much would do
     short = _plan_line(20)
     assert "bench.time_budget_s=" in short, short
+    assert "bench.repeats=" not in short, short  # a larger budget spreads the looks wider

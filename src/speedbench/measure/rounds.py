@@ -253,9 +253,12 @@ class ModelRounds:
         need = power.rounds_for(1.1, ROUND_SD, intervals.sequential_level(self.comparisons))
         if need and need > fit:  # what stops short of it: the rounds' cap, the budget, or both
             give = []
-            if need > most:
-                give.append(f"bench.repeats="
-                            f"{math.ceil(need / intervals.LOOKS / intervals.MAX_SPACING)}")
+            # the most rounds any budget buys: the looks at their widest spacing, or repeats
+            cap = self.repeats * (intervals.LOOKS * intervals.MAX_SPACING
+                                  if self.looks is None else 1)
+            if need > cap:
+                per = intervals.LOOKS * intervals.MAX_SPACING if self.looks is None else 1
+                give.append(f"bench.repeats={math.ceil(need / per)}")
             if need > by_time:
                 total = self.first.bench.time_budget_s * (spent + need * round_s) / (spent + left)
                 give.append(f"bench.time_budget_s={float(f'{total:.2g}'):g}")
