@@ -256,11 +256,18 @@ def test_two_wild_pairs_at_a_strict_level_give_an_infinite_upper_end_not_an_erro
 
 
 def test_the_looks_spread_over_the_budget_within_their_bounds():
-    # 3 looks of 5 rounds fit in 30 s at 2 s a round: the spacing stays bench.repeats
+    # the first look after bench.repeats (5); 3 looks at 2 s a round: 30 s fit 15 rounds,
+    # looks at 5, 10, 15
     assert intervals.look_spacing(30, 5, 2.0, 3) == 5
-    # 120 s fit 60 rounds: 20 between looks; a day would fit more, capped at 4 x repeats
+    # 120 s fit 60 rounds: the later looks 27 apart, capped at 4 x 5: looks at 5, 25, 45
     assert intervals.look_spacing(120, 5, 2.0, 3) == 20
-    assert intervals.look_spacing(86_400, 5, 2.0, 3) == intervals.MAX_SPACING * 5
-    # no pace measured, no budget: bench.repeats
+    assert intervals.most_rounds(5, 3, 20) == 45
+    assert intervals.look_spacing(70, 5, 2.0, 3) == 15  # 35 rounds: 5, 20, 35
+    # no pace measured, no budget, one look: bench.repeats
     assert intervals.look_spacing(120, 5, 0.0, 3) == 5
     assert intervals.look_spacing(math.inf, 5, 2.0, 3) == 5
+    assert intervals.look_spacing(120, 5, 2.0, 1) == 5
+    # the look a comparison stopped at, and whether rounds end at one, on that schedule
+    assert [intervals.look_of(n, 5, 3, 20) for n in (3, 5, 24, 25, 44, 45, 60)] == \
+        [1, 1, 1, 2, 2, 3, 3]
+    assert [n for n in range(1, 50) if intervals.is_look(n, 5, 20)] == [5, 25, 45]

@@ -89,12 +89,12 @@ def _plan_line(budget_s: float, repeats: int = 5) -> str:
 
 
 def test_the_plan_names_what_stops_it_short_of_a_verdict_on_1_1x():
-    # a day of budget: the looks spread over it, 3 x 4 x bench.repeats rounds at most
+    # a day of budget: the later looks spread over it, at most 5 + 2 x 4 x 5 = 45 rounds
     ample = _plan_line(86_400)
-    assert "about 60 rounds of" in ample and "a verdict on 1.1x" not in ample, ample
-    # one repeat: the rounds' cap (12 rounds) is what stops short, not the budget
+    assert "about 45 rounds of" in ample and "a verdict on 1.1x" not in ample, ample
+    # one repeat: the rounds' cap (1 + 2 x 4 = 9 rounds) is what stops short, not the budget
     capped = _plan_line(86_400, repeats=1)
-    assert "about 12 rounds of" in capped and "give bench.repeats=2" in capped, capped
+    assert "about 9 rounds of" in capped and "give bench.repeats=3" in capped, capped
     assert "bench.time_budget_s=" not in capped, capped
     # 20 s: the budget stops short too, and the line says how much would do
     short = _plan_line(20)

@@ -9,8 +9,8 @@ import math
 import pandas as pd
 
 from speedbench.analysis.intervals import (
-    INCONCLUSIVE, LOOKS, classify, comparison_level, count_comparisons, pair_key, paired,
-    paired_ratio_ci, relative_halfwidth, sequential_level, threshold_of)
+    INCONCLUSIVE, LOOKS, classify, comparison_level, count_comparisons, is_look, look_of,
+    pair_key, paired, paired_ratio_ci, relative_halfwidth, sequential_level, threshold_of)
 from speedbench.results.schema import OK
 
 
@@ -51,28 +51,31 @@ def decided(trials: pd.DataFrame, level: float, target_ci: float | None) -> bool
 
 def wants_more_rounds(rows: list[dict], bench, rounds: int, elapsed_s: float,
                       comparisons: int | None = None, min_rounds: int | None = None,
-                      looks: int = LOOKS, budget_s: float | None = None) -> bool:
-    """Group-sequential rounds. A look after every `min_rounds` rounds (the looks' spacing,
-    intervals.look_spacing; bench.repeats by default), `looks` at most (planned_looks);
-    bench.target_ci null: one look. Between two looks the rounds go on while the next one fits
-    in `budget_s` (default bench.time_budget_s; the rounds' share of it) at the pace so far. At
-    a look the rounds stop when every comparison is decided (`decided`, at that look's level
-    for the run's `comparisons`, the level summary.csv reports) or when the rounds to the next
-    look would not fit in `budget_s` at the mean pace so far."""
+                      looks: int = LOOKS, budget_s: float | None = None,
+                      every: int | None = None) -> bool:
+    """Group-sequential rounds. The first look after `min_rounds` rounds (bench.repeats, the
+    floor), then one every `every` rounds (intervals.look_spacing; default `min_rounds`),
+    `looks` at most (planned_looks); bench.target_ci null: one look. Between two looks the
+    rounds go on while the next one fits in `budget_s` (default bench.time_budget_s; the
+    rounds' share of it) at the pace so far. At a look the rounds stop when every comparison is
+    decided (`decided`, at that look's level for the run's `comparisons`, the level
+    summary.csv reports) or when the rounds to the next look would not fit in `budget_s` at
+    the mean pace so far."""
     min_rounds = min_rounds or bench.repeats
+    every = every or min_rounds
     budget_s = bench.time_budget_s if budget_s is None else budget_s
     if bench.target_ci is None or not rows or rounds < 1:
         return rounds < min_rounds
-    if rounds % min_rounds:  # between two looks: on while the next round fits the budget
+    if not is_look(rounds, min_rounds, every):  # between looks: on while the next round fits
         return elapsed_s * (rounds + 1) / rounds <= budget_s
-    look = rounds // min_rounds
+    look = look_of(rounds, min_rounds, looks, every)
     if look >= looks:
         return False
     frame = pd.DataFrame(rows)
     level = sequential_level(comparisons or count_comparisons(frame), look, looks)
     if decided(frame, level, bench.target_ci):
         return False
-    return elapsed_s * (rounds + min_rounds) / rounds <= budget_s
+    return elapsed_s * (rounds + every) / rounds <= budget_s
 
 
 def halfwidth_note(rows: list[dict], level: float | None = None) -> str:

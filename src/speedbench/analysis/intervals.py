@@ -128,39 +128,55 @@ def planned_looks(time_budget_s: float, min_rounds: int, round_s: float) -> int:
     return max(1, min(LOOKS, int(time_budget_s // (min_rounds * round_s))))
 
 
-# The looks' spacing grows with the budget, at most this many times bench.repeats: a budget that
-# fits more rounds spends them on the comparisons still undecided, while a first look far out
-# would keep a run that could stop early from stopping.
+# The later looks' spacing grows with the budget, at most this many times bench.repeats: a
+# budget that fits more rounds spends them on the comparisons still undecided, while the first
+# look stays at bench.repeats rounds, so that a clear effect still stops early.
 MAX_SPACING = 4
 
 
 def look_spacing(time_budget_s: float, min_rounds: int, round_s: float, looks: int) -> int:
-    """Rounds between two looks, planned with the looks after the first round: `looks` looks
-    spread over the model's budget at the first round's pace, at least `min_rounds`
-    (bench.repeats) and at most MAX_SPACING x `min_rounds` apart."""
-    if not round_s > 0 or not math.isfinite(time_budget_s):
+    """Rounds between two looks after the first (which comes after `min_rounds`, bench.repeats),
+    planned with the looks after the first round: the later looks spread over the model's
+    budget at the first round's pace, at least `min_rounds` and at most MAX_SPACING x
+    `min_rounds` apart."""
+    if not round_s > 0 or not math.isfinite(time_budget_s) or looks < 2:
         return min_rounds
-    fit = int(time_budget_s // (max(1, looks) * round_s))
-    return max(min_rounds, min(MAX_SPACING * min_rounds, fit))
+    fit = int(time_budget_s // round_s) - min_rounds  # the rounds after the first look
+    return max(min_rounds, min(MAX_SPACING * min_rounds, fit // (looks - 1)))
 
 
-def look_of(rounds: int, min_rounds: int, looks: int) -> int:
-    """The look a comparison of `rounds` paired rounds ended at (looks every `min_rounds`
-    rounds): the last one all of whose rounds it has, the first at least."""
-    return max(1, min(looks, rounds // max(1, min_rounds)))
+def most_rounds(min_rounds: int, looks: int, every: int | None = None) -> int:
+    """The rounds at the last of `looks` looks: the first after `min_rounds`, then one every
+    `every` rounds (default `min_rounds`)."""
+    return min_rounds + (max(1, looks) - 1) * (every or min_rounds)
+
+
+def look_of(rounds: int, min_rounds: int, looks: int, every: int | None = None) -> int:
+    """The look a comparison of `rounds` paired rounds ended at (the first look after
+    `min_rounds` rounds, then one every `every`, default `min_rounds`): the last one all of
+    whose rounds it has, the first at least."""
+    if rounds < min_rounds:
+        return 1
+    return max(1, min(looks, 1 + (rounds - min_rounds) // max(1, every or min_rounds)))
+
+
+def is_look(rounds: int, min_rounds: int, every: int | None = None) -> bool:
+    """Whether `rounds` rounds end at a look (look_of's schedule)."""
+    return rounds >= min_rounds and (rounds - min_rounds) % max(1, every or min_rounds) == 0
 
 
 class Looks:
-    """The looks of one model's rounds: a look every `min_rounds` rounds, `looks` at most."""
+    """The looks of one model's rounds: the first after `min_rounds` rounds, then one every
+    `every` (default `min_rounds`), `looks` at most."""
 
     def __init__(self, comparisons: int, min_rounds: int, looks: int,
-                 family: float = FAMILY_LEVEL):
+                 family: float = FAMILY_LEVEL, every: int | None = None):
         self.comparisons, self.min_rounds, self.looks = comparisons, min_rounds, looks
-        self.family = family
+        self.family, self.every = family, every
 
     def level(self, rounds: int) -> float:
         """The CI level of a comparison with `rounds` paired rounds: that of its last look."""
-        look = look_of(rounds, self.min_rounds, self.looks)
+        look = look_of(rounds, self.min_rounds, self.looks, self.every)
         return sequential_level(self.comparisons, look, self.looks, self.family)
 
 

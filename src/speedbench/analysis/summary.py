@@ -60,7 +60,8 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
     for (experiment, model), per_model in trials.groupby(["experiment", "model"], sort=False):
         comparisons = count_comparisons(trials[trials["experiment"] == experiment]) \
             if per_experiment else run_comparisons
-        plan = Looks(comparisons, *_schedule(per_model), family)
+        first, looks, every = _schedule(per_model)
+        plan = Looks(comparisons, first, looks, family, every)
         fixed = levels.get((experiment, model))  # allotted in advance: the level it used
         if fixed is not None:
             comparisons = count_comparisons(per_model)
@@ -87,17 +88,16 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
     return pd.DataFrame(rows)
 
 
-def _schedule(per_model: pd.DataFrame) -> tuple[int, int]:
-    """(min_rounds, looks) the rounds loop recorded (trials.csv; the first round's rows have
-    no `looks` yet when it was planned after them); (1, 1), one look, without."""
+def _schedule(per_model: pd.DataFrame) -> tuple[int, int, int]:
+    """(min_rounds, looks, look_every) the rounds loop recorded (trials.csv; the first round's
+    rows have no `looks` yet when it was planned after them); (1, 1, 1), one look, without. A
+    run written before `look_every` looked every min_rounds rounds."""
     def most(col: str) -> int:
         got = pd.to_numeric(per_model[col], errors="coerce").dropna() \
             if col in per_model else pd.Series(dtype=float)
-        return int(got.max()) if len(got) else 1
-    # the looks' spacing; a run written before `look_every` looked every min_rounds rounds
-    every = most("look_every") if "look_every" in per_model and \
-        per_model["look_every"].notna().any() else most("min_rounds")
-    return max(1, every), max(1, most("looks"))
+        return int(got.max()) if len(got) else 0
+    first = max(1, most("min_rounds"))
+    return first, max(1, most("looks")), max(1, most("look_every") or first)
 
 
 def _floor(trials: pd.DataFrame) -> int:

@@ -112,10 +112,11 @@ class BenchConfig:
     steps: int = setting(10, "optimizer steps in the timed window", low=1, high=STEPS_LIMIT)
     # The paired, Bonferroni-adjusted CIs need about 5 rounds to call a 1.3x effect in most runs.
     repeats: int = setting(5, "rounds (every variant once, interleaved) before a verdict, and "
-                              "between two looks of adaptive rounds at least (up to 4 x "
-                              "where the budget fits more)", low=1, high=10_000)
+                              "the first look of adaptive rounds, and between two later looks "
+                              "at least (up to 4 x where the budget fits more)", low=1,
+                           high=10_000)
     # Adaptive rounds are group-sequential (adaptive.wants_more_rounds): 3 looks at most, each
-    # spending a share of the family-wise error, spread over the model's budget
+    # spending a share of the family-wise error, the later ones spread over the model's budget
     # (intervals.look_spacing).
     target_ci: Optional[float] = setting(0.03, "adaptive rounds: at a look, stop once every "
                                                "speed-up is decided or its CI's relative "

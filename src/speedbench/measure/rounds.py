@@ -9,11 +9,11 @@ the models and the data only). trials.csv records `order_seed`, `round` and `pos
 trial's place in its round, 0 first), so `bench.order_seed=<that value>` replays a run's orders;
 under torchrun rank 0's seed is used on every rank. `trial` equals `round` for older readers.
 `bench.repeats` rounds are the floor; with `bench.target_ci` the rounds are group-sequential
-(adaptive.wants_more_rounds): intervals.LOOKS looks at most, spread over the model's budget at
-the first round's pace (a look every `bench.repeats` rounds, or up to intervals.MAX_SPACING
-times that where the budget fits more: intervals.look_spacing), that stop once every comparison
-is decided at the look's level, or when the next look's rounds would not fit in the model's
-time budget. Each row records the schedule (`min_rounds`, `look_every`, `looks`), from which the
+(adaptive.wants_more_rounds): intervals.LOOKS looks at most, the first after `bench.repeats`
+rounds, the later ones spread over the model's budget at the first round's pace (bench.repeats
+to intervals.MAX_SPACING times that apart: intervals.look_spacing), that stop once every
+comparison is decided at the look's level, or when the next look's rounds would not fit in the
+model's time budget. Each row records the schedule (`min_rounds`, `look_every`, `looks`), from which the
 analysis finds the level of the look a comparison stopped at.
 
 Before the first round, each model gets its data set, the variants that cannot act here (n/a:
@@ -148,7 +148,7 @@ class ModelRounds:
         # have to decide alike); else planned after the first round (None until then).
         sequential = self.first.bench.target_ci is not None and dist_env is None
         self.looks: int | None = None if sequential else 1
-        self.spacing = self.repeats  # rounds between two looks (intervals.look_spacing)
+        self.spacing = self.repeats  # rounds between two later looks (intervals.look_spacing)
 
     def prepare(self) -> None:
         """The data set, the n/a variants (all of them without a baseline) and the probes."""
@@ -189,7 +189,7 @@ class ModelRounds:
                 self.spacing = intervals.look_spacing(budget, self.repeats, round_s,
                                                       self.looks)
         if self.looks and self.looks > 1 and not self._nothing_left():
-            look = intervals.look_of(round_, self.spacing, self.looks)
+            look = intervals.look_of(round_, self.repeats, self.looks, self.spacing)
             level = intervals.sequential_level(self.comparisons, look, self.looks)
             self.bar.write(f"{self.spec.name}: {round_} rounds, look {look} of {self.looks} "
                            f"(CIs at {level:.2%}): " + adaptive.halfwidth_note(self.rows, level))
@@ -209,8 +209,8 @@ class ModelRounds:
                            f"={self.first.bench.time_budget_s:g} s (wider CIs)", sys.stderr)
             return False
         return self.looks > 1 and adaptive.wants_more_rounds(
-            self.rows, self.first.bench, round_, elapsed, self.comparisons, self.spacing,
-            self.looks, budget_s=budget)
+            self.rows, self.first.bench, round_, elapsed, self.comparisons, self.repeats,
+            self.looks, budget_s=budget, every=self.spacing)
 
     def _nothing_left(self) -> bool:
         """Whether every variant but the baseline is n/a or stopped: nothing to compare."""
@@ -236,10 +236,12 @@ class ModelRounds:
         if not round_s > 0:
             return head + "; no probe timed a round: rounds run while the budget lasts"
         uncounted = f" (not counting {unknown} variant(s) without a probe)" if unknown else ""
-        # adaptive rounds stop at their last look, the looks spread over the budget
-        spacing = intervals.look_spacing(left, self.repeats, round_s, intervals.LOOKS) \
-            if self.looks is None else self.repeats
-        most = spacing * (intervals.LOOKS if self.looks is None else 1)
+        # adaptive rounds stop at their last look, the later looks spread over the budget
+        if self.looks is None:
+            most = intervals.most_rounds(self.repeats, intervals.LOOKS, intervals.look_spacing(
+                left, self.repeats, round_s, intervals.LOOKS))
+        else:
+            most = self.repeats
         by_time = int(left // round_s) if math.isfinite(left) else most
         fit = min(by_time, most)
         text = (f"{head}; about {fit} rounds of {round_s:.1f} s{uncounted} fit in the "
@@ -253,11 +255,9 @@ class ModelRounds:
         need = power.rounds_for(1.1, ROUND_SD, intervals.sequential_level(self.comparisons))
         if need and need > fit:  # what stops short of it: the rounds' cap, the budget, or both
             give = []
-            # the most rounds any budget buys: the looks at their widest spacing, or repeats
-            cap = self.repeats * (intervals.LOOKS * intervals.MAX_SPACING
-                                  if self.looks is None else 1)
-            if need > cap:
-                per = intervals.LOOKS * intervals.MAX_SPACING if self.looks is None else 1
+            # the most rounds any budget buys (the later looks at their widest spacing)
+            per = 1 + (intervals.LOOKS - 1) * intervals.MAX_SPACING if self.looks is None else 1
+            if need > self.repeats * per:
                 give.append(f"bench.repeats={math.ceil(need / per)}")
             if need > by_time:
                 total = self.first.bench.time_budget_s * (spent + need * round_s) / (spent + left)

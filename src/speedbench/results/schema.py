@@ -46,8 +46,8 @@ TRIAL_COLUMNS = [
     # rounds (measure/rounds.py): `round` runs every variant of a model once, in a balanced
     # random order drawn from `order_seed`; `position` is the trial's place in its round (0
     # first). `trial` == `round`. The group-sequential schedule: bench.repeats, the floor
-    # (`min_rounds`); a look every `look_every` rounds (last column), `looks` at most
-    # (adaptive.wants_more_rounds).
+    # (`min_rounds`) and the first look; then a look every `look_every` rounds (last column),
+    # `looks` at most (adaptive.wants_more_rounds).
     "round", "position", "order_seed", "min_rounds", "looks",
     # verdicts (summary.py, quality.py, timing.step_memory): the run's noise threshold; the
     # quality probe's first-step time, length and samples (final_loss is its loss; window_loss
@@ -73,7 +73,7 @@ TRIAL_COLUMNS = [
     # under torchrun on the CPU (no tensor peak there): the largest rank's process RSS growth
     # over the trial, in MB, never compared with a tensor peak
     "rss_growth_mb",
-    # the rounds between two looks of the group-sequential rounds (intervals.look_spacing:
+    # the rounds between two later looks of the group-sequential rounds (intervals.look_spacing:
     # bench.repeats, or more where the model's budget fits more rounds)
     "look_every",
 ]
