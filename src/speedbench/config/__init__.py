@@ -73,7 +73,7 @@ SECONDS = {"gt": 0, "high": SECONDS_LIMIT}  # a time limit: positive, finite, at
 RUN_LEVEL = {"per_variant": False}
 # bench.mode=quick: one round of fixed windows, no quality probe (so no early stop), no interval
 QUICK = {"repeats": 1, "target_ci": None, "steady_tol": None, "quality_steps": 0,
-         "quality_seeds": 1, "too_slow_factor": None}
+         "quality_seeds": 1, "too_slow_factor": None, "explain": False}
 
 
 @dataclass
@@ -185,6 +185,14 @@ class BenchConfig:
     peak_s: float = setting(1.5, "seconds the matmul peak (the denominator of % of peak) may take "
                                  "per dtype and layout, once per run; 0: not measured, "
                                  "peak_tflops empty", low=0, high=SECONDS_LIMIT, **RUN_LEVEL)
+    # measure/explain.py: untimed profiled steps, never inside a timed window; each draws on the
+    # run's time budget and is skipped, with the reason, when nothing is left of it.
+    explain: bool = setting(True, "explained verdicts: after the rounds, a few untimed "
+                                  "profiled steps of the baseline and of each variant split "
+                                  "each step-time change by operator category (explain.csv); "
+                                  "before them, each technique's forecast of the most it could "
+                                  "gain, from one profiled baseline step (forecast.csv); "
+                                  "false: neither", **RUN_LEVEL)
 
 
 @dataclass

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from speedbench import distributed, errors, techniques
 from speedbench.analysis import adaptive, intervals, power
 from speedbench.config import ModelSpec, Plan
-from speedbench.measure import capacity, env, isolation, launch, quality, stopping
+from speedbench.measure import capacity, env, explain, isolation, launch, quality, stopping
 from speedbench.measure.budget import Budget
 from speedbench.measure.data import build_dataset
 from speedbench.measure.flops import FlopsBook
@@ -149,6 +149,11 @@ class ModelRounds:
         sequential = self.first.bench.target_ci is not None and dist_env is None
         self.looks: int | None = None if sequential else 1
         self.spacing = self.repeats  # rounds between two later looks (intervals.look_spacing)
+        # bench.explain (explain.py): the forecasts before the rounds, the paired profile
+        # after them, and the seconds kept back from the rounds for it
+        self.explainer: explain.Explainer | None = None
+        self.forecasts: dict[str, tuple] = {}  # variant -> (technique, Bound or why none)
+        self.explain_reserve = 0.0
 
     def prepare(self) -> None:
         """The data set, the n/a variants (all of them without a baseline) and the probes."""
@@ -167,7 +172,48 @@ class ModelRounds:
                                                      f"({plan.baseline}: {why})"))
         if self.dist_env is None:
             self._probe_all()
+            self._forecast()
             self.bar.write(self.estimate(), sys.stderr)  # beside the progress bar
+
+    def _forecast(self) -> None:
+        """bench.explain: the baseline's profiled steps, untimed, and each variant's forecast
+        from them (explain.py); then the seconds its paired profile will need after the
+        rounds are kept back from them."""
+        base = self.plan.baseline
+        if not self.first.bench.explain or base in self.skip or self._launched(self.first):
+            return
+        self.bar.set_postfix_str(f"{self.spec.name}: forecasts")
+        self.explainer = explain.Explainer(self.plan, self.spec, self.ctx, self.dataset,
+                                           self.run_dir, dict(self.book.peaks))
+        steps = self._step_seconds()
+        self.forecasts = self.explainer.forecast(self.budget, steps.get(base, math.nan),
+                                                 self.skip)
+        others = [n for n in self.plan.variants if n != base and n not in self.skip
+                  and not self._launched(self.plan.variants[n])]
+        self.explain_reserve = explain.reserve_s(self.plan, others, steps, self.budget.left())
+
+    def _step_seconds(self) -> dict[str, float]:
+        """variant -> seconds of a plain step: the rounds' median where measured, else the
+        probe's steady steps' median."""
+        out = {n: statistics.median(s) for n, s in self.probe_steps.items() if s}
+        for name in self.plan.variants:
+            ms = [r["step_ms"] for r in self.rows
+                  if r["variant"] == name and r.get("status") == schema.OK and r.get("step_ms")]
+            if ms:
+                out[name] = statistics.median(ms) / 1000
+        return out
+
+    def explain(self) -> None:
+        """bench.explain: after the rounds, the paired profile of the baseline and of every
+        variant measured in this process (explain.py), on what the rounds left of the budget."""
+        base = self.plan.baseline
+        ok = {r["variant"] for r in self.rows if r.get("status") == schema.OK}
+        if self.explainer is None or base not in ok:
+            return
+        measured = [n for n in self.plan.variants if n != base and n in ok
+                    and not self._launched(self.plan.variants[n])]
+        self.bar.set_postfix_str(f"{self.spec.name}: explaining")
+        self.explainer.paired(self.budget, measured, self._step_seconds())
 
     def rounds(self) -> Iterator[int]:
         """At least one round, then up to `repeats` while the next one fits in what is left of
@@ -177,7 +223,7 @@ class ModelRounds:
         (intervals.planned_looks). Not under torchrun: every rank would have to take the same
         decision, so there the `repeats` rounds all run."""
         started, round_ = self.budget.clock(), 0
-        budget = self.budget.left()
+        budget = max(0.0, self.budget.left() - self.explain_reserve)  # the rest explains
         while self._another_round(round_, self.budget.clock() - started, budget):
             if round_ >= self.repeats:
                 self.bar.total += len(self.plan.variants)
@@ -231,7 +277,8 @@ class ModelRounds:
                 continue
             step_s = self.per_step(name) / rate
             round_s += stopping.trial_seconds(step_s, recipe.bench, TRIAL_SETUP_S)
-        spent, left = self.budget.spent(), self.budget.left()
+        spent = self.budget.spent()
+        left = max(0.0, self.budget.left() - self.explain_reserve)  # the rest explains
         head = f"{self.spec.name}: data and probes took {spent:.0f} s"
         if not round_s > 0:
             return head + "; no probe timed a round: rounds run while the budget lasts"
@@ -548,6 +595,7 @@ def measure_plan(plan: Plan, run_dir: Path | None, progress: bool = True,
         model.prepare()
         for round_ in model.rounds():
             model.run_round(round_)
+        model.explain()
         model.largest_batch()
     bar.close()
     return writer

@@ -128,6 +128,21 @@ REQUIRED_QUALITY_COLUMNS = QUALITY_COLUMNS[:9]  # a run written before the step-
 # steps.csv: each timed step of each trial (measure/trial.py), in ms
 STEP_COLUMNS = ["experiment", "model", "variant", "round", "position", "step", "step_ms"]
 CURVE_COLUMNS = ["experiment", "model", "variant", "seed", "steps", "samples", "train_s", "loss"]
+# explain.csv (measure/explain.py): where a profiled step's time went, per operator category,
+# for the baseline before the rounds (`stage` forecast) and for the baseline and each variant
+# after them (`stage` paired); `category` step is the whole step (the categories sum to it).
+# mean_ms and sd_ms are over the profiled steps; per_step is the samples an optimizer step
+# takes (the report compares variants per baseline step's samples). A row without a number
+# says in `status` why (n/a, not measured).
+EXPLAIN_CATEGORIES = ("matmul", "elementwise", "data", "optimizer", "sync", "python", "compile",
+                      "other")
+EXPLAIN_COLUMNS = ["experiment", "model", "variant", "is_baseline", "stage", "category",
+                   "steps", "mean_ms", "sd_ms", "per_step", "status"]
+# forecast.csv: each variant's forecast before its rounds, declared by the technique it changes
+# (Technique.bound): the most it could gain here, the share of the baseline's step it acts on,
+# and why; `status` ok, or why there is none (n/a: no bound declared, several techniques, ...)
+FORECAST_COLUMNS = ["experiment", "model", "variant", "technique", "forecast", "share",
+                    "reason", "status"]
 CAPACITY_LIMIT_FACTOR = 256  # the largest-batch search stops at this many times the model's batch
 
 

@@ -165,6 +165,8 @@ class TrialMeasurer:
                 # loss (an option that trains worse is refused); the closing one reports it.
                 recipe.bench.quality_steps = min(recipe.bench.quality_steps, SEARCH_PROBE_STEPS)
                 recipe.bench.quality_seeds = 1
+            if step != "closing":  # the closing measurement alone is explained
+                recipe.bench.explain = False
             if time_left_s is not None:  # adaptive rounds may not outrun the search's budget
                 recipe.bench.time_budget_s = max(1.0, min(recipe.bench.time_budget_s,
                                                           time_left_s / 2))

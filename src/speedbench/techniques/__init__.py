@@ -18,9 +18,9 @@ from speedbench.techniques import (attention, checkpointing, compile, cudnn_benc
                                    matmul_precision, memory_format, optimizer)
 from speedbench.techniques import allocator, batch_scale, ddp_tuning, openmp, threads
 from speedbench.techniques import conv_bias, debug_apis, eval_mode, onednn_precision, zero_grad
-from speedbench.techniques.base import (GLOBAL_FLAGS, ConfigError, Context, Field, Finding,
-                                        Technique, global_snapshot, joined_preload,
-                                        restored_global_state)
+from speedbench.techniques.base import (GLOBAL_FLAGS, Bound, ConfigError, Context, Field,
+                                        Finding, Technique, get_key, global_snapshot,
+                                        joined_preload, restored_global_state)
 
 # Registration order; it also breaks ties where no `after` relation decides.
 _ALL: list[Technique] = [
@@ -82,7 +82,7 @@ __all__ = ["REGISTRY", "Technique", "Field", "Context", "Finding", "ConfigError"
            "copy_options", "step_context", "grad_scaler", "loss_meter", "optimizer_options",
            "after_step_hooks", "matmul_dtype", "capacity_overrides", "columns", "column_names",
            "profile_counters", "diagnose", "metadata", "environment", "zero_grad_options",
-           "forward_only", "one_time_steps"]
+           "forward_only", "one_time_steps", "Bound", "changed", "bound"]
 
 
 def by_name(name: str) -> Technique:
@@ -305,6 +305,25 @@ def profile_counters(trainer: Any, ctx: Context):
 
 def diagnose(tp: Any) -> list[Finding]:
     return [f for t in REGISTRY for f in t.diagnose(tp)]
+
+
+def changed(recipe: Any, baseline: Any) -> list[Technique]:
+    """The techniques whose keys the recipe sets otherwise than the baseline does."""
+    return [t for t in REGISTRY
+            if any(get_key(recipe, f.key) != get_key(baseline, f.key) for f in t.fields)]
+
+
+def bound(recipe: Any, baseline: Any, profile: Any, peaks: dict) -> tuple[str, Any]:
+    """(technique, its Bound) for a variant that changes one technique; (names, why there is
+    none) otherwise: a forecast combines no two techniques (Amdahl's bounds do not multiply)."""
+    techs = changed(recipe, baseline)
+    names = ", ".join(t.name for t in techs)
+    if not techs:
+        return "", "n/a: the variant changes no technique's key"
+    if len(techs) > 1:
+        return names, f"n/a: the variant changes several techniques ({names})"
+    got = techs[0].bound(recipe, baseline, profile, peaks)
+    return names, got if got is not None else f"n/a: {names} declares no bound"
 
 
 def metadata() -> dict:

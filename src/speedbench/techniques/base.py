@@ -38,6 +38,8 @@ Who calls what, in this order (each hook is called in registry order: see `Techn
   trial (record)      columns()          the technique's columns of the trials.csv row
   profile window      profile_counters() entered around a profiled trial's phase window
   diagnosis           diagnose()         findings from a profiled trial (profile != off)
+  measure.explain     bound()            the most a variant could gain, from the baseline's
+                                         profile (before the rounds): the forecast
 
 Config typing: a choice is declared as `typing.Literal[...]` on its Field. OmegaConf's
 structured configs support Enum but not Literal, and Enum values would reach trials.csv and the
@@ -51,6 +53,7 @@ This module imports only torch, the standard library and speedbench.errors.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -249,6 +252,33 @@ class Finding:
     figure: str  # the measured figure that shows it
     tip: str
     knob: str  # what to set, `-` when the fix is in the user's own code
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A forecast: the most a technique could speed a step up here, from the share of the
+    baseline's step it can act on (Amdahl), and one line saying so."""
+
+    speedup: float
+    share: float  # of the baseline's profiled step
+    why: str  # "data wait is 0.4 % of the step: workers cannot gain more than 1.004x"
+
+
+def amdahl(share: float, gain: float = math.inf) -> float:
+    """The whole step's speed-up when `share` of it runs `gain` times faster (inf: vanishes)."""
+    share = min(max(share, 0.0), 1.0)
+    saved = share * (1 - 1 / gain)
+    return math.inf if saved >= 1 else 1 / (1 - saved)
+
+
+def times(speedup: float) -> str:
+    """1.004016 -> `1.004x`; inf -> `any factor`."""
+    return "any factor" if math.isinf(speedup) else f"{speedup:.4g}x"
+
+
+def percent(share: float) -> str:
+    """0.004 -> `0.4 %`, 0.31 -> `31 %`."""
+    return f"{100 * share:.2g} %" if share < 0.1 else f"{100 * share:.0f} %"
 
 
 # --- global state: snapshot and restore ---------------------------------------------------------------
@@ -471,6 +501,13 @@ class Technique:
     def diagnose(self, tp: Any) -> list[Finding]:
         """Findings from a pooled profile (diagnosis.TrialProfile); a clean recipe gives none."""
         return []
+
+    def bound(self, recipe: Any, baseline: Any, profile: Any, peaks: dict) -> Optional[Bound]:
+        """The forecast for a variant (`recipe`) that changes this technique's keys from the
+        baseline's: the most it could gain, from the baseline's profiled step (`profile`:
+        `share(category)`, category one of schema.EXPLAIN_CATEGORIES) and the run's measured
+        matmul peaks (`peaks`: kind -> TFLOP/s, NaN where not measured). None: no forecast."""
+        return None
 
     # -- what the run writes down about it ----------------------------------------------------
     def metadata(self) -> dict:

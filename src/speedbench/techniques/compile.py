@@ -27,7 +27,8 @@ from typing import Literal, Optional
 
 import torch
 
-from speedbench.techniques.base import ActsOn, ANY, Context, Field, Technique, global_flag
+from speedbench.techniques.base import (ActsOn, ANY, Bound, Context, Field, Technique, amdahl,
+                                        global_flag, percent, times)
 
 MODES = ("off", "default", "max-autotune", "reduce-overhead")
 BACKEND = "inductor"  # torch.compile's backend (tests use aot_eager: same capture, no codegen)
@@ -138,6 +139,19 @@ model = torch.compile(model)   # the first steps compile; time them out"""),
 model = torch.compile(model, mode="{value}")   # the first steps compile; time them out"""),
     }}
     extra_columns = OBSERVED
+
+
+    # What a compiled graph can remove: element-wise work it fuses, the Python and framework
+    # overhead between ops (matrix products, the data wait and the optimizer stay).
+    FUSABLE = ("elementwise", "python", "other")
+
+    def bound(self, recipe, baseline, profile, peaks) -> Optional[Bound]:
+        if recipe.compile == "off" or baseline.compile != "off":
+            return None
+        share = sum(profile.share(c) for c in self.FUSABLE)
+        gain = amdahl(share)
+        return Bound(gain, share, f"element-wise work and overhead are {percent(share)} of the "
+                                  f"step: compile cannot gain more than {times(gain)}")
 
     def normalise(self, recipe) -> None:
         # The trial's time cap also cuts the warm-up short, which would push compilation into

@@ -16,7 +16,8 @@ from typing import Callable, Optional
 
 import torch
 
-from speedbench.techniques.base import ActsOn, ANY, Context, Field, Finding, Technique
+from speedbench.techniques.base import (ActsOn, ANY, Bound, Context, Field, Finding, Technique,
+                                        amdahl, percent, times)
 
 DATA_WAIT_SHARE = 0.10  # of the step spent waiting for the next batch
 H2D_SHARE = 0.02  # of the step spent copying the batch from pageable memory
@@ -103,6 +104,15 @@ y = y.to(device, non_blocking=True)""")},
 
     def copy_options(self, opts: dict, recipe, ctx: Context) -> dict:
         return {**opts, "non_blocking": recipe.data.non_blocking}
+
+    def bound(self, recipe, baseline, profile, peaks) -> Optional[Bound]:
+        """More workers can at most hide the whole data wait."""
+        if recipe.data.num_workers <= baseline.data.num_workers:
+            return None
+        share = profile.share("data")
+        gain = amdahl(share)
+        return Bound(gain, share, f"data wait is {percent(share)} of the step: workers cannot "
+                                  f"gain more than {times(gain)}")
 
     def diagnose(self, tp) -> list[Finding]:
         found = []

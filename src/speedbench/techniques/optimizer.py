@@ -12,7 +12,8 @@ from typing import Literal, Optional
 
 import torch
 
-from speedbench.techniques.base import ActsOn, Context, Field, Technique
+from speedbench.techniques.base import (ActsOn, Bound, Context, Field, Technique, amdahl,
+                                        percent, times)
 
 IMPL_OPTIONS = {"default": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
                 "fused": {"fused": True}}
@@ -53,6 +54,13 @@ a device torch has the kernel for."""
             if reason:
                 return f"n/a: torch has no fused AdamW for {ctx.device.type} ({reason})"
         return None
+
+    def bound(self, recipe, baseline, profile, peaks) -> Optional[Bound]:
+        """Another implementation can at most remove the optimizer step's time."""
+        share = profile.share("optimizer")
+        gain = amdahl(share)
+        return Bound(gain, share, f"the optimizer step is {percent(share)} of the step: "
+                                  f"{recipe.optimizer.impl} cannot gain more than {times(gain)}")
 
     def optimizer_options(self, opts: dict, recipe, ctx: Context) -> dict:
         return {**opts, **IMPL_OPTIONS[recipe.optimizer.impl]}

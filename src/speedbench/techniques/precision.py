@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
+import math
+from typing import Literal, Optional
 
 import torch
 
-from speedbench.techniques.base import ActsOn, Context, Field, Finding, Technique
+from speedbench.techniques.base import (ActsOn, Bound, Context, Field, Finding, Technique,
+                                        amdahl, percent, times)
 
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 FP32_COMPUTE_SHARE = 0.30  # of the step in fp32 forward+backward on a GPU with tensor cores
@@ -51,6 +53,20 @@ scaler.step(opt); scaler.update(); opt.zero_grad(set_to_none=True)"""),
 
     def matmul_dtype(self, recipe) -> str:
         return recipe.precision
+
+    def bound(self, recipe, baseline, profile, peaks) -> Optional[Bound]:
+        """Amdahl on the matrix work: its share f of the fp32 step runs s times faster, s the
+        measured 16-bit / fp32 matmul peak ratio; 1/(1 - f (1 - 1/s)). No peaks, no forecast."""
+        if baseline.precision != "fp32" or recipe.precision == "fp32":
+            return None
+        s = peaks.get(recipe.precision, math.nan) / peaks.get("fp32", math.nan)
+        if not s > 0:  # NaN: the peaks were not measured (bench.peak_s=0)
+            return None
+        f = profile.share("matmul")
+        gain = amdahl(f, s)
+        return Bound(gain, f, f"matmul/conv is {percent(f)} of the step and {recipe.precision} "
+                              f"matrix products peak at {s:.2g}x fp32's: {recipe.precision} "
+                              f"cannot gain more than {times(gain)}")
 
     def diagnose(self, tp) -> list[Finding]:
         cores = tp.device == "cuda" and tp.capability is not None and tp.capability >= (7, 0)

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 
-from speedbench.techniques.base import ActsOn, Context, Field, Finding, Technique
+from speedbench.techniques.base import (ActsOn, Bound, Context, Field, Finding, Technique,
+                                        amdahl, percent, times)
 
 PER_STEP = 0.5  # host reads per step from which it is "every step"
 TIP = ("keep the running loss on the device (loss.detach()) and read it every K steps: "
@@ -84,6 +85,19 @@ if step % 10 == 0:
 
     def loss_meter(self, recipe, ctx: Context) -> LossMeter:
         return LossMeter(recipe.sync, recipe.sync_every, ctx.device)
+
+    def bound(self, recipe, baseline, profile, peaks) -> Optional[Bound]:
+        """Deferred reads can at most remove the host's wait for the device (the sync share);
+        reading every step where the baseline defers cannot gain."""
+        share = profile.share("sync")
+        if recipe.sync == "deferred" and baseline.sync != "deferred":
+            gain = amdahl(share)
+            return Bound(gain, share, f"host-device sync is {percent(share)} of the step: "
+                                      f"deferred reads cannot gain more than {times(gain)}")
+        if baseline.sync == "deferred" and recipe.sync != "deferred":
+            return Bound(1.0, share, f"sync={recipe.sync} reads the loss every step, the "
+                                     "baseline every sync_every steps: it cannot gain")
+        return None
 
     def diagnose(self, tp) -> list[Finding]:
         reads = tp.host_reads / tp.steps if tp.steps else 0.0

@@ -1,0 +1,190 @@
+"""Explained verdicts: where a comparison's step-time change went, beside its forecast.
+
+measure/explain.py profiles a few untimed steps of the baseline and of each variant after the
+rounds and splits each step's wall time into operator categories (schema.EXPLAIN_CATEGORIES)
+that sum to it; explain.csv keeps per category the mean and sd over the profiled steps. Here,
+from explain.csv and summary.csv (no torch):
+
+- `Breakdown`: one profiled variant's steps, ms per category; `share` is what the techniques'
+  forecasts (Technique.bound) read.
+- `comparisons`: per comparison and category, the change in ms (variant - baseline, the
+  variant's steps scaled to the baseline's samples per step) with a Welch t interval over the
+  profiled steps. The parts sum to the profiled change exactly; the measured change is the
+  rounds' (the baseline's step_ms x (1 / speed-up - 1)); what the parts leave of it is
+  `unexplained` (profiler overhead, drift, noise).
+- `sentence`: "bf16 1.45x: matmul/conv -38 ms, elementwise +4 ms; 3 ms unexplained (7 %)".
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from speedbench.analysis import intervals
+from speedbench.results.schema import EXPLAIN_CATEGORIES, OK
+
+LABELS = {"matmul": "matmul/conv", "elementwise": "elementwise", "data": "data wait",
+          "optimizer": "optimizer", "sync": "host-device sync", "python": "Python overhead",
+          "compile": "compile", "other": "other"}
+DECIDED = ("faster", "slower", "equivalent")
+PART_LEVEL = 0.95  # each part's interval: a description of the profiled steps, not a call
+SENTENCE_PARTS = 3  # the largest parts a sentence names; the rest are in the table
+
+
+@dataclass
+class Breakdown:
+    """The profiled steps of one variant: per step, category -> ms; they sum to the step."""
+
+    steps: list[dict] = field(default_factory=list)
+
+    def values(self, category: str) -> np.ndarray:
+        if category == "step":
+            return np.array([sum(s.values()) for s in self.steps], dtype=float)
+        return np.array([s.get(category, 0.0) for s in self.steps], dtype=float)
+
+    def mean(self, category: str) -> float:
+        v = self.values(category)
+        return float(v.mean()) if len(v) else math.nan
+
+    def sd(self, category: str) -> float:
+        v = self.values(category)
+        return float(v.std(ddof=1)) if len(v) > 1 else math.nan
+
+    @property
+    def step_ms(self) -> float:
+        return self.mean("step")
+
+    def share(self, category: str) -> float:
+        """The category's share of the mean step, in [0, 1]; 0 without steps."""
+        step = self.step_ms
+        return self.mean(category) / step if step > 0 else 0.0
+
+    def rows(self) -> list[dict]:
+        """explain.csv's numbers: each category and the whole step (`step`)."""
+        return [{"category": c, "steps": len(self.steps), "mean_ms": self.mean(c),
+                 "sd_ms": self.sd(c)} for c in (*EXPLAIN_CATEGORIES, "step")]
+
+
+def welch(m1: float, s1: float, n1: int, m0: float, s0: float, n0: int,
+          level: float = PART_LEVEL) -> tuple[float, float]:
+    """The interval of m1 - m0 from two samples' means, sds and sizes (Welch's t); NaN where
+    a side has fewer than two steps."""
+    if n1 < 2 or n0 < 2 or not (np.isfinite(s1) and np.isfinite(s0)):
+        return math.nan, math.nan
+    v1, v0 = s1 ** 2 / n1, s0 ** 2 / n0
+    se = math.sqrt(v1 + v0)
+    if se == 0:
+        return m1 - m0, m1 - m0
+    df = (v1 + v0) ** 2 / (v1 ** 2 / (n1 - 1) + v0 ** 2 / (n0 - 1))
+    t = intervals.t_quantile(level, max(1, int(df)))
+    return m1 - m0 - t * se, m1 - m0 + t * se
+
+
+def comparisons(explain: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per (experiment, model, variant) explained: its verdict and speed-up, the
+    measured and profiled changes (ms per baseline step), unexplained ms and share, and per
+    category `<c>_ms`, `<c>_lo`, `<c>_hi` (the change and its interval)."""
+    if explain is None or explain.empty or summary is None or summary.empty:
+        return pd.DataFrame()
+    paired = explain[(explain["stage"] == "paired") & (explain["status"] == OK)]
+    rows = []
+    for (exp, model), g in paired.groupby(["experiment", "model"], sort=False):
+        base = g[g["is_baseline"].astype(str).str.lower().isin(["true", "1"])]
+        if base.empty:
+            continue
+        b = base.set_index("category")
+        b_step = _summary_row(summary, exp, model, base["variant"].iloc[0])
+        for variant, v in g[~g.index.isin(base.index)].groupby("variant", sort=False):
+            s = _summary_row(summary, exp, model, variant)
+            if s is None or b_step is None:
+                continue
+            rows.append(_comparison(exp, model, variant, b, v.set_index("category"), s,
+                                    float(b_step.get("step_ms", math.nan))))
+    return pd.DataFrame(rows)
+
+
+def _summary_row(summary: pd.DataFrame, exp, model, variant):
+    got = summary[(summary["experiment"] == exp) & (summary["model"] == model)
+                  & (summary["variant"] == variant)]
+    return None if got.empty else got.iloc[0]
+
+
+def _comparison(exp, model, variant, b: pd.DataFrame, v: pd.DataFrame, s, base_ms: float
+                ) -> dict:
+    """The parts of one comparison; the variant's ms scaled to the baseline's samples."""
+    scale = float(b["per_step"].iloc[0]) / float(v["per_step"].iloc[0])
+    row = {"experiment": exp, "model": model, "variant": variant, "verdict": s["verdict"],
+           "speedup": float(s["speedup"]), "speedup_lo": float(s["speedup_lo"]),
+           "speedup_hi": float(s["speedup_hi"])}
+    profiled = 0.0
+    for c in EXPLAIN_CATEGORIES:
+        m1, s1, n1 = (scale * float(v.at[c, "mean_ms"]), scale * float(v.at[c, "sd_ms"]),
+                      int(v.at[c, "steps"]))
+        m0, s0, n0 = float(b.at[c, "mean_ms"]), float(b.at[c, "sd_ms"]), int(b.at[c, "steps"])
+        row[f"{c}_ms"] = m1 - m0
+        row[f"{c}_lo"], row[f"{c}_hi"] = welch(m1, s1, n1, m0, s0, n0)
+        profiled += m1 - m0
+    measured = base_ms * (1 / row["speedup"] - 1) if row["speedup"] > 0 else math.nan
+    row.update(baseline_ms=base_ms, profiled_ms=profiled, measured_ms=measured,
+               unexplained_ms=measured - profiled,
+               unexplained_share=abs(measured - profiled) / abs(measured)
+               if measured else math.nan)
+    return row
+
+
+def with_forecasts(explained: pd.DataFrame, forecast: pd.DataFrame | None) -> pd.DataFrame:
+    """`explained` with each variant's forecast, its reason, and `above` (the measured
+    speed-up's whole CI above its forecast: one of them is wrong)."""
+    out = explained.copy()
+    if out.empty:
+        return out
+    out["forecast"], out["forecast_reason"], out["above"] = math.nan, "", False
+    if forecast is None or forecast.empty:
+        return out
+    f = forecast.set_index(["experiment", "model", "variant"])
+    for i, r in out.iterrows():
+        key = (r["experiment"], r["model"], r["variant"])
+        if key in f.index:
+            got = f.loc[key]
+            got = got.iloc[0] if isinstance(got, pd.DataFrame) else got
+            out.at[i, "forecast"] = float(got["forecast"])
+            out.at[i, "forecast_reason"] = str(got["reason"] if got["status"] == OK
+                                               else got["status"])
+            out.at[i, "above"] = above(r["speedup_lo"], float(got["forecast"]))
+    return out
+
+
+def above(lo: float, forecast: float) -> bool:
+    """Whether a measured CI lies wholly above its forecast."""
+    return bool(np.isfinite(lo) and np.isfinite(forecast) and lo > forecast)
+
+
+def _ms(x: float) -> str:
+    return f"{x:+.3g} ms" if abs(x) >= 0.01 else f"{x:+.2f} ms"
+
+
+def sentence(row) -> str:
+    """`bf16 1.45x: matmul/conv -38 ms, elementwise +4 ms, optimizer -2 ms; 3 ms unexplained
+    (7 % of the change)`: the largest parts by size, then the remainder."""
+    parts = sorted(EXPLAIN_CATEGORIES, key=lambda c: -abs(row[f"{c}_ms"]))[:SENTENCE_PARTS]
+    named = ", ".join(f"{LABELS[c]} {_ms(row[f'{c}_ms'])}" for c in parts)
+    rest = row["unexplained_ms"]
+    share = row["unexplained_share"]
+    tail = f"{abs(rest):.3g} ms unexplained" + (f" ({100 * share:.0f} % of the "
+                                               f"{row['measured_ms']:+.3g} ms measured)"
+                                               if np.isfinite(share) else "")
+    text = f"{row['model']} {row['variant']} {row['speedup']:.3g}x: {named}; {tail}"
+    if np.isfinite(row.get("forecast", math.nan)):
+        text += f"; forecast at most {row['forecast']:.3g}x"
+        if row.get("above"):
+            text += " (measured above it: the forecast or the measurement is wrong)"
+    return text + "."
+
+
+def decided(explained: pd.DataFrame) -> pd.DataFrame:
+    """The comparisons with a speed verdict (faster, slower, equivalent)."""
+    if explained.empty:
+        return explained
+    return explained[explained["verdict"].isin(DECIDED)]

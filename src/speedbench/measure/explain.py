@@ -1,0 +1,345 @@
+"""Why a variant is faster, and how much it ever could be: profiled steps split by category.
+
+Never inside a timed window. `bench.explain` (on by default) adds two untimed stages to a
+model's rounds (rounds.ModelRounds), each drawing on the run's budget and skipped with the
+reason when it has no time left:
+
+1. before the rounds, the *forecast*: a few profiled baseline steps; each variant's technique
+   declares from them the most it could gain (Technique.bound: Amdahl on the share of the
+   step it acts on, with the measured matmul peaks); forecast.csv.
+2. after the rounds, the *paired profile*: a fresh model of the baseline, of each measured
+   variant, then of the baseline again (drift hits both sides), a few profiled steps each;
+   explain.csv. analysis/explain.py turns the two sides into each comparison's parts.
+
+A profiled step is split by operator category (schema.EXPLAIN_CATEGORIES) so that the parts
+sum to its wall time:
+- CPU (torch.profiler's CPU activity): each event's self time (its time less its children's)
+  on the step's thread goes to a category: the step's `data` and `optimizer` phases whole
+  (profile.LabelClock marks them), else by the operator's name: matmul/conv kernels,
+  host-device syncs (`item`), other aten operators (elementwise: pointwise, reductions,
+  copies, casts), compiled code (dynamo/inductor regions), the Python between operators
+  (the self time of speedbench's phase labels) and other framework frames (autograd's
+  engine, record_function wrappers). What no event holds is `other`.
+- CUDA (kernels): the device timeline. Busy time goes to the category of the operator that
+  launched each kernel; idle time to the data wait where the host was in the data phase, to
+  `sync` from the end of a synchronising call (cudaStreamSynchronize, ...) to the next kernel,
+  and the rest to `python` (the host could not launch fast enough).
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from speedbench import techniques
+from speedbench.analysis.explain import Breakdown
+from speedbench.measure.profile import LabelClock
+from speedbench.measure.session import applied, batching
+from speedbench.measure.timing import synchronize
+from speedbench.results import atomic, schema
+
+CATEGORIES = schema.EXPLAIN_CATEGORIES
+STEP = "speedbench.step"  # the record_function around each profiled step
+LABEL = "speedbench."  # LabelClock's phase labels: speedbench.<phase>
+WARMUP = 2  # unprofiled steps of a fresh model first (plus a technique's one-time steps)
+FORECAST_STEPS = 2  # profiled baseline steps behind the forecasts
+PAIRED_STEPS = 4  # profiled steps per side of a comparison
+PROFILER_FACTOR = 2.0  # a profiled step's time over a plain one's, in the time estimate
+SETUP_S = 0.5  # a model, its loader and the profiler started
+RESERVE_SHARE = 0.25  # of a model's budget left after its probes, the most kept for explaining
+
+MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv",
+              "dot", "vdot", "einsum", "_int_mm", "_scaled_mm"}
+MATMUL_PREFIXES = ("conv", "_conv", "cudnn_conv", "miopen_conv", "mkldnn_conv", "slow_conv",
+                   "_slow_conv", "thnn_conv", "_nnpack", "mkldnn_linear", "_mkldnn_linear",
+                   "mkldnn_matmul", "scaled_dot_product", "_scaled_dot_product",
+                   "_flash_attention", "_efficient_attention", "_cudnn_attention")
+SYNC_OPS = {"item", "_local_scalar_dense", "is_nonzero"}
+COMPILE_MARKERS = ("compiled", "dynamo", "inductor")
+# CUDA runtime calls after which the host has waited for the device
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+              "cudaMemcpy", "cudaStreamWaitEvent")
+
+
+def category(name: str, phase: Optional[str]) -> str:
+    """The category of an event's self time: its phase's where that says it all (the data
+    wait, the optimizer step), else its operator's."""
+    if phase in ("data", "optimizer"):
+        return phase
+    low = name.lower()
+    if any(m in low for m in COMPILE_MARKERS):
+        return "compile"
+    if name.startswith(LABEL):
+        return "python"  # a phase label's self time: the Python between operators
+    if not name.startswith("aten::"):
+        return "other"
+    op = name[len("aten::"):]
+    if op in SYNC_OPS:
+        return "sync"
+    if op in MATMUL_OPS or op.startswith(MATMUL_PREFIXES):
+        return "matmul"
+    return "elementwise"
+
+
+# --- the split of one profiled step --------------------------------------------------------
+def _start(e) -> float:
+    return e.time_range.start
+
+
+def _end(e) -> float:
+    return e.time_range.end
+
+
+def _nested(span, events) -> list[tuple]:
+    """(event, category, self µs) of every CPU event inside `span` on its thread, nested by
+    time (the stack of enclosing events); the span's own self time included."""
+    inside = sorted((e for e in events if e is not span and e.thread == span.thread
+                     and _start(e) >= _start(span) and _end(e) <= _end(span)),
+                    key=lambda e: (_start(e), -_end(e)))
+    children = {id(span): 0.0}
+    phase = {id(span): None}
+    stack, out = [span], []
+    for e in inside:
+        while len(stack) > 1 and _start(e) >= _end(stack[-1]):
+            stack.pop()
+        parent = stack[-1]
+        children[id(parent)] += _end(e) - _start(e)
+        children[id(e)] = 0.0
+        own = e.name[len(LABEL):] if e.name.startswith(LABEL) else None
+        phase[id(e)] = own if own in schema.PHASES else phase[id(parent)]
+        stack.append(e)
+    for e in [span, *inside]:
+        self_us = max(0.0, _end(e) - _start(e) - children[id(e)])
+        out.append((e, category(e.name, phase[id(e)]), self_us))
+    return out
+
+
+def _exact(parts: dict, total_ms: float) -> dict:
+    """The parts with `other` taking what they leave of the step (rounding, uncovered time),
+    so that they sum to the step's wall time."""
+    parts["other"] = parts.get("other", 0.0) + total_ms - sum(parts.values())
+    return parts
+
+
+def split_cpu(span, events) -> dict:
+    """category -> ms of one profiled step (a `STEP` span) from its CPU events."""
+    parts = dict.fromkeys(CATEGORIES, 0.0)
+    for _, cat, self_us in _nested(span, events):
+        parts[cat] += self_us / 1000
+    return _exact(parts, (_end(span) - _start(span)) / 1000)
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _overlap(a: float, b: float, spans: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(b, y) - max(a, x)) for x, y in spans)
+
+
+def split_cuda(span, events, kernels) -> dict:
+    """category -> ms of one profiled step on CUDA, from the device's timeline: kernel time by
+    the category of the operator that launched it, idle time by what the host was doing."""
+    s, e = _start(span), _end(span)
+    nested = _nested(span, events)
+    by_id = {ev.id: cat for ev, cat, _ in nested}  # a kernel's launching operator
+    parts = dict.fromkeys(CATEGORIES, 0.0)
+    clipped = [(max(s, _start(k)), min(e, _end(k)), by_id.get(k.linked_correlation_id, "other"))
+               for k in kernels if _end(k) > s and _start(k) < e]
+    busy = _union([(a, b) for a, b, _ in clipped])
+    busy_us = sum(b - a for a, b in busy)
+    kernel_us = sum(b - a for a, b, _ in clipped)
+    for a, b, cat in clipped:  # overlapping streams: each kernel's share of the busy time
+        parts[cat] += (b - a) * busy_us / kernel_us / 1000
+    data = [(_start(ev), _end(ev)) for ev, _, _ in nested if ev.name == LABEL + "data"]
+    sync_ends = sorted(_end(ev) for ev, _, _ in nested if ev.name.startswith(SYNC_CALLS))
+    edges = [s] + [x for ab in busy for x in ab] + [e]
+    for g0, g1 in zip(edges[::2], edges[1::2]):  # the idle gaps between busy stretches
+        if g1 <= g0:
+            continue
+        waited = _overlap(g0, g1, data)
+        after = [t for t in sync_ends if g0 <= t <= g1] or \
+            [t for t in sync_ends if t < g0 and not _overlap(t, g0, busy)]
+        synced = min(g1 - max(g0, after[0]), g1 - g0 - waited) if after else 0.0
+        parts["data"] += waited / 1000
+        parts["sync"] += max(0.0, synced) / 1000
+        parts["python"] += (g1 - g0 - waited - max(0.0, synced)) / 1000
+    return _exact(parts, (e - s) / 1000)
+
+
+def split(events, device: torch.device) -> list[dict]:
+    """Each profiled step's parts (category -> ms), in step order."""
+    from torch.autograd import DeviceType
+
+    cpu = [ev for ev in events if ev.device_type == DeviceType.CPU and not ev.is_async]
+    spans = sorted((ev for ev in cpu if ev.name == STEP), key=_start)
+    if device.type == "cuda" and torch.cuda.is_available():
+        kernels = [ev for ev in events if ev.device_type == DeviceType.CUDA]
+        return [split_cuda(span, cpu, kernels) for span in spans]
+    return [split_cpu(span, cpu) for span in spans]
+
+
+# --- profiling a trainer -------------------------------------------------------------------
+class OutOfTime(Exception):
+    """The budget ran out before a profile had a step."""
+
+
+def profile_steps(trainer, device: torch.device, steps: int,
+                  left_s: Optional[float] = None) -> Breakdown:
+    """`steps` steps of `trainer` under torch.profiler (CPU activity; CUDA's too on a GPU),
+    each in a STEP span that ends with the device synchronised, the phases labelled; stops
+    between steps once `left_s` seconds have passed (one step at least)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda" and torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    clock, trainer.clock = trainer.clock, LabelClock()
+    started = time.perf_counter()
+    try:
+        with profile(activities=activities) as prof:
+            for i in range(steps):
+                if i and left_s is not None and time.perf_counter() - started >= left_s:
+                    break
+                with torch.profiler.record_function(STEP):
+                    trainer.step()
+                    synchronize(device)
+    finally:
+        trainer.clock = clock
+    return Breakdown(split(prof.events(), device))
+
+
+def profile_recipe(spec, recipe, ctx, dataset, steps: int, left_s: Optional[float]
+                   ) -> Breakdown:
+    """A fresh model of `recipe`: WARMUP steps (and its one-time ones), then `steps` profiled
+    ones, within `left_s` seconds (checked between steps). OutOfTime before a profiled one."""
+    started = time.perf_counter()
+
+    def left() -> Optional[float]:
+        return None if left_s is None else left_s - (time.perf_counter() - started)
+
+    with applied(spec, recipe, ctx, dataset) as trainer:
+        for _ in range(WARMUP + techniques.one_time_steps(recipe)):
+            if left() is not None and left() <= 0:
+                raise OutOfTime
+            trainer.step()
+        synchronize(ctx.device)
+        if left() is not None and left() <= 0:
+            raise OutOfTime
+        return profile_steps(trainer, ctx.device, steps, left())
+
+
+def seconds(step_s: float, steps: int, recipe) -> float:
+    """A profile's wall time, estimated from a plain step's."""
+    return SETUP_S + step_s * (PROFILER_FACTOR * steps + WARMUP + techniques.one_time_steps(recipe))
+
+
+# --- a model's forecasts and paired profiles -----------------------------------------------
+class Explainer:
+    """The forecast (before a model's rounds) and the paired profile (after them) of one model
+    of a plan; writes explain.csv and forecast.csv into `run_dir` (None: keeps the rows)."""
+
+    def __init__(self, plan, spec, ctx, dataset, run_dir: Optional[Path], peaks: dict):
+        self.plan, self.spec, self.ctx, self.dataset = plan, spec, ctx, dataset
+        self.run_dir, self.peaks = run_dir, peaks
+        self.base = plan.baseline
+        self.explain_rows: list[dict] = []
+        self.forecast_rows: list[dict] = []
+        self.profile: Optional[Breakdown] = None  # the baseline's, behind the forecasts
+
+    def _head(self, variant: str) -> dict:
+        return {"experiment": self.plan.experiment, "model": self.spec.name,
+                "variant": variant, "is_baseline": variant == self.base}
+
+    def _profile(self, name: str, steps: int, budget, step_s: float) -> Breakdown | str:
+        """A variant's profile, or the status saying why there is none."""
+        recipe = self.plan.variants[name]
+        if budget.over() or (math.isfinite(step_s) and budget.left() < seconds(step_s, 1, recipe)):
+            return schema.format_status(schema.NOT_MEASURED, "the run's bench.time_budget_s "
+                                        "had no time left for its profiled steps")
+        try:
+            got = profile_recipe(self.spec, recipe, self.ctx, self.dataset, steps,
+                                 budget.limit(None))
+        except OutOfTime:
+            return schema.format_status(schema.NOT_MEASURED, "the run's bench.time_budget_s "
+                                        "ran out in its warm-up steps")
+        except Exception as exc:  # the measurement stands without its explanation
+            return schema.format_status(schema.ERROR, f"profiling failed: "
+                                        f"{type(exc).__name__}: {exc}"[:160])
+        return got if got.steps else schema.format_status(
+            schema.NOT_MEASURED, "no profiled step fitted in the run's bench.time_budget_s")
+
+    def _rows(self, name: str, stage: str, got: Breakdown | str) -> list[dict]:
+        head = {**self._head(name), "stage": stage,
+                "per_step": batching(self.spec, self.plan.variants[name], self.ctx).per_step}
+        if isinstance(got, str):
+            return [{**head, "category": "", "status": got}]
+        return [{**head, **row, "status": schema.OK} for row in got.rows()]
+
+    def forecast(self, budget, step_s: float, skip: dict) -> dict:
+        """The baseline's profiled steps, then each other variant's forecast: variant ->
+        (technique, Bound or why none). `skip`: variants n/a or stopped (no forecast)."""
+        got = self._profile(self.base, FORECAST_STEPS, budget, step_s)
+        self._write_explain(self._rows(self.base, "forecast", got))
+        out, rows = {}, []
+        for name, recipe in self.plan.variants.items():
+            if name == self.base:
+                continue
+            if isinstance(got, str):
+                tech, bound = "", f"no forecast: the baseline's profile is {got}"
+            elif name in skip:
+                tech, bound = "", f"no forecast: {skip[name]}"
+            else:
+                tech, bound = techniques.bound(recipe, self.plan.variants[self.base], got,
+                                               self.peaks)
+            out[name] = (tech, bound)
+            rows.append({**self._head(name), "technique": tech,
+                         **({"forecast": bound.speedup, "share": bound.share,
+                             "reason": bound.why, "status": schema.OK}
+                            if isinstance(bound, techniques.Bound) else {"status": bound})})
+        if not isinstance(got, str):
+            self.profile = got
+        self.forecast_rows += rows
+        if self.run_dir is not None and rows:
+            atomic.append_rows(self.run_dir / "forecast.csv", schema.FORECAST_COLUMNS, rows)
+        return out
+
+    def paired(self, budget, measured: list[str], step_s: dict) -> None:
+        """The baseline, each measured variant, the baseline again: their profiled steps,
+        the baseline's two profiles pooled (drift over the others hits both sides)."""
+        if not measured:
+            return
+        first = self._profile(self.base, PAIRED_STEPS, budget, step_s.get(self.base, math.nan))
+        rows = []
+        for name in measured:
+            got = self._profile(name, PAIRED_STEPS, budget, step_s.get(name, math.nan))
+            rows += self._rows(name, "paired", got)
+        again = self._profile(self.base, PAIRED_STEPS, budget, step_s.get(self.base, math.nan))
+        if isinstance(first, Breakdown) and isinstance(again, Breakdown):
+            first = Breakdown(first.steps + again.steps)
+        self._write_explain(self._rows(self.base, "paired", first) + rows)
+
+    def _write_explain(self, rows: list[dict]) -> None:
+        self.explain_rows += rows
+        if self.run_dir is not None and rows:
+            atomic.append_rows(self.run_dir / "explain.csv", schema.EXPLAIN_COLUMNS, rows)
+
+
+def reserve_s(plan, variants: list[str], step_s: dict, left_s: float) -> float:
+    """Seconds to keep back from a model's rounds for its paired profile: the baseline twice
+    and each variant once, from their probes' steps; at most RESERVE_SHARE of `left_s`."""
+    need = 0.0
+    for name in [plan.baseline, *variants, plan.baseline]:
+        s = step_s.get(name, math.nan)
+        if math.isfinite(s):
+            need += seconds(s, PAIRED_STEPS, plan.variants[name])
+    return min(need, RESERVE_SHARE * left_s) if math.isfinite(left_s) else need
