@@ -243,6 +243,10 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
     if profiled:
         from speedbench.report.profile_section import console_text
         print("\n" + console_text(run_dir))
+    from speedbench.report import explain_section
+    why = explain_section.console_lines(run_dir, summary)
+    if why:
+        print("\n" + "\n".join(why))
     runs = load_to_target(run_dir)
     if runs is not None:
         from speedbench.report.to_target_section import console_lines as target_lines

@@ -127,7 +127,8 @@ def _comparison(exp, model, variant, b: pd.DataFrame, v: pd.DataFrame, s, base_m
         row[f"{c}_lo"], row[f"{c}_hi"] = welch(m1, s1, n1, m0, s0, n0)
         profiled += m1 - m0
     measured = base_ms * (1 / row["speedup"] - 1) if row["speedup"] > 0 else math.nan
-    row.update(baseline_ms=base_ms, profiled_ms=profiled, measured_ms=measured,
+    row.update(baseline_ms=base_ms, base_profiled_ms=float(b.at["step", "mean_ms"]),
+               profiled_ms=profiled, measured_ms=measured,
                unexplained_ms=measured - profiled,
                unexplained_share=abs(measured - profiled) / abs(measured)
                if measured else math.nan)

@@ -21,9 +21,9 @@ from speedbench.results import atomic
 from speedbench.analysis import claims as claims_mod
 from speedbench.analysis import intervals
 from speedbench.analysis.summary import summarised
-from speedbench.report import (capacity_section, host_sweep, method, plots, profile_section,
-                               recipe_section, recommend, settings, to_target_section,
-                               unfinished)
+from speedbench.report import (capacity_section, explain_section, host_sweep, method, plots,
+                               profile_section, recipe_section, recommend, settings,
+                               to_target_section, unfinished)
 from speedbench.report.document import Document, shortened, slug, write
 from speedbench.report.numbers import learning_lost, ratio_ci
 from speedbench.results.runs import Run, load_recipe, load_run
@@ -535,6 +535,7 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
         doc.para(note)
     for warning in method.spread_warnings(summary):
         doc.note(warning)
+    explain_section.add(doc, run, experiment, out_dir)  # why, and the forecasts
     for view in settings.host_sweeps(run):
         host_sweep.add(doc, trials, view, out_dir, summary)
     if run.to_target is not None:

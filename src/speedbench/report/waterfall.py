@@ -1,6 +1,10 @@
-"""The recipe's waterfall: naive -> each technique added by the search, each bar the stage's
-cumulative speed-up over naive with its CI, as the closing measurement gave them
-(intervals.paired_ratio_ci, through the search; matplotlib, Agg; no torch).
+"""Waterfalls (matplotlib, Agg; no torch).
+
+`figure`: the recipe's waterfall: naive -> each technique added by the search, each bar the
+stage's cumulative speed-up over naive with its CI, as the closing measurement gave them
+(intervals.paired_ratio_ci, through the search).
+`parts_figure`: one comparison's step-time change split by operator category (an explained
+verdict, analysis/explain.py), then the profiled and the measured change, the forecast beside.
 
 Input: one model's waterfall rows (recipe.csv's `waterfall` part, or search.SearchResult's
 `waterfall`): label, speedup, lo, hi (cumulative, over naive, measured) and step_gain (the
@@ -17,7 +21,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from speedbench.analysis.explain import LABELS  # noqa: E402
 from speedbench.report.plots import BASE_COLOUR, STYLE, _xticks  # noqa: E402
+from speedbench.results.schema import EXPLAIN_CATEGORIES  # noqa: E402
 
 GAIN, LOSS, FINAL = "#2a9d8f", "#e76f51", "#264653"
 
@@ -72,3 +78,46 @@ def figures(waterfall: pd.DataFrame) -> dict[str, plt.Figure]:
     """One figure per model of a run's waterfall table (a `model` column)."""
     return {str(m): figure(g, str(m)) for m, g in waterfall.groupby("model", sort=False)}
 
+
+
+def _change_ms(base_ms: float, speedup: float) -> float:
+    """A speed-up as the change in ms of a baseline step (negative: time saved)."""
+    return base_ms * (1 / speedup - 1) if _finite(speedup) and speedup > 0 else math.nan
+
+
+def parts_figure(row) -> plt.Figure:
+    """One comparison (a row of analysis.explain.comparisons, with its forecast): each
+    category's change as a bar floating from the running total, with its interval over the
+    profiled steps; then their sum (profiled) and the rounds' change with its CI (measured);
+    the forecast's largest saving as a dashed line. ms per baseline step, variant - baseline."""
+    with plt.rc_context(STYLE):
+        cats = [c for c in EXPLAIN_CATEGORIES if _finite(row[f"{c}_ms"]) and row[f"{c}_ms"]]
+        fig, ax = plt.subplots(figsize=(max(5.0, 0.75 * len(cats) + 3.0), 3.8))
+        total = 0.0
+        for i, c in enumerate(cats):
+            d = float(row[f"{c}_ms"])
+            ax.bar(i, d, bottom=total, color=GAIN if d < 0 else LOSS, width=0.6)
+            lo, hi = row[f"{c}_lo"], row[f"{c}_hi"]
+            if _finite(lo) and _finite(hi):
+                ax.errorbar(i, total + d, yerr=[[max(0.0, d - lo)], [max(0.0, hi - d)]],
+                            color="black", capsize=3, lw=0.9)
+            total += d
+        n = len(cats)
+        ax.bar(n, row["profiled_ms"], color=BASE_COLOUR, width=0.6)
+        measured, base = float(row["measured_ms"]), float(row["baseline_ms"])
+        ax.bar(n + 1, measured, color=FINAL, width=0.6)
+        lo, hi = _change_ms(base, row["speedup_hi"]), _change_ms(base, row["speedup_lo"])
+        if _finite(lo) and _finite(hi):
+            ax.errorbar(n + 1, measured, color="black", capsize=4, lw=1.1,
+                        yerr=[[max(0.0, measured - lo)], [max(0.0, hi - measured)]])
+        forecast = row.get("forecast", math.nan)
+        if _finite(forecast) and forecast > 0:
+            ax.axhline(_change_ms(base, forecast), color="#888888", lw=1, ls="--",
+                       label=f"forecast: at most {forecast:.3g}x")
+            ax.legend(loc="best", fontsize=8, frameon=False)
+        ax.axhline(0.0, color="black", lw=0.8)
+        _xticks(ax, [LABELS[c] for c in cats] + ["profiled", "measured"])
+        ax.set_ylabel("change, ms per baseline step")
+        ax.set_title(f"Why {row['variant']} is {row['speedup']:.3g}x on {row['model']}")
+        fig.tight_layout()
+        return fig

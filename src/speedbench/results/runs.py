@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from speedbench.results.schema import (CURVE_COLUMNS, FINDING_COLUMNS, OK, PHASE_COLUMNS,
+from speedbench.results.schema import (CURVE_COLUMNS, EXPLAIN_COLUMNS, FINDING_COLUMNS,
+                                       FORECAST_COLUMNS, OK, PHASE_COLUMNS,
                                        RECIPE_COLUMNS, REQUIRED_CAPACITY_COLUMNS,
                                        REQUIRED_TRIAL_COLUMNS, REQUIRED_QUALITY_COLUMNS,
                                        REQUIRED_TO_TARGET_COLUMNS, SUMMARY_COLUMNS,
@@ -78,6 +79,8 @@ class Run:
     to_target: Optional[pd.DataFrame] = None  # to_target.csv: a row per variant and seed
     curves: Optional[pd.DataFrame] = None  # curves.csv: the held-out loss as each run trained
     quality: Optional[pd.DataFrame] = None  # quality.csv: the probe's loss per variant and seed
+    explain: Optional[pd.DataFrame] = None  # explain.csv: profiled steps split by category
+    forecast: Optional[pd.DataFrame] = None  # forecast.csv: each variant's forecast
     recipe_search: bool = False  # recipe.csv beside: each experiment is its own CI family
     format_version: int = 1
     members: dict = field(default_factory=dict)  # a suite's members/*.yaml: bench per experiment
@@ -359,6 +362,8 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
                                          notes),
                curves=_optional_table(path / "curves.csv", CURVE_COLUMNS, notes),
                quality=_optional_table(path / "quality.csv", REQUIRED_QUALITY_COLUMNS, notes),
+               explain=_optional_table(path / "explain.csv", EXPLAIN_COLUMNS, notes),
+               forecast=_optional_table(path / "forecast.csv", FORECAST_COLUMNS, notes),
                recipe_search=_recipe_search(path, notes), format_version=version,
                notes=notes, missing=missing, label=path.name)
 
@@ -543,6 +548,13 @@ def load_profile_tables(run_dir) -> Optional[tuple[pd.DataFrame, pd.DataFrame]]:
         return None
     findings = _optional_table(run_dir / "findings.csv", tuple(FINDING_COLUMNS), [])
     return phases, (pd.DataFrame() if findings is None else findings.fillna("").astype(str))
+
+
+def load_explain(run_dir) -> tuple[Optional[pd.DataFrame], Optional[pd.DataFrame]]:
+    """(explain.csv, forecast.csv) of a run directory, each None where absent or unusable."""
+    run_dir = Path(run_dir)
+    return (_optional_table(run_dir / "explain.csv", tuple(EXPLAIN_COLUMNS), []),
+            _optional_table(run_dir / "forecast.csv", tuple(FORECAST_COLUMNS), []))
 
 
 def load_recipe(run_dir, notes: Optional[list[str]] = None) -> Optional[pd.DataFrame]:

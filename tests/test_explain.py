@@ -1,0 +1,307 @@
+"""Explained verdicts and forecasts (issue 35): profiled steps split by operator category, the
+techniques' bounds, the paired comparison's parts, explain.csv / forecast.csv and the report.
+
+Synthetic models with a known answer: one whose step is all data wait (a Dataset that
+sleeps), one that reads device values on the host in its forward (injected syncs), one bound
+by matrix products. The tests assert what the code measured and relations that hold on any
+CPU class, core count and load (the parts sum to the step, shares in [0, 1], bounds >= 1,
+the dominant category is the one the model was built to stress), never a timing threshold.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn as nn
+from conftest import SMALL_MODELS, TINY, compose_cfg, only_run_dir, run_cli
+
+from speedbench import techniques
+from speedbench.analysis import explain as stats
+from speedbench.config import ModelSpec, build_plan
+from speedbench.measure import explain
+from speedbench.measure.budget import Budget
+from speedbench.results import schema
+from speedbench.techniques import Context
+from speedbench.techniques.base import amdahl
+
+CPU = torch.device("cpu")
+CATEGORIES = schema.EXPLAIN_CATEGORIES
+
+
+# --- the synthetic models ---------------------------------------------------------------------
+class SlowData(torch.utils.data.Dataset):
+    """Each sample takes a sleep to load: the loop waits for data, whatever the CPU."""
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i):
+        time.sleep(0.003)
+        return torch.randn(16), i % 4
+
+
+class FastData(SlowData):
+    def __getitem__(self, i):
+        return torch.randn(256), i % 4
+
+
+def tiny_net() -> nn.Module:
+    return nn.Linear(16, 4)
+
+
+class Reader(nn.Module):
+    """A small net that reads a device value on the host `reads` times per forward."""
+
+    def __init__(self, reads: int = 0):
+        super().__init__()
+        self.body, self.reads = nn.Linear(256, 4), reads
+
+    def forward(self, x):
+        for _ in range(self.reads):
+            x = x + x.sum().item() * 0.0
+        return self.body(x)
+
+
+def matmul_net() -> nn.Module:
+    """Wide linear layers, no activations: the step is matrix products."""
+    return nn.Sequential(nn.Linear(256, 1024), nn.Linear(1024, 1024), nn.Linear(1024, 4))
+
+
+def spec(target: str, batch: int = 4, **kwargs) -> ModelSpec:
+    return ModelSpec(name=target.split(".")[-1], target={"_target_": target, **kwargs},
+                     dataset={}, loss="cross_entropy", batch_size=batch)
+
+
+def recipes(*overrides: str):
+    """(baseline recipe, the plan) for TINY settings; the variant recipes of the plan too."""
+    plan = build_plan(compose_cfg(*TINY, "model=transformer", *overrides), None)
+    return plan.variants[plan.baseline], plan
+
+
+def profile(target: str, dataset, batch: int = 4, steps: int = 3, **kwargs) -> stats.Breakdown:
+    recipe, _ = recipes(f"batch_size={batch}")
+    return explain.profile_recipe(spec(target, batch, **kwargs), recipe, Context(device=CPU),
+                                  dataset, steps, None)
+
+
+def check_split(bd: stats.Breakdown, steps: int) -> None:
+    """What every split must satisfy: the asked steps, every category, non-negative parts
+    summing to the step, shares in [0, 1]."""
+    assert len(bd.steps) == steps
+    for step in bd.steps:
+        assert set(step) == set(CATEGORIES)
+        assert all(v >= -1e-6 for v in step.values()), step
+    assert bd.step_ms > 0
+    assert math.isclose(sum(bd.mean(c) for c in CATEGORIES), bd.step_ms, rel_tol=1e-9)
+    assert all(0 <= bd.share(c) <= 1 + 1e-9 for c in CATEGORIES)
+
+
+@pytest.fixture(scope="module")
+def data_bound():
+    return profile("test_explain.tiny_net", SlowData())
+
+
+@pytest.fixture(scope="module")
+def matmul_bound():
+    return profile("test_explain.matmul_net", FastData(), batch=256)
+
+
+# --- the split --------------------------------------------------------------------------------
+def test_a_data_bound_step_is_data_wait_and_workers_forecast_amdahl(data_bound):
+    check_split(data_bound, 3)
+    assert max(CATEGORIES, key=data_bound.mean) == "data"
+    base, plan = recipes("+experiment=workers")
+    more = next(r for r in plan.variants.values() if r.data.num_workers > 0)
+    name, got = techniques.bound(more, base, data_bound, {})
+    share = data_bound.share("data")
+    assert name == "loader" and got.share == share
+    assert got.speedup == pytest.approx(1 / (1 - share)) and got.speedup >= 1
+    assert "data wait is" in got.why and "workers cannot gain more than" in got.why
+    # no forecast for a variant with no more workers than the baseline
+    assert techniques.by_name("loader").bound(base, base, data_bound, {}) is None
+
+
+def test_a_matmul_bound_step_is_matmul_and_amp_forecast_uses_the_peak_ratio(matmul_bound):
+    check_split(matmul_bound, 3)
+    assert max(CATEGORIES, key=matmul_bound.mean) == "matmul"
+    base, plan = recipes("+experiment=amp")
+    f = matmul_bound.share("matmul")
+    name, got = techniques.bound(plan.variants["bf16"], base, matmul_bound,
+                                 {"fp32": 1.0, "bf16": 4.0})
+    assert name == "precision"
+    assert got.speedup == pytest.approx(1 / (1 - f * (1 - 1 / 4))) and 1 <= got.speedup <= 4
+    # a 16-bit product slower than fp32's forecasts a slower step; no peaks, no forecast
+    slow = techniques.by_name("precision").bound(plan.variants["bf16"], base, matmul_bound,
+                                                 {"fp32": 1.0, "bf16": 0.5})
+    assert slow.speedup <= 1
+    assert techniques.by_name("precision").bound(plan.variants["bf16"], base, matmul_bound,
+                                                 {"fp32": math.nan, "bf16": math.nan}) is None
+
+
+def test_injected_host_syncs_show_as_sync_and_bound_deferred_reads():
+    clean = profile("test_explain.Reader", FastData(), reads=0)
+    syncing = profile("test_explain.Reader", FastData(), reads=50)
+    check_split(syncing, 3)
+    assert syncing.mean("sync") > clean.mean("sync")
+    base, plan = recipes("+experiment=sync")  # baseline: item every step
+    name, got = techniques.bound(plan.variants["deferred"], base, syncing, {})
+    assert name == "sync" and got.speedup == pytest.approx(1 / (1 - syncing.share("sync")))
+    assert got.speedup >= 1
+
+
+def test_the_cpu_split_covers_each_profiled_step_span():
+    """split_cpu on a real profile: the parts sum to the step span's own duration."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    model = matmul_net()
+    x = torch.randn(64, 256)
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            with torch.profiler.record_function(explain.STEP):
+                with torch.profiler.record_function("speedbench.forward"):
+                    loss = model(x).sum()
+                loss.backward()
+    events = [e for e in prof.events() if e.device_type == DeviceType.CPU]
+    spans = [e for e in events if e.name == explain.STEP]
+    assert len(spans) == 2
+    for span in spans:
+        parts = explain.split_cpu(span, events)
+        assert sum(parts.values()) == pytest.approx(span.time_range.elapsed_us() / 1000)
+        assert parts["matmul"] > 0 and parts["python"] >= 0
+
+
+@pytest.mark.parametrize("name, phase, want", [
+    ("aten::addmm", "forward", "matmul"), ("aten::convolution_backward", "backward", "matmul"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "forward", "matmul"),
+    ("aten::add_", "forward", "elementwise"), ("aten::_to_copy", "forward", "elementwise"),
+    ("aten::item", "other", "sync"), ("aten::_local_scalar_dense", "forward", "sync"),
+    ("aten::addmm", "optimizer", "optimizer"), ("aten::stack", "data", "data"),
+    ("Torch-Compiled Region: 0/0", "forward", "compile"), ("speedbench.forward", "forward",
+                                                           "python"),
+    ("autograd::engine::evaluate_function: MmBackward0", "backward", "other")])
+def test_categories(name, phase, want):
+    assert explain.category(name, phase) == want
+
+
+# --- bounds -----------------------------------------------------------------------------------
+def test_amdahl():
+    assert amdahl(0.0) == 1.0 and amdahl(0.5) == 2.0 and amdahl(0.5, 2.0) == pytest.approx(4 / 3)
+    assert amdahl(1.0) == math.inf and amdahl(0.3, 1.0) == 1.0
+
+
+def test_a_variant_changing_two_techniques_gets_no_forecast(data_bound):
+    base, plan = recipes("+experiment=amp")
+    both = plan.variants["bf16"].copy()
+    both.sync = "deferred" if base.sync != "deferred" else "item"
+    name, why = techniques.bound(both, base, data_bound, {"fp32": 1.0, "bf16": 2.0})
+    assert "several techniques" in why and "precision" in name and "sync" in name
+    assert "no technique" in techniques.bound(base, base, data_bound, {})[1]
+
+
+def test_forecasts_are_skipped_with_the_reason_when_the_budget_is_spent(tmp_path):
+    _, plan = recipes("+experiment=workers")
+    who = explain.Explainer(plan, spec("test_explain.tiny_net"), Context(device=CPU),
+                            SlowData(), tmp_path, {})
+    got = who.forecast(Budget(0.0), 0.01, {})
+    assert set(got) == set(plan.variants) - {plan.baseline}
+    assert all("bench.time_budget_s" in why for _, why in got.values())
+    rows = pd.read_csv(tmp_path / "forecast.csv")
+    assert list(rows.columns) == schema.FORECAST_COLUMNS
+    assert rows["status"].str.startswith("no forecast").all()
+    explained = pd.read_csv(tmp_path / "explain.csv")
+    assert explained["status"].str.startswith(schema.NOT_MEASURED).all()
+    assert who.profile is None
+
+
+# --- the comparison's parts (analysis, no torch) ------------------------------------------------
+def _rows(variant: str, base: bool, steps: list[dict], per_step: int) -> list[dict]:
+    bd = stats.Breakdown(steps)
+    return [{"experiment": "e", "model": "m", "variant": variant, "is_baseline": base,
+             "stage": "paired", "per_step": per_step, "status": "ok", **r} for r in bd.rows()]
+
+
+def test_parts_sum_to_the_profiled_change_and_the_rest_is_unexplained():
+    rng = np.random.default_rng(0)
+
+    def steps(matmul: float, n: int = 4) -> list[dict]:
+        return [{**dict.fromkeys(CATEGORIES, 0.0), "matmul": matmul + rng.normal(0, 0.1),
+                 "elementwise": 5 + rng.normal(0, 0.1), "data": 1.0} for _ in range(n)]
+
+    table = pd.DataFrame(_rows("fp32", True, steps(20.0), 8)
+                         + _rows("bf16", False, steps(10.0), 8)
+                         + _rows("big", False, steps(40.0), 16))  # twice the samples per step
+    summary = pd.DataFrame([
+        {"experiment": "e", "model": "m", "variant": "fp32", "step_ms": 25.0, "speedup": 1.0,
+         "speedup_lo": math.nan, "speedup_hi": math.nan, "verdict": "baseline"},
+        {"experiment": "e", "model": "m", "variant": "bf16", "step_ms": 15.0, "speedup": 1.6,
+         "speedup_lo": 1.5, "speedup_hi": 1.7, "verdict": "faster"},
+        {"experiment": "e", "model": "m", "variant": "big", "step_ms": 45.0, "speedup": 1.1,
+         "speedup_lo": 0.9, "speedup_hi": 1.3, "verdict": "inconclusive"}])
+    got = stats.comparisons(table, summary).set_index("variant")
+    assert set(got.index) == {"bf16", "big"}
+    for _, r in got.iterrows():
+        parts = sum(r[f"{c}_ms"] for c in CATEGORIES)
+        assert parts == pytest.approx(r["profiled_ms"])
+        assert r["unexplained_ms"] == pytest.approx(r["measured_ms"] - r["profiled_ms"])
+        for c in CATEGORIES:
+            lo, hi = r[f"{c}_lo"], r[f"{c}_hi"]
+            assert lo <= r[f"{c}_ms"] <= hi
+    bf16 = got.loc["bf16"]
+    assert bf16["matmul_ms"] < 0 and bf16["data_ms"] == pytest.approx(0.0)
+    assert bf16["measured_ms"] == pytest.approx(25.0 * (1 / 1.6 - 1))
+    # twice the samples per step: compared per baseline step's samples, data wait halves
+    assert got.loc["big", "data_ms"] == pytest.approx(-0.5)
+    decided = stats.decided(got.reset_index())
+    assert list(decided["variant"]) == ["bf16"]
+    forecast = pd.DataFrame([{"experiment": "e", "model": "m", "variant": "bf16",
+                              "technique": "precision", "forecast": 1.4, "share": 0.7,
+                              "reason": "matmul/conv is 70 %", "status": "ok"}])
+    line = stats.sentence(stats.with_forecasts(decided, forecast).iloc[0])
+    assert line.startswith("m bf16 1.6x: matmul/conv -")
+    assert "unexplained" in line and "forecast at most 1.4x" in line and "measured above" in line
+
+
+# --- a whole run ---------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_run_explains_its_decided_comparisons_and_writes_the_forecasts(tmp_path):
+    """+experiment=sync on a tiny transformer: explain.csv has the forecast and the paired
+    stages, forecast.csv a row per variant, the report and the console say why."""
+    proc = run_cli("+experiment=sync", *TINY, *SMALL_MODELS, "model=transformer",
+                   "bench.time_budget_s=120", f"out_dir={tmp_path}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    table = pd.read_csv(run_dir / "explain.csv")
+    assert list(table.columns) == schema.EXPLAIN_COLUMNS
+    ok = table[table["status"] == "ok"]
+    assert set(ok["stage"]) == {"forecast", "paired"}
+    for (stage, variant), g in ok.groupby(["stage", "variant"]):
+        g = g.set_index("category")
+        assert sum(g.at[c, "mean_ms"] for c in CATEGORIES) == pytest.approx(g.at["step",
+                                                                                   "mean_ms"])
+    paired = ok[ok["stage"] == "paired"]
+    assert set(paired["variant"]) == {"item", "numpy", "deferred"}
+    forecast = pd.read_csv(run_dir / "forecast.csv")
+    assert set(forecast["variant"]) == {"numpy", "deferred"}
+    deferred = forecast.set_index("variant").loc["deferred"]
+    assert deferred["status"] == "ok" and deferred["forecast"] >= 1
+    assert "Forecasts" in proc.stdout
+    report = (run_dir / "report.md").read_text()
+    assert "Why: where the time went" in report and "deferred" in report
+
+
+# --- CUDA (kernels): skipped without a GPU --------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_matmul_bound_cuda_step_is_kernel_time_in_matmul():
+    """The kernel path: the device timeline split so that the parts sum to each step, the
+    matrix products' kernels above the element-wise ones in a net of wide linear layers."""
+    recipe, _ = recipes("batch_size=512")
+    bd = explain.profile_recipe(spec("test_explain.matmul_net", 512), recipe,
+                                Context(device=torch.device("cuda")), FastData(), 3, None)
+    check_split(bd, 3)
+    assert bd.mean("matmul") > bd.mean("elementwise") > 0
