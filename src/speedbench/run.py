@@ -110,7 +110,7 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
         if groups is not None:  # +experiment=recipe: the search runs the plans
             levels.update(recipe.levels(recipe.execute(
                 cfg, plan, groups, run_dir, writer, progress, measure,
-                recipe.cannot_act_for(cfg, na_variants, dist_env))))
+                recipe.cannot_act_for(cfg, na_variants, dist_env), book)))
         else:
             measure(plan, run_dir, progress, dist_env, writer,
                     budget=budget.part(1 - TARGET_SHARE) if target else budget)

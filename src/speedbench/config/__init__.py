@@ -235,6 +235,10 @@ class RecipeConfig:
                                    factory=list)
     check_findings: bool = setting(True, "a profiled run measures each finding's suggested knob "
                                          "before the report recommends it")
+    forecasts: bool = setting(True, "before the search, profile the naive recipe and set aside "
+                                    "every candidate group whose options' forecasts "
+                                    "(Technique.bound) all lie under recipe.min_gain, with the "
+                                    "reason; false: screen every group")
 
 
 @dataclass
