@@ -308,17 +308,19 @@ def test_a_matmul_bound_cuda_step_is_kernel_time_in_matmul():
     assert bd.mean("matmul") > bd.mean("elementwise") > 0
 
 
-# --- the recipe search's forecasts ------------------------------------------------------------------
+# --- the recipe search's forecasts -----------------------------------------------------------
 @pytest.mark.slow
 def test_the_recipe_search_sets_aside_groups_whose_forecasts_are_under_the_threshold():
     """From the naive recipe's profiled steps: every group set aside says why, with a bound
     under 1 + min_gain; the others are kept; none is lost."""
+    from speedbench.measure.rounds import na_variants
     from speedbench.search import driver, selection
 
     cfg = compose_cfg(*TINY, *SMALL_MODELS, "model=transformer", experiment="recipe")
     plan = build_plan(cfg, "recipe")
     groups = driver.parse_groups(cfg)
-    naive, groups, _ = selection.restrict_naive(groups, lambda overrides: None)
+    naive, groups, _ = selection.restrict_naive(
+        groups, driver.cannot_act_for(cfg, na_variants)(plan.models[0]))
     kept, notes = driver.forecast_groups(cfg, plan.models[0], naive, groups, None, 0.05)
     assert len(kept) + len(notes) == len(groups)
     for note in notes:
