@@ -186,8 +186,9 @@ class ModelRounds:
         self.explainer = explain.Explainer(self.plan, self.spec, self.ctx, self.dataset,
                                            self.run_dir, dict(self.book.peaks))
         steps = self._step_seconds()
-        self.forecasts = self.explainer.forecast(self.budget, steps.get(base, math.nan),
-                                                 self.skip)
+        na = {n: s for n, s in self.skip.items() if schema.parse_status(s).kind == schema.NA}
+        # a variant the probes stopped still gets its forecast: it says what it could have been
+        self.forecasts = self.explainer.forecast(self.budget, steps.get(base, math.nan), na)
         others = [n for n in self.plan.variants if n != base and n not in self.skip
                   and not self._launched(self.plan.variants[n])]
         self.explain_reserve = explain.reserve_s(self.plan, others, steps, self.budget.left())
