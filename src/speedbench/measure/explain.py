@@ -59,9 +59,9 @@ MATMUL_PREFIXES = ("conv", "_conv", "cudnn_conv", "miopen_conv", "mkldnn_conv", 
                    "_flash_attention", "_efficient_attention", "_cudnn_attention")
 SYNC_OPS = {"item", "_local_scalar_dense", "is_nonzero"}
 COMPILE_MARKERS = ("compiled", "dynamo", "inductor")
-# CUDA runtime calls after which the host has waited for the device
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-              "cudaMemcpy", "cudaStreamWaitEvent")
+# CUDA runtime calls in which the host waits for the device (cudaMemcpyAsync does not)
+SYNC_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+              "cudaMemcpy"}
 
 
 def category(name: str, phase: Optional[str]) -> str:
@@ -146,12 +146,24 @@ def _overlap(a: float, b: float, spans: list[tuple[float, float]]) -> float:
     return sum(max(0.0, min(b, y) - max(a, x)) for x, y in spans)
 
 
+SYNC_SLACK_US = 50.0
+
+
+def _linked(ev) -> bool:
+    return bool(getattr(ev, "linked_correlation_id", 0))
+
+
 def split_cuda(span, events, kernels) -> dict:
     """category -> ms of one profiled step on CUDA, from the device's timeline: kernel time by
     the category of the operator that launched it, idle time by what the host was doing."""
     s, e = _start(span), _end(span)
     nested = _nested(span, events)
-    by_id = {ev.id: cat for ev, cat, _ in nested}  # a kernel's launching operator
+    # A kernel's linked id is its launching operator's id. Runtime calls (linked ids > 0)
+    # have ids of another counter: left out. Autograd runs a CUDA backward on a thread of its
+    # own: its operators are looked up by name; the step's thread's by phase too.
+    by_id = {ev.id: category(ev.name, None) for ev in events
+             if not _linked(ev) and _start(ev) >= s and _end(ev) <= e}
+    by_id.update({ev.id: cat for ev, cat, _ in nested if not _linked(ev)})
     parts = dict.fromkeys(CATEGORIES, 0.0)
     clipped = [(max(s, _start(k)), min(e, _end(k)), by_id.get(k.linked_correlation_id, "other"))
                for k in kernels if _end(k) > s and _start(k) < e]
@@ -159,16 +171,16 @@ def split_cuda(span, events, kernels) -> dict:
     busy_us = sum(b - a for a, b in busy)
     kernel_us = sum(b - a for a, b, _ in clipped)
     for a, b, cat in clipped:  # overlapping streams: each kernel's share of the busy time
-        parts[cat] += (b - a) * busy_us / kernel_us / 1000
+        parts[cat] += (b - a) * busy_us / kernel_us / 1000 if kernel_us else 0.0
     data = [(_start(ev), _end(ev)) for ev, _, _ in nested if ev.name == LABEL + "data"]
-    sync_ends = sorted(_end(ev) for ev, _, _ in nested if ev.name.startswith(SYNC_CALLS))
+    sync_ends = sorted(_end(ev) for ev, _, _ in nested if ev.name in SYNC_CALLS)
     edges = [s] + [x for ab in busy for x in ab] + [e]
     for g0, g1 in zip(edges[::2], edges[1::2]):  # the idle gaps between busy stretches
         if g1 <= g0:
             continue
         waited = _overlap(g0, g1, data)
-        after = [t for t in sync_ends if g0 <= t <= g1] or \
-            [t for t in sync_ends if t < g0 and not _overlap(t, g0, busy)]
+        # a sync returns as the device drains: its end may stamp a little before the gap's
+        after = [t for t in sync_ends if g0 - SYNC_SLACK_US <= t <= g1]
         synced = min(g1 - max(g0, after[0]), g1 - g0 - waited) if after else 0.0
         parts["data"] += waited / 1000
         parts["sync"] += max(0.0, synced) / 1000
