@@ -79,7 +79,9 @@ def spec(target: str, batch: int = 4, **kwargs) -> ModelSpec:
 
 def recipes(*overrides: str):
     """(baseline recipe, the plan) for TINY settings; the variant recipes of the plan too."""
-    plan = build_plan(compose_cfg(*TINY, "model=transformer", *overrides), None)
+    keys = {o.split("=")[0] for o in overrides}
+    tiny = [o for o in TINY if o.split("=")[0] not in keys]
+    plan = build_plan(compose_cfg(*tiny, "model=transformer", *overrides), None)
     return plan.variants[plan.baseline], plan
 
 
