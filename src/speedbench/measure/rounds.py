@@ -189,6 +189,10 @@ class ModelRounds:
         na = {n: s for n, s in self.skip.items() if schema.parse_status(s).kind == schema.NA}
         # a variant the probes stopped still gets its forecast: it says what it could have been
         self.forecasts = self.explainer.forecast(self.budget, steps.get(base, math.nan), na)
+        said = [f"{n} at most {b.speedup:.3g}x" for n, (_, b) in self.forecasts.items()
+                if isinstance(b, techniques.Bound)]
+        if said:  # before any round: what each could gain at best
+            self.bar.write(f"{self.spec.name}: forecasts: {', '.join(said)}", sys.stderr)
         others = [n for n in self.plan.variants if n != base and n not in self.skip
                   and not self._launched(self.plan.variants[n])]
         self.explain_reserve = explain.reserve_s(self.plan, others, steps, self.budget.left())
