@@ -36,9 +36,11 @@ import torch
 
 from speedbench import techniques
 from speedbench.analysis.explain import Breakdown
+from speedbench.measure import watchdog
 from speedbench.measure.profile import LabelClock
 from speedbench.measure.session import applied, batching
 from speedbench.measure.timing import synchronize
+from speedbench.measure.trial import BUDGET_GRACE_S, BUDGET_LIMIT
 from speedbench.results import atomic, schema
 
 CATEGORIES = schema.EXPLAIN_CATEGORIES
@@ -233,13 +235,16 @@ def profile_steps(trainer, device: torch.device, steps: int,
 def profile_recipe(spec, recipe, ctx, dataset, steps: int, left_s: Optional[float]
                    ) -> Breakdown:
     """A fresh model of `recipe`: WARMUP steps (and its one-time ones), then `steps` profiled
-    ones, within `left_s` seconds (checked between steps). OutOfTime before a profiled one."""
+    ones, within `left_s` seconds: checked between steps (OutOfTime before a profiled one),
+    and a step still running BUDGET_GRACE_S past them is stopped (watchdog.StepOverrun)."""
     started = time.perf_counter()
 
     def left() -> Optional[float]:
         return None if left_s is None else left_s - (time.perf_counter() - started)
 
-    with applied(spec, recipe, ctx, dataset) as trainer:
+    guard = watchdog.deadline(None if left_s is None else left_s + BUDGET_GRACE_S,
+                              f"model {spec.name}: profiled steps", BUDGET_LIMIT)
+    with guard, applied(spec, recipe, ctx, dataset) as trainer:
         for _ in range(WARMUP + techniques.one_time_steps(recipe)):
             if left() is not None and left() <= 0:
                 raise OutOfTime
@@ -284,6 +289,9 @@ class Explainer:
         except OutOfTime:
             return schema.format_status(schema.NOT_MEASURED, "the run's bench.time_budget_s "
                                         "ran out in its warm-up steps")
+        except watchdog.StepOverrun:
+            return schema.format_status(schema.NOT_MEASURED, "the run's bench.time_budget_s "
+                                        "ran out in a profiled step")
         except Exception as exc:  # the measurement stands without its explanation
             return schema.format_status(schema.ERROR, f"profiling failed: "
                                         f"{type(exc).__name__}: {exc}"[:160])
