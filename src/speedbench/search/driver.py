@@ -26,7 +26,7 @@ from speedbench import results, techniques
 from speedbench.analysis import intervals
 from speedbench.analysis import quality as quality_stats
 from speedbench.analysis import to_target as target_stats
-from speedbench.measure import explain, stopping, to_target
+from speedbench.measure import explain, stopping, to_target, watchdog
 from speedbench.measure.data import build_dataset
 from speedbench.measure.rounds import fresh_order_seed
 from speedbench.measure.trial import context, dataset_length
@@ -307,7 +307,7 @@ def forecast_groups(cfg: DictConfig, spec: ModelSpec, naive: dict, groups: list[
         profile = explain.profile_recipe(plan.models[0], base, context(plan), data,
                                          explain.FORECAST_STEPS, 10 * (base.bench.max_trial_s
                                                                        or 6.0))
-    except Exception as exc:  # the search goes on without forecasts
+    except (Exception, watchdog.StepOverrun) as exc:  # the search goes on without them
         return groups, [f"no forecasts: profiling the naive recipe failed ({exc})"[:200]]
     kept, notes = [], []
     for g in groups:
