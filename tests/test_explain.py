@@ -269,6 +269,40 @@ def test_parts_sum_to_the_profiled_change_and_the_rest_is_unexplained():
     assert "unexplained" in line and "forecast at most 1.4x" in line and "measured above" in line
 
 
+def test_the_report_section_has_a_sentence_a_waterfall_and_the_forecasts(tmp_path):
+    """explain_section.add on tables a run would write: one sentence and one figure per
+    decided comparison, the parts' table, every forecast beside the measured CI."""
+    from types import SimpleNamespace
+
+    from speedbench.report import explain_section
+    from speedbench.report.document import Document
+
+    steps = [{**dict.fromkeys(CATEGORIES, 0.0), "matmul": m, "data": 1.0}
+             for m in (20.0, 20.2, 19.8)]
+    fast = [{**s, "matmul": s["matmul"] / 2} for s in steps]
+    table = pd.DataFrame(_rows("fp32", True, steps, 8) + _rows("bf16", False, fast, 8))
+    summary = pd.DataFrame([
+        {"experiment": "e", "model": "m", "variant": "fp32", "step_ms": 21.0, "speedup": 1.0,
+         "speedup_lo": math.nan, "speedup_hi": math.nan, "verdict": "baseline"},
+        {"experiment": "e", "model": "m", "variant": "bf16", "step_ms": 11.0, "speedup": 1.9,
+         "speedup_lo": 1.8, "speedup_hi": 2.0, "verdict": "faster"}])
+    forecast = pd.DataFrame([{"experiment": "e", "model": "m", "variant": "bf16",
+                              "technique": "precision", "forecast": 1.5, "share": 0.95,
+                              "reason": "matmul/conv is 95 %", "status": "ok"}])
+    run = SimpleNamespace(explain=table, forecast=forecast, summary=summary)
+    doc = Document("t")
+    (tmp_path / "plots").mkdir()  # as write_report makes it
+    explain_section.add(doc, run, "e", tmp_path)
+    kinds = [b[0] for b in doc.blocks]
+    bullets = next(b[1] for b in doc.blocks if b[0] == "bullets")
+    assert len(bullets) == 1 and bullets[0].startswith("m bf16 1.9x: matmul/conv -10")
+    figures = next(b[1] for b in doc.blocks if b[0] == "figures")
+    assert len(figures) == 1 and (tmp_path / figures[0][1]).is_file()
+    tables = [b[1] for b in doc.blocks if b[0] == "table"]
+    assert kinds.count("table") == 2
+    assert "(above the forecast)" in tables[1]["measured [CI]"].iloc[0]
+
+
 # --- a whole run ---------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_run_explains_its_decided_comparisons_and_writes_the_forecasts(tmp_path):
