@@ -41,7 +41,7 @@ class SlowData(torch.utils.data.Dataset):
         return 100_000
 
     def __getitem__(self, i):
-        time.sleep(0.003)
+        time.sleep(0.02)  # 80 ms a batch: far above a tiny net's step, even on a loaded CPU
         return torch.randn(16), i % 4
 
 
@@ -86,6 +86,9 @@ def recipes(*overrides: str):
 
 
 def profile(target: str, dataset, batch: int = 4, steps: int = 3, **kwargs) -> stats.Breakdown:
+    # one thread: on a loaded machine, threads that wait for a busy core make every small
+    # operator slow, which is not what these models are about (conftest restores the count)
+    torch.set_num_threads(1)
     recipe, _ = recipes(f"batch_size={batch}")
     return explain.profile_recipe(spec(target, batch, **kwargs), recipe, Context(device=CPU),
                                   dataset, steps, None)

@@ -128,6 +128,8 @@ def _comparison(exp, model, variant, b: pd.DataFrame, v: pd.DataFrame, s, base_m
         profiled += m1 - m0
     measured = base_ms * (1 / row["speedup"] - 1) if row["speedup"] > 0 else math.nan
     row.update(baseline_ms=base_ms, base_profiled_ms=float(b.at["step", "mean_ms"]),
+               variant_ms=base_ms / row["speedup"] if row["speedup"] > 0 else math.nan,
+               variant_profiled_ms=scale * float(v.at["step", "mean_ms"]),
                profiled_ms=profiled, measured_ms=measured,
                unexplained_ms=measured - profiled,
                unexplained_share=abs(measured - profiled) / abs(measured)

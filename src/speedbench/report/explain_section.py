@@ -23,7 +23,8 @@ METHOD = ("After the rounds, a fresh model of the baseline, of each variant meas
           "variant's mean less the baseline's (the variant scaled to the baseline's samples "
           "per step), in ms per step, with a 95 % interval over the profiled steps; the parts "
           "sum to the profiled change. Unexplained is what they leave of the change the "
-          "rounds measured (the profiler's own cost, drift, noise).")
+          "rounds measured (the profiler's own cost, drift, noise): the table gives each "
+          "side's profiled step beside its timed one.")
 FORECAST = ("Forecast: before the rounds, each technique declared the most it could gain here "
             "from one profiled baseline step (Amdahl on the share of the step it acts on; "
             "amp with the measured 16-bit/fp32 matmul peak ratio). A measured CI wholly above "
@@ -63,6 +64,10 @@ def parts_table(rows: pd.DataFrame) -> pd.DataFrame:
                 f" [{lo:+.2f}, {hi:+.2f}]" if math.isfinite(lo) else "")
         row["profiled"] = f"{r['profiled_ms']:+.2f}"
         row["measured"] = f"{r['measured_ms']:+.2f}"
+        # where an unexplained rest comes from: each side's profiled step against its timed one
+        row["steps profiled / timed"] = (f"{r['base_profiled_ms']:.1f} / {r['baseline_ms']:.1f}"
+                                         f" -> {r['variant_profiled_ms']:.1f} / "
+                                         f"{r['variant_ms']:.1f}")
         share = r["unexplained_share"]
         row["unexplained"] = f"{r['unexplained_ms']:+.2f}" + (
             f" ({100 * share:.0f} %)" if math.isfinite(share) else "")

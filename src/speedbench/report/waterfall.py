@@ -25,7 +25,7 @@ from speedbench.analysis.explain import LABELS  # noqa: E402
 from speedbench.report.plots import BASE_COLOUR, STYLE, _xticks  # noqa: E402
 from speedbench.results.schema import EXPLAIN_CATEGORIES  # noqa: E402
 
-GAIN, LOSS, FINAL = "#2a9d8f", "#e76f51", "#264653"
+GAIN, LOSS, FINAL, PROFILED = "#2a9d8f", "#e76f51", "#264653", "#8d99ae"
 
 
 def measured(rows: pd.DataFrame) -> pd.DataFrame:
@@ -103,7 +103,7 @@ def parts_figure(row) -> plt.Figure:
                             color="black", capsize=3, lw=0.9)
             total += d
         n = len(cats)
-        ax.bar(n, row["profiled_ms"], color=BASE_COLOUR, width=0.6)
+        ax.bar(n, row["profiled_ms"], color=PROFILED, width=0.6)
         measured, base = float(row["measured_ms"]), float(row["baseline_ms"])
         ax.bar(n + 1, measured, color=FINAL, width=0.6)
         lo, hi = _change_ms(base, row["speedup_hi"]), _change_ms(base, row["speedup_lo"])
