@@ -39,14 +39,16 @@ from speedbench.analysis.explain import Breakdown
 from speedbench.measure import watchdog
 from speedbench.measure.profile import LabelClock
 from speedbench.measure.session import applied, batching
-from speedbench.measure.timing import synchronize
+from speedbench.measure.timing import synchronize, warm_up
 from speedbench.measure.trial import BUDGET_GRACE_S, BUDGET_LIMIT
 from speedbench.results import atomic, schema
 
 CATEGORIES = schema.EXPLAIN_CATEGORIES
 STEP = "speedbench.step"  # the record_function around each profiled step
 LABEL = "speedbench."  # LabelClock's phase labels: speedbench.<phase>
-WARMUP = 2  # unprofiled steps of a fresh model first (plus a technique's one-time steps)
+# A fresh model warms up as a trial does (timing.warm_up: bench.warmup at least, then until
+# steady), at least WARMUP steps, plus a technique's one-time steps (compile's)
+WARMUP = 2
 FORECAST_STEPS = 2  # profiled baseline steps behind the forecasts
 PAIRED_STEPS = 8  # profiled steps per side of a comparison (the baseline's: twice that)
 PROFILER_FACTOR = 2.0  # a profiled step's time over a plain one's, in the time estimate
@@ -234,9 +236,10 @@ def profile_steps(trainer, device: torch.device, steps: int,
 
 def profile_recipe(spec, recipe, ctx, dataset, steps: int, left_s: Optional[float]
                    ) -> Breakdown:
-    """A fresh model of `recipe`: WARMUP steps (and its one-time ones), then `steps` profiled
-    ones, within `left_s` seconds: checked between steps (OutOfTime before a profiled one),
-    and a step still running BUDGET_GRACE_S past them is stopped (watchdog.StepOverrun)."""
+    """A fresh model of `recipe`, warmed up as a trial is (until its steps are steady), then
+    `steps` profiled ones, within `left_s` seconds: checked between steps (OutOfTime before a
+    profiled one), and a step still running BUDGET_GRACE_S past them is stopped
+    (watchdog.StepOverrun)."""
     started = time.perf_counter()
 
     def left() -> Optional[float]:
@@ -244,12 +247,10 @@ def profile_recipe(spec, recipe, ctx, dataset, steps: int, left_s: Optional[floa
 
     guard = watchdog.deadline(None if left_s is None else left_s + BUDGET_GRACE_S,
                               f"model {spec.name}: profiled steps", BUDGET_LIMIT)
+    b, once = recipe.bench, techniques.one_time_steps(recipe)
     with guard, applied(spec, recipe, ctx, dataset) as trainer:
-        for _ in range(WARMUP + techniques.one_time_steps(recipe)):
-            if left() is not None and left() <= 0:
-                raise OutOfTime
-            trainer.step()
-        synchronize(ctx.device)
+        warm_up(trainer.step, ctx.device, max(WARMUP, b.warmup) + once,
+                max(WARMUP, b.warmup, b.warmup_max) + once, b.steady_tol, budget_s=left())
         if left() is not None and left() <= 0:
             raise OutOfTime
         return profile_steps(trainer, ctx.device, steps, left())
@@ -257,7 +258,8 @@ def profile_recipe(spec, recipe, ctx, dataset, steps: int, left_s: Optional[floa
 
 def seconds(step_s: float, steps: int, recipe) -> float:
     """A profile's wall time, estimated from a plain step's."""
-    return SETUP_S + step_s * (PROFILER_FACTOR * steps + WARMUP + techniques.one_time_steps(recipe))
+    warm = max(WARMUP, recipe.bench.warmup) + 3 + techniques.one_time_steps(recipe)  # to steady
+    return SETUP_S + step_s * (PROFILER_FACTOR * steps + warm)
 
 
 # --- a model's forecasts and paired profiles -----------------------------------------------
