@@ -7,9 +7,10 @@ reason when it has no time left:
 1. before the rounds, the *forecast*: a few profiled baseline steps; each variant's technique
    declares from them the most it could gain (Technique.bound: Amdahl on the share of the
    step it acts on, with the measured matmul peaks); forecast.csv.
-2. after the rounds, the *paired profile*: a fresh model of the baseline, of each measured
-   variant, then of the baseline again (drift hits both sides), a few profiled steps each;
-   explain.csv. analysis/explain.py turns the two sides into each comparison's parts.
+2. after the rounds, the *paired profile*: a fresh model of the baseline before, between and
+   after those of the measured variants (drift hits both sides), a few profiled steps each,
+   warmed up as a trial is; explain.csv. analysis/explain.py turns the two sides into each
+   comparison's parts.
 
 A profiled step is split by operator category (schema.EXPLAIN_CATEGORIES) so that the parts
 sum to its wall time:
@@ -50,7 +51,7 @@ LABEL = "speedbench."  # LabelClock's phase labels: speedbench.<phase>
 # steady), at least WARMUP steps, plus a technique's one-time steps (compile's)
 WARMUP = 2
 FORECAST_STEPS = 2  # profiled baseline steps behind the forecasts
-PAIRED_STEPS = 8  # profiled steps per side of a comparison (the baseline's: twice that)
+PAIRED_STEPS = 8  # profiled steps of each profile (the baseline: one more than the variants)
 PROFILER_FACTOR = 2.0  # a profiled step's time over a plain one's, in the time estimate
 SETUP_S = 0.5  # a model, its loader and the profiler started
 RESERVE_SHARE = 0.25  # of a model's budget left after its probes, the most kept for explaining
@@ -336,19 +337,21 @@ class Explainer:
         return out
 
     def paired(self, budget, measured: list[str], step_s: dict) -> None:
-        """The baseline, each measured variant, the baseline again: their profiled steps,
-        the baseline's two profiles pooled (drift over the others hits both sides)."""
+        """The baseline before, between and after the measured variants (base, v1, base, v2,
+        base): their profiled steps, the baseline's profiles pooled, so that drift over the
+        variants hits both sides of each comparison alike."""
         if not measured:
             return
-        first = self._profile(self.base, PAIRED_STEPS, budget, step_s.get(self.base, math.nan))
+        base_s = step_s.get(self.base, math.nan)
+        bases = [self._profile(self.base, PAIRED_STEPS, budget, base_s)]
         rows = []
         for name in measured:
             got = self._profile(name, PAIRED_STEPS, budget, step_s.get(name, math.nan))
             rows += self._rows(name, "paired", got)
-        again = self._profile(self.base, PAIRED_STEPS, budget, step_s.get(self.base, math.nan))
-        if isinstance(first, Breakdown) and isinstance(again, Breakdown):
-            first = Breakdown(first.steps + again.steps)
-        self._write_explain(self._rows(self.base, "paired", first) + rows)
+            bases.append(self._profile(self.base, PAIRED_STEPS, budget, base_s))
+        done = [b for b in bases if isinstance(b, Breakdown)]
+        pooled = Breakdown([s for b in done for s in b.steps]) if done else bases[0]
+        self._write_explain(self._rows(self.base, "paired", pooled) + rows)
 
     def _write_explain(self, rows: list[dict]) -> None:
         self.explain_rows += rows
@@ -357,10 +360,11 @@ class Explainer:
 
 
 def reserve_s(plan, variants: list[str], step_s: dict, left_s: float) -> float:
-    """Seconds to keep back from a model's rounds for its paired profile: the baseline twice
-    and each variant once, from their probes' steps; at most RESERVE_SHARE of `left_s`."""
+    """Seconds to keep back from a model's rounds for its paired profile: the baseline before,
+    between and after the variants, each variant once, from their probes' steps; at most
+    RESERVE_SHARE of `left_s`."""
     need = 0.0
-    for name in [plan.baseline, *variants, plan.baseline]:
+    for name in [plan.baseline, *[n for v in variants for n in (v, plan.baseline)]]:
         s = step_s.get(name, math.nan)
         if math.isfinite(s):
             need += seconds(s, PAIRED_STEPS, plan.variants[name])
