@@ -148,9 +148,23 @@ def test_a_matmul_bound_step_is_matmul_and_amp_forecast_uses_the_peak_ratio(matm
                                                  {"fp32": math.nan, "bf16": math.nan}) is None
 
 
+def raw_profile(target: str, dataset, steps: int = 3, **kwargs) -> stats.Breakdown:
+    """The split as the profiler records it, its own cost left in (no unprofiled steps)."""
+    from speedbench.measure.session import applied
+
+    torch.set_num_threads(1)
+    recipe, _ = recipes("batch_size=4")
+    with applied(spec(target, 4, **kwargs), recipe, Context(device=CPU), dataset) as trainer:
+        for _ in range(2):
+            trainer.step()
+        return explain.profile_steps(trainer, CPU, steps)
+
+
 def test_injected_host_syncs_show_as_sync_and_bound_deferred_reads():
-    clean = profile("test_explain.Reader", FastData(), reads=0)
-    syncing = profile("test_explain.Reader", FastData(), reads=50)
+    """The host reads' own time is in `sync` as recorded. (On a CPU a read costs about what
+    the profiler does to record it, so the profiler's cost taken out leaves little of it.)"""
+    clean = raw_profile("test_explain.Reader", FastData(), reads=0)
+    syncing = raw_profile("test_explain.Reader", FastData(), reads=50)
     check_split(syncing, 3)
     assert syncing.mean("sync") > clean.mean("sync")
     base, plan = recipes("+experiment=sync")  # baseline: item every step
@@ -192,6 +206,26 @@ def test_the_cpu_split_covers_each_profiled_step_span():
     ("autograd::engine::evaluate_function: MmBackward0", "backward", "other")])
 def test_categories(name, phase, want):
     assert explain.category(name, phase) == want
+
+
+def test_the_profilers_cost_is_taken_out_by_event_count():
+    """A step profiled 5 ms over its plain time, 10 events: 0.5 ms an event comes off each
+    category by its events; the parts then sum to the plain step."""
+    steps = [{**dict.fromkeys(CATEGORIES, 0.0), "matmul": 10.0, "elementwise": 10.0}]
+    counts = [{**dict.fromkeys(CATEGORIES, 0), "matmul": 1, "elementwise": 9}]
+    got, overhead = explain.without_overhead(steps, counts, 15.0)
+    assert overhead == pytest.approx(5.0)
+    assert got[0]["matmul"] == pytest.approx(9.5) and got[0]["elementwise"] == pytest.approx(5.5)
+    assert sum(got[0].values()) == pytest.approx(15.0)
+    # a profile no slower than the plain steps is left as it is
+    assert explain.without_overhead(steps, counts, 30.0) == (steps, 0.0)
+
+
+def test_profiled_steps_record_the_profilers_cost(matmul_bound):
+    assert matmul_bound.overhead_ms >= 0
+    rows = {r["category"]: r for r in matmul_bound.rows()}
+    assert rows["profiler"]["mean_ms"] == matmul_bound.overhead_ms
+    assert rows["step"]["mean_ms"] == pytest.approx(sum(rows[c]["mean_ms"] for c in CATEGORIES))
 
 
 # --- bounds -----------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ class Breakdown:
     """The profiled steps of one variant: per step, category -> ms; they sum to the step."""
 
     steps: list[dict] = field(default_factory=list)
+    overhead_ms: float = math.nan  # the profiler's own cost taken out of each step (CPU)
 
     def values(self, category: str) -> np.ndarray:
         if category == "step":
@@ -62,9 +63,11 @@ class Breakdown:
         return self.mean(category) / step if step > 0 else 0.0
 
     def rows(self) -> list[dict]:
-        """explain.csv's numbers: each category and the whole step (`step`)."""
+        """explain.csv's numbers: each category, the whole step (`step`), and the profiler's
+        cost taken out of it (`profiler`; empty where none was)."""
         return [{"category": c, "steps": len(self.steps), "mean_ms": self.mean(c),
-                 "sd_ms": self.sd(c)} for c in (*EXPLAIN_CATEGORIES, "step")]
+                 "sd_ms": self.sd(c)} for c in (*EXPLAIN_CATEGORIES, "step")] + \
+            [{"category": "profiler", "steps": len(self.steps), "mean_ms": self.overhead_ms}]
 
 
 def welch(m1: float, s1: float, n1: int, m0: float, s0: float, n0: int,

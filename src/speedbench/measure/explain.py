@@ -40,7 +40,7 @@ from speedbench.analysis.explain import Breakdown
 from speedbench.measure import watchdog
 from speedbench.measure.profile import LabelClock
 from speedbench.measure.session import applied, batching
-from speedbench.measure.timing import synchronize, warm_up
+from speedbench.measure.timing import synchronize, timed_steps, warm_up
 from speedbench.measure.trial import BUDGET_GRACE_S, BUDGET_LIMIT
 from speedbench.results import atomic, schema
 
@@ -52,6 +52,7 @@ LABEL = "speedbench."  # LabelClock's phase labels: speedbench.<phase>
 WARMUP = 2
 FORECAST_STEPS = 2  # profiled baseline steps behind the forecasts
 PAIRED_STEPS = 8  # profiled steps of each profile (the baseline: one more than the variants)
+PLAIN_STEPS = 3  # unprofiled steps after the warm-up: the profiler's cost is the excess over them
 PROFILER_FACTOR = 2.0  # a profiled step's time over a plain one's, in the time estimate
 SETUP_S = 0.5  # a model, its loader and the profiler started
 RESERVE_SHARE = 0.25  # of a model's budget left after its probes, the most kept for explaining
@@ -99,26 +100,30 @@ def _end(e) -> float:
 
 
 def _nested(span, events) -> list[tuple]:
-    """(event, category, self µs) of every CPU event inside `span` on its thread, nested by
-    time (the stack of enclosing events); the span's own self time included."""
+    """(event, category, self µs, its parent's category) of every CPU event inside `span` on
+    its thread, nested by time (the stack of enclosing events); the span itself first."""
     inside = sorted((e for e in events if e is not span and e.thread == span.thread
                      and _start(e) >= _start(span) and _end(e) <= _end(span)),
                     key=lambda e: (_start(e), -_end(e)))
     children = {id(span): 0.0}
     phase = {id(span): None}
+    parent_of = {id(span): None}
     stack, out = [span], []
     for e in inside:
         while len(stack) > 1 and _start(e) >= _end(stack[-1]):
             stack.pop()
         parent = stack[-1]
+        parent_of[id(e)] = parent
         children[id(parent)] += _end(e) - _start(e)
         children[id(e)] = 0.0
         own = e.name[len(LABEL):] if e.name.startswith(LABEL) else None
         phase[id(e)] = own if own in schema.PHASES else phase[id(parent)]
         stack.append(e)
+    cats = {id(e): category(e.name, phase[id(e)]) for e in [span, *inside]}
     for e in [span, *inside]:
         self_us = max(0.0, _end(e) - _start(e) - children[id(e)])
-        out.append((e, category(e.name, phase[id(e)]), self_us))
+        parent = parent_of[id(e)]
+        out.append((e, cats[id(e)], self_us, None if parent is None else cats[id(parent)]))
     return out
 
 
@@ -132,9 +137,32 @@ def _exact(parts: dict, total_ms: float) -> dict:
 def split_cpu(span, events) -> dict:
     """category -> ms of one profiled step (a `STEP` span) from its CPU events."""
     parts = dict.fromkeys(CATEGORIES, 0.0)
-    for _, cat, self_us in _nested(span, events):
+    for _, cat, self_us, _ in _nested(span, events):
         parts[cat] += self_us / 1000
     return _exact(parts, (_end(span) - _start(span)) / 1000)
+
+
+def event_counts(span, events) -> dict:
+    """category -> the profiler events of one step recorded inside an event of it: the
+    profiler's cost of recording an event lands in the time of the event around it (CPU)."""
+    counts = dict.fromkeys(CATEGORIES, 0)
+    for _, _, _, parent in _nested(span, events):
+        if parent is not None:
+            counts[parent] += 1
+    return counts
+
+
+def without_overhead(steps: list[dict], counts: list[dict], plain_ms: float
+                     ) -> tuple[list[dict], float]:
+    """The profiler's own cost taken out of the parts: the mean profiled step's excess over
+    the same model's unprofiled steps (`plain_ms`), shared by the number of events each
+    category's events enclose (the profiler pays per event it records, in the enclosing
+    event's time). Returns the parts and that cost (ms a step)."""
+    profiled = sum(sum(p.values()) for p in steps) / len(steps)
+    events = sum(sum(c.values()) for c in counts) / len(counts)
+    per_event = max(0.0, profiled - plain_ms) / events if events else 0.0
+    out = [{c: max(0.0, p[c] - n[c] * per_event) for c in p} for p, n in zip(steps, counts)]
+    return out, per_event * events
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -168,7 +196,7 @@ def split_cuda(span, events, kernels) -> dict:
     # own: its operators are looked up by name; the step's thread's by phase too.
     by_id = {ev.id: category(ev.name, None) for ev in events
              if not _linked(ev) and _start(ev) >= s and _end(ev) <= e}
-    by_id.update({ev.id: cat for ev, cat, _ in nested if not _linked(ev)})
+    by_id.update({ev.id: cat for ev, cat, _, _ in nested if not _linked(ev)})
     parts = dict.fromkeys(CATEGORIES, 0.0)
     clipped = [(max(s, _start(k)), min(e, _end(k)), by_id.get(k.linked_correlation_id, "other"))
                for k in kernels if _end(k) > s and _start(k) < e]
@@ -177,8 +205,8 @@ def split_cuda(span, events, kernels) -> dict:
     kernel_us = sum(b - a for a, b, _ in clipped)
     for a, b, cat in clipped:  # overlapping streams: each kernel's share of the busy time
         parts[cat] += (b - a) * busy_us / kernel_us / 1000 if kernel_us else 0.0
-    data = [(_start(ev), _end(ev)) for ev, _, _ in nested if ev.name == LABEL + "data"]
-    sync_ends = sorted(_end(ev) for ev, _, _ in nested if ev.name in SYNC_CALLS)
+    data = [(_start(ev), _end(ev)) for ev, *_ in nested if ev.name == LABEL + "data"]
+    sync_ends = sorted(_end(ev) for ev, *_ in nested if ev.name in SYNC_CALLS)
     edges = [s] + [x for ab in busy for x in ab] + [e]
     for g0, g1 in zip(edges[::2], edges[1::2]):  # the idle gaps between busy stretches
         if g1 <= g0:
@@ -193,16 +221,22 @@ def split_cuda(span, events, kernels) -> dict:
     return _exact(parts, (e - s) / 1000)
 
 
-def split(events, device: torch.device) -> list[dict]:
-    """Each profiled step's parts (category -> ms), in step order."""
+def split(events, device: torch.device, plain_ms: Optional[float] = None) -> Breakdown:
+    """The profiled steps' parts (category -> ms), in step order. On the CPU, with `plain_ms`
+    (the same model's unprofiled step), the profiler's own cost is taken out (without_overhead);
+    on CUDA the device's timeline is the profiler's least disturbed clock and stays as is."""
     from torch.autograd import DeviceType
 
     cpu = [ev for ev in events if ev.device_type == DeviceType.CPU and not ev.is_async]
     spans = sorted((ev for ev in cpu if ev.name == STEP), key=_start)
     if device.type == "cuda" and torch.cuda.is_available():
         kernels = [ev for ev in events if ev.device_type == DeviceType.CUDA]
-        return [split_cuda(span, cpu, kernels) for span in spans]
-    return [split_cpu(span, cpu) for span in spans]
+        return Breakdown([split_cuda(span, cpu, kernels) for span in spans])
+    steps = [split_cpu(span, cpu) for span in spans]
+    if not steps or plain_ms is None or not math.isfinite(plain_ms):
+        return Breakdown(steps)
+    steps, overhead = without_overhead(steps, [event_counts(s, cpu) for s in spans], plain_ms)
+    return Breakdown(steps, overhead_ms=overhead)
 
 
 # --- profiling a trainer -------------------------------------------------------------------
@@ -211,10 +245,12 @@ class OutOfTime(Exception):
 
 
 def profile_steps(trainer, device: torch.device, steps: int,
-                  left_s: Optional[float] = None) -> Breakdown:
+                  left_s: Optional[float] = None, plain_ms: Optional[float] = None
+                  ) -> Breakdown:
     """`steps` steps of `trainer` under torch.profiler (CPU activity; CUDA's too on a GPU),
     each in a STEP span that ends with the device synchronised, the phases labelled; stops
-    between steps once `left_s` seconds have passed (one step at least)."""
+    between steps once `left_s` seconds have passed (one step at least). `plain_ms`: an
+    unprofiled step of the same trainer, to take the profiler's cost out (split)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -232,7 +268,7 @@ def profile_steps(trainer, device: torch.device, steps: int,
                     synchronize(device)
     finally:
         trainer.clock = clock
-    return Breakdown(split(prof.events(), device))
+    return split(prof.events(), device, plain_ms)
 
 
 def profile_recipe(spec, recipe, ctx, dataset, steps: int, left_s: Optional[float]
@@ -252,15 +288,16 @@ def profile_recipe(spec, recipe, ctx, dataset, steps: int, left_s: Optional[floa
     with guard, applied(spec, recipe, ctx, dataset) as trainer:
         warm_up(trainer.step, ctx.device, max(WARMUP, b.warmup) + once,
                 max(WARMUP, b.warmup, b.warmup_max) + once, b.steady_tol, budget_s=left())
+        plain_s, done = timed_steps(trainer.step, PLAIN_STEPS, ctx.device, budget_s=left())
         if left() is not None and left() <= 0:
             raise OutOfTime
-        return profile_steps(trainer, ctx.device, steps, left())
+        return profile_steps(trainer, ctx.device, steps, left(), 1000 * plain_s / done)
 
 
 def seconds(step_s: float, steps: int, recipe) -> float:
     """A profile's wall time, estimated from a plain step's."""
     warm = max(WARMUP, recipe.bench.warmup) + 3 + techniques.one_time_steps(recipe)  # to steady
-    return SETUP_S + step_s * (PROFILER_FACTOR * steps + warm)
+    return SETUP_S + step_s * (PROFILER_FACTOR * steps + warm + PLAIN_STEPS)
 
 
 # --- a model's forecasts and paired profiles -----------------------------------------------
@@ -350,7 +387,8 @@ class Explainer:
             rows += self._rows(name, "paired", got)
             bases.append(self._profile(self.base, PAIRED_STEPS, budget, base_s))
         done = [b for b in bases if isinstance(b, Breakdown)]
-        pooled = Breakdown([s for b in done for s in b.steps]) if done else bases[0]
+        pooled = Breakdown([s for b in done for s in b.steps],
+                           sum(b.overhead_ms for b in done) / len(done)) if done else bases[0]
         self._write_explain(self._rows(self.base, "paired", pooled) + rows)
 
     def _write_explain(self, rows: list[dict]) -> None:
