@@ -100,30 +100,26 @@ def _end(e) -> float:
 
 
 def _nested(span, events) -> list[tuple]:
-    """(event, category, self µs, its parent's category) of every CPU event inside `span` on
-    its thread, nested by time (the stack of enclosing events); the span itself first."""
+    """(event, category, self µs) of every CPU event inside `span` on its thread, nested by
+    time (the stack of enclosing events); the span itself first."""
     inside = sorted((e for e in events if e is not span and e.thread == span.thread
                      and _start(e) >= _start(span) and _end(e) <= _end(span)),
                     key=lambda e: (_start(e), -_end(e)))
     children = {id(span): 0.0}
     phase = {id(span): None}
-    parent_of = {id(span): None}
     stack, out = [span], []
     for e in inside:
         while len(stack) > 1 and _start(e) >= _end(stack[-1]):
             stack.pop()
         parent = stack[-1]
-        parent_of[id(e)] = parent
         children[id(parent)] += _end(e) - _start(e)
         children[id(e)] = 0.0
         own = e.name[len(LABEL):] if e.name.startswith(LABEL) else None
         phase[id(e)] = own if own in schema.PHASES else phase[id(parent)]
         stack.append(e)
-    cats = {id(e): category(e.name, phase[id(e)]) for e in [span, *inside]}
     for e in [span, *inside]:
         self_us = max(0.0, _end(e) - _start(e) - children[id(e)])
-        parent = parent_of[id(e)]
-        out.append((e, cats[id(e)], self_us, None if parent is None else cats[id(parent)]))
+        out.append((e, category(e.name, phase[id(e)]), self_us))
     return out
 
 
@@ -137,32 +133,20 @@ def _exact(parts: dict, total_ms: float) -> dict:
 def split_cpu(span, events) -> dict:
     """category -> ms of one profiled step (a `STEP` span) from its CPU events."""
     parts = dict.fromkeys(CATEGORIES, 0.0)
-    for _, cat, self_us, _ in _nested(span, events):
+    for _, cat, self_us in _nested(span, events):
         parts[cat] += self_us / 1000
     return _exact(parts, (_end(span) - _start(span)) / 1000)
 
 
-def event_counts(span, events) -> dict:
-    """category -> the profiler events of one step recorded inside an event of it: the
-    profiler's cost of recording an event lands in the time of the event around it (CPU)."""
-    counts = dict.fromkeys(CATEGORIES, 0)
-    for _, _, _, parent in _nested(span, events):
-        if parent is not None:
-            counts[parent] += 1
-    return counts
-
-
-def without_overhead(steps: list[dict], counts: list[dict], plain_ms: float
-                     ) -> tuple[list[dict], float]:
-    """The profiler's own cost taken out of the parts: the mean profiled step's excess over
-    the same model's unprofiled steps (`plain_ms`), shared by the number of events each
-    category's events enclose (the profiler pays per event it records, in the enclosing
-    event's time). Returns the parts and that cost (ms a step)."""
+def without_overhead(steps: list[dict], plain_ms: float) -> tuple[list[dict], float]:
+    """Each part scaled by the same model's unprofiled step over the mean profiled one (at
+    most 1: the profiler only adds time), so that the parts sum to what the steps take
+    unprofiled; the shares, which the forecasts read, stay as profiled. Returns the parts and
+    the profiler's cost taken out (ms a step). Spread by time rather than by event, it leaves
+    a category of many small operators a little over-stated, and never wipes one out."""
     profiled = sum(sum(p.values()) for p in steps) / len(steps)
-    events = sum(sum(c.values()) for c in counts) / len(counts)
-    per_event = max(0.0, profiled - plain_ms) / events if events else 0.0
-    out = [{c: max(0.0, p[c] - n[c] * per_event) for c in p} for p, n in zip(steps, counts)]
-    return out, per_event * events
+    factor = min(1.0, plain_ms / profiled) if profiled > 0 else 1.0
+    return [{c: v * factor for c, v in p.items()} for p in steps], profiled * (1 - factor)
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -196,7 +180,7 @@ def split_cuda(span, events, kernels) -> dict:
     # own: its operators are looked up by name; the step's thread's by phase too.
     by_id = {ev.id: category(ev.name, None) for ev in events
              if not _linked(ev) and _start(ev) >= s and _end(ev) <= e}
-    by_id.update({ev.id: cat for ev, cat, _, _ in nested if not _linked(ev)})
+    by_id.update({ev.id: cat for ev, cat, _ in nested if not _linked(ev)})
     parts = dict.fromkeys(CATEGORIES, 0.0)
     clipped = [(max(s, _start(k)), min(e, _end(k)), by_id.get(k.linked_correlation_id, "other"))
                for k in kernels if _end(k) > s and _start(k) < e]
@@ -235,7 +219,7 @@ def split(events, device: torch.device, plain_ms: Optional[float] = None) -> Bre
     steps = [split_cpu(span, cpu) for span in spans]
     if not steps or plain_ms is None or not math.isfinite(plain_ms):
         return Breakdown(steps)
-    steps, overhead = without_overhead(steps, [event_counts(s, cpu) for s in spans], plain_ms)
+    steps, overhead = without_overhead(steps, plain_ms)
     return Breakdown(steps, overhead_ms=overhead)
 
 
