@@ -166,6 +166,9 @@ class SimRounds(ModelRounds):
         self.order_seed, self.comparisons = int(rng.integers(2 ** 62)), comparisons
         self.looks = None if bench.target_ci is not None else 1
         self.spacing = bench.repeats
+        # no explanation simulated (bench.explain=false): a real run keeps back up to a quarter
+        # of what its probes leave for the paired profile after the rounds (explain.py)
+        self.explainer, self.forecasts, self.explain_reserve = None, {}, 0.0
         self.model, self.noise, self.rng, self.clock = model, noise, rng, clock
         self.position_effect, self.round_effect, self.budget = position_effect, {}, budget
 

@@ -3,7 +3,9 @@ a waterfall of its parts beside its forecast, and each forecast beside its measu
 (explain.csv and forecast.csv, read through analysis/explain.py; no torch)."""
 from __future__ import annotations
 
+
 import math
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -133,10 +135,16 @@ def console_lines(run_dir: Path, summary: pd.DataFrame) -> list[str]:
     out = []
     if len(rows):
         out += ["Why (profiled untimed steps, ms per baseline step, variant - baseline):"]
-        out += [f"  {explain.sentence(r)}" for _, r in rows.iterrows()]
+        out += [_item(explain.sentence(r)) for _, r in rows.iterrows()]
     if forecast is not None and len(forecast):
         table = forecast_table(forecast, summary)
         out += ["Forecasts (the most each could gain, before measuring) beside the measured:"]
-        out += [f"  {r['model']} {r['variant']}: forecast {r['forecast']}, measured "
-                f"{r['measured [CI]']} {r['verdict']}; {r['why']}" for _, r in table.iterrows()]
+        out += [_item(f"{r['model']} {r['variant']}: forecast {r['forecast']}, measured "
+                      f"{r['measured [CI]']} {r['verdict']}; {r['why']}")
+                for _, r in table.iterrows()]
     return out
+
+
+def _item(text: str) -> str:
+    """One item of the closing note, within the console's 100 columns."""
+    return textwrap.fill(text, width=100, initial_indent="  ", subsequent_indent="    ")
