@@ -165,10 +165,10 @@ def test_injected_host_syncs_show_as_sync_and_bound_deferred_reads():
     clean = raw_profile("test_explain.Reader", FastData(), reads=0)
     syncing = raw_profile("test_explain.Reader", FastData(), reads=50)
     check_split(syncing, 3)
-    assert syncing.mean("sync") > clean.mean("sync")
+    assert syncing.mean("host_sync") > clean.mean("host_sync")
     base, plan = recipes("+experiment=sync")  # baseline: item every step
     name, got = techniques.bound(plan.variants["deferred"], base, syncing, {})
-    assert name == "sync" and got.speedup == pytest.approx(1 / (1 - syncing.share("sync")))
+    assert name == "sync" and got.speedup == pytest.approx(1 / (1 - syncing.share("host_sync")))
     assert got.speedup >= 1
 
 
@@ -198,9 +198,9 @@ def test_the_cpu_split_covers_each_profiled_step_span():
     ("aten::addmm", "forward", "matmul"), ("aten::convolution_backward", "backward", "matmul"),
     ("aten::_scaled_dot_product_flash_attention_for_cpu", "forward", "matmul"),
     ("aten::add_", "forward", "elementwise"), ("aten::_to_copy", "forward", "elementwise"),
-    ("aten::item", "other", "sync"), ("aten::_local_scalar_dense", "forward", "sync"),
+    ("aten::item", "other", "host_sync"), ("aten::_local_scalar_dense", "forward", "host_sync"),
     ("aten::addmm", "optimizer", "optimizer"), ("aten::stack", "data", "data"),
-    ("Torch-Compiled Region: 0/0", "forward", "compile"), ("speedbench.forward", "forward",
+    ("Torch-Compiled Region: 0/0", "forward", "compiled"), ("speedbench.forward", "forward",
                                                            "python"),
     ("autograd::engine::evaluate_function: MmBackward0", "backward", "other")])
 def test_categories(name, phase, want):

@@ -26,8 +26,8 @@ from speedbench.analysis import intervals
 from speedbench.results.schema import EXPLAIN_CATEGORIES, OK
 
 LABELS = {"matmul": "matmul/conv", "elementwise": "elementwise", "data": "data wait",
-          "optimizer": "optimizer", "sync": "host-device sync", "python": "Python overhead",
-          "compile": "compile", "other": "other"}
+          "optimizer": "optimizer", "host_sync": "host-device sync", "python": "Python overhead",
+          "compiled": "compiled code", "other": "other"}
 DECIDED = ("faster", "slower", "equivalent")
 PART_LEVEL = 0.95  # each part's interval: a description of the profiled steps, not a call
 SENTENCE_PARTS = 3  # the largest parts a sentence names; the rest are in the table

@@ -77,14 +77,14 @@ def category(name: str, phase: Optional[str]) -> str:
         return phase
     low = name.lower()
     if any(m in low for m in COMPILE_MARKERS):
-        return "compile"
+        return "compiled"
     if name.startswith(LABEL):
         return "python"  # a phase label's self time: the Python between operators
     if not name.startswith("aten::"):
         return "other"
     op = name[len("aten::"):]
     if op in SYNC_OPS:
-        return "sync"
+        return "host_sync"
     if op in MATMUL_OPS or op.startswith(MATMUL_PREFIXES):
         return "matmul"
     return "elementwise"
@@ -200,7 +200,7 @@ def split_cuda(span, events, kernels) -> dict:
         after = [t for t in sync_ends if g0 - SYNC_SLACK_US <= t <= g1]
         synced = min(g1 - max(g0, after[0]), g1 - g0 - waited) if after else 0.0
         parts["data"] += waited / 1000
-        parts["sync"] += max(0.0, synced) / 1000
+        parts["host_sync"] += max(0.0, synced) / 1000
         parts["python"] += (g1 - g0 - waited - max(0.0, synced)) / 1000
     return _exact(parts, (e - s) / 1000)
 

@@ -3,7 +3,6 @@ a waterfall of its parts beside its forecast, and each forecast beside its measu
 (explain.csv and forecast.csv, read through analysis/explain.py; no torch)."""
 from __future__ import annotations
 
-
 import math
 import textwrap
 from pathlib import Path

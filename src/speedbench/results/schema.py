@@ -134,7 +134,7 @@ CURVE_COLUMNS = ["experiment", "model", "variant", "seed", "steps", "samples", "
 # mean_ms and sd_ms are over the profiled steps; per_step is the samples an optimizer step
 # takes (the report compares variants per baseline step's samples). A row without a number
 # says in `status` why (n/a, not measured).
-EXPLAIN_CATEGORIES = ("matmul", "elementwise", "data", "optimizer", "sync", "python", "compile",
+EXPLAIN_CATEGORIES = ("matmul", "elementwise", "data", "optimizer", "host_sync", "python", "compiled",
                       "other")
 EXPLAIN_COLUMNS = ["experiment", "model", "variant", "is_baseline", "stage", "category",
                    "steps", "mean_ms", "sd_ms", "per_step", "status"]

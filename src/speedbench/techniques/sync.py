@@ -89,7 +89,7 @@ if step % 10 == 0:
     def bound(self, recipe, baseline, profile, peaks) -> Optional[Bound]:
         """Deferred reads can at most remove the host's wait for the device (the sync share);
         reading every step where the baseline defers cannot gain."""
-        share = profile.share("sync")
+        share = profile.share("host_sync")
         if recipe.sync == "deferred" and baseline.sync != "deferred":
             gain = amdahl(share)
             return Bound(gain, share, f"host-device sync is {percent(share)} of the step: "
