@@ -396,3 +396,25 @@ def test_the_report_and_the_console_name_a_stalled_window(tmp_path):
     assert "bf16" not in note and "Measure again" in note
     write_report(run)
     assert note in (run / "report.md").read_text().replace("\n", " ")
+
+
+def test_a_probe_step_cut_at_the_budgets_limit_leaves_the_variant_not_measured():
+    """A variant's probe step that the budget's hard limit cuts took at least that long: too
+    slow for the model's rounds, it is `not measured` (no call), not sent on to burn a capped
+    trial in every round."""
+    from speedbench.config import build_plan
+    from speedbench.measure import quality, stopping
+    from speedbench.measure.data import build_dataset
+    from speedbench.measure.trial import context
+
+    plan = build_plan(compose_cfg(*TINY, SLEEPY, "bench.too_slow_factor=null",
+                                  "+variants.fp32={precision: fp32}",
+                                  "+variants.bf16={precision: bf16}", "baseline=fp32"), "cut")
+    spec, recipe = plan.models[0], plan.variants["bf16"]
+    ref = stopping.Reference([0.01] * 3, 4, None, 0.99, rounds_s=2.0)
+    started = time.perf_counter()
+    got = quality.quality_probe(spec, recipe, context(plan), build_dataset(
+        spec.dataset, 256, None, seed=0), 3, ref, left_s=0.5)
+    assert got["status"].startswith("not measured: "), got
+    assert "bench.time_budget_s=" in got["status"], got
+    assert time.perf_counter() - started < 8  # the 8 s step was cut, not waited for

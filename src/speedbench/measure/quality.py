@@ -33,7 +33,7 @@ from speedbench.measure import held_out, stopping, watchdog
 from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.techniques import Context
 from speedbench.measure.timing import synchronize
-from speedbench.results.schema import na
+from speedbench.results.schema import NOT_MEASURED, na, parse_status
 
 EVAL_SAMPLES = 128  # held-out samples the probe evaluates
 
@@ -222,6 +222,11 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, ref, limits: Limits, what) 
     except NotApplicable as exc:
         return {"status": str(exc)}
     except watchdog.StepOverrun as exc:  # a step past the limit: no loss, and why
+        # the step cut short took at least that long: too slow for the budget's rounds, the
+        # variant is not measured (not left to burn a capped trial in every round)
+        cut = _stopped([*times, exc.elapsed_s], steady_from, per_step, recipe.bench, ref)
+        if parse_status(cut.get("status")).kind == NOT_MEASURED:
+            return {**_timings(times, steady_from, per_step), **cut}
         if loss is None and steps:
             why = {"quality_status": overrun_status(hard, exc.elapsed_s)}
     done = min(steps, len(times))  # fewer where the time limit stopped it
