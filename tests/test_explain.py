@@ -398,3 +398,18 @@ def test_the_recipe_search_sets_aside_groups_whose_forecasts_are_under_the_thres
         assert "s of screening spared" in note
         bound = float(note.split("cannot gain more than ")[1].split("x")[0])
         assert 1 <= bound < 1.05
+
+
+def test_the_profilers_own_log_lines_stay_off_the_console_and_other_lines_pass(capfd):
+    """libkineto writes a line to fd 2 at each profiler start and stop; kineto_quiet drops
+    those and passes any other line written meanwhile."""
+    import os
+
+    from speedbench.measure import explain as measure_explain
+
+    with measure_explain.kineto_quiet():
+        os.write(2, b"USDT:2026-12-03 13:24:12 23983:23983 SyncActivityProfilerHandler.cpp:39] "
+                    b"profiler_start\n")
+        os.write(2, b"a line of the model's own\n")
+    err = capfd.readouterr().err
+    assert "profiler_start" not in err and "a line of the model's own" in err

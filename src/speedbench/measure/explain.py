@@ -28,7 +28,12 @@ sum to its wall time:
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import re
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -242,17 +247,51 @@ def profile_steps(trainer, device: torch.device, steps: int,
         activities.append(ProfilerActivity.CUDA)
     clock, trainer.clock = trainer.clock, LabelClock()
     started = time.perf_counter()
+    prof = profile(activities=activities)
+    with kineto_quiet():
+        prof.start()
     try:
-        with profile(activities=activities) as prof:
-            for i in range(steps):
-                if i and left_s is not None and time.perf_counter() - started >= left_s:
-                    break
-                with torch.profiler.record_function(STEP):
-                    trainer.step()
-                    synchronize(device)
+        for i in range(steps):
+            if i and left_s is not None and time.perf_counter() - started >= left_s:
+                break
+            with torch.profiler.record_function(STEP):
+                trainer.step()
+                synchronize(device)
     finally:
         trainer.clock = clock
+        with kineto_quiet():
+            prof.stop()
     return split(prof.events(), device, plain_ms)
+
+
+# libkineto's own log lines ("USDT:2026-12-03 13:24:12 23983:23983 SyncActivityProfilerHandler
+# .cpp:39] profiler_start"), written straight to the process's stderr at each start and stop
+KINETO_LINE = re.compile(
+    rb"^(USDT|INFO|WARNING|ERROR):\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def kineto_quiet():
+    """The profiler started or stopped without libkineto's log lines on the console: fd 2 goes
+    to a file meanwhile (only around start and stop, never around a step, so that a watchdog's
+    message is never held back) and every other line is passed on."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no fd 2 to redirect: as it is
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            kept = [ln for ln in sink.read().splitlines(True) if not KINETO_LINE.match(ln)]
+            if kept:
+                sys.stderr.write(b"".join(kept).decode(errors="replace"))
 
 
 def profile_recipe(spec, recipe, ctx, dataset, steps: int, left_s: Optional[float]
