@@ -413,3 +413,21 @@ def test_the_profilers_own_log_lines_stay_off_the_console_and_other_lines_pass(c
         os.write(2, b"a line of the model's own\n")
     err = capfd.readouterr().err
     assert "profiler_start" not in err and "a line of the model's own" in err
+
+
+def test_a_plan_profiled_twice_under_one_name_is_explained_from_its_last_profile():
+    """A suite can run two plans of one experiment name (its findings' checks did): the rows
+    of the same (experiment, model, variant, category) are not mixed; the last profile counts."""
+    def steps(matmul: float) -> list[dict]:
+        return [{**dict.fromkeys(CATEGORIES, 0.0), "matmul": matmul + d, "elementwise": 5.0}
+                for d in (-0.1, 0.0, 0.1)]
+
+    first = _rows("fp32", True, steps(20.0), 8) + _rows("bf16", False, steps(30.0), 8)
+    last = _rows("fp32", True, steps(20.0), 8) + _rows("bf16", False, steps(10.0), 8)
+    summary = pd.DataFrame([
+        {"experiment": "e", "model": "m", "variant": "fp32", "step_ms": 25.0, "speedup": 1.0,
+         "speedup_lo": math.nan, "speedup_hi": math.nan, "verdict": "baseline"},
+        {"experiment": "e", "model": "m", "variant": "bf16", "step_ms": 15.0, "speedup": 1.6,
+         "speedup_lo": 1.5, "speedup_hi": 1.7, "verdict": "faster"}])
+    got = stats.comparisons(pd.DataFrame(first + last), summary).set_index("variant")
+    assert got.loc["bf16", "matmul_ms"] == pytest.approx(-10.0)

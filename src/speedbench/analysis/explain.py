@@ -92,6 +92,9 @@ def comparisons(explain: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     if explain is None or explain.empty or summary is None or summary.empty:
         return pd.DataFrame()
     paired = explain[(explain["stage"] == "paired") & (explain["status"] == OK)]
+    # one profile per (experiment, model, variant, category): where a plan of the same name ran
+    # twice (a suite's members), the last one
+    paired = paired.drop_duplicates(["experiment", "model", "variant", "category"], keep="last")
     rows = []
     for (exp, model), g in paired.groupby(["experiment", "model"], sort=False):
         base = g[g["is_baseline"].astype(str).str.lower().isin(["true", "1"])]

@@ -115,6 +115,9 @@ def _measure(plan: Optional[Plan], model: str, variant: str, knob: str, run_dir:
     step.models = [m for m in step.models if m.name == model]
     for recipe in step.variants.values():  # a run-level key: capped so that checks stay small
         recipe.bench.time_budget_s = CHECK_BUDGET_S
+        # a check is a verdict on a finding, several per experiment under one name: no
+        # explanation (as the search's screens)
+        recipe.bench.explain = False
     start = len(writer.rows)
     execute_plan(step, run_dir, progress, None, writer)
     arms = driver.arms_from_rows(writer.rows[start:], list(recipes))
