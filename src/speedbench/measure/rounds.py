@@ -308,7 +308,8 @@ class ModelRounds:
         if need and need > fit:  # what stops short of it: the rounds' cap, the budget, or both
             give = []
             # the most rounds any budget buys (the later looks at their widest spacing)
-            per = 1 + (intervals.LOOKS - 1) * intervals.MAX_SPACING if self.looks is None else 1
+            per = intervals.most_rounds(1, intervals.LOOKS, intervals.MAX_SPACING) \
+                if self.looks is None else 1  # rounds per bench.repeats
             if need > self.repeats * per:
                 give.append(f"bench.repeats={math.ceil(need / per)}")
             if need > by_time:

@@ -215,8 +215,8 @@ class ToTarget:
                 if name in skip or not math.isfinite(target):
                     why = skip.get(name) or schema.na("no target: a baseline rerun failed")
                     record, curve = {"status": why}, []
-                elif self._over():
-                    record, curve = self._over(), []
+                elif (over := self._over()) is not None:
+                    record, curve = over, []
                 else:
                     self.bar.set_postfix_str(f"{spec.name} {name} seed {s}")
                     record, curve = train_to_target(
@@ -249,8 +249,11 @@ class ToTarget:
                         f"after {cfg.steps} steps: " + ", ".join(f"{x:.4g}" for x in losses))
 
     def _caps(self, base_step: int, steps: int) -> Caps:
-        cap = self._cap_s()
+        """A run's caps: target.max_s of training, or its even share of what the run's budget
+        has left for the runs still to go where that is less; that share is also its
+        wall-clock deadline."""
         share = self.budget.left() / max(1, self.left)
+        cap = self.cfg.max_s if share >= (self.cfg.max_s or math.inf) else max(0.1, share)
         return Caps(self.cfg.eval_every * base_step, steps * base_step, cap,
                     budget=cap is not None and cap != self.cfg.max_s,
                     deadline=time.perf_counter() + share if math.isfinite(share) else None)
@@ -262,12 +265,6 @@ class ToTarget:
         return {"status": schema.format_status(
             schema.NOT_MEASURED, "bench.time_budget_s ran out before this run started; a "
             "larger bench.time_budget_s lets it run to the target")}
-
-    def _cap_s(self) -> float | None:
-        """A run's cap on its training time: target.max_s, or its even share of what the run's
-        budget has left for the runs still to go, where that is less."""
-        share = self.budget.left() / max(1, self.left)
-        return self.cfg.max_s if share >= (self.cfg.max_s or math.inf) else max(0.1, share)
 
     def _done(self) -> None:
         self.left -= 1
