@@ -83,6 +83,12 @@ def test_tips_composes_every_other_experiment_with_the_command_line_winning():
             assert recipe.bench.steps == 2 and recipe.batch_size == 8
     acc = next(p for p in plans if p.experiment == "accumulation")
     assert acc.variants["k8"].accumulate_mode == "split"  # the member's own delta is kept
+    # the suite's own bench.skip_by_forecast reaches every member; the command line's wins
+    assert all(r.bench.skip_by_forecast for p in plans for r in p.variants.values())
+    off = ["bench.skip_by_forecast=false"]
+    plans = suite.member_plans(compose_cfg(*TINY8, *off, experiment="tips"), "tips",
+                               TINY8 + off)
+    assert not any(r.bench.skip_by_forecast for p in plans for r in p.variants.values())
     claims = suite.combined_claims(plans)
     assert {c["experiment"] for c in claims} >= set(TIPS)
     assert "${" not in str(claims)  # machine-dependent variant names are resolved

@@ -365,6 +365,33 @@ def test_a_run_explains_its_decided_comparisons_and_writes_the_forecasts(tmp_pat
     assert "Why: where the time went" in report and "deferred" in report
 
 
+@pytest.mark.slow
+def test_a_variant_forecast_under_the_threshold_is_not_measured_with_the_reason(tmp_path):
+    """bench.skip_by_forecast (the tips suite's): every variant whose forecast lies under the
+    noise threshold has one `not measured: by its forecast` row and no trial; every other is
+    measured. On a CPU `.item()` waits for nothing, so deferred reads forecast ~1x and, with
+    a threshold of 90 %, are set aside."""
+    proc = run_cli("+experiment=sync", *TINY, *SMALL_MODELS, "model=transformer",
+                   "bench.skip_by_forecast=true", "bench.noise_threshold=0.9",
+                   "bench.time_budget_s=120", f"out_dir={tmp_path}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    forecast = pd.read_csv(run_dir / "forecast.csv").set_index("variant")
+    trials = pd.read_csv(run_dir / "trials.csv")
+    skipped = set()
+    for variant, row in forecast.iterrows():
+        rows = trials[trials["variant"] == variant]
+        if row["status"] == "ok" and row["forecast"] < 1.9:
+            skipped.add(variant)
+            assert len(rows) == 1 and rows["status"].iloc[0].startswith(
+                "not measured: by its forecast: ")
+            assert "bench.skip_by_forecast=false" in rows["status"].iloc[0]
+        else:
+            assert (rows["status"] == "ok").any()
+    assert "deferred" in skipped
+    assert "not measured, by their forecasts: " in proc.stderr
+
+
 # --- CUDA (kernels): skipped without a GPU --------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -380,24 +407,29 @@ def test_a_matmul_bound_cuda_step_is_kernel_time_in_matmul():
 
 # --- the recipe search's forecasts -----------------------------------------------------------
 @pytest.mark.slow
-def test_the_recipe_search_sets_aside_groups_whose_forecasts_are_under_the_threshold():
-    """From the naive recipe's profiled steps: every group set aside says why, with a bound
-    under 1 + min_gain; the others are kept; none is lost."""
+def test_the_recipe_search_sets_aside_options_whose_forecasts_are_under_the_threshold():
+    """From the current recipe's profiled steps: every option set aside says why, with a
+    bound under 1 + min_gain; what it spared and what the profile cost are counted."""
     from speedbench.measure.rounds import na_variants
-    from speedbench.search import driver, selection
+    from speedbench.search import driver, forecasts, selection
 
     cfg = compose_cfg(*TINY, *SMALL_MODELS, "model=transformer", experiment="recipe")
     plan = build_plan(cfg, "recipe")
-    groups = driver.parse_groups(cfg)
+    spec_ = plan.models[0]
     naive, groups, _ = selection.restrict_naive(
-        groups, driver.cannot_act_for(cfg, na_variants)(plan.models[0]))
-    kept, notes = driver.forecast_groups(cfg, plan.models[0], naive, groups, None, 0.05)
-    assert len(kept) + len(notes) == len(groups)
-    for note in notes:
-        assert "not screened, by its forecast" in note and "cannot gain more than" in note
-        assert "s of screening spared" in note
-        bound = float(note.split("cannot gain more than ")[1].split("x")[0])
+        driver.parse_groups(cfg), driver.cannot_act_for(cfg, na_variants)(spec_))
+    options = [o for g in groups for o in g.options]
+    who = forecasts.Forecaster(cfg, spec_, None, 0.05, driver.step_plan,
+                               driver.model_entry(cfg, spec_))
+    aside = who(naive, options, time_left_s=None)
+    assert not who.failed and who.profiled_s > 0
+    assert set(aside) <= {o.label for o in options}
+    assert who.set_aside == len(aside) and (who.spared_s > 0) == bool(aside)
+    for why in aside.values():
+        assert "cannot gain more than" in why and "current recipe's" in why
+        bound = float(why.split("cannot gain more than ")[1].split("x")[0])
         assert 1 <= bound < 1.05
+    assert f"{len(aside)} option screens set aside" in who.note()
 
 
 def test_the_profilers_own_log_lines_stay_off_the_console_and_other_lines_pass(capfd):

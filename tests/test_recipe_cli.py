@@ -72,7 +72,11 @@ def test_recipe_run_end_to_end(tmp_path):
     table = pd.read_csv(run_dir / "recipe.csv")
     assert {"step", "stopped"} <= set(table["table"])
     steps = table[table["table"] == "step"]
-    assert set(steps["option"]) >= {"precision=bf16", "sync=deferred"}
+    notes = " ".join(table[table["table"] == "note"]["label"])
+    for option in ("precision=bf16", "sync=deferred"):  # screened, or set aside with why
+        assert option in set(steps["option"]) or \
+            f"step 1: {option} not screened, by its forecast: " in notes
+    assert "option screens set aside" in notes  # what the forecasts spared and cost
     assert steps["speedup"].notna().all()
     chosen = list(table[table["table"] == "chosen"]["option"])
     if chosen:  # the closing measurement ran: cumulative speed-ups and the ablation

@@ -339,3 +339,47 @@ def test_the_budget_estimates_from_the_trials_own_times():
     untimed = S.Budget(100.0, clock=lambda: 0.0)  # no trial times: all of it per trial
     untimed.record(30.0, {"current": S.Arm("ok", [10.0, 11.0])})
     assert untimed.cost(2, 2) == pytest.approx(2 * 2 * 15)
+
+
+# --- forecasts: options set aside per step, forecast again on the next one -------------------
+def oracle(world: World, min_gain: float = 0.02):
+    """A forecast that knows the truth: an option's gain on the current recipe. It sets aside
+    what cannot gain 1 + min_gain now, and remembers what it set aside at each call."""
+    calls = []
+
+    def forecast(current, options, *, time_left_s):
+        base = world.truth(current)
+        aside = {o.label: f"at most {world.truth({**current, **o.overrides}) / base:.3f}x"
+                 for o in options
+                 if world.truth({**current, **o.overrides}) / base < 1 + min_gain}
+        calls.append(set(aside))
+        return aside
+    return forecast, calls
+
+
+def test_an_option_set_aside_by_its_forecast_is_forecast_again_and_found_later():
+    """workers pay only once bf16 is in: set aside (unscreened) in step 1, screened and added
+    in step 2; every option set aside says why in the notes."""
+    world = World({("precision", "bf16"): 1.5, ("data.num_workers", 2): 1.3}, seed=3,
+                  stall_p=0.0)
+    forecast, calls = oracle(world)
+    r = S.search(groups(), {"precision": "fp32", "data.num_workers": 0, "sync": "item"}, world,
+                 clock=world.clock, forecast=forecast)
+    assert [o.label for o in r.chosen][:2] == ["precision=bf16", "workers=2"]
+    first = r.steps[0]
+    assert {"workers=1", "workers=2", "workers=4"} <= set(first.set_aside)
+    assert not set(first.set_aside) & set(first.comparisons)  # set aside: not screened
+    assert "workers=2" in r.steps[1].comparisons
+    assert "workers=2" not in calls[1]
+    assert any(n.startswith("step 1: workers=2 not screened, by its forecast: at most")
+               for n in r.notes)
+
+
+def test_a_search_stops_when_no_option_is_forecast_to_gain_enough():
+    world = World({}, seed=1, stall_p=0.0)
+    forecast, _ = oracle(world)
+    r = S.search(groups(), {"precision": "fp32", "data.num_workers": 0, "sync": "item"}, world,
+                 clock=world.clock, forecast=forecast)
+    assert not r.chosen and r.stopped == "step 1: no option left is forecast to gain 2% " \
+                                        "on the current recipe"
+    assert world.calls == []  # nothing screened, nothing to close on

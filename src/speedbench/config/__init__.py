@@ -193,6 +193,12 @@ class BenchConfig:
                                   "before them, each technique's forecast of the most it could "
                                   "gain, from one profiled baseline step (forecast.csv); "
                                   "false: neither", **RUN_LEVEL)
+    skip_by_forecast: bool = setting(False, "a variant whose forecast (the most its technique "
+                                            "could gain here, from the baseline's profiled "
+                                            "steps) lies under bench.noise_threshold is not "
+                                            "measured, with the reason and the time spared; "
+                                            "needs bench.explain; the tips suite sets it",
+                                     **RUN_LEVEL)
 
 
 @dataclass
@@ -235,12 +241,12 @@ class RecipeConfig:
                                    factory=list)
     check_findings: bool = setting(True, "a profiled run measures each finding's suggested knob "
                                          "before the report recommends it")
-    # Off by default: a bound from the naive step (anomaly detection on, ...) understates what
-    # a technique can gain once the search has made the step shorter (docs/outputs.md).
-    forecasts: bool = setting(False, "before the search, profile the naive recipe and set aside "
-                                     "every candidate group whose options' forecasts "
-                                     "(Technique.bound) all lie under recipe.min_gain, with the "
-                                     "reason; false: screen every group")
+    # search/forecasts.py: profiled afresh at every step (a bound from the naive step would
+    # understate what an option can gain once the search has made the step shorter).
+    forecasts: bool = setting(True, "before each screen, profile the current recipe (untimed) "
+                                    "and set aside for that step every option whose forecast "
+                                    "(Technique.bound) lies under recipe.min_gain, with the "
+                                    "reason; needs bench.explain; false: screen every option")
 
 
 @dataclass

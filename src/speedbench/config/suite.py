@@ -94,6 +94,10 @@ def compose_member(name: str, overrides: list[str]) -> DictConfig:
 def member_plans(cfg: DictConfig, suite_name: str, overrides: list[str]) -> list[Plan]:
     """One validated plan per member experiment; a member's mistake names the member."""
     plans = []
+    # the suite's own bench.skip_by_forecast (tips sets it) reaches every member, unless the
+    # command line set it: a member is composed from the command line alone
+    if not any(o.lstrip("+").startswith("bench.skip_by_forecast=") for o in overrides):
+        overrides = [*overrides, f"bench.skip_by_forecast={cfg.bench.skip_by_forecast}"]
     for name in members(cfg, suite_name):
         try:
             plans.append(build_plan(compose_member(name, overrides), name))

@@ -13,8 +13,8 @@ under torchrun rank 0's seed is used on every rank. `trial` equals `round` for o
 rounds, the later ones spread over the model's budget at the first round's pace (bench.repeats
 to intervals.MAX_SPACING times that apart: intervals.look_spacing), that stop once every
 comparison is decided at the look's level, or when the next look's rounds would not fit in the
-model's time budget. Each row records the schedule (`min_rounds`, `look_every`, `looks`), from which the
-analysis finds the level of the look a comparison stopped at.
+model's time budget. Each row records the schedule (`min_rounds`, `look_every`, `looks`),
+from which the analysis finds the level of the look a comparison stopped at.
 
 Before the first round, each model gets its data set, the variants that cannot act here (n/a:
 one row each, in round 0) and a quality probe per variant (quality.py). One trial is
@@ -193,9 +193,29 @@ class ModelRounds:
                 if isinstance(b, techniques.Bound)]
         if said:  # before any round: what each could gain at best
             self.bar.write(f"{self.spec.name}: forecasts: {', '.join(said)}", sys.stderr)
+        if self.first.bench.skip_by_forecast:
+            self._skip_by_forecast(steps)
         others = [n for n in self.plan.variants if n != base and n not in self.skip
                   and not self._launched(self.plan.variants[n])]
         self.explain_reserve = explain.reserve_s(self.plan, others, steps, self.budget.left())
+
+    def _skip_by_forecast(self, steps: dict[str, float]) -> None:
+        """bench.skip_by_forecast: a variant that cannot gain the noise threshold here (its
+        forecast, an upper bound) is not measured; the rounds it would have had are spared."""
+        threshold, spared = self.first.bench.noise_threshold, []
+        for name, (_, bound) in self.forecasts.items():
+            if name in self.skip or not isinstance(bound, techniques.Bound) \
+                    or bound.speedup >= 1 + threshold:
+                continue
+            self.skip[name] = schema.format_status(
+                schema.NOT_MEASURED, f"by its forecast: {bound.why}, under the {threshold:.0%} "
+                "noise threshold (bench.skip_by_forecast=false measures it)")
+            step_s = steps.get(name, steps.get(self.plan.baseline, math.nan))
+            trial_s = stopping.trial_seconds(step_s, self.plan.variants[name].bench)
+            spared.append(f"{name} (about {self.repeats * trial_s:.0f} s of rounds)")
+        if spared:
+            self.bar.write(f"{self.spec.name}: not measured, by their forecasts: "
+                           + ", ".join(spared), sys.stderr)
 
     def _step_seconds(self) -> dict[str, float]:
         """variant -> seconds of a plain step: the rounds' median where measured, else the

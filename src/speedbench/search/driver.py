@@ -22,16 +22,15 @@ import pandas as pd
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from speedbench import results, techniques
+from speedbench import results
 from speedbench.analysis import intervals
 from speedbench.analysis import quality as quality_stats
 from speedbench.analysis import to_target as target_stats
-from speedbench.measure import explain, stopping, to_target, watchdog
-from speedbench.measure.data import build_dataset
+from speedbench.measure import to_target
 from speedbench.measure.rounds import fresh_order_seed
-from speedbench.measure.trial import context, dataset_length
 from speedbench.results.runs import load_quality
 from speedbench.results.schema import OK
+from speedbench.search import forecasts
 from speedbench.search import selection as search
 from speedbench.config import (ConfigError, ModelSpec, Plan, build_plan, config_flags,
                                inline_name)
@@ -256,18 +255,20 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
             if progress:
                 print(f"recipe {model}: {msg}", file=sys.stderr, flush=True)
 
-        if cfg.recipe.forecasts and cfg.bench.explain and kept:
-            say("forecasts from the naive recipe's profiled steps")
-            kept, set_aside = forecast_groups(cfg, spec, naive, kept, book, min_gain)
-            notes += set_aside
-
+        forecaster = None
+        if cfg.recipe.forecasts and cfg.bench.explain:
+            forecaster = forecasts.Forecaster(cfg, spec, book, min_gain, step_plan,
+                                              model_entry(cfg, spec))
         measurer = TrialMeasurer(cfg, spec, run_dir, writer, progress, execute_plan)
         result = search.search(kept, naive, measurer, budget_s=cfg.recipe.budget_s,
                                max_memory_mb=cfg.recipe.max_memory_mb, alpha=alpha,
                                min_gain=min_gain, screen_rounds=cfg.recipe.screen_rounds,
                                confirm_top=cfg.recipe.confirm_top,
-                               min_rounds=int(cfg.bench.repeats), progress=say)
+                               min_rounds=int(cfg.bench.repeats), progress=say,
+                               forecast=forecaster)
         result.notes[:0] = notes
+        if forecaster is not None:
+            result.notes.append(forecaster.note())
         say(f"done in {result.elapsed_s:.0f} s: {result.undecided or result.stopped}")
         found[spec.name] = result
         entries[spec.name] = model_entry(cfg, spec)
@@ -279,51 +280,6 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
             to_target.measure(check, run_dir, [], progress, fresh_order_seed())
         write_outputs(run_dir, found, entries)
     return found
-
-
-def forecast_groups(cfg: DictConfig, spec: ModelSpec, naive: dict, groups: list[search.Group],
-                    book, min_gain: float) -> tuple[list[search.Group], list[str]]:
-    """The groups worth screening, and a note per group set aside: one whose every option's
-    forecast (Technique.bound, from the naive recipe's profiled steps and the run's peaks) is
-    under 1 + min_gain. A forecast is an upper bound on the naive step; the step the search
-    reaches later may be shorter, where the same saving is a larger share."""
-    entry = model_entry(cfg, spec)
-
-    def recipe_of(overrides: dict):
-        plan = step_plan(cfg, entry, {"r": {**naive, **overrides}}, "r", "recipe-forecast")
-        return plan, plan.variants["r"]
-
-    plan, base = recipe_of({})
-    plan.models = [m for m in plan.models if m.name == spec.name]
-    options = {(g.name, o.name): recipe_of(dict(o.overrides))[1] for g in groups
-               for o in g.options}
-    peaks = {}
-    if book is not None:  # once per run and dtype, as the trials' (flops.FlopsBook)
-        book.measure_peaks(["fp32", *(techniques.matmul_dtype(r) for r in options.values())])
-        peaks = dict(book.peaks)
-    try:
-        data = build_dataset(plan.models[0].dataset, dataset_length(plan, plan.models[0]),
-                             base.data.path, seed=base.bench.seed)
-        profile = explain.profile_recipe(plan.models[0], base, context(plan), data,
-                                         explain.FORECAST_STEPS, 10 * (base.bench.max_trial_s
-                                                                       or 6.0))
-    except (Exception, watchdog.StepOverrun) as exc:  # the search goes on without them
-        return groups, [f"no forecasts: profiling the naive recipe failed ({exc})"[:200]]
-    kept, notes = [], []
-    for g in groups:
-        bounds = [techniques.bound(options[(g.name, o.name)], base, profile, peaks)[1]
-                  for o in g.options]
-        if bounds and all(isinstance(b, techniques.Bound) and b.speedup < 1 + min_gain
-                          for b in bounds):
-            best = max(bounds, key=lambda b: b.speedup)
-            spared = len(g.options) * cfg.recipe.screen_rounds * stopping.trial_seconds(
-                profile.step_ms / 1000, base.bench)
-            notes.append(f"{g.name}: not screened, by its forecast: {best.why}, under the "
-                         f"{min_gain:.0%} noise threshold (the naive recipe's profiled steps; "
-                         f"about {spared:.0f} s of screening spared)")
-        else:
-            kept.append(g)
-    return kept, notes
 
 
 def check_share(cfg: DictConfig) -> float:

@@ -8,7 +8,8 @@ trials; the tests use a synthetic one with known effects and noise.
 The search:
 1. starts from the naive recipe (the "before" code of the speed-tip articles, restricted to
    what can act here: see `restrict_naive`);
-2. each step first *screens*: every remaining candidate option on top of the current recipe,
+2. each step first *screens*: every remaining candidate option on top of the current recipe
+   (less those its forecast, where one is given, sets aside for this step: see `Forecast`),
    together with the current recipe itself, in one measurement of a few paired rounds
    (`screen_rounds`); per-round ratios to the current recipe rank the options;
 3. then *confirms*: the `confirm_top` best-ranked options (2) are measured again against the
@@ -111,6 +112,14 @@ class Measurer(Protocol):
         (a minimum, then more while a CI is wide)."""
 
 
+class Forecast(Protocol):
+    def __call__(self, current: Overrides, options: list["Option"], *,
+                 time_left_s: Optional[float]) -> dict[str, str]:
+        """Before a screen: option label -> why it cannot gain 1 + min_gain on top of the
+        `current` recipe (its forecast, an upper bound), for the options to set aside in
+        this step; they are forecast again on the next step's recipe."""
+
+
 @dataclass
 class Comparison:
     label: str
@@ -133,6 +142,7 @@ class StepRecord:
     elapsed_s: float
     level: float  # the screen's per-comparison CI level after Bonferroni adjustment
     confirmations: dict[str, Comparison] = field(default_factory=dict)  # fresh measurements
+    set_aside: dict[str, str] = field(default_factory=dict)  # label -> its forecast, unscreened
 
 
 @dataclass
@@ -319,15 +329,19 @@ def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
            alpha: float = 0.05, min_gain: float = 0.02, hopeless_below: float = 0.5,
            screen_rounds: Optional[int] = 3, confirm_top: int = 2, min_rounds: int = 5,
            progress: Callable[[str], None] = lambda msg: None,
-           clock: Callable[[], float] = time.monotonic) -> SearchResult:
+           clock: Callable[[], float] = time.monotonic,
+           forecast: Optional[Forecast] = None) -> SearchResult:
     """Greedy forward selection from `naive` (screen, then confirm the best), then the closing
     waterfall/ablation measurement. `alpha` is this search's share of the run's family-wise
-    error."""
+    error. `forecast`, where given, sets aside before each screen the options that cannot
+    gain enough on the current recipe (their time is spared, not their chance: they are
+    forecast again at every step)."""
     budget = Budget(budget_s, clock)
     budget.start()
     rules = Rules(alpha, min_gain, hopeless_below, screen_rounds, confirm_top, max_memory_mb,
                   min_rounds)
     forward = _Forward(groups, naive, measure, budget, rules, progress)
+    forward.forecast = forecast
     stopped = "no candidate left"
     while any(forward.pool.values()):
         why = forward.step()
@@ -359,6 +373,7 @@ class _Forward:
         self.levels: dict[str, float] = {}  # measurement ("step 1", "closing"...) -> CI level
         self.out_of_budget = False
         self.needs_s = math.nan  # what the step the budget stopped would have needed
+        self.forecast: Optional[Forecast] = None
         if rules.max_memory_mb is None and any(g.trades_memory for g in groups):
             self.notes.append("techniques that trade speed for memory ("
                               + ", ".join(g.name for g in groups if g.trades_memory)
@@ -384,6 +399,11 @@ class _Forward:
             why = self._pilot(current)
             if why:
                 return why
+        aside = self._set_aside(n, current, options)
+        options = [o for o in options if o.label not in aside]
+        if not options:
+            return (f"step {n}: no option left is forecast to gain "
+                    f"{self.rules.min_gain:.0%} on the current recipe")
         if not budget.fits(self.screen_cost(len(options)) + self.reserve()):
             return self._over_budget(f"step {n}'s screen ({len(options)} options)",
                                      self.screen_cost(len(options))
@@ -400,6 +420,7 @@ class _Forward:
             return (f"the current recipe could not be measured in step {n} "
                     f"({ref.status if ref else 'missing'})")
         record, ranked = self._screen(n, current, options, arms)
+        record.set_aside = aside
         best, why = self._decide(record, ranked, recipes)
         record.elapsed_s = budget.clock() - t0
         if best is None:
@@ -411,6 +432,17 @@ class _Forward:
         self.progress(f"step {n}: added {option.label} ({best.speedup:.2f}x "
                       f"[{best.lo:.2f}, {best.hi:.2f}])")
         return None
+
+    def _set_aside(self, n: int, current: Overrides, options: list[Option]) -> dict[str, str]:
+        """The options this step's forecast sets aside (label -> why), said and noted."""
+        if self.forecast is None or not options:
+            return {}
+        aside = self.forecast(current, options, time_left_s=self.budget.left())
+        if aside:
+            self.progress(f"step {n}: not screened, by their forecasts: {', '.join(aside)}")
+            self.notes += [f"step {n}: {label} not screened, by its forecast: {why}"
+                           for label, why in aside.items()]
+        return aside
 
     def _pilot(self, current: Overrides) -> Optional[str]:
         """One trial of the current recipe: the first measured time per trial, so that the
