@@ -50,7 +50,7 @@ class Forecaster:
 
     def __call__(self, current: dict, options: list[search.Option], *,
                  time_left_s: Optional[float]) -> dict[str, str]:
-        if self.failed:
+        if self.failed or (time_left_s is not None and time_left_s <= 0):
             return {}
         started = time.perf_counter()
         try:

@@ -435,8 +435,9 @@ class _Forward:
 
     def _set_aside(self, n: int, current: Overrides, options: list[Option]) -> dict[str, str]:
         """The options this step's forecast sets aside (label -> why), said and noted."""
-        if self.forecast is None or not options:
-            return {}
+        if self.forecast is None or not options \
+                or not self.budget.fits(self.screen_cost(1) + self.reserve()):
+            return {}  # no screen fits: the budget stops the search, not a forecast
         aside = self.forecast(current, options, time_left_s=self.budget.left())
         if aside:
             self.progress(f"step {n}: not screened, by their forecasts: {', '.join(aside)}")
