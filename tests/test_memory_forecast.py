@@ -87,8 +87,8 @@ def test_a_batch_scale_run_forecasts_each_peak_beside_the_measured_one(tmp_path)
     run_dir = only_run_dir(tmp_path)
     trials = pd.read_csv(run_dir / "trials.csv")
     got = memory.forecast_vs_measured(trials).set_index("variant")
-    assert list(got.index) == ["b1", "b2", "b4", "acc4"]
-    assert list(got["micro_batch"]) == [4, 8, 16, 4]
+    assert list(got.index) == ["b1", "acc4", "b2", "b4"]
+    assert list(got["micro_batch"]) == [4, 4, 8, 16]
     measured_b1 = trials[trials["variant"] == "b1"]["peak_mem_mb"].median()
     assert got.loc["b1", "measured_mb"] == pytest.approx(measured_b1)
     assert got.loc["b1", "forecast_mb"] == pytest.approx(measured_b1)

@@ -84,7 +84,7 @@ def baseline_of(trials: pd.DataFrame, model: str) -> Optional[str]:
 
 def forecast_vs_measured(trials: pd.DataFrame) -> pd.DataFrame:
     """Per model and variant: its micro-batch, the peak forecast from the baseline's split, the
-    measured peak and the error (forecast / measured - 1). Only models where a variant changes
+    measured peak and the error (forecast / measured - 1), the baseline first. Only models where a variant changes
     the micro-batch (elsewhere every forecast is the baseline's peak: nothing to learn)."""
     out = []
     for model in dict.fromkeys(trials["model"]):
@@ -102,6 +102,7 @@ def forecast_vs_measured(trials: pd.DataFrame) -> pd.DataFrame:
                          "forecast_mb": forecast, "measured_mb": got.peak_mb,
                          "error": forecast / got.peak_mb - 1 if got.peak_mb > 0 else math.nan})
         if any(r["micro_batch"] != base_split.micro_batch for r in rows):
-            out += rows
+            # the baseline first, then by micro-batch (trials.csv is in the rounds' random order)
+            out += sorted(rows, key=lambda r: (r["variant"] != base, r["micro_batch"]))
     return pd.DataFrame(out, columns=["model", "variant", "micro_batch", "forecast_mb",
                                       "measured_mb", "error"])

@@ -21,7 +21,9 @@ FACTORS = (2, 4)  # the forecast-only peaks where no larger batch was measured o
 
 
 def _mb(x) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x:.1f}"
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"  # a tiny model's peak is under 1 MB
 
 
 def forecast_table(trials: pd.DataFrame) -> pd.DataFrame:
