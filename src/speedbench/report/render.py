@@ -21,9 +21,9 @@ from speedbench.results import atomic
 from speedbench.analysis import claims as claims_mod
 from speedbench.analysis import intervals
 from speedbench.analysis.summary import summarised
-from speedbench.report import (capacity_section, explain_section, host_sweep, method, plots,
-                               profile_section, recipe_section, recommend, settings,
-                               to_target_section, unfinished)
+from speedbench.report import (capacity_section, explain_section, host_sweep, memory_section,
+                               method, plots, profile_section, recipe_section, recommend,
+                               settings, to_target_section, unfinished)
 from speedbench.report.document import Document, shortened, slug, write
 from speedbench.report.numbers import learning_lost, ratio_ci
 from speedbench.results.runs import Run, load_recipe, load_run
@@ -536,6 +536,7 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
     for warning in method.spread_warnings(summary):
         doc.note(warning)
     explain_section.add(doc, run, experiment, out_dir)  # why, and the forecasts
+    memory_section.add(doc, trials)  # the peaks forecast from the baseline's split
     for view in settings.host_sweeps(run):
         host_sweep.add(doc, trials, view, out_dir, summary)
     if run.to_target is not None:
@@ -544,10 +545,7 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
     capacity = run.capacity[run.capacity["experiment"] == experiment] \
         if run.capacity is not None else pd.DataFrame()
     if len(capacity):
-        doc.heading("Largest batch that fits", 3)
-        doc.para(capacity_section.text(capacity))
-        if capacity_section.searched(capacity):
-            doc.table(capacity_section.table(capacity))
+        capacity_section.add(doc, capacity, trials)
     if phases is not None and len(phases):
         doc.heading("Where the time goes (profile)", 3)
         doc.para(profile_section.METHOD)
