@@ -301,6 +301,15 @@ def test_parts_sum_to_the_profiled_change_and_the_rest_is_unexplained():
     line = stats.sentence(stats.with_forecasts(decided, forecast).iloc[0])
     assert line.startswith("m bf16 1.6x: matmul/conv -")
     assert "unexplained" in line and "forecast at most 1.4x" in line and "measured above" in line
+    # a large unexplained rest is said to lie within the profiled steps' noise only when the
+    # profiled change's interval holds the measured change
+    assert bf16["profiled_lo"] <= bf16["profiled_ms"] <= bf16["profiled_hi"]
+    noisy = decided.iloc[0].copy()
+    noisy["unexplained_share"] = 0.5
+    noisy["profiled_lo"], noisy["profiled_hi"] = bf16["measured_ms"] - 1, bf16["measured_ms"] + 1
+    assert "within the profiled steps' noise" in stats.sentence(noisy)
+    noisy["profiled_hi"] = bf16["measured_ms"] - 0.5
+    assert "noise" not in stats.sentence(noisy)
 
 
 def test_the_report_section_has_a_sentence_a_waterfall_and_the_forecasts(tmp_path):

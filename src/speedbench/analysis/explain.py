@@ -31,6 +31,7 @@ LABELS = {"matmul": "matmul/conv", "elementwise": "elementwise", "data": "data w
 DECIDED = ("faster", "slower", "equivalent")
 PART_LEVEL = 0.95  # each part's interval: a description of the profiled steps, not a call
 SENTENCE_PARTS = 3  # the largest parts a sentence names; the rest are in the table
+UNEXPLAINED_NOTE = 0.15  # a larger unexplained share says whether the profile's noise holds it
 
 
 @dataclass
@@ -133,6 +134,11 @@ def _comparison(exp, model, variant, b: pd.DataFrame, v: pd.DataFrame, s, base_m
         row[f"{c}_lo"], row[f"{c}_hi"] = welch(m1, s1, n1, m0, s0, n0)
         profiled += m1 - m0
     measured = base_ms * (1 / row["speedup"] - 1) if row["speedup"] > 0 else math.nan
+    # the profiled steps' own noise: the whole step's change, with its interval
+    row["profiled_lo"], row["profiled_hi"] = welch(
+        scale * float(v.at["step", "mean_ms"]), scale * float(v.at["step", "sd_ms"]),
+        int(v.at["step", "steps"]), float(b.at["step", "mean_ms"]),
+        float(b.at["step", "sd_ms"]), int(b.at["step", "steps"]))
     row.update(baseline_ms=base_ms, base_profiled_ms=float(b.at["step", "mean_ms"]),
                variant_ms=base_ms / row["speedup"] if row["speedup"] > 0 else math.nan,
                variant_profiled_ms=scale * float(v.at["step", "mean_ms"]),
@@ -184,6 +190,10 @@ def sentence(row) -> str:
     tail = f"{abs(rest):.3g} ms unexplained" + (f" ({100 * share:.0f} % of the "
                                                f"{row['measured_ms']:+.3g} ms measured)"
                                                if np.isfinite(share) else "")
+    lo, hi = row.get("profiled_lo", math.nan), row.get("profiled_hi", math.nan)
+    if np.isfinite(share) and share > UNEXPLAINED_NOTE and lo <= row["measured_ms"] <= hi:
+        tail += (f", within the profiled steps' noise (their change "
+                 f"{_ms(row['profiled_ms'])}, 95 % interval [{lo:+.3g}, {hi:+.3g}] ms)")
     text = f"{row['model']} {row['variant']} {row['speedup']:.3g}x: {named}; {tail}"
     if np.isfinite(row.get("forecast", math.nan)):
         text += f"; forecast at most {row['forecast']:.3g}x"

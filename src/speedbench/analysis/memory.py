@@ -84,8 +84,9 @@ def baseline_of(trials: pd.DataFrame, model: str) -> Optional[str]:
 
 def forecast_vs_measured(trials: pd.DataFrame) -> pd.DataFrame:
     """Per model and variant: its micro-batch, the peak forecast from the baseline's split, the
-    measured peak and the error (forecast / measured - 1), the baseline first. Only models where a variant changes
-    the micro-batch (elsewhere every forecast is the baseline's peak: nothing to learn)."""
+    measured peak and the error (forecast / measured - 1), the baseline first. Only models
+    where a variant changes the micro-batch (elsewhere every forecast is the baseline's peak:
+    nothing to learn)."""
     out = []
     for model in dict.fromkeys(trials["model"]):
         base = baseline_of(trials, model)
