@@ -421,11 +421,12 @@ class Explainer:
 
 
 def reserve_s(plan, variants: list[str], step_s: dict, left_s: float) -> float:
-    """Seconds to keep back from a model's rounds for its paired profile: the baseline before,
-    between and after the variants, each variant once, from their probes' steps; at most
-    RESERVE_SHARE of `left_s`."""
+    """Seconds to keep back from a model's rounds for its paired profile: the baseline before
+    and between the variants, each variant once, from their probes' steps; at most
+    RESERVE_SHARE of `left_s`. The baseline after the last variant is not kept for: it runs
+    when time is left (it guards against drift; the one before pairs with the variant)."""
     need = 0.0
-    for name in [plan.baseline, *[n for v in variants for n in (v, plan.baseline)]]:
+    for name in [plan.baseline, *[n for v in variants for n in (plan.baseline, v)][1:]]:
         s = step_s.get(name, math.nan)
         if math.isfinite(s):
             need += seconds(s, PAIRED_STEPS, plan.variants[name])
