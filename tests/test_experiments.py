@@ -121,8 +121,10 @@ def tips_cli(*overrides: str, out: Path) -> tuple[pd.DataFrame, Path]:
 
 @pytest.fixture(scope="module")
 def tips_run(tmp_path_factory):
-    """One run of every experiment a suite holds, on the CPU, shared by the tests below."""
-    return tips_cli(out=tmp_path_factory.mktemp("tips"))
+    """One run of every experiment a suite holds, on the CPU, shared by the tests below; every
+    variant measured (the suite's bench.skip_by_forecast off: these tests check that each
+    experiment runs; test_explain.py checks the skipping)."""
+    return tips_cli("bench.skip_by_forecast=false", out=tmp_path_factory.mktemp("tips"))
 
 
 def test_every_experiment_file_is_run_by_a_test():
