@@ -226,6 +226,20 @@ def test_profiled_steps_record_the_profilers_cost(matmul_bound):
 
 
 # --- bounds -----------------------------------------------------------------------------------
+def test_paired_profiles_take_fewer_steps_rather_than_leave_the_last_unexplained():
+    """PAIRED_STEPS where the profiles fit, fewer where they would not, never under the
+    minimum; unknown step times or no limit change nothing."""
+    recipe, _ = recipes()
+    full = 3 * explain.seconds(0.2, explain.PAIRED_STEPS, recipe)
+    assert explain.paired_steps([0.2] * 3, [recipe] * 3, full) == explain.PAIRED_STEPS
+    fewer = explain.paired_steps([0.2] * 3, [recipe] * 3, full - 0.5)
+    assert explain.MIN_PAIRED_STEPS <= fewer < explain.PAIRED_STEPS
+    assert 3 * explain.seconds(0.2, fewer, recipe) <= full - 0.5
+    assert explain.paired_steps([0.2] * 3, [recipe] * 3, 0.0) == explain.MIN_PAIRED_STEPS
+    assert explain.paired_steps([math.nan], [recipe], 1.0) == explain.PAIRED_STEPS
+    assert explain.paired_steps([0.2], [recipe], math.inf) == explain.PAIRED_STEPS
+
+
 def test_amdahl():
     assert amdahl(0.0) == 1.0 and amdahl(0.5) == 2.0 and amdahl(0.5, 2.0) == pytest.approx(4 / 3)
     assert amdahl(1.0) == math.inf and amdahl(0.3, 1.0) == 1.0

@@ -57,6 +57,7 @@ LABEL = "speedbench."  # LabelClock's phase labels: speedbench.<phase>
 WARMUP = 2
 FORECAST_STEPS = 2  # profiled baseline steps behind the forecasts
 PAIRED_STEPS = 8  # profiled steps of each profile (the baseline: one more than the variants)
+MIN_PAIRED_STEPS = 3  # fewer where the budget is short (paired_steps); Welch needs 2 a side
 PLAIN_STEPS = 3  # unprofiled steps after the warm-up: the profiler's cost is the excess over them
 PROFILER_FACTOR = 2.0  # a profiled step's time over a plain one's, in the time estimate
 SETUP_S = 0.5  # a model, its loader and the profiler started
@@ -403,12 +404,16 @@ class Explainer:
         if not measured:
             return
         base_s = step_s.get(self.base, math.nan)
-        bases = [self._profile(self.base, PAIRED_STEPS, budget, base_s)]
+        order = [self.base, *[n for v in measured for n in (v, self.base)]]
+        # the profiles the budget must hold: all but the baseline after the last variant
+        steps = paired_steps([step_s.get(n, math.nan) for n in order[:-1]],
+                             [self.plan.variants[n] for n in order[:-1]], budget.left())
+        bases = [self._profile(self.base, steps, budget, base_s)]
         rows = []
         for name in measured:
-            got = self._profile(name, PAIRED_STEPS, budget, step_s.get(name, math.nan))
+            got = self._profile(name, steps, budget, step_s.get(name, math.nan))
             rows += self._rows(name, "paired", got)
-            bases.append(self._profile(self.base, PAIRED_STEPS, budget, base_s))
+            bases.append(self._profile(self.base, steps, budget, base_s))
         done = [b for b in bases if isinstance(b, Breakdown)]
         pooled = Breakdown([s for b in done for s in b.steps],
                            sum(b.overhead_ms for b in done) / len(done)) if done else bases[0]
@@ -418,6 +423,19 @@ class Explainer:
         self.explain_rows += rows
         if self.run_dir is not None and rows:
             atomic.append_rows(self.run_dir / "explain.csv", schema.EXPLAIN_COLUMNS, rows)
+
+
+def paired_steps(step_s: list[float], recipes: list, left_s: float) -> int:
+    """Profiled steps per paired profile: PAIRED_STEPS, or fewer (MIN_PAIRED_STEPS at least)
+    where the profiles, at their estimated cost (`seconds`), would not fit in `left_s`: a
+    coarser explanation of every comparison rather than none of the last ones."""
+    known = [(s, r) for s, r in zip(step_s, recipes) if math.isfinite(s)]
+    if not known or not math.isfinite(left_s):
+        return PAIRED_STEPS
+    for steps in range(PAIRED_STEPS, MIN_PAIRED_STEPS, -1):
+        if sum(seconds(s, steps, r) for s, r in known) <= left_s:
+            return steps
+    return MIN_PAIRED_STEPS
 
 
 def reserve_s(plan, variants: list[str], step_s: dict, left_s: float) -> float:
