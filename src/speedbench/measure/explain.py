@@ -404,10 +404,9 @@ class Explainer:
         if not measured:
             return
         base_s = step_s.get(self.base, math.nan)
-        order = [self.base, *[n for v in measured for n in (v, self.base)]]
-        # the profiles the budget must hold: all but the baseline after the last variant
-        steps = paired_steps([step_s.get(n, math.nan) for n in order[:-1]],
-                             [self.plan.variants[n] for n in order[:-1]], budget.left())
+        kept = kept_profiles(self.base, measured)
+        steps = paired_steps([step_s.get(n, math.nan) for n in kept],
+                             [self.plan.variants[n] for n in kept], budget.left())
         bases = [self._profile(self.base, steps, budget, base_s)]
         rows = []
         for name in measured:
@@ -425,6 +424,13 @@ class Explainer:
             atomic.append_rows(self.run_dir / "explain.csv", schema.EXPLAIN_COLUMNS, rows)
 
 
+def kept_profiles(base: str, variants: list[str]) -> list[str]:
+    """The paired profiles, in order, that the budget must hold: the baseline before each
+    variant, and the variant (the baseline after the last one runs only when time is left:
+    it guards against drift; the one before pairs with the variant)."""
+    return [n for v in variants for n in (base, v)]
+
+
 def paired_steps(step_s: list[float], recipes: list, left_s: float) -> int:
     """Profiled steps per paired profile: PAIRED_STEPS, or fewer (MIN_PAIRED_STEPS at least)
     where the profiles, at their estimated cost (`seconds`), would not fit in `left_s`: a
@@ -439,12 +445,10 @@ def paired_steps(step_s: list[float], recipes: list, left_s: float) -> int:
 
 
 def reserve_s(plan, variants: list[str], step_s: dict, left_s: float) -> float:
-    """Seconds to keep back from a model's rounds for its paired profile: the baseline before
-    and between the variants, each variant once, from their probes' steps; at most
-    RESERVE_SHARE of `left_s`. The baseline after the last variant is not kept for: it runs
-    when time is left (it guards against drift; the one before pairs with the variant)."""
+    """Seconds to keep back from a model's rounds for its paired profiles (kept_profiles),
+    from their probes' steps; at most RESERVE_SHARE of `left_s`."""
     need = 0.0
-    for name in [plan.baseline, *[n for v in variants for n in (plan.baseline, v)][1:]]:
+    for name in kept_profiles(plan.baseline, variants):
         s = step_s.get(name, math.nan)
         if math.isfinite(s):
             need += seconds(s, PAIRED_STEPS, plan.variants[name])

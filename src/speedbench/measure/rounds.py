@@ -204,12 +204,12 @@ class ModelRounds:
         forecast, an upper bound) is not measured; the rounds it would have had are spared."""
         threshold, spared = self.first.bench.noise_threshold, []
         for name, (_, bound) in self.forecasts.items():
-            if name in self.skip or not isinstance(bound, techniques.Bound) \
-                    or bound.speedup >= 1 + threshold:
+            why = bound.under(threshold) if isinstance(bound, techniques.Bound) else ""
+            if name in self.skip or not why:
                 continue
             self.skip[name] = schema.format_status(
-                schema.NOT_MEASURED, f"by its forecast: {bound.why}, under the {threshold:.0%} "
-                "noise threshold (bench.skip_by_forecast=false measures it)")
+                schema.NOT_MEASURED, f"by its forecast: {why} (bench.skip_by_forecast=false "
+                "measures it)")
             step_s = steps.get(name, steps.get(self.plan.baseline, math.nan))
             trial_s = stopping.trial_seconds(step_s, self.plan.variants[name].bench)
             spared.append(f"{name} (about {self.repeats * trial_s:.0f} s of rounds)")

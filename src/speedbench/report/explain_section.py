@@ -16,10 +16,10 @@ from speedbench.results import runs
 from speedbench.results.schema import EXPLAIN_CATEGORIES, OK
 
 METHOD = ("After the rounds, fresh models of the baseline, before, between and (time "
-          "permitting) after those of the variants measured, ran a few untimed steps under torch.profiler, warmed up as a "
-          "trial is (never in a timed window). Each profiled step's wall time is split by operator category (the self "
-          "time of each event: matrix products and convolutions, other operators, the data "
-          "wait, the optimizer step, host reads of device values, compiled code, the Python "
+          "permitting) after those of the variants measured, ran a few untimed steps under "
+          "torch.profiler, warmed up as a trial is (never in a timed window). Each profiled "
+          "step's wall time is split by operator category (the self time of each event: "
+          "matrix products and convolutions, other operators, the data wait, the optimizer step, host reads of device values, compiled code, the Python "
           "between operators, the rest), so that the parts sum to the step; on a CPU the "
           "profiler's own cost is taken out (its excess over unprofiled steps of the same "
           "model). A part is the "

@@ -86,9 +86,9 @@ class Forecaster:
         aside = {}
         for label, recipe in recipes.items():
             bound = techniques.bound(recipe, base, profile, peaks)[1]
-            if isinstance(bound, techniques.Bound) and bound.speedup < 1 + self.min_gain:
-                aside[label] = (f"{bound.why}, under the {self.min_gain:.0%} noise threshold "
-                                f"(on the current recipe's {profile.step_ms:.3g} ms step)")
+            why = bound.under(self.min_gain) if isinstance(bound, techniques.Bound) else ""
+            if why:
+                aside[label] = f"{why} (on the current recipe's {profile.step_ms:.3g} ms step)"
                 self.spared_s += screen_s
         self.set_aside += len(aside)
         return aside

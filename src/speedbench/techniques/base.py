@@ -263,6 +263,13 @@ class Bound:
     share: float  # of the baseline's profiled step
     why: str  # "data wait is 0.4 % of the step: workers cannot gain more than 1.004x"
 
+    def under(self, threshold: float) -> str:
+        """Why the technique cannot gain 1 + `threshold` here, or "" where it might: the rule
+        by which the recipe search and bench.skip_by_forecast set a variant aside."""
+        if self.speedup < 1 + threshold:
+            return f"{self.why}, under the {threshold:.0%} noise threshold"
+        return ""
+
 
 def amdahl(share: float, gain: float = math.inf) -> float:
     """The whole step's speed-up when `share` of it runs `gain` times faster (inf: vanishes)."""
