@@ -271,3 +271,17 @@ def test_the_looks_spread_over_the_budget_within_their_bounds():
     assert [intervals.look_of(n, 5, 3, 20) for n in (3, 5, 24, 25, 44, 45, 60)] == \
         [1, 1, 1, 2, 2, 3, 3]
     assert [n for n in range(1, 50) if intervals.is_look(n, 5, 20)] == [5, 25, 45]
+
+
+def test_a_long_budget_adds_looks_rather_than_leaving_its_time_unspent():
+    # 2 s a round, bench.repeats 5: 3 looks fit from 30 s; at their widest spacing (20) they
+    # end at 45 rounds, so 130 s (65 rounds) adds a 4th look and 600 s (300) reaches MAX_LOOKS
+    assert [intervals.planned_looks(s, 5, 2.0) for s in (8, 20, 30, 120, 130, 170, 600)] == \
+        [1, 2, 3, 3, 4, 5, intervals.MAX_LOOKS]
+    looks = intervals.planned_looks(170, 5, 2.0)
+    spacing = intervals.look_spacing(170, 5, 2.0, looks)
+    assert spacing == 20 and intervals.most_rounds(5, looks, spacing) == 85  # of 85 that fit
+    # more looks, each at a stricter level: the error they spend still sums to the family's
+    assert sum(intervals.spending_share(k, looks) for k in range(1, looks + 1)) == \
+        pytest.approx(1.0)
+    assert intervals.planned_looks(math.inf, 5, 2.0) == intervals.LOOKS

@@ -114,6 +114,28 @@ def test_a_runs_budget_keeps_time_back_for_its_report():
     assert Budget.of_run(None).seconds is None
 
 
+def test_the_commands_first_run_counts_its_budget_from_the_process_start():
+    """bench.time_budget_s bounds what a user times: a process 1 s old (a sleep standing in
+    for Python's start-up and torch's import) has its first run's clock 1 s gone; a second
+    run in the same process (a sweep's next job) starts its own clock."""
+    import subprocess
+    import sys
+
+    code = ("import time; time.sleep(1.0)\n"
+            "from speedbench.measure import budget\n"
+            "age = budget.process_age_s(); budget.count_from_process_start()\n"
+            "first = budget.Budget.of_run(60.0, start=budget.run_start())\n"
+            "second = budget.Budget.of_run(60.0, start=budget.run_start())\n"
+            "print(age, first.spent(), second.spent())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    age, first_spent, second_spent = map(float, out)
+    if age == 0.0:
+        pytest.skip("this platform does not tell a process's start (/proc)")
+    assert age >= 0.98 and first_spent >= 0.98  # /proc's clock ticks: 10 ms
+    assert second_spent < 0.5
+
+
 def test_a_trials_cpu_window_counts_the_runs_live_children_as_its_own():
     """A child of this run still running (a DataLoader worker, a launched trial) is the run's
     own work, not another process's: the measured audit found it counted as others."""

@@ -71,9 +71,9 @@ def test_balanced_orders_absorb_a_position_effect():
     assert abs(np.mean(logs)) < 0.025
 
 
-def _plan_line(budget_s: float, repeats: int = 5) -> str:
-    """ModelRounds.estimate's line for two identical variants of a 50 ms model, after the
-    probes, with `budget_s` for the run."""
+def _plan_line(budget_s: float, repeats: int = 5, variants: int = 2) -> str:
+    """ModelRounds.estimate's line for `variants` identical variants of a 50 ms model, after
+    the probes, with `budget_s` for the run."""
     from types import SimpleNamespace
 
     from speedbench.measure.budget import Budget
@@ -81,20 +81,27 @@ def _plan_line(budget_s: float, repeats: int = 5) -> str:
     clock = sim.Clock()
     settings = sim.Settings(time_budget_s=budget_s, repeats=repeats)
     bench = SimpleNamespace(**{k: v for k, v in vars(settings).items() if k != "extra"})
-    rounds = sim.SimRounds(sim.SimModel("m", 0.05, {"a": 1.0, "b": 1.0}), bench, NOISE,
-                           np.random.default_rng(1), 1, Budget.of_run(budget_s, clock=clock),
+    arms = {name: 1.0 for name in "abcdefg"[:variants]}
+    rounds = sim.SimRounds(sim.SimModel("m", 0.05, arms), bench, NOISE,
+                           np.random.default_rng(1), variants - 1,
+                           Budget.of_run(budget_s, clock=clock),
                            clock)
     rounds._probe_all()
     return rounds.estimate()
 
 
 def test_the_plan_names_what_stops_it_short_of_a_verdict_on_1_1x():
-    # a day of budget: the later looks spread over it, at most 5 + 2 x 4 x 5 = 45 rounds
+    from speedbench.analysis.intervals import MAX_LOOKS, MAX_SPACING, most_rounds
+
+    # a day of budget: MAX_LOOKS looks at their widest spacing, 5 + 7 x 4 x 5 = 145 rounds
     ample = _plan_line(86_400)
-    assert "about 45 rounds of" in ample and "a verdict on 1.1x" not in ample, ample
-    # one repeat: the rounds' cap (1 + 2 x 4 = 9 rounds) is what stops short, not the budget
-    capped = _plan_line(86_400, repeats=1)
-    assert "about 9 rounds of" in capped and "give bench.repeats=3" in capped, capped
+    most = most_rounds(5, MAX_LOOKS, MAX_SPACING * 5)
+    assert f"about {most} rounds of" in ample and "a verdict on 1.1x" not in ample, ample
+    # one repeat and 6 comparisons: the rounds' cap (1 + 7 x 4 = 29 rounds) is what stops
+    # short of the 34 rounds 1.1x needs, not the budget
+    capped = _plan_line(86_400, repeats=1, variants=7)
+    most = most_rounds(1, MAX_LOOKS, MAX_SPACING)
+    assert f"about {most} rounds of" in capped and "give bench.repeats=2" in capped, capped
     assert "bench.time_budget_s=" not in capped, capped
     # 20 s: the budget stops short too, and the line says how much would do
     short = _plan_line(20)

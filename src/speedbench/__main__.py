@@ -451,6 +451,8 @@ def cli() -> None:
     """The command (`speedbench`, `python -m speedbench`): main(), then leave, even when model
     code left threads running that would keep Python waiting for them forever."""
     sys.unraisablehook = _quiet_lost_stop  # the process's own: not for main() run in-process
+    from speedbench.measure import budget
+    budget.count_from_process_start()  # bench.time_budget_s bounds the process's wall time
     try:
         main()
         code = 0

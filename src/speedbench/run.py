@@ -7,6 +7,7 @@ prints the report's lines.
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -22,6 +23,7 @@ from speedbench.analysis import to_target as target_stats
 from speedbench.analysis.summary import summary_of
 from speedbench.config import Plan, build_plan, suite
 from speedbench.measure import diagnosis, env, isolation, to_target
+from speedbench.measure import budget as budget_clock
 from speedbench.measure.budget import Budget
 from speedbench.measure.flops import FlopsBook
 from speedbench.measure.timing import settled_heap
@@ -89,7 +91,7 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
     """Measure every plan into run_dir's trials.csv, then analyse, write and report."""
     from speedbench.search import driver as recipe
 
-    started = time.perf_counter()
+    started = budget_clock.run_start()  # a command's first run: from the process's start
     distributed.init_process_group(dist_env, device, cfg.dist_timeout_s)
     distributed.outlive_peer_failure(dist_env)
     writer = results.TrialWriter(run_dir / "trials.csv", techniques.column_names()) \
@@ -102,9 +104,10 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
         return measure_plan(*args, book=book, comparisons=family, **kwargs)
 
     levels = {}  # (experiment, model) -> the CI level a recipe search used there
-    for plan in plans:
+    for i, plan in enumerate(plans):
         # one clock for the experiment: every phase draws on what is left of its budget
-        budget = Budget.of_run(plan.variants[plan.baseline].bench.time_budget_s)
+        budget = Budget.of_run(plan.variants[plan.baseline].bench.time_budget_s,
+                               start=started if i == 0 else math.nan)
         # how soon each variant trains (a recipe search checks its final recipe itself)
         target = plan.config.target.enabled and run_dir is not None and groups is None
         if groups is not None:  # +experiment=recipe: the search runs the plans

@@ -98,6 +98,7 @@ def comparison_level(comparisons: int, family: float = FAMILY_LEVEL) -> float:
 # ---- group-sequential looks: alpha spent across them ----
 
 LOOKS = 3  # adaptive rounds: looks after repeats, 2 x repeats and 3 x repeats rounds at most
+MAX_LOOKS = 8  # ... and more where the budget fits them at their widest spacing (planned_looks)
 
 
 def spending_share(look: int, looks: int) -> float:
@@ -121,11 +122,19 @@ def sequential_level(comparisons: int, look: int = 1, looks: int = 1,
 
 def planned_looks(time_budget_s: float, min_rounds: int, round_s: float) -> int:
     """Looks the model's time budget allows at the first round's pace: `looks` x `min_rounds`
-    rounds must fit, 1 to LOOKS. Chosen after the first round, before any look, so that no
-    error is spent on looks the budget cannot reach."""
-    if not round_s > 0:
+    rounds must fit, 1 to LOOKS; more, up to MAX_LOOKS, where the budget fits a look beyond
+    LOOKS looks at their widest spacing (MAX_SPACING), so that a long budget is spent on the
+    comparisons still undecided rather than left unspent. Chosen after the first round, before
+    any look, so that no error is spent on looks the budget cannot reach; the pace is not the
+    data's effect, so choosing by it keeps each look's level."""
+    if not round_s > 0 or not math.isfinite(time_budget_s):
         return LOOKS
-    return max(1, min(LOOKS, int(time_budget_s // (min_rounds * round_s))))
+    fit = int(time_budget_s // round_s)
+    looks = max(1, min(LOOKS, fit // min_rounds))
+    while looks >= LOOKS and looks < MAX_LOOKS and \
+            most_rounds(min_rounds, looks + 1, MAX_SPACING * min_rounds) <= fit:
+        looks += 1
+    return looks
 
 
 # The later looks' spacing grows with the budget, at most this many times bench.repeats: a

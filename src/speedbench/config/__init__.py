@@ -156,7 +156,8 @@ class BenchConfig:
                                                note="4 = four times slower",
                                                null="never to stop a variant early")
     time_budget_s: float = setting(600.0, "wall time of the whole experiment, which every "
-                                          "phase draws on: the matmul peaks, each model's data, "
+                                          "phase draws on: the command's start-up (its first "
+                                          "experiment), the matmul peaks, each model's data, "
                                           "quality probes (40 % of its share at most) and "
                                           "rounds, time to target, the report; steps stop at "
                                           "the deadline (a suite: each experiment its own)",

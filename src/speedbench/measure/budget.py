@@ -6,16 +6,47 @@ model's data, quality probes and rounds, time to target, and the report. The run
 the models still to come, the probes theirs of the model's, ...), so that time one phase does
 not use passes to the next. Trials and probes check the deadline between steps (and the
 watchdog within a step), so a run ends within its budget plus about one step.
+
+The command's first run counts from the process's start (`count_from_process_start`): the
+budget bounds what a user times, Python's start-up, torch's import and the config included.
 """
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 # Kept back from a run's budget for writing summary.csv, the plots and the report at its end.
 REPORT_S, REPORT_SHARE = 8.0, 0.1
+
+
+_process_start: list[float] = []  # the command's start, taken by its first run
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (from /proc on Linux; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/stat") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(after_name[19]) / os.sysconf("SC_CLK_TCK"))  # starttime
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def count_from_process_start() -> None:
+    """The command (not run() called from Python) counts its first run's budget from the
+    process's start."""
+    _process_start[:] = [time.perf_counter() - process_age_s()]
+
+
+def run_start() -> float:
+    """When a run's clock starts, on time.perf_counter: the process's start for a command's
+    first run, else now."""
+    return _process_start.pop() if _process_start else time.perf_counter()
 
 
 @dataclass
@@ -31,12 +62,13 @@ class Budget:
             self.start = self.clock()
 
     @classmethod
-    def of_run(cls, seconds: Optional[float], clock: Callable[[], float] = time.perf_counter
-               ) -> "Budget":
-        """A run's budget for measuring: bench.time_budget_s less what its report needs."""
+    def of_run(cls, seconds: Optional[float], clock: Callable[[], float] = time.perf_counter,
+               start: float = math.nan) -> "Budget":
+        """A run's budget for measuring, from `start` on `clock` (default: now):
+        bench.time_budget_s less what its report needs."""
         if seconds is None:
-            return cls(None, clock)
-        return cls(seconds - min(REPORT_S, REPORT_SHARE * seconds), clock)
+            return cls(None, clock, start)
+        return cls(seconds - min(REPORT_S, REPORT_SHARE * seconds), clock, start)
 
     def spent(self) -> float:
         return self.clock() - self.start

@@ -9,9 +9,10 @@ the models and the data only). trials.csv records `order_seed`, `round` and `pos
 trial's place in its round, 0 first), so `bench.order_seed=<that value>` replays a run's orders;
 under torchrun rank 0's seed is used on every rank. `trial` equals `round` for older readers.
 `bench.repeats` rounds are the floor; with `bench.target_ci` the rounds are group-sequential
-(adaptive.wants_more_rounds): intervals.LOOKS looks at most, the first after `bench.repeats`
-rounds, the later ones spread over the model's budget at the first round's pace (bench.repeats
-to intervals.MAX_SPACING times that apart: intervals.look_spacing), that stop once every
+(adaptive.wants_more_rounds): intervals.LOOKS looks (up to intervals.MAX_LOOKS where a long
+budget fits more: intervals.planned_looks), the first after `bench.repeats` rounds, the later
+ones spread over the model's budget at the first round's pace (bench.repeats to
+intervals.MAX_SPACING times that apart: intervals.look_spacing), that stop once every
 comparison is decided at the look's level, or when the next look's rounds would not fit in the
 model's time budget. Each row records the schedule (`min_rounds`, `look_every`, `looks`),
 from which the analysis finds the level of the look a comparison stopped at.
@@ -310,8 +311,9 @@ class ModelRounds:
         uncounted = f" (not counting {unknown} variant(s) without a probe)" if unknown else ""
         # adaptive rounds stop at their last look, the later looks spread over the budget
         if self.looks is None:
-            most = intervals.most_rounds(self.repeats, intervals.LOOKS, intervals.look_spacing(
-                left, self.repeats, round_s, intervals.LOOKS))
+            looks = intervals.planned_looks(left, self.repeats, round_s)
+            most = intervals.most_rounds(self.repeats, looks, intervals.look_spacing(
+                left, self.repeats, round_s, looks))
         else:
             most = self.repeats
         by_time = int(left // round_s) if math.isfinite(left) else most
@@ -328,7 +330,7 @@ class ModelRounds:
         if need and need > fit:  # what stops short of it: the rounds' cap, the budget, or both
             give = []
             # the most rounds any budget buys (the later looks at their widest spacing)
-            per = intervals.most_rounds(1, intervals.LOOKS, intervals.MAX_SPACING) \
+            per = intervals.most_rounds(1, intervals.MAX_LOOKS, intervals.MAX_SPACING) \
                 if self.looks is None else 1  # rounds per bench.repeats
             if need > self.repeats * per:
                 give.append(f"bench.repeats={math.ceil(need / per)}")

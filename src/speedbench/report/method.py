@@ -8,15 +8,16 @@ import math
 import pandas as pd
 
 from speedbench.analysis.intervals import (DEFAULT_THRESHOLD, FAMILY_LEVEL, LOOKS,
-                                           comparison_level)
+                                           MAX_LOOKS, comparison_level)
 
 
 # The one statement of the rounds' stopping rule (adaptive.wants_more_rounds) in the report.
 METHOD = ("Speed-up = geometric mean of the per-round ratios of a variant's throughput to the "
           "baseline's in the same round, with a Student t interval over rounds, "
           "Bonferroni-adjusted for every comparison of the run and for the looks of adaptive "
-          f"rounds (with bench.target_ci: {LOOKS} looks at most, the first after bench.repeats "
-          "rounds, the later ones spread over the model's budget; "
+          f"rounds (with bench.target_ci: {LOOKS} looks, up to {MAX_LOOKS} where the model's "
+          "budget fits more, the first after bench.repeats rounds, the later ones spread over "
+          "the model's budget; "
           "at a look the rounds stop once every comparison is decided or its CI's relative "
           "half-width is at most bench.target_ci, or when the next look's rounds would not fit "
           "in the model's bench.time_budget_s; each look spends a Pocock-type share of the "
