@@ -7,8 +7,9 @@ Each case runs `python -m speedbench ...` as a user would (a subprocess; this ch
 from a scratch folder, once on its own and once beside 2 x nproc busy-looping processes
 (`--hogs N` to choose). Prints a Markdown table: the budget, the run's own clock (the console's
 last line: "N trials in S s") and the process's wall time (start-up and torch's import
-included), and the verdicts of summary.csv (and to_target_summary.csv, recipe.yaml). The goal:
-the run's clock within budget + max(5 %, 10 s).
+included; the run's clock counts from the process's start too, since 2026-12-03), and the
+verdicts of summary.csv (and to_target_summary.csv, recipe.yaml). The goal: the process's wall
+time within budget + max(5 %, 10 s).
 """
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
         budget, overrides = CASES[name]
         for hogs in (int(h) for h in a.hogs.split(",")):
             r = run_case(overrides, hogs)
-            ok = r["took"] is not None and r["took"] <= budget + max(0.05 * budget, 10)
+            ok = r["wall"] <= budget + max(0.05 * budget, 10)
             print(f"| {name} | {hogs} | {budget} | {r['took']} | {r['wall']:.0f} | "
                   f"{'yes' if ok else 'NO'} (rc {r['rc']}) | {r['verdicts']} |", flush=True)
     return 0

@@ -169,10 +169,11 @@ def analyse(steps: pd.DataFrame) -> str:
                   [[r.model, r.precision, r.harness, f"{r.step_ms:.0f}", f"{r.step_sd:.3f}",
                     f"{r.trial_sd:.3f}"] for r in comp.itertuples()])
     windows = [w for w in (5, 10, 20) if w <= steps["step"].max() + 1]
+    models = [m for m in MODELS if m in set(steps["model"])]  # those the file holds
     out += ["", "Per-trial CV of the estimate, speedbench against the bare loop (steps 2 .. "
             "2 + window; mean of the fp32 and bf16 arms):", ""]
     rows = []
-    for model in MODELS:
+    for model in models:
         for name, est in ESTIMATORS.items():
             cells = []
             for w in windows:
@@ -186,7 +187,7 @@ def analyse(steps: pd.DataFrame) -> str:
             "the half-width it buys per second of budget (sd x sqrt(seconds of a round of the "
             "two arms: set-up, 1 + skip warm-up steps, the window); lower is better:", ""]
     rows = []
-    for model in MODELS:
+    for model in models:
         step_s = steps[(steps["model"] == model) & (steps["harness"] == "speedbench")] \
             .groupby("precision")["step_ms"].median() / 1000
         for skip in (0, 2, 4):

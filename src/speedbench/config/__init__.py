@@ -115,9 +115,9 @@ class BenchConfig:
                               "the first look of adaptive rounds, and between two later looks "
                               "at least (up to 4 x where the budget fits more)", low=1,
                            high=10_000)
-    # Adaptive rounds are group-sequential (adaptive.wants_more_rounds): 3 looks at most, each
-    # spending a share of the family-wise error, the later ones spread over the model's budget
-    # (intervals.look_spacing).
+    # Adaptive rounds are group-sequential (adaptive.wants_more_rounds): 3 looks (up to 8 where
+    # the budget fits more: intervals.planned_looks), each spending a share of the family-wise
+    # error, the later ones spread over the model's budget (intervals.look_spacing).
     target_ci: Optional[float] = setting(0.03, "adaptive rounds: at a look, stop once every "
                                                "speed-up is decided or its CI's relative "
                                                "half-width is at most this; null: exactly "
