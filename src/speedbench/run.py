@@ -23,8 +23,7 @@ from speedbench.analysis import to_target as target_stats
 from speedbench.analysis.summary import summary_of
 from speedbench.config import Plan, build_plan, suite
 from speedbench.measure import diagnosis, env, isolation, to_target
-from speedbench.measure import budget as budget_clock
-from speedbench.measure.budget import Budget
+from speedbench.measure.budget import Budget, run_start
 from speedbench.measure.flops import FlopsBook
 from speedbench.measure.timing import settled_heap
 from speedbench.measure.rounds import (measure_plan, na_variants, plan_order_seed,
@@ -91,7 +90,7 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
     """Measure every plan into run_dir's trials.csv, then analyse, write and report."""
     from speedbench.search import driver as recipe
 
-    started = budget_clock.run_start()  # a command's first run: from the process's start
+    started = run_start()  # a command's first run: from the process's start
     distributed.init_process_group(dist_env, device, cfg.dist_timeout_s)
     distributed.outlive_peer_failure(dist_env)
     writer = results.TrialWriter(run_dir / "trials.csv", techniques.column_names()) \

@@ -131,7 +131,7 @@ def planned_looks(time_budget_s: float, min_rounds: int, round_s: float) -> int:
         return LOOKS
     fit = int(time_budget_s // round_s)
     looks = max(1, min(LOOKS, fit // min_rounds))
-    while looks >= LOOKS and looks < MAX_LOOKS and \
+    while LOOKS <= looks < MAX_LOOKS and \
             most_rounds(min_rounds, looks + 1, MAX_SPACING * min_rounds) <= fit:
         looks += 1
     return looks
