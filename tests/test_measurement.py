@@ -207,14 +207,17 @@ def test_matmul_peak_agrees_with_a_hand_timed_product():
 
 @pytest.mark.slow
 def test_cli_writes_flops_steady_state_and_peak_columns(tmp_path):
+    # fp16 on a CPU is often 10x slower: with steady probe steps the far-slower rule would
+    # stop it (right, but not what this test is about), so the rule is off here
     proc = run_cli("+experiment=amp", *TINY, "model=transformer", "bench.steady_tol=0.5",
-                   "bench.warmup_max=4", f"out_dir={tmp_path}", cwd=ROOT,
+                   "bench.warmup_max=4", "bench.too_slow_factor=null", f"out_dir={tmp_path}",
+                   cwd=ROOT,
                    env={"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     run_dir = only_run_dir(tmp_path)
     trials = pd.read_csv(run_dir / "trials.csv")
     ok = trials[trials["status"] == "ok"]
-    assert len(ok) == 6
+    assert len(ok) == 6, trials["status"].tolist()
     assert ok["warmup_steps"].between(1, 4).all()
     assert ok["warmup_steady"].notna().all()
     assert (ok["flops_per_step"] > 0).all() and ok["flops_per_step"].nunique() == 1
