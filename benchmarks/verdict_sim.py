@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 from speedbench.analysis import intervals  # noqa: E402
 from speedbench.analysis.summary import summarise  # noqa: E402
-from speedbench.measure import quality  # noqa: E402
+from speedbench.measure import quality, stopping  # noqa: E402
 from speedbench.measure.budget import Budget  # noqa: E402
 from speedbench.measure.rounds import ModelRounds  # noqa: E402
 from speedbench.measure.stopping import trial_seconds  # noqa: E402
@@ -195,7 +195,7 @@ class SimRounds(ModelRounds):
         """quality._first_seed's loop with simulated steps: the same stopping rules."""
         b = self.plan.variants[name].bench
         steps = b.quality_steps if steps is None else steps
-        total = max(steps, 1 + 3 if b.too_slow_factor else 1)
+        total = max(steps, 1 + stopping.probe_floor(ref is None) if b.too_slow_factor else 1)
         limit, times = self.probe_budget.left(), []
         while len(times) < total:
             t = self._step(name) * (self.model.one_time if not times else 1.0)

@@ -545,13 +545,14 @@ def test_a_variant_stopped_early_is_slower_with_its_interval_and_counts_in_the_f
     monkeypatch.setattr(stopping, "far_slower", far_slower)
     writer = rounds.measure_plan(plan, tmp_path, progress=False)
     refs = [ref for _, ref in seen if ref is not None]
-    assert refs and all(ref.factor == 4.0 and len(ref.step_s) == 3 for ref in refs)
+    assert refs and all(ref.factor == 4.0 and len(ref.step_s) == stopping.REFERENCE_STEPS
+                        for ref in refs)
     slow = [r for r in writer.rows if r["variant"] == "slow"]
     assert len(slow) == 1 and slow[0]["status"].startswith("too slow: 10x slower [8.33, 12.5]")
     assert "stopped after 4 steps" in slow[0]["status"] and slow[0]["step_ms"] > 0
     base = [r for r in writer.rows if r["variant"] == "base"]
     assert len(base) == 1  # nothing left to compare: the baseline's repeats are spared
-    assert base[0]["probe_samples_per_s"] > 0  # from its 3 steady probe steps (of 4)
+    assert base[0]["probe_samples_per_s"] > 0  # from its 6 steady probe steps (of 7)
     summary = summarise(writer.frame()).set_index("variant")
     assert summary.loc["slow", "verdict"] == schema.STOPPED_SLOWER
     assert (summary.loc["slow", "speedup"], summary.loc["slow", "speedup_lo"],

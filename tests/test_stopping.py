@@ -37,6 +37,18 @@ def test_a_variant_far_slower_is_stopped_at_a_look_with_its_interval():
     assert status.startswith("too slow: ") and "x slower [" in status
 
 
+def test_the_reference_has_the_steps_that_let_a_far_slower_variant_be_stopped():
+    """fp16 on a CPU, 12x slower than fp32: against 3 baseline steps that spread 40 % Welch's
+    t has about 2 degrees of freedom and the test cannot stop it (a real default amp run let
+    it take 8 s of every round); against the REFERENCE_STEPS the baseline now gives, it can."""
+    variant, spread = [0.85, 0.88, 0.84], [0.045, 0.038, 0.058, 0.046, 0.039, 0.056]
+    assert stopping.REFERENCE_STEPS == len(spread) == stopping.probe_floor(reference=True)
+    assert stopping.probe_floor(reference=False) == stopping.STOP_LOOKS[0]
+    assert stopping.far_slower(variant, 32, ref(spread[:3], comparisons=2)) is None
+    ratio, lo, hi = stopping.far_slower(variant, 32, ref(spread, comparisons=2))
+    assert hi < 1 / 4 and ratio == pytest.approx(0.047 / 0.86, rel=0.05)
+
+
 @pytest.mark.parametrize("base, variant", [
     ([0.09, 0.10, 0.09], [0.09, 1.1, 0.09]),  # one 1.1 s stall of a fine variant
     ([0.30, 0.31, 0.29], [0.9, 0.9, 0.9, 0.9, 0.9, 0.9]),  # 3x slower: under the factor 4
@@ -64,7 +76,7 @@ def test_identical_variants_are_stopped_far_less_often_than_the_level_allows():
         stall = rng.random(n) < 0.1
         return list(np.where(stall, x * rng.uniform(2, 20, n), x))
     for _ in range(runs):
-        base = stopping.Reference(steps(3), 32, 4.0, level)
+        base = stopping.Reference(steps(stopping.REFERENCE_STEPS), 32, 4.0, level)
         variant = steps(6)
         stops += any(stopping.far_slower(variant[:k], 32, base) is not None
                      for k in stopping.STOP_LOOKS)

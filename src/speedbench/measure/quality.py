@@ -195,8 +195,10 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, ref, limits: Limits, what) 
     `steps`."""
     per_step = batching(spec, recipe, ctx).per_step
     steady_from = 1 + techniques.one_time_steps(recipe)  # the first steady step's index
-    # the steps the far-slower test needs: its first look (the baseline: the reference's)
-    need = steady_from + stopping.STOP_LOOKS[0] if recipe.bench.too_slow_factor else 1
+    # the steps the far-slower test needs: a variant its first look, the baseline (held to
+    # nothing) the reference's steps
+    need = steady_from + stopping.probe_floor(ref is None) if recipe.bench.too_slow_factor \
+        else 1
     total = max(steps, need)
     # its own limit never stops the probe before the test's first look (a variant far slower
     # would otherwise escape it into the rounds); the budget's share does

@@ -34,7 +34,17 @@ from speedbench.analysis.intervals import FAMILY_LEVEL, STOP_SHARE, t_quantile
 from speedbench.results.schema import NOT_MEASURED, TOO_SLOW, format_status
 
 STOP_LOOKS = (3, 6)  # the variant's steady probe steps at which the far-slower test looks
+# The baseline's steady probe steps the test compares with: as many as its last look has. With
+# 3, Welch's t had 2-4 degrees of freedom and, at the level a look spends, a 30-fold margin: a
+# baseline whose 3 steps spread 15 % let fp16 on a CPU (12x slower) run in every round.
+REFERENCE_STEPS = STOP_LOOKS[-1]
 FIRST_STEP_MARGIN = 3  # a first step this many times too long decides the budget check alone
+
+
+def probe_floor(reference: bool) -> int:
+    """The steady steps a probe runs at least for the far-slower test: REFERENCE_STEPS for
+    the baseline's (the reference), the first look's for a variant's."""
+    return REFERENCE_STEPS if reference else STOP_LOOKS[0]
 
 
 def stop_level(comparisons: int, family: float = FAMILY_LEVEL) -> float:
