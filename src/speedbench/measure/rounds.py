@@ -113,7 +113,6 @@ def na_variants(plan: Plan, spec: ModelSpec, dist_env: distributed.DistEnv | Non
     return skip
 
 
-TRIAL_SETUP_S = 0.5  # a trial's model and loader built, in the rounds' estimate
 MAX_STOPS = 2  # a variant's trials a limit may stop before it is left out of the rounds
 PROBE_SHARE = 0.4  # of a model's budget, what its quality probes may take (the rounds: the rest)
 # The per-round sd of a paired log speed-up the plan assumes: measured on the reference models'
@@ -302,7 +301,7 @@ class ModelRounds:
                 unknown += 1  # launched in processes of its own, or its probe failed
                 continue
             step_s = self.per_step(name) / rate
-            round_s += stopping.trial_seconds(step_s, recipe.bench, TRIAL_SETUP_S)
+            round_s += stopping.trial_seconds(step_s, recipe.bench)
         spent = self.budget.spent()
         left = max(0.0, self.budget.left() - self.explain_reserve)  # the rest explains
         head = f"{self.spec.name}: data and probes took {spent:.0f} s"

@@ -106,9 +106,17 @@ def stopped_status(ratio: tuple[float, float, float], steady_s: list[float], ref
                                    "steps")
 
 
-def trial_seconds(step_s: float, bench, setup_s: float = 0.5) -> float:
+# A trial's cost beyond its steps: the model, optimizer and loader built, garbage collected,
+# its row written. Measured on the quiet 2-core EPYC (2026-12-03, every trial of a run timed):
+# 0.09 s a trial (7 identical transformer variants) to 0.17 s (amp's three models, the memory
+# step of the first rounds included); it was 0.5 s, which put the plan's rounds 1.6x too long.
+TRIAL_SETUP_S = 0.2
+
+
+def trial_seconds(step_s: float, bench, setup_s: float = TRIAL_SETUP_S) -> float:
     """What one trial of a recipe whose step takes `step_s` costs: its set-up, its warm-up
-    floor, its window and two untimed steps (memory, FLOPs), the window cut by
+    floor, its window and two untimed steps (memory, FLOPs; the steady-state warm-up's extra
+    steps about make up for the memory step taken in the first rounds only), the window cut by
     bench.max_trial_s."""
     steps = bench.warmup + bench.steps + 2
     cap = bench.max_trial_s
