@@ -139,7 +139,10 @@ def test_experiment_runs_on_cpu_and_says_why_when_na(experiment, tips_run):
     plan = build_plan(compose_cfg(*TINY8, "model=transformer", experiment=experiment), experiment)
     assert set(trials["variant"]) == set(plan.variants)  # n/a variants are rows, not dropped
     na = trials[trials["status"] != "ok"]
-    assert na["status"].str.match(r"^n/a: \S").all(), na[["variant", "status"]]
+    # n/a with its reason; or, on a CPU where a variant (fp16) is 4x slower or more, stopped
+    # by the far-slower test with its interval
+    assert na["status"].str.match(r"^(n/a: \S|too slow: \S.*x slower \[)").all(), \
+        na[["variant", "status"]]
     ok = trials[trials["status"] == "ok"]
     assert ok.empty == (experiment in NOTHING_ACTS_ON_CPU), trials[["variant", "status"]]
     assert ok["final_loss"].map(math.isfinite).all()
