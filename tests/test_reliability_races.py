@@ -325,6 +325,46 @@ def test_a_signal_to_the_report_tool_gives_one_line_and_no_temp_file(tmp_path, s
     assert not [p for p in run.rglob("*") if p.name.endswith(".tmp")]
 
 
+
+def test_a_signal_inside_an_import_is_still_an_interruption(tmp_path, monkeypatch, capsys):
+    """A stop raised while matplotlib's Agg backend loads comes back as "ImportError:
+    initialization failed" (its cause: the stop): still one line and the signal's status."""
+    from speedbench import errors
+    from speedbench.report import __main__ as tool
+
+    def write_interrupted_in_an_import(run_dirs, out):
+        stop = errors.ask_to_stop(tool._Stopped(signal.SIGHUP))  # what the handler does
+        raise ImportError("initialization failed") from stop
+
+    monkeypatch.setattr(tool, "_write", write_interrupted_in_an_import)
+    assert report_main([str(make_run(tmp_path / "run", models=("resnet",)))]) == 128 + 1
+    assert capsys.readouterr().err.strip().startswith("speedbench.report: interrupted")
+    monkeypatch.setattr(tool, "_write", lambda run_dirs, out: (_ for _ in ()).throw(
+        ImportError("a real one")))
+    errors.clear_stop()
+    with pytest.raises(ImportError, match="a real one"):  # no stop asked: not hidden
+        report_main([str(tmp_path / "run")])
+
+
+def test_a_signal_inside_the_runs_last_import_is_still_an_interruption(tmp_path, monkeypatch):
+    """The same for a run: a SIGTERM landing in the report's first figure's import."""
+    from speedbench import errors
+    from speedbench.report import render
+
+    def report_interrupted_in_an_import(run_dir, cfg=None):
+        stop = errors.ask_to_stop(errors.Terminated(signal.SIGTERM))  # what the handler does
+        raise ImportError("initialization failed") from stop
+
+    monkeypatch.setattr(render, "write_report", report_interrupted_in_an_import)
+    try:
+        got = run_main(*T, f"out_dir={tmp_path / 'out'}", cwd=tmp_path)
+    finally:
+        errors.clear_stop()
+    assert got.returncode == 128 + signal.SIGTERM, got.stderr[-3000:]
+    said = [ln for ln in got.stderr.splitlines() if ln.startswith("speedbench:")]
+    assert "Traceback" not in got.stderr and len(said) == 1, got.stderr[-3000:]
+    assert said[0].startswith("speedbench: interrupted") and "out" in said[0], said
+
 # --- F15: a dead rank is named as the cause ---------------------------------------------------
 
 TORCHRUN_SUMMARY = """Root Cause (first observed failure):
@@ -362,6 +402,7 @@ def test_a_sigkilled_torchrun_rank_is_named_and_the_survivor_says_one_line(tmp_p
          # A fixed order: no broadcast of a fresh one, so the first collective after the
          # kill is inside a trial, whatever the machine's load
          "-m", "speedbench", *T, "bench.steps=400", "bench.max_trial_s=60", variants,
+         "bench.repeats=40",  # rounds enough to be running still when the signal comes
          "bench.order_seed=1",
          "baseline=a", f"out_dir={out}"], cwd=tmp_path, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
@@ -679,6 +720,7 @@ def test_a_stopped_torchrun_job_is_interrupted_not_a_failed_rank(tmp_path, sig):
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          "-m", "speedbench", *T, "bench.steps=400", "bench.max_trial_s=60", variants,
+         "bench.repeats=40",  # rounds enough to be running still when the signal comes
          "bench.order_seed=1", "baseline=a", f"out_dir={out}"], cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint,
         env={**os.environ, **DDP_ENV, "TMPDIR": str(tmp)})

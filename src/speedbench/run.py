@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from speedbench import distributed, results, techniques
+from speedbench import distributed, errors, results, techniques
 from speedbench.analysis import intervals
 from speedbench.analysis import to_target as target_stats
 from speedbench.analysis.summary import summary_of
@@ -65,9 +65,14 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     except KeyboardInterrupt as exc:
         exc.run_dir = run_dir  # the interrupt's line names this run's folder, no other
         raise
-    except OSError as exc:  # a full disk while a table of the run is written (quality.csv,
-        if not _in(exc.filename, run_dir):  # capacity.csv, ...): one line, like trials.csv's
-            raise
+    except Exception as exc:
+        stop = errors.stopping()
+        if stop is not None:  # a signal's stop raised inside an import (matplotlib's backend,
+            stop.run_dir = run_dir  # loaded by the report) comes back as an ImportError
+            raise stop from None
+        # a full disk while a table of the run is written (quality.csv, capacity.csv, ...):
+        if not isinstance(exc, OSError) or not _in(exc.filename, run_dir):  # one line, like
+            raise                                                     # trials.csv's
         raise results.write_failed(exc, run_dir) from None
     finally:
         if run_dir is not None:

@@ -30,7 +30,9 @@ class _Stopped(KeyboardInterrupt):
 def _on_signal(signum, frame):
     for sig in STOPPING:  # one cleanup, not cut short by a second signal
         signal.signal(sig, signal.SIG_IGN)
-    errors.when_free(_raiser(_Stopped(signum)))  # after the file being written, if one is
+    # recorded too: raised inside a module's import (matplotlib's backend, loaded on the first
+    # figure) it comes back as "ImportError: initialization failed" with the stop as its cause
+    errors.when_free(_raiser(errors.ask_to_stop(_Stopped(signum))))  # after the file written
 
 
 def _raiser(stop: KeyboardInterrupt):
@@ -58,6 +60,7 @@ def main(argv=None) -> int:
                         help="where to write the report (one run: default its own directory; "
                              "several: default results/compare/<timestamp>)")
     args = parser.parse_args(argv)
+    errors.clear_stop()  # a stop asked of an earlier call in this process is not this one's
     if argv is None:  # the command itself, not a call from Python
         for stream in (sys.stdout, sys.stderr):  # an ASCII-only terminal: '?', no traceback
             if hasattr(stream, "reconfigure"):
@@ -84,14 +87,22 @@ def main(argv=None) -> int:
               f"{where}; report.md and report.html were left as they were", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
-        print("\nspeedbench.report: interrupted; no file was left half-written (run it again "
-              "for the whole report)", file=sys.stderr)
-        return 128 + (exc.signum if isinstance(exc, _Stopped) else signal.SIGINT)
+        return _interrupted(exc)
+    except Exception:  # a signal's stop that surfaced as another error (see _on_signal)
+        if errors.stopping() is None:
+            raise
+        return _interrupted(errors.stopping())
     try:
         print(f"report: {md.with_suffix('.html')} (and {md.name} beside it)", flush=True)
     except BrokenPipeError:  # `| head -0`: the report is written all the same
         return _pipe_closed()
     return 0
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    print("\nspeedbench.report: interrupted; no file was left half-written (run it again "
+          "for the whole report)", file=sys.stderr)
+    return 128 + (exc.signum if isinstance(exc, _Stopped) else signal.SIGINT)
 
 
 def _pipe_closed() -> int:
