@@ -1,13 +1,14 @@
 """Error rates of speedbench's verdicts, simulated through the code the command line runs: whole
 runs, every model of them.
 
-Each simulated run drives measure.rounds.ModelRounds itself for each model, on one simulated
-clock and one budget (measure.budget.Budget, split across the models as measure_plan splits it,
-the probes' share as ModelRounds takes it): the quality probes, whose simulated steps are judged
-by the real stopping rules (quality._stopped: the far-slower test and the budget check of
-measure/stopping.py), the plan, the balanced orders, the rounds loop and its group-sequential
-looks; then analysis.summary.summarise over all the models' rows, as run.py does (the family is
-the run's). Only the training steps and the clock are simulated.
+Each simulated run drives measure.rounds.ModelRounds itself for each model through
+rounds.run_models, as the CLI does, on one simulated clock and one budget (every model's probes
+on an equal share, then the rounds, the cheapest round first, each on its share of what is
+left): the quality probes, whose simulated steps are judged by the real stopping rules
+(quality._stopped: the far-slower test and the budget check of measure/stopping.py), the plan,
+the balanced orders, the rounds loop and its group-sequential looks; then
+analysis.summary.summarise over all the models' rows, as run.py does (the family is the run's).
+Only the training steps and the clock are simulated.
 
 The noise is fitted to real measurements:
 - per trial: the committed reference trials (results/reference/*/trials.csv, every measurement
@@ -41,7 +42,7 @@ from speedbench.analysis import intervals  # noqa: E402
 from speedbench.analysis.summary import summarise  # noqa: E402
 from speedbench.measure import quality, stopping  # noqa: E402
 from speedbench.measure.budget import Budget  # noqa: E402
-from speedbench.measure.rounds import ModelRounds  # noqa: E402
+from speedbench.measure.rounds import ModelRounds, run_models  # noqa: E402
 from speedbench.measure.stopping import trial_seconds  # noqa: E402
 from speedbench.measure.timing import typical_step_s  # noqa: E402
 from speedbench.results.schema import STOPPED_SLOWER  # noqa: E402
@@ -152,7 +153,7 @@ class SimRounds(ModelRounds):
     noise model on a simulated clock. Everything else is ModelRounds' own."""
 
     def __init__(self, model: SimModel, bench, noise: dict, rng, comparisons: int,
-                 budget: Budget, clock: Clock, position_effect: float = 0.0):
+                 budget: Budget | None, clock: Clock, position_effect: float = 0.0):
         names = list(model.speeds)
         self.plan = SimpleNamespace(variants={n: SimpleNamespace(bench=bench) for n in names},
                                     baseline=names[0], models=[SimpleNamespace(name=model.name)],
@@ -171,6 +172,7 @@ class SimRounds(ModelRounds):
         self.explainer, self.forecasts, self.explain_reserve = None, {}, 0.0
         self.model, self.noise, self.rng, self.clock = model, noise, rng, clock
         self.position_effect, self.round_effect, self.budget = position_effect, {}, budget
+        self.prepared_s, self.dataset = 0.0, None
 
     # -- what training would do --
     def per_step(self, name: str) -> int:
@@ -238,9 +240,12 @@ class SimRounds(ModelRounds):
                 "host_rss_mb": 1.0, "final_loss": 1.0, "noise_threshold": 0.05}
 
     def prepare(self) -> None:
-        """ModelRounds.prepare without the data set and the n/a check: the probes, the plan."""
+        """ModelRounds.prepare without the data set and the n/a check: the probes."""
         self._probe_all()
-        self.estimate()
+        self.prepared_s = self.budget.spent()
+
+    def largest_batch(self) -> None:
+        """No capacity search simulated (bench.find_largest_batch=false)."""
 
 
 @dataclass
@@ -268,13 +273,11 @@ def simulate_run(models: list[SimModel], noise: dict, rng, settings: Settings = 
     clock = Clock()
     run = Budget.of_run(settings.time_budget_s, clock=clock)
     comparisons = sum(len(m.speeds) - 1 for m in models)
+    sims = [SimRounds(model, bench, noise, rng, comparisons, None, clock, position_effect)
+            for model in models]
+    run_models(sims, run)  # the CLI's: the probes, then the rounds, the cheapest first
     rows = []
-    for i, model in enumerate(models):
-        sim = SimRounds(model, bench, noise, rng, comparisons, run.part(1 / (len(models) - i)),
-                        clock, position_effect)
-        sim.prepare()
-        for round_ in sim.rounds():
-            sim.run_round(round_)
+    for sim in sims:
         rows += sim.rows
         for name, status in sim.skip.items():  # the stopped variants' rows, as round 0 has them
             if not any(r["variant"] == name for r in sim.rows):

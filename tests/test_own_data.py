@@ -275,8 +275,9 @@ def test_a_baseline_that_fails_its_first_trial_stops_the_models_trials(tmp_path)
 
 # --- a run that stops -----------------------------------------------------------------------------
 def test_a_run_that_stops_says_so_in_its_rebuilt_report_with_what_it_never_measured(tmp_path):
-    """Ctrl-C while the second model is built: the report rebuilt from the first model's
-    trials says the run did not finish and names the second model's variants; the report
+    """Ctrl-C as the second model's first trial starts (its rounds come after the cheaper
+    first model's): the report rebuilt from the first model's trials says the run did not
+    finish and names the second model's variants; the report
     of a run that finished says nothing of the kind."""
     from speedbench.report.__main__ import main as report
 

@@ -3,6 +3,7 @@ ratio with a CI and a non-inferiority verdict; the recipe search refuses a worse
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -122,6 +123,20 @@ def test_a_diverged_seed_and_a_variant_without_loss_say_so():
     assert got.loc["slow", "quality_verdict"] == "no loss (too slow: 9x slower)"
     assert math.isnan(got.loc["slow", "loss_ratio"])
 
+
+
+def test_a_variant_whose_baseline_has_no_loss_says_so_without_a_numpy_warning():
+    # the baseline's probe ran out of time (the ResNet of a default amp run at a busy hour)
+    frame = _rows({"bf16": [0.31]}, baseline="fp32")
+    frame = pd.concat([pd.DataFrame([{
+        "experiment": "e", "model": "m", "variant": "fp32", "is_baseline": True, "seed": 0,
+        "status": "n/a: no held-out loss: no time was left for the quality probe"}]), frame],
+        ignore_index=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Mean of empty slice" printed on the user's console
+        got = quality.summarise(frame, 0.05).set_index("variant")
+    assert got.loc["bf16", "quality_verdict"].startswith("no loss (the baseline has no ")
+    assert math.isnan(got.loc["bf16", "learning_lost"])
 
 def test_attach_joins_the_verdicts_to_the_summary_and_leaves_old_runs_alone():
     summary = pd.DataFrame({"experiment": ["e", "e"], "model": ["m", "m"],

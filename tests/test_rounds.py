@@ -117,3 +117,25 @@ def test_runs_draw_fresh_orders_and_record_how_to_replay_them(tmp_path, monkeypa
     assert sorted(o[0] for o in first) == sorted(["fp32", "fp16", "bf16"] * 2)
     replay, _ = _measured_orders(tmp_path / "c", monkeypatch, f"bench.order_seed={seeds[0]}")
     assert replay == first
+
+
+def test_the_cheapest_models_rounds_run_first_and_the_summary_keeps_the_configs_order(tmp_path):
+    """Every model's probes, then the rounds cheapest first, so that what a quick model leaves
+    of the budget goes to the costlier one; summary.csv lists the models as the config does."""
+    from conftest import TINY, only_run_dir, run_main
+
+    images = "dataset: {kind: images, image_size: 16, num_classes: 4}"
+    slow = "{_target_: own_models.Slow, " + images + "}"  # 20 ms a step
+    quick = "{_target_: fault_models.Tiny, model_name: tiny, " + images + "}"
+    out = run_main("+experiment=amp", f"model=[{slow}, {quick}]", *TINY, "bench.repeats=2",
+                   f"out_dir={tmp_path}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    trials = pd.read_csv(run_dir / "trials.csv")
+    first_row = trials.groupby("model", sort=False).apply(lambda g: g.index.min())
+    assert first_row["tiny"] < first_row["Slow"], trials[["model", "variant", "round"]]
+    # the plan's lines come in the rounds' order, each after every model's probes
+    plans = [ln.split(":")[0] for ln in out.stderr.splitlines() if "data and probes took" in ln]
+    assert plans == ["tiny", "Slow"], out.stderr[-3000:]
+    assert list(pd.read_csv(run_dir / "summary.csv")["model"].drop_duplicates()) == \
+        ["Slow", "tiny"]

@@ -34,7 +34,7 @@ def test_the_simulation_runs_the_command_lines_code():
     # the probes, the stopping rules, the plan and the rounds are ModelRounds' own; only the
     # steps, the trials and the clock are simulated
     for name in ("rounds", "order", "run_round", "_probe_all", "_keep", "_reference",
-                 "estimate", "_another_round", "_after"):
+                 "estimate", "_another_round", "_after", "plan_rounds", "round_seconds"):
         assert getattr(sim.SimRounds, name) is getattr(ModelRounds, name), name
     rng = np.random.default_rng(0)
     models = sim.amp_models(bf16=(1.45, 1.26, 1.0))  # the reference ResNet's 1.45x
@@ -86,7 +86,7 @@ def _plan_line(budget_s: float, repeats: int = 5, variants: int = 2) -> str:
                            np.random.default_rng(1), variants - 1,
                            Budget.of_run(budget_s, clock=clock),
                            clock)
-    rounds._probe_all()
+    rounds.prepare()
     return rounds.estimate()
 
 

@@ -268,9 +268,15 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
 
 
 def _in_plan_order(frame, plans: list[Plan]):
-    """Trials sorted (stably) so that the summary lists each model's baseline first, then the
-    variants in the experiment file's order: rounds run them shuffled."""
+    """Trials sorted (stably) so that the summary lists the models in the config's order (their
+    rounds run the cheapest first) and each model's baseline first, then the variants in the
+    experiment file's order (rounds run them shuffled)."""
     rank = {(p.experiment, v): i for p in plans
             for i, v in enumerate(sorted(p.variants, key=lambda v: v != p.baseline))}
-    keys = [rank.get((e, v), len(rank)) for e, v in zip(frame["experiment"], frame["variant"])]
-    return frame.assign(_rank=keys).sort_values("_rank", kind="stable").drop(columns="_rank")
+    models = {(p.experiment, m.name): (k, i) for k, p in enumerate(plans)
+              for i, m in enumerate(p.models)}
+    pairs = list(zip(frame["experiment"], frame["model"], frame["variant"]))
+    return frame.assign(
+        _model=[models.get((e, m), (len(plans), 0)) for e, m, _ in pairs],
+        _rank=[rank.get((e, v), len(rank)) for e, _, v in pairs],
+    ).sort_values(["_model", "_rank"], kind="stable").drop(columns=["_model", "_rank"])

@@ -146,6 +146,9 @@ def _judged(rows, base, level: float, tolerance: float, learned: str) -> dict:
     pairs = pd.merge(ok[["seed", "loss"]], base[["seed", "loss", "initial_loss"]], on="seed",
                      suffixes=("", "_base"))
     pairs = pairs[np.isfinite(pairs["loss_base"])]
+    if not len(pairs):  # the baseline's probe ran out of time before its loss
+        return {**row, "quality_verdict": f"{NO_LOSS} (the baseline has no held-out loss to "
+                                          "compare with)"}
     if (~np.isfinite(pairs["loss"])).any():
         return {**row, "quality_verdict": DIVERGED}
     row["loss_ratio"] = _geomean(pairs["loss"] / pairs["loss_base"])

@@ -17,8 +17,9 @@ comparison is decided at the look's level, or when the next look's rounds would 
 model's time budget. Each row records the schedule (`min_rounds`, `look_every`, `looks`),
 from which the analysis finds the level of the look a comparison stopped at.
 
-Before the first round, each model gets its data set, the variants that cannot act here (n/a:
-one row each, in round 0) and a quality probe per variant (quality.py). One trial is
+Before any round, every model gets its data set, the variants that cannot act here (n/a:
+one row each, in round 0) and a quality probe per variant (quality.py); then the models' rounds
+run, the cheapest round first (run_models). One trial is
 trial.measure_trial's; a trial that needs several processes is launched through torchrun by
 launch.py. After the rounds, the largest batch that fits is searched (capacity.py) when asked.
 """
@@ -154,6 +155,7 @@ class ModelRounds:
         self.explainer: explain.Explainer | None = None
         self.forecasts: dict[str, tuple] = {}  # variant -> (technique, Bound or why none)
         self.explain_reserve = 0.0
+        self.prepared_s = 0.0  # what the data and the probes took
 
     def prepare(self) -> None:
         """The data set, the n/a variants (all of them without a baseline) and the probes."""
@@ -173,7 +175,16 @@ class ModelRounds:
         if self.dist_env is None:
             self._probe_all()
             self._forecast()
-            self.bar.write(self.estimate(), sys.stderr)  # beside the progress bar
+        self.prepared_s = self.budget.spent()
+
+    def plan_rounds(self, budget: Budget) -> None:
+        """The rounds' part of the run (`budget`, from now), the paired profile's seconds kept
+        back from it, and the plan's line beside the progress bar."""
+        self.budget = budget
+        if self.explainer is not None:
+            self.explain_reserve = self._explain_reserve()
+        if self.dist_env is None:
+            self.bar.write(self.estimate(), sys.stderr)
 
     def _forecast(self) -> None:
         """bench.explain: the baseline's profiled steps, untimed, and each variant's forecast
@@ -195,9 +206,13 @@ class ModelRounds:
             self.bar.write(f"{self.spec.name}: forecasts: {', '.join(said)}", sys.stderr)
         if self.first.bench.skip_by_forecast:
             self._skip_by_forecast(steps)
-        others = [n for n in self.plan.variants if n != base and n not in self.skip
+        self.explain_reserve = self._explain_reserve()
+
+    def _explain_reserve(self) -> float:
+        """The seconds the paired profile will need after the rounds, kept back from them."""
+        others = [n for n in self.plan.variants if n != self.plan.baseline and n not in self.skip
                   and not self._launched(self.plan.variants[n])]
-        self.explain_reserve = explain.reserve_s(self.plan, others, steps, self.budget.left())
+        return explain.reserve_s(self.plan, others, self._step_seconds(), self.budget.left())
 
     def _skip_by_forecast(self, steps: dict[str, float]) -> None:
         """bench.skip_by_forecast: a variant that cannot gain the noise threshold here (its
@@ -288,10 +303,9 @@ class ModelRounds:
         others = [v for v in self.plan.variants if v != self.plan.baseline]
         return bool(others) and all(v in self.skip for v in others)
 
-    def estimate(self) -> str:
-        """The plan, from the probes' steady steps (before any round): what a round takes, the
-        rounds what is left of the model's budget buys, the smallest effect they call in most
-        runs (power.py, with ROUND_SD) and the bench.time_budget_s a 1.1x verdict needs."""
+    def round_seconds(self) -> tuple[float, int]:
+        """(seconds of a round from the probes' steady steps, variants left to measure that no
+        probe timed)."""
         round_s, unknown = 0.0, 0
         for name, recipe in self.plan.variants.items():
             rate = self.probes.get(name, {}).get("probe_samples_per_s", math.nan)
@@ -300,9 +314,15 @@ class ModelRounds:
             if not rate > 0:
                 unknown += 1  # launched in processes of its own, or its probe failed
                 continue
-            step_s = self.per_step(name) / rate
-            round_s += stopping.trial_seconds(step_s, recipe.bench)
-        spent = self.budget.spent()
+            round_s += stopping.trial_seconds(self.per_step(name) / rate, recipe.bench)
+        return round_s, unknown
+
+    def estimate(self) -> str:
+        """The plan, from the probes' steady steps (before any round): what a round takes, the
+        rounds what is left of the model's budget buys, the smallest effect they call in most
+        runs (power.py, with ROUND_SD) and the bench.time_budget_s a 1.1x verdict needs."""
+        round_s, unknown = self.round_seconds()
+        spent = self.prepared_s
         left = max(0.0, self.budget.left() - self.explain_reserve)  # the rest explains
         head = f"{self.spec.name}: data and probes took {spent:.0f} s"
         if not round_s > 0:
@@ -616,13 +636,29 @@ def measure_plan(plan: Plan, run_dir: Path | None, progress: bool = True,
         book.measure_peaks(techniques.matmul_dtype(r) for r in plan.variants.values())
     budget = budget or Budget(plan.variants[plan.baseline].bench.time_budget_s)
     seed = plan_order_seed(plan, dist_env)
-    for i, spec in enumerate(plan.models):
-        model = ModelRounds(plan, spec, dist_env, run_dir, writer, book, bar, seed, comparisons,
-                            budget.part(1 / (len(plan.models) - i)))
+    run_models([ModelRounds(plan, spec, dist_env, run_dir, writer, book, bar, seed, comparisons)
+                for spec in plan.models], budget)
+    bar.close()
+    return writer
+
+
+def run_models(models: list[ModelRounds], budget: Budget) -> None:
+    """Each model's data and probes, on an equal share of the run; then their rounds, the
+    cheapest round first, each on its share of what is left when it starts: the time a model
+    that decides quickly leaves goes to the costlier ones after it (on the reference CPU the
+    ResNet, whose rounds take 4x the transformer's, ran first and was decided in a quarter of
+    simulated amp runs; last, in two thirds: benchmarks/README.md)."""
+    share = budget.left() / max(len(models), 1)
+    for model in models:
+        model.budget = Budget(min(share, budget.left()), budget.clock)
         model.prepare()
+    # a model no probe timed (under torchrun, or launched) keeps its place: the order is
+    # the same on every rank
+    ordered = sorted(models, key=lambda m: m.round_seconds()[0] if m.dist_env is None else 0.0)
+    for i, model in enumerate(ordered):
+        model.plan_rounds(budget.part(1 / (len(ordered) - i)))
         for round_ in model.rounds():
             model.run_round(round_)
         model.explain()
         model.largest_batch()
-    bar.close()
-    return writer
+        model.dataset = None  # its data are not needed again
