@@ -149,6 +149,6 @@ def budget_status(step_s: float, first: bool, bench, ref: Reference, others_s: f
     which = "its first probe step" if first else "a steady probe step"
     return format_status(NOT_MEASURED, f"{which} took {step_s:.3g} s; {rounds} with its "
                                        f"trials would need about {need:.0f} s, more than the "
-                                       f"{ref.rounds_s:.0f} s this model's rounds have; to "
-                                       f"measure it give bench.time_budget_s="
+                                       f"{ref.rounds_s:.0f} s of rounds its share of the run "
+                                       f"holds; to measure it give bench.time_budget_s="
                                        f"{float(f'{1.2 * enough:.2g}'):g}")
