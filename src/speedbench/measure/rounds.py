@@ -188,8 +188,8 @@ class ModelRounds:
 
     def _forecast(self) -> None:
         """bench.explain: the baseline's profiled steps, untimed, and each variant's forecast
-        from them (explain.py); then the seconds its paired profile will need after the
-        rounds are kept back from them."""
+        from them (explain.py); the seconds its paired profile will need after the rounds are
+        kept back from them by plan_rounds, against the rounds' budget."""
         base = self.plan.baseline
         if not self.first.bench.explain or base in self.skip or self._launched(self.first):
             return
@@ -206,7 +206,6 @@ class ModelRounds:
             self.bar.write(f"{self.spec.name}: forecasts: {', '.join(said)}", sys.stderr)
         if self.first.bench.skip_by_forecast:
             self._skip_by_forecast(steps)
-        self.explain_reserve = self._explain_reserve()
 
     def _explain_reserve(self) -> float:
         """The seconds the paired profile will need after the rounds, kept back from them."""
