@@ -1,14 +1,14 @@
 """Error rates of speedbench's verdicts, simulated through the code the command line runs: whole
 runs, every model of them.
 
-Each simulated run drives measure.rounds.ModelRounds itself for each model through
-rounds.run_models, as the CLI does, on one simulated clock and one budget (every model's probes
-on an equal share, then the rounds, the cheapest round first, each on its share of what is
-left): the quality probes, whose simulated steps are judged by the real stopping rules
-(quality._stopped: the far-slower test and the budget check of measure/stopping.py), the plan,
-the balanced orders, the rounds loop and its group-sequential looks; then
-analysis.summary.summarise over all the models' rows, as run.py does (the family is the run's).
-Only the training steps and the clock are simulated.
+Each simulated run drives every phase of a model's study through study.study_models, as the
+CLI does, on one simulated clock and one budget (every model's probes on an equal share, then
+the rounds, the cheapest round first, each on its share of what is left): the quality probes,
+whose simulated steps are judged by the real stopping rules (quality._stopped: the far-slower
+test and the budget check of measure/stopping.py), the plan, the balanced orders, the rounds
+loop and its group-sequential looks; then analysis.summary.summarise over all the models' rows,
+as run.py does (the family is the run's). Only the instruments (study.Instruments: the steps of
+a probe, a trial, the clock) are simulated.
 
 The noise is fitted to real measurements:
 - per trial: the committed reference trials (results/reference/*/trials.csv, every measurement
@@ -40,10 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 from speedbench.analysis import intervals  # noqa: E402
 from speedbench.analysis.summary import summarise  # noqa: E402
-from speedbench.measure import quality, stopping  # noqa: E402
+from speedbench.measure import quality, stopping, study  # noqa: E402
 from speedbench.measure.budget import Budget  # noqa: E402
-from speedbench.measure.rounds import ModelRounds, run_models  # noqa: E402
-from speedbench.measure.stopping import trial_seconds  # noqa: E402
+from speedbench.measure.costs import trial_seconds  # noqa: E402
 from speedbench.measure.timing import typical_step_s  # noqa: E402
 from speedbench.results.schema import STOPPED_SLOWER  # noqa: E402
 
@@ -116,7 +115,7 @@ def _fit_steps(steps: pd.DataFrame) -> dict:
     return out
 
 
-# ---- one simulated run: every model through the CLI's ModelRounds ----
+# ---- one simulated run: every model through the CLI's study ----
 
 class _Bar:
     total = 0
@@ -148,42 +147,28 @@ class Clock:
         return self.now
 
 
-class SimRounds(ModelRounds):
-    """ModelRounds with training simulated: trials' and probe steps' times drawn from the
-    noise model on a simulated clock. Everything else is ModelRounds' own."""
+class SimTraining:
+    """The instruments of one simulated model (study.Instruments): trials' and probe steps'
+    times drawn from the noise model on a simulated clock. Everything else, every phase of the
+    study, is the command line's own code."""
 
-    def __init__(self, model: SimModel, bench, noise: dict, rng, comparisons: int,
-                 budget: Budget | None, clock: Clock, position_effect: float = 0.0):
-        names = list(model.speeds)
-        self.plan = SimpleNamespace(variants={n: SimpleNamespace(bench=bench) for n in names},
-                                    baseline=names[0], models=[SimpleNamespace(name=model.name)],
-                                    experiment="sim")
-        self.spec, self.first, self.repeats = self.plan.models[0], self.plan.variants[names[0]], \
-            bench.repeats
-        self.dist_env = self.run_dir = self.writer = None
-        self.bar, self.skip, self.probes, self.rows = _Bar(), {}, {}, []
-        self.stops, self.probe_steps, self.seed_losses, self.no_loss = {}, {}, {}, {}
-        self.written = set()
-        self.order_seed, self.comparisons = int(rng.integers(2 ** 62)), comparisons
-        self.looks = None if bench.target_ci is not None else 1
-        self.spacing = bench.repeats
-        # no explanation simulated (bench.explain=false): a real run keeps back up to a quarter
-        # of what its probes leave for the paired profile after the rounds (explain.py)
-        self.explainer, self.forecasts, self.explain_reserve = None, {}, 0.0
+    def __init__(self, model: SimModel, noise: dict, rng, clock: Clock,
+                 position_effect: float = 0.0):
         self.model, self.noise, self.rng, self.clock = model, noise, rng, clock
-        self.position_effect, self.round_effect, self.budget = position_effect, {}, budget
-        self.prepared_s, self.dataset = 0.0, None
+        self.position_effect, self.round_effect = position_effect, {}
 
-    # -- what training would do --
-    def per_step(self, name: str) -> int:
-        return self.model.per_step
+    def instruments(self) -> study.Instruments:
+        return study.Instruments(prepare=self.prepare, probe=self.probe,
+                                 more_seeds=self.more_seeds, trial=self.trial,
+                                 header=self.header)
 
-    def _launched(self, recipe) -> bool:
-        return False
+    def prepare(self, mc) -> study.Prepared:
+        """No data set and no n/a check: every variant acts, in this process."""
+        return study.Prepared(None, {}, {n: self.model.per_step for n in self.model.speeds})
 
-    def _header(self, name: str, round_: int, position: int) -> dict:
+    def header(self, mc, name: str, round_: int, position: int) -> dict:
         return {"experiment": "sim", "model": self.model.name, "variant": name,
-                "is_baseline": name == self.plan.baseline, "trial": round_, "round": round_,
+                "is_baseline": name == mc.plan.baseline, "trial": round_, "round": round_,
                 "position": position}
 
     def _step(self, name: str) -> float:
@@ -193,12 +178,11 @@ class SimRounds(ModelRounds):
         e = sd * self.rng.choice(z) if z is not None else self.rng.normal(0, STEP_SD)
         return self.model.step_s / self.model.speeds[name] * math.exp(e)
 
-    def _probe(self, name, ref, steps=None):
+    def probe(self, mc, name: str, dataset, ref, steps: int, left_s: float) -> dict:
         """quality._first_seed's loop with simulated steps: the same stopping rules."""
-        b = self.plan.variants[name].bench
-        steps = b.quality_steps if steps is None else steps
+        b = mc.plan.variants[name].bench
         total = max(steps, 1 + stopping.probe_floor(ref is None) if b.too_slow_factor else 1)
-        limit, times = self.probe_budget.left(), []
+        times = []
         while len(times) < total:
             t = self._step(name) * (self.model.one_time if not times else 1.0)
             times.append(t)
@@ -206,21 +190,20 @@ class SimRounds(ModelRounds):
             stop = quality._stopped(times, 1, self.model.per_step, b, ref)
             if stop:
                 return {**quality._timings(times, 1, self.model.per_step), **stop}
-            if sum(times) > limit and len(times) >= min(total, 4):
+            if sum(times) > left_s and len(times) >= min(total, 4):
                 break
         return {**quality._timings(times, 1, self.model.per_step), "final_loss": 1.0,
                 "quality_steps": min(steps, len(times)), "quality_samples": steps,
                 "seed_losses": [1.0]}
 
-    def _more_seeds(self) -> None:
-        """The other seeds' untimed steps: their time, within the probes' share."""
-        b = self.first.bench
-        for name in [n for n in self.seed_losses if n not in self.skip]:
-            want = (b.quality_seeds - 1) * b.quality_steps * self.model.step_s \
-                / self.model.speeds[name]
-            self.clock.now += min(want, self.probe_budget.left())
+    def more_seeds(self, mc, name: str, dataset, steps: int, left_s: float) -> list:
+        """The other seeds' untimed steps: their time, within the share they are given."""
+        want = (mc.settings.quality_seeds - 1) * steps * self.model.step_s \
+            / self.model.speeds[name]
+        self.clock.now += min(want, left_s)
+        return []
 
-    def measure(self, name: str, round_: int, position: int) -> dict:
+    def trial(self, mc, name: str, round_: int, position: int, dataset, probe, budget) -> dict:
         noise = self.noise
         if round_ not in self.round_effect:
             self.round_effect[round_] = self.rng.normal(0, noise["round_sd"])
@@ -230,22 +213,30 @@ class SimRounds(ModelRounds):
                     - (math.log1p(-self.position_effect) if position == 0 else 0.0))
         step = math.exp(log_step)
         # the trial's window stops at the run's deadline (between steps)
-        self.clock.now += min(trial_seconds(step, self.first.bench),
-                              self.budget.left() + step)
+        self.clock.now += min(trial_seconds(step, mc.plan.variants[name].bench),
+                              budget.left() + step)
         rate = self.model.per_step / step
-        return {"experiment": "sim", "model": self.model.name, "variant": name,
-                "is_baseline": name == self.plan.baseline, "trial": round_, "round": round_,
-                "position": position, "status": "ok", "samples_per_s": rate,
-                "step_ms": 1000 * step, "data_wait_frac": 0.0, "peak_mem_mb": 1.0,
-                "host_rss_mb": 1.0, "final_loss": 1.0, "noise_threshold": 0.05}
+        return {**self.header(mc, name, round_, position), "status": "ok",
+                "samples_per_s": rate, "step_ms": 1000 * step, "data_wait_frac": 0.0,
+                "peak_mem_mb": 1.0, "host_rss_mb": 1.0, "final_loss": 1.0,
+                "noise_threshold": 0.05}
 
-    def prepare(self) -> None:
-        """ModelRounds.prepare without the data set and the n/a check: the probes."""
-        self._probe_all()
-        self.prepared_s = self.budget.spent()
 
-    def largest_batch(self) -> None:
-        """No capacity search simulated (bench.find_largest_batch=false)."""
+def model_context(model: SimModel, bench, training: SimTraining, comparisons: int,
+                  order_seed: int) -> study.ModelContext:
+    """A simulated model's context: its plan (variants that all share `bench`), the study's
+    settings from `bench` (no explanation, no largest-batch search), the sim's instruments."""
+    names = list(model.speeds)
+    plan = SimpleNamespace(variants={n: SimpleNamespace(bench=bench) for n in names},
+                           baseline=names[0], models=[SimpleNamespace(name=model.name)],
+                           experiment="sim")
+    settings = study.Settings(
+        repeats=bench.repeats, target_ci=bench.target_ci, quality_steps=bench.quality_steps,
+        quality_seeds=bench.quality_seeds, explain=False, skip_by_forecast=False,
+        find_largest_batch=False, too_slow_factor=bench.too_slow_factor,
+        time_budget_s=bench.time_budget_s, noise_threshold=bench.noise_threshold, seed=0)
+    return study.ModelContext(plan, plan.models[0], settings, training.instruments(),
+                              bar=_Bar(), order_seed=order_seed, comparisons=comparisons)
 
 
 @dataclass
@@ -273,15 +264,16 @@ def simulate_run(models: list[SimModel], noise: dict, rng, settings: Settings = 
     clock = Clock()
     run = Budget.of_run(settings.time_budget_s, clock=clock)
     comparisons = sum(len(m.speeds) - 1 for m in models)
-    sims = [SimRounds(model, bench, noise, rng, comparisons, None, clock, position_effect)
-            for model in models]
-    run_models(sims, run)  # the CLI's: the probes, then the rounds, the cheapest first
+    contexts = [model_context(m, bench, SimTraining(m, noise, rng, clock, position_effect),
+                              comparisons, int(rng.integers(2 ** 62))) for m in models]
+    states = study.study_models(contexts, run)  # the CLI's: probes, then rounds cheapest first
     rows = []
-    for sim in sims:
-        rows += sim.rows
-        for name, status in sim.skip.items():  # the stopped variants' rows, as round 0 has them
-            if not any(r["variant"] == name for r in sim.rows):
-                rows.append({**sim._header(name, 0, 0), **sim.probes.get(name, {}),
+    for mc, state in zip(contexts, states):
+        rows += state.rounds.rows
+        records = state.probes.records if state.probes else {}
+        for name, status in state.status.items():  # the stopped variants' rows, as round 0
+            if not any(r["variant"] == name for r in state.rounds.rows):  # has them
+                rows.append({**mc.header(name, 0, 0), **records.get(name, {}),
                              "status": status, "noise_threshold": 0.05})
     return summarise(pd.DataFrame(rows)), clock.now
 

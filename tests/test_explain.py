@@ -433,14 +433,13 @@ def test_a_matmul_bound_cuda_step_is_kernel_time_in_matmul():
 def test_the_recipe_search_sets_aside_options_whose_forecasts_are_under_the_threshold():
     """From the current recipe's profiled steps: every option set aside says why, with a
     bound under 1 + min_gain; what it spared and what the profile cost are counted."""
-    from speedbench.measure.rounds import na_variants
     from speedbench.search import driver, forecasts, selection
 
     cfg = compose_cfg(*TINY, *SMALL_MODELS, "model=transformer", experiment="recipe")
     plan = build_plan(cfg, "recipe")
     spec_ = plan.models[0]
     naive, groups, _ = selection.restrict_naive(
-        driver.parse_groups(cfg), driver.cannot_act_for(cfg, na_variants)(spec_))
+        driver.parse_groups(cfg), driver.cannot_act_for(cfg)(spec_))
     options = [o for g in groups for o in g.options]
     who = forecasts.Forecaster(cfg, spec_, None, 0.05, driver.step_plan,
                                driver.model_entry(cfg, spec_))

@@ -15,7 +15,7 @@ import torch
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
 from omegaconf import OmegaConf
 
-from speedbench.measure import env, flops, rounds, timing
+from speedbench.measure import env, flops, study, timing
 from speedbench.measure.budget import Budget
 from speedbench.analysis import adaptive
 from speedbench.analysis.summary import spread, summarise
@@ -118,13 +118,18 @@ def test_wants_more_rounds_until_narrow_or_out_of_budget():
 
 
 def fake_trials(values: dict[str, list[float]]):
-    """A ModelRounds.measure stand-in: fabricated records, the n-th trial of a variant gets the
-    n-th value (cycled), so the round loop runs without training."""
-    def measure(self, variant, round_, position):
+    """A trial instrument (study.Instruments.trial): fabricated records, the n-th trial of a
+    variant gets the n-th value (cycled), so the round loop runs without training."""
+    def measure(mc, variant, round_, position, *_):
         seq = values[variant]
-        return {**self._header(variant, round_, position), "status": "ok",
+        return {**mc.header(variant, round_, position), "status": "ok",
                 "samples_per_s": seq[round_ % len(seq)], "step_ms": 10.0}
     return measure
+
+
+def no_probe(*_):
+    """A probe instrument that probes nothing (as a probe that met a fault)."""
+    return None
 
 
 @pytest.mark.parametrize("noisy", [False, True])
@@ -133,17 +138,16 @@ def test_rounds_are_added_only_while_the_ci_is_wide(noisy, tmp_path, monkeypatch
                       experiment="amp")
     plan = build_plan(cfg, "amp")
     monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision, **_: 1.0)
-    prepare = rounds.ModelRounds.prepare
+    steady, now = [100.0], [0.0]
+    fake = fake_trials({"fp32": steady, "fp16": [50.0, 150.0] if noisy else steady,
+                        "bf16": steady})
 
-    def rounds_only(self):  # no probes, and the whole budget left to the rounds
-        monkeypatch.setattr(self, "_probe_all", lambda: None)
-        prepare(self)
-        self.budget.start = self.budget.clock()
-    monkeypatch.setattr(rounds.ModelRounds, "prepare", rounds_only)
-    steady = [100.0]
-    monkeypatch.setattr(rounds.ModelRounds, "measure", fake_trials(
-        {"fp32": steady, "fp16": [50.0, 150.0] if noisy else steady, "bf16": steady}))
-    writer = rounds.measure_plan(plan, tmp_path, progress=False)
+    def trial(*args):  # 10 ms a trial on the run's clock; the data and n/a check: none
+        now[0] += 0.01
+        return fake(*args)
+    writer = study.measure_plan(plan, tmp_path, progress=False,
+                                budget=Budget(3, clock=lambda: now[0]),
+                                instruments=study.Instruments(trial=trial, probe=no_probe))
     n = 1 + max(r["trial"] for r in writer.rows)
     if noisy:
         assert n > 2  # repeats=2, then more until the 3 s budget is spent
@@ -160,16 +164,18 @@ def test_the_time_budget_counts_the_probes_and_cuts_the_floor_of_rounds(tmp_path
     plan = build_plan(cfg, "amp")
     now = [0.0]
     monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision, **_: 1.0)
-    monkeypatch.setattr(rounds.ModelRounds, "_probe_all",
-                        lambda self: now.__setitem__(0, now[0] + 4.0))
     fake = fake_trials({"fp32": [100.0], "fp16": [100.0], "bf16": [100.0]})
 
-    def measure(self, *args):
+    def probe(mc, name, *_):  # the probes: 4 s in all, the baseline's first
+        now[0] += 4.0 if name == "fp32" else 0.0
+        return None
+
+    def measure(*args):
         now[0] += 1.0
-        return fake(self, *args)
-    monkeypatch.setattr(rounds.ModelRounds, "measure", measure)
-    writer = rounds.measure_plan(plan, tmp_path, progress=False,
-                                 budget=Budget(15, clock=lambda: now[0]))
+        return fake(*args)
+    writer = study.measure_plan(plan, tmp_path, progress=False,
+                                budget=Budget(15, clock=lambda: now[0]),
+                                instruments=study.Instruments(trial=measure, probe=probe))
     assert 1 + max(r["round"] for r in writer.rows) == 3
     assert now[0] <= 15
 
@@ -327,7 +333,7 @@ def test_flops_and_tf32_are_read_under_the_variants_own_settings(tmp_path, monke
     monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision, **_: 1.0)
     cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=1", "bench.quality_steps=0",
                       "+variants={plain:{},medium:{matmul_precision:medium}}", "baseline=plain")
-    writer = rounds.measure_plan(build_plan(cfg, None), tmp_path, progress=False)
+    writer = study.measure_plan(build_plan(cfg, None), tmp_path, progress=False)
     assert sorted(seen) == sorted([torch.get_float32_matmul_precision(), "medium"])
     assert all(r["flops_per_step"] > 0 and r["peak_kind"] == "fp32" for r in writer.rows)
 
@@ -453,7 +459,7 @@ def _hold_memory(ready, done):
 
 # --- verdicts branch: quality at equal work, hopeless variants, the memory split in trials ----
 def _probe(plan, name, steps=None, **kw):
-    from speedbench.measure import quality
+    from speedbench.measure import probes, quality
     from speedbench.measure.data import build_dataset
     from speedbench.measure.trial import context
 
@@ -461,7 +467,11 @@ def _probe(plan, name, steps=None, **kw):
     recipe, baseline = plan.variants[name], plan.variants[plan.baseline]
     ctx = context(plan)
     dataset = build_dataset(spec.dataset, 256, None, seed=0)
-    steps = quality.probe_steps(spec, recipe, baseline, ctx) if steps is None else steps
+    from speedbench.measure.session import batching
+    if steps is None:
+        steps = probes.probe_steps(baseline.bench.quality_steps,
+                                   batching(spec, baseline, ctx).per_step,
+                                   batching(spec, recipe, ctx).per_step)
     return quality.quality_probe(spec, recipe, ctx, dataset, steps, **kw)
 
 
@@ -543,7 +553,7 @@ def test_a_variant_stopped_early_is_slower_with_its_interval_and_counts_in_the_f
         return (0.1, 0.08, 0.12) if hit else None
 
     monkeypatch.setattr(stopping, "far_slower", far_slower)
-    writer = rounds.measure_plan(plan, tmp_path, progress=False)
+    writer = study.measure_plan(plan, tmp_path, progress=False)
     refs = [ref for _, ref in seen if ref is not None]
     assert refs and all(ref.factor == 4.0 and len(ref.step_s) == stopping.REFERENCE_STEPS
                         for ref in refs)
@@ -566,7 +576,7 @@ def test_transformer_state_is_params_grads_and_adamw_by_hand(tmp_path):
     cfg = compose_cfg(*TINY, "model=transformer", "bench.repeats=1", "+variants={base:{}}",
                       "baseline=base")
     plan = build_plan(cfg, None)
-    row = rounds.measure_plan(plan, tmp_path, progress=False).rows[0]
+    row = study.measure_plan(plan, tmp_path, progress=False).rows[0]
     params = list(build_model(plan.models[0], 0).parameters())
     fp32 = 4 * sum(p.numel() for p in params)
     # parameters, gradients, AdamW's two moments, and its 4-byte step counter per parameter
@@ -580,18 +590,20 @@ def test_transformer_state_is_params_grads_and_adamw_by_hand(tmp_path):
 def test_a_baseline_alone_runs_every_round_and_stops_once_nothing_is_left_to_compare(
         tmp_path, monkeypatch):
     monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision, **_: 1.0)
-    monkeypatch.setattr(rounds.ModelRounds, "measure", fake_trials({"a": [100.0], "b": [50.0]}))
+    trials = fake_trials({"a": [100.0], "b": [50.0]})
     alone = compose_cfg(*TINY, "model=transformer", "bench.repeats=3", "+variants={a:{}}",
                         "baseline=a")
-    writer = rounds.measure_plan(build_plan(alone, None), tmp_path, progress=False)
+    writer = study.measure_plan(build_plan(alone, None), tmp_path, progress=False,
+                                instruments=study.Instruments(trial=trials))
     assert [r["round"] for r in writer.rows] == [0, 1, 2]
     # b stopped as too slow in its probe: round 0 measures the baseline, then nothing is left
     stopped = compose_cfg(*TINY, "model=transformer", "bench.repeats=3",
                           "+variants={a:{},b:{}}", "baseline=a")
-    monkeypatch.setattr(rounds.ModelRounds, "_probe_all",
-                        lambda self: self.skip.update(b="too slow: 9x slower"))
+    def probe(mc, name, *_):  # b: stopped as too slow in its probe
+        return {"status": "too slow: 9x slower"} if name == "b" else None
     (tmp_path / "b").mkdir()
-    writer = rounds.measure_plan(build_plan(stopped, None), tmp_path / "b", progress=False)
+    writer = study.measure_plan(build_plan(stopped, None), tmp_path / "b", progress=False,
+                                instruments=study.Instruments(trial=trials, probe=probe))
     assert sorted((r["variant"], r["round"]) for r in writer.rows) == [("a", 0), ("b", 0)]
 
 

@@ -197,7 +197,7 @@ def test_the_rounds_write_paired_seeds_and_a_recipe_that_learns_nothing_is_worse
     from conftest import SMALL_MODELS, TINY, compose_cfg
 
     from speedbench.config import build_plan
-    from speedbench.measure import rounds, stopping
+    from speedbench.measure import stopping, study
     from speedbench.results.runs import load_quality
 
     real = stopping.far_slower
@@ -209,7 +209,7 @@ def test_the_rounds_write_paired_seeds_and_a_recipe_that_learns_nothing_is_worse
                       "+variants={base:{},same:{},flat:{lr:1.0e-8},slow:{accumulate:2}}",
                       "baseline=base")
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
-    writer = rounds.measure_plan(build_plan(cfg, None), tmp_path / "a", progress=False)
+    writer = study.measure_plan(build_plan(cfg, None), tmp_path / "a", progress=False)
     rows = load_quality(tmp_path / "a")
     assert rows.groupby("variant").size().to_dict() == {"base": 3, "same": 3, "flat": 3,
                                                         "slow": 1}
@@ -227,7 +227,7 @@ def test_the_rounds_write_paired_seeds_and_a_recipe_that_learns_nothing_is_worse
     cfg = compose_cfg(*TINY, *SMALL_MODELS, "model=transformer", "bench.repeats=1",
                       "bench.quality_seeds=3", "+variants={base:{},slow:{accumulate:2}}",
                       "baseline=base")
-    rounds.measure_plan(build_plan(cfg, None), tmp_path / "b", progress=False)
+    study.measure_plan(build_plan(cfg, None), tmp_path / "b", progress=False)
     assert load_quality(tmp_path / "b").groupby("variant").size().to_dict() == \
         {"base": 1, "slow": 1}
 

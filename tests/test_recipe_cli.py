@@ -114,7 +114,6 @@ def test_recipe_run_end_to_end(tmp_path):
 @pytest.mark.slow
 def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
     from speedbench import results
-    from speedbench.measure.rounds import measure_plan
 
     cfg = compose_cfg(*TINY, "model=transformer", experiment="sync")
     plan = build_plan(cfg, "sync")
@@ -125,7 +124,7 @@ def test_a_findings_suggestion_is_measured_before_it_is_recommended(tmp_path):
                    "symptom": "model syncs", "figure": "-", "tip": "-", "knob": "-"}]
                  ).to_csv(tmp_path / "findings.csv", index=False)
     writer = results.TrialWriter(tmp_path / "trials.csv")
-    findings = check_findings.check([plan], tmp_path, writer, False, measure_plan)
+    findings = check_findings.check([plan], tmp_path, writer, False)
     assert findings["check"].iloc[0].startswith("measured ")
     assert findings["check"].iloc[0].endswith(("recommended", "not settled by this check"))
     assert findings["check"].iloc[1] == "-"

@@ -11,12 +11,12 @@ import pytest
 
 from speedbench.analysis.summary import position_effect, summarise
 from speedbench.report import method
-from speedbench.measure import rounds
+from speedbench.measure import orders as design, study
 
 
 @pytest.mark.parametrize("k", [2, 3, 4, 5, 7])
 def test_williams_design_balances_positions_and_carry_over(k):
-    rows = rounds.williams_rows(k)
+    rows = design.williams_rows(k)
     assert len(rows) == (2 * k if k % 2 else k)
     per = len(rows) // k
     for position in range(k):  # every letter at every position equally often
@@ -29,7 +29,7 @@ def test_williams_design_balances_positions_and_carry_over(k):
 def test_three_variants_six_rounds_each_first_twice():
     names = ["fp32", "fp16", "bf16"]
     for seed in range(20):
-        orders = [rounds.round_order(names, seed, r) for r in range(6)]
+        orders = [design.round_order(names, seed, r) for r in range(6)]
         assert all(sorted(o) == sorted(names) for o in orders)
         firsts = [o[0] for o in orders]
         assert all(firsts.count(n) == 2 for n in names), firsts
@@ -37,11 +37,11 @@ def test_three_variants_six_rounds_each_first_twice():
 
 def test_orders_are_random_per_seed_and_replayed():
     names = ["a", "b", "c", "d"]
-    orders = [rounds.round_order(names, 7, r) for r in range(12)]
-    assert orders == [rounds.round_order(names, 7, r) for r in range(12)]
-    assert orders != [rounds.round_order(names, 8, r) for r in range(12)]
-    assert orders != [rounds.round_order(names, 7, r, stream=1) for r in range(12)]
-    assert rounds.fresh_order_seed() != rounds.fresh_order_seed()
+    orders = [design.round_order(names, 7, r) for r in range(12)]
+    assert orders == [design.round_order(names, 7, r) for r in range(12)]
+    assert orders != [design.round_order(names, 8, r) for r in range(12)]
+    assert orders != [design.round_order(names, 7, r, stream=1) for r in range(12)]
+    assert design.fresh_order_seed() != design.fresh_order_seed()
 
 
 def test_a_peer_lost_while_agreeing_on_the_order_fails_the_job_in_one_line(monkeypatch, capsys):
@@ -54,7 +54,7 @@ def test_a_peer_lost_while_agreeing_on_the_order_fails_the_job_in_one_line(monke
     monkeypatch.setattr(distributed, "same_on_every_rank", lost)
     env = distributed.DistEnv(rank=0, world_size=2, local_rank=0, local_world_size=2, run_id="x")
     with pytest.raises(RuntimeError):
-        rounds.fresh_order_seed(env)
+        design.fresh_order_seed(env)
     assert distributed.failed()  # so the CLI exits 1 without Hydra's traceback
     err = capsys.readouterr().err
     assert "rank 0 of 2 failed in agreeing on the round order" in err, err
@@ -66,7 +66,7 @@ def _trials(seed, first_boost=1.0, rounds_=12, k=3):
     rows = []
     for r in range(rounds_):
         speed = 100 * math.exp(rng.normal(0, 0.05))
-        for pos, name in enumerate(rounds.round_order(names, seed, r)):
+        for pos, name in enumerate(design.round_order(names, seed, r)):
             tp = speed * (first_boost if pos == 0 else 1.0) * math.exp(rng.normal(0, 0.01))
             rows.append({"experiment": "e", "model": "m", "variant": name, "round": r,
                          "trial": r, "position": pos, "is_baseline": name == "v0",
@@ -94,17 +94,16 @@ def _measured_orders(tmp_path, monkeypatch, *overrides):
     from speedbench.config import build_plan
     from speedbench.measure import flops
 
-    def fake(self, variant, round_, position):
-        return {**self._header(variant, round_, position), "status": "ok",
+    def fake(mc, variant, round_, position, *_):
+        return {**mc.header(variant, round_, position), "status": "ok",
                 "samples_per_s": 1.0, "step_ms": 1.0}
 
     monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision, **_: 1.0)
-    monkeypatch.setattr(rounds.ModelRounds, "measure", fake)
-    monkeypatch.setattr(rounds.ModelRounds, "_probe_all", lambda self: None)
     plan = build_plan(compose_cfg(*TINY, "model=transformer", "bench.repeats=6",
                                   "bench.target_ci=null", *overrides, experiment="amp"), "amp")
     tmp_path.mkdir(exist_ok=True)
-    rounds.measure_plan(plan, tmp_path, progress=False)
+    study.measure_plan(plan, tmp_path, progress=False,
+                       instruments=study.Instruments(trial=fake, probe=lambda *_: None))
     trials = pd.read_csv(tmp_path / "trials.csv")
     orders = [tuple(g.sort_values("position")["variant"]) for _, g in trials.groupby("round")]
     return orders, trials["order_seed"].unique()

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
 import torch
 
 from conftest import TINY, compose_cfg
-from speedbench.measure import rounds
+from speedbench.measure import orders, study
 from speedbench.run import run
 
 TINY_MODEL = ("model={_target_: fault_models.Tiny, fail: %s, "
@@ -49,17 +50,16 @@ def test_incomplete_run_has_no_summary(tmp_path, monkeypatch):
     """A run that dies half-way leaves trials.csv (what finished) but nothing that looks complete."""
     calls = {"n": 0}
     measured = []  # the variants whose trial finished
-    real = rounds.ModelRounds.measure
-
-    def dies_on_third(self, name, *args):
+    def dies_on_third(mc, name, *args):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        record = real(self, name, *args)
+        record = study.run_trial(mc, name, *args)
         measured.append(name)
         return record
 
-    monkeypatch.setattr(rounds.ModelRounds, "measure", dies_on_third)
+    # the command line's instruments, its trials cut short (study.INSTRUMENTS: the seam)
+    monkeypatch.setattr(study, "INSTRUMENTS", replace(study.INSTRUMENTS, trial=dies_on_third))
     cfg = compose_cfg(*TINY, "model=transformer", f"out_dir={tmp_path}", experiment="amp")
     with pytest.raises(KeyboardInterrupt):
         run(cfg, "amp", progress=False)
@@ -84,7 +84,7 @@ def test_explicit_run_dir_is_not_overwritten(tmp_path):
 
 # --- rounds --------------------------------------------------------------------------------------
 def test_rounds_are_shuffled_reproducibly_from_the_seed():
-    from speedbench.measure.rounds import round_order
+    from speedbench.measure.orders import round_order
 
     names = ["a", "b", "c", "d"]
     orders = [round_order(names, 0, r) for r in range(20)]
@@ -98,23 +98,22 @@ def test_trials_record_their_round_and_position(tmp_path, monkeypatch):
     from speedbench.config import build_plan
     from speedbench.measure import flops
 
-    def fake(self, variant, round_, position):  # the trial's own header, no training
-        return {**self._header(variant, round_, position), "status": "ok",
+    def fake(mc, variant, round_, position, *_):  # the trial's own header, no training
+        return {**mc.header(variant, round_, position), "status": "ok",
                 "samples_per_s": 1.0, "step_ms": 1.0}
 
     monkeypatch.setattr(flops, "matmul_peak_tflops", lambda device, precision, **_: 1.0)
-    monkeypatch.setattr(rounds.ModelRounds, "measure", fake)
-    # no quality probes: on a loaded machine one may stop a variant as too slow
-    monkeypatch.setattr(rounds.ModelRounds, "_probe_all", lambda self: None)
     plan = build_plan(compose_cfg(*TINY, "model=transformer", "bench.repeats=3",
                                   experiment="amp"), "amp")
-    writer = rounds.measure_plan(plan, tmp_path, progress=False)
+    # no quality probes: on a loaded machine one may stop a variant as too slow
+    writer = study.measure_plan(plan, tmp_path, progress=False,
+                                instruments=study.Instruments(trial=fake, probe=lambda *_: None))
     trials = pd.read_csv(tmp_path / "trials.csv")
     assert len(trials) == 9 and (trials["round"] == trials["trial"]).all()
     for r, one in trials.groupby("round"):
         assert sorted(one["variant"]) == ["bf16", "fp16", "fp32"]
         assert one["position"].tolist() == [0, 1, 2]  # written in the order they ran
-        order = rounds.round_order(list(plan.variants), int(one["order_seed"].iloc[0]), r)
+        order = orders.round_order(list(plan.variants), int(one["order_seed"].iloc[0]), r)
         assert one["variant"].tolist() == order
     assert len(writer.rows) == 9
 

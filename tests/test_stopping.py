@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from speedbench.analysis.intervals import FAMILY_LEVEL, STOP_SHARE
-from speedbench.measure import stopping
+from speedbench.measure import costs, stopping
 from speedbench.measure.budget import Budget
 
 BENCH = SimpleNamespace(warmup=3, steps=10, max_trial_s=6.0, time_budget_s=140.0, repeats=5)
@@ -99,11 +99,11 @@ def test_a_variant_whose_two_rounds_cannot_fit_is_not_measured_with_the_budget_t
 
 
 def test_a_trial_costs_its_setup_warm_up_window_and_two_more_steps_at_most_its_cap():
-    setup = stopping.TRIAL_SETUP_S
-    assert stopping.trial_seconds(0.1, BENCH) == pytest.approx(setup + 15 * 0.1)
-    assert stopping.trial_seconds(8.0, BENCH) == pytest.approx(setup + 6.0 + 3 * 8.0)
+    setup = costs.TRIAL_SETUP_S
+    assert costs.trial_seconds(0.1, BENCH) == pytest.approx(setup + 15 * 0.1)
+    assert costs.trial_seconds(8.0, BENCH) == pytest.approx(setup + 6.0 + 3 * 8.0)
     uncapped = SimpleNamespace(**{**vars(BENCH), "max_trial_s": None})
-    assert stopping.trial_seconds(8.0, uncapped) == pytest.approx(setup + 15 * 8.0)
+    assert costs.trial_seconds(8.0, uncapped) == pytest.approx(setup + 15 * 8.0)
 
 
 def test_a_budget_is_one_clock_whose_parts_pass_on_what_they_leave():

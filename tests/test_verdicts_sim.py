@@ -1,6 +1,7 @@
 """The verdicts' simulation (benchmarks/verdict_sim.py): its noise is fitted to real trials, and
-it runs the command line's own code for whole runs: ModelRounds' probes and stopping rules,
-budget, rounds loop and looks, then the summary."""
+it runs the command line's own code for whole runs: every phase of the study (probes and
+stopping rules, budget, rounds loop and looks), then the summary; only its instruments are
+simulated."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from speedbench.analysis import intervals
-from speedbench.measure.rounds import ModelRounds
+from speedbench.measure import costs, study
 from speedbench.results.schema import NOT_MEASURED, STOPPED_SLOWER
 
 _path = Path(__file__).resolve().parents[1] / "benchmarks" / "verdict_sim.py"
@@ -30,12 +31,16 @@ def test_noise_is_fitted_to_the_reference_trials():
     assert abs(z.mean()) < 1e-9 and abs(z.std() - 1) < 1e-9
 
 
-def test_the_simulation_runs_the_command_lines_code():
-    # the probes, the stopping rules, the plan and the rounds are ModelRounds' own; only the
-    # steps, the trials and the clock are simulated
-    for name in ("rounds", "order", "run_round", "_probe_all", "_keep", "_reference",
-                 "estimate", "_another_round", "_after", "plan_rounds", "round_seconds"):
-        assert getattr(sim.SimRounds, name) is getattr(ModelRounds, name), name
+def test_the_simulation_runs_the_command_lines_code(monkeypatch):
+    # the phases (probes, stopping rules, plan, rounds) are the study's own: the simulation
+    # hands study.study_models its instruments, nothing else
+    training = sim.SimTraining(sim.SimModel("m", 0.05, {"a": 1.0}), NOISE, None, sim.Clock())
+    assert isinstance(training.instruments(), study.Instruments)
+    assert not any(isinstance(v, type) and issubclass(v, (study.ModelContext,))
+                   and v is not study.ModelContext for v in vars(sim).values())
+    ran = []
+    real = study.study_models
+    monkeypatch.setattr(study, "study_models", lambda *a: ran.append(1) or real(*a))
     rng = np.random.default_rng(0)
     models = sim.amp_models(bf16=(1.45, 1.26, 1.0))  # the reference ResNet's 1.45x
     s, took = sim.simulate_run(models, NOISE, rng, sim.Settings(time_budget_s=900))
@@ -45,7 +50,7 @@ def test_the_simulation_runs_the_command_lines_code():
     assert v[("resnet", "fp16")] in (STOPPED_SLOWER, NOT_MEASURED)
     stopped = s[s["verdict"] == STOPPED_SLOWER]
     assert (stopped["speedup_hi"] < 1 / 4).all()  # the whole interval F = 4 times slower
-    assert took <= 900
+    assert took <= 900 and ran == [1]
 
 
 def test_identical_variants_are_rarely_called_and_intervals_cover():
@@ -72,8 +77,8 @@ def test_balanced_orders_absorb_a_position_effect():
 
 
 def _plan_line(budget_s: float, repeats: int = 5, variants: int = 2) -> str:
-    """ModelRounds.estimate's line for `variants` identical variants of a 50 ms model, after
-    the probes, with `budget_s` for the run."""
+    """The plan's line (costs.plan_line) for `variants` identical variants of a 50 ms model,
+    after the probes (study.prepare), with `budget_s` for the run."""
     from types import SimpleNamespace
 
     from speedbench.measure.budget import Budget
@@ -81,13 +86,13 @@ def _plan_line(budget_s: float, repeats: int = 5, variants: int = 2) -> str:
     clock = sim.Clock()
     settings = sim.Settings(time_budget_s=budget_s, repeats=repeats)
     bench = SimpleNamespace(**{k: v for k, v in vars(settings).items() if k != "extra"})
-    arms = {name: 1.0 for name in "abcdefg"[:variants]}
-    rounds = sim.SimRounds(sim.SimModel("m", 0.05, arms), bench, NOISE,
-                           np.random.default_rng(1), variants - 1,
-                           Budget.of_run(budget_s, clock=clock),
-                           clock)
-    rounds.prepare()
-    return rounds.estimate()
+    model = sim.SimModel("m", 0.05, {name: 1.0 for name in "abcdefg"[:variants]})
+    training = sim.SimTraining(model, NOISE, np.random.default_rng(1), clock)
+    mc = sim.model_context(model, bench, training, variants - 1, 0)
+    budget = Budget.of_run(budget_s, clock=clock)
+    state = study.prepare(mc, budget)
+    return costs.plan_line("m", state.plan_facts(mc), mc.settings, mc.comparisons,
+                           state.prepared_s, budget.left())
 
 
 def test_the_plan_names_what_stops_it_short_of_a_verdict_on_1_1x():

@@ -199,7 +199,7 @@ def test_a_step_past_the_cap_stops_its_trial_and_the_next_variant_runs(tmp_path)
     from speedbench.analysis.summary import summarise
     from speedbench.config import build_plan
     from speedbench.measure import flops
-    from speedbench.measure.rounds import measure_plan
+    from speedbench.measure.study import measure_plan
     from speedbench.results import TrialWriter
 
     threads_before = torch.get_num_threads()

@@ -1,7 +1,7 @@
 """The conductor: plans -> measure -> analyse -> write -> report.
 
 `run` validates every plan before anything is written, opens the run directory, measures the
-plans (speedbench.measure.rounds; the recipe search runs its own plans, speedbench.search),
+plans (speedbench.measure.study; the recipe search runs its own plans, speedbench.search),
 summarises the trials (speedbench.analysis), writes summary.csv and the diagnosis tables, and
 prints the report's lines.
 """
@@ -26,12 +26,13 @@ from speedbench.measure import diagnosis, env, isolation, to_target
 from speedbench.measure.budget import Budget, run_start
 from speedbench.measure.flops import FlopsBook
 from speedbench.measure.timing import settled_heap
-from speedbench.measure.rounds import (measure_plan, na_variants, plan_order_seed,
-                                       planned_comparisons)
+from speedbench.measure.orders import plan_order_seed
+from speedbench.measure.study import measure_plan, planned_comparisons
 from speedbench.measure.trial import check_data
 from speedbench.report import method
 from speedbench.results import atomic, planned, schema
 from speedbench.results.runs import load_quality, load_to_target
+from speedbench.search import check_findings, driver
 
 
 def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
@@ -42,12 +43,10 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     A suite (`tips`) measures each member experiment into the same trials.csv; `overrides` are
     the command line's, handed on to every member.
     """
-    from speedbench.search import driver as recipe
-
     plans = _plans(cfg, experiment, overrides)  # every plan validated before anything is written
     isolation.clear_notes()  # a sweep's jobs each say their own models' changes
     dist_env = distributed.from_environ()
-    groups = recipe.check(cfg, plans[0], dist_env) if recipe.is_recipe(cfg) else None
+    groups = driver.check(cfg, plans[0], dist_env) if driver.is_recipe(cfg) else None
     for plan in plans:  # the data too, before the run directory exists
         for spec in plan.models:
             check_data(plan, spec, dist_env.world_size if dist_env else 1)
@@ -92,43 +91,42 @@ def _in(filename, run_dir: Path | None) -> bool:
 def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, resolved: dict,
              dist_env, device, progress: bool, experiment: str | None,
              overrides: list[str] | None) -> Path | None:
-    """Measure every plan into run_dir's trials.csv, then analyse, write and report."""
-    from speedbench.search import driver as recipe
-
+    """Measure every plan into run_dir's trials.csv, then analyse, write and report. Each
+    plan's phases draw on its one clock (bench.time_budget_s): the rounds (or the recipe
+    search), time to target, and the findings' checks."""
     started = run_start()  # a command's first run: from the process's start
     distributed.init_process_group(dist_env, device, cfg.dist_timeout_s)
     distributed.outlive_peer_failure(dist_env)
     writer = results.TrialWriter(run_dir / "trials.csv", techniques.column_names()) \
         if run_dir else None
     book = FlopsBook(device, cfg.bench.peak_s)
-
+    # adaptive rounds judge CIs at the run's family (a suite's)
     family = sum(planned_comparisons(p) for p in plans) if groups is None else None
-
-    def measure(*args, **kwargs):  # adaptive rounds judge CIs at the run's family (a suite's)
-        return measure_plan(*args, book=book, comparisons=family, **kwargs)
-
+    checks = driver.check_share(cfg) > 0 and run_dir is not None  # a profiled run checks
     levels = {}  # (experiment, model) -> the CI level a recipe search used there
+    budget = None
     for i, plan in enumerate(plans):
         # one clock for the experiment: every phase draws on what is left of its budget
-        budget = Budget.of_run(plan.variants[plan.baseline].bench.time_budget_s,
+        budget = Budget.of_run(plan.config.bench.time_budget_s,
                                start=started if i == 0 else math.nan)
+        phases = budget.part(1 - CHECKS_TIME_SHARE) if checks else budget  # the rest: checks
         # how soon each variant trains (a recipe search checks its final recipe itself)
         target = plan.config.target.enabled and run_dir is not None and groups is None
         if groups is not None:  # +experiment=recipe: the search runs the plans
-            levels.update(recipe.levels(recipe.execute(
-                cfg, plan, groups, run_dir, writer, progress, measure,
-                recipe.cannot_act_for(cfg, na_variants, dist_env), book)))
+            levels.update(driver.levels(driver.execute(cfg, plan, groups, run_dir, writer,
+                                                       progress, book, phases)))
         else:
-            measure(plan, run_dir, progress, dist_env, writer,
-                    budget=budget.part(1 - TARGET_SHARE) if target else budget)
+            measure_plan(plan, run_dir, progress, dist_env, writer, book=book,
+                         comparisons=family,
+                         budget=phases.part(1 - TARGET_SHARE) if target else phases)
         if target:
             to_target.measure(plan, run_dir, writer.rows, progress, plan_order_seed(plan),
-                              budget)
+                              phases)
     if writer is None:
         return None
     planned.mark_ended(run_dir)
     summary, profiled, load = _analyse_and_write(cfg, plans, run_dir, writer, resolved,
-                                                 levels, progress, measure)
+                                                 levels, progress, book, budget)
     _report(summary, run_dir, writer, experiment, overrides, groups is None, profiled,
             time.perf_counter() - started, load, cfg.bench.noise_threshold,
             max(int(p.variants[p.baseline].bench.repeats) for p in plans),
@@ -139,6 +137,9 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
 # With time to target (target.enabled), the share of an experiment's budget that trains the
 # variants to the target; the speed rounds take the rest first.
 TARGET_SHARE = 0.6
+# A profiled run that checks its findings (recipe.check_findings) keeps this share of its
+# budget for the checks, which run after the report's tables are written.
+CHECKS_TIME_SHARE = 0.25
 
 
 def _plans(cfg: DictConfig, experiment: str | None, overrides: list[str] | None) -> list[Plan]:
@@ -176,8 +177,6 @@ def _open_run_dir(cfg: DictConfig, experiment: str | None, plans: list[Plan], re
 
 
 def recipe_search(cfg: DictConfig) -> bool:
-    from speedbench.search import driver
-
     return driver.is_recipe(cfg)
 
 
@@ -195,24 +194,24 @@ def _summary(writer: results.TrialWriter, plans: list[Plan], family: float, leve
 
 
 def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer, resolved: dict,
-                       levels: dict, progress: bool, measure):
-    """summary.csv, phases.csv and findings.csv, each suggested knob measured when asked, and
-    the report. Returns the summary, whether any trial was profiled, and the machine's load."""
+                       levels: dict, progress: bool, book: FlopsBook, budget: Budget | None):
+    """summary.csv, phases.csv and findings.csv, each suggested knob measured when asked (on
+    what is left of `budget`, the last plan's clock), and the report. Returns the summary,
+    whether any trial was profiled, and the machine's load."""
     from speedbench.report.render import write_report
-    from speedbench.search import check_findings
 
     # the findings' checks get their own share of the run's error, set aside before any
     # interval is written: checking them never widens the run's intervals afterwards
     checks = cfg.recipe.check_findings and any(r.get("profile_data") is not None
                                                for r in writer.rows)
     family = intervals.FAMILY_LEVEL - (intervals.CHECK_SHARE if checks else 0.0)
-    tolerance = plans[0].variants[plans[0].baseline].bench.quality_tolerance
+    tolerance = plans[0].config.bench.quality_tolerance
     summary = _summary(writer, plans, family, levels, run_dir, tolerance)
     try:
         results.write_summary(summary, run_dir)
         profiled = diagnosis.write_tables(run_dir, writer.rows)  # phases.csv, findings.csv
         if profiled and checks:  # each suggested knob measured
-            check_findings.check(plans, run_dir, writer, progress, measure)
+            check_findings.check(plans, run_dir, writer, progress, book, budget)
             summary = _summary(writer, plans, family, {
                 **levels, **check_findings.levels(run_dir, writer.frame())}, run_dir, tolerance)
             results.write_summary(summary, run_dir)

@@ -226,6 +226,11 @@ class RecipeConfig:
     budget_s: Optional[float] = setting(780.0, "the search's time budget per model; it stops "
                                                "cleanly when it is spent", **SECONDS,
                                         null="for no budget")
+    step_budget_s: Optional[float] = setting(120.0, "the most one measurement of the search (a "
+                                                    "screen, a confirmation, the closing) may "
+                                                    "take; half the search's time left where "
+                                                    "that is less", **SECONDS,
+                                             null="for no cap but the search's")
     max_memory_mb: Optional[float] = setting(None, "memory limit: techniques that trade speed for "
                                                     "memory are candidates only under one", gt=0,
                                              null="for no limit")

@@ -86,6 +86,13 @@ class Budget:
             return Budget(None, self.clock)
         return Budget(share * self.left(), self.clock)
 
+    def cap(self, seconds: Optional[float]) -> "Budget":
+        """This clock held to `seconds` from now, where that comes before its own end (None:
+        this budget as it is)."""
+        if seconds is None:
+            return self
+        return Budget(min(seconds, self.left()), self.clock)
+
     def limit(self, cap: Optional[float]) -> Optional[float]:
         """The seconds a step loop started now may take: `cap`, or what is left if less; None
         where neither limits it."""

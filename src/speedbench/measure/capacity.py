@@ -132,3 +132,17 @@ def append(path: Path, row: dict) -> None:
     """One row appended to capacity.csv (made with its header if new), by the run directory's
     writer."""
     results.append_capacity(path, row)
+
+
+def largest_batch(mc, dataset) -> None:
+    """The largest-batch phase of a model's study: capacity.csv's row for the model's baseline
+    (bench.find_largest_batch)."""
+    plan, spec = mc.plan, mc.spec
+    mc.doing(f"{spec.name}: largest batch that fits")
+    if mc.dist_env is None:
+        row = probe(plan.experiment, spec, plan.baseline, plan.variants[plan.baseline],
+                    torch.device(plan.device), dataset)
+    else:  # every rank would search its own device, and time it differently
+        row = {**head(plan.experiment, spec, plan.baseline),
+               "status": na("the largest batch that fits is searched without torchrun")}
+    append(mc.run_dir / "capacity.csv", row)

@@ -38,12 +38,6 @@ from speedbench.results.schema import NOT_MEASURED, na, parse_status
 EVAL_SAMPLES = 128  # held-out samples the probe evaluates
 
 
-def probe_steps(spec, recipe, baseline, ctx: Context) -> int:
-    """Optimizer steps that see as many samples as bench.quality_steps steps of the baseline."""
-    samples = baseline.bench.quality_steps * batching(spec, baseline, ctx).per_step
-    return max(1, round(samples / batching(spec, recipe, ctx).per_step)) if samples else 0
-
-
 PROBE_LIMIT_TRIALS = 10  # the probe may take as long as this many capped trials
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from speedbench.analysis.intervals import FAMILY_LEVEL, STOP_SHARE, t_quantile
+from speedbench.measure.costs import trial_seconds
 from speedbench.results.schema import NOT_MEASURED, TOO_SLOW, format_status
 
 STOP_LOOKS = (3, 6)  # the variant's steady probe steps at which the far-slower test looks
@@ -66,6 +67,7 @@ class Reference:
     level: float
     rounds_s: float = math.inf
     others_s: float = 0.0
+    rounds: int | None = None  # a request's exact rounds (study.Request), else bench.repeats
 
 
 def speed_ratio(step_s: list[float], per_step: int, ref: Reference, level: float
@@ -106,28 +108,12 @@ def stopped_status(ratio: tuple[float, float, float], steady_s: list[float], ref
                                    "steps")
 
 
-# A trial's cost beyond its steps: the model, optimizer and loader built, garbage collected,
-# its row written. Measured on the quiet 2-core EPYC (2026-12-03, every trial of a run timed):
-# 0.09 s a trial (7 identical transformer variants) to 0.17 s (amp's three models, the memory
-# step of the first rounds included); it was 0.5 s, which put the plan's rounds 1.6x too long.
-TRIAL_SETUP_S = 0.2
-
-
-def trial_seconds(step_s: float, bench, setup_s: float = TRIAL_SETUP_S) -> float:
-    """What one trial of a recipe whose step takes `step_s` costs: its set-up, its warm-up
-    floor, its window and two untimed steps (memory, FLOPs; the steady-state warm-up's extra
-    steps about make up for the memory step taken in the first rounds only), the window cut by
-    bench.max_trial_s."""
-    steps = bench.warmup + bench.steps + 2
-    cap = bench.max_trial_s
-    return setup_s + (steps * step_s if cap is None else min(steps * step_s, cap + 3 * step_s))
-
-
-def needed_s(step_s: float, bench, others_s: float = 0.0) -> float:
+def needed_s(step_s: float, bench, others_s: float = 0.0, rounds: int | None = None) -> float:
     """What the rounds an interval needs take with this recipe's trials (`step_s` a step;
     `others_s` the other variants' trials in a round): two rounds, one where the recipe asks
-    for one (bench.repeats=1: a quick look, a recipe search's pilot)."""
-    return min(2, bench.repeats) * (trial_seconds(step_s, bench) + others_s)
+    for one (bench.repeats=1, or a request's `rounds`=1: a quick look, a recipe search's
+    pilot)."""
+    return min(2, rounds or bench.repeats) * (trial_seconds(step_s, bench) + others_s)
 
 
 def over_budget(step_s: float, first: bool, bench, ref: Reference | None,
@@ -137,14 +123,14 @@ def over_budget(step_s: float, first: bool, bench, ref: Reference | None,
     times too long."""
     if ref is None or not math.isfinite(ref.rounds_s):
         return False
-    return needed_s(step_s, bench, others_s) > ref.rounds_s * (FIRST_STEP_MARGIN if first else 1)
+    return needed_s(step_s, bench, others_s, ref.rounds) > ref.rounds_s * (FIRST_STEP_MARGIN if first else 1)
 
 
 def budget_status(step_s: float, first: bool, bench, ref: Reference, others_s: float,
                   budget_s: float) -> str:
     """`not measured: its first probe step took 8.2 s ...; give bench.time_budget_s=900`."""
-    need = needed_s(step_s, bench, others_s)
-    rounds = "two rounds" if bench.repeats > 1 else "a round"
+    need = needed_s(step_s, bench, others_s, ref.rounds)
+    rounds = "two rounds" if (ref.rounds or bench.repeats) > 1 else "a round"
     enough = budget_s * need / ref.rounds_s
     which = "its first probe step" if first else "a steady probe step"
     return format_status(NOT_MEASURED, f"{which} took {step_s:.3g} s; {rounds} with its "

@@ -33,7 +33,7 @@ reaches the target, or a cap runs out, in the way MLPerf Training and AlgoPerf m
   against the speed rounds' unpaired throughput, stopped fine variants, and the baseline
   itself, under load). Only a variant that cannot act here (n/a), or that needs processes of
   its own, is not trained.
-- The rounds run in a balanced random order per seed block (rounds.round_order).
+- The rounds run in a balanced random order per seed block (orders.round_order).
 
 Writes to_target.csv (a row per model, variant and seed) and curves.csv (a row per evaluation).
 """
@@ -51,6 +51,7 @@ from tqdm import tqdm
 from speedbench import distributed, errors, techniques
 from speedbench.config import Plan
 from speedbench.measure.budget import Budget
+from speedbench.measure.orders import round_order
 from speedbench.measure.held_out import evaluate, held_out
 from speedbench.measure.quality import seeded
 from speedbench.measure.session import NotApplicable, applied, batching
@@ -181,8 +182,6 @@ class ToTarget:
 
     def __init__(self, plan: Plan, run_dir: Path, speed_rows: list[dict], progress: bool,
                  order_seed: int, budget: Budget | None = None):
-        from speedbench.measure.rounds import round_order
-
         self.plan, self.run_dir, self.order_seed = plan, run_dir, order_seed
         self.budget = budget or Budget(None)  # the run's clock: each run caps at its share
         self.first = plan.variants[plan.baseline]
@@ -289,8 +288,7 @@ class ToTarget:
             if schema.parse_status(row.get("status")).na:
                 out[row["variant"]] = row["status"]
         for name, recipe in self.plan.variants.items():
-            if techniques.processes(recipe, self.ctx) or techniques.environment(recipe,
-                                                                                self.ctx):
+            if techniques.launched(recipe, self.ctx):
                 out[name] = schema.na("time to target trains in this process; this variant "
                                       "needs processes of its own (torchrun or a fresh "
                                       "environment), so it has no time to target here")

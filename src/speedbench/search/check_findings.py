@@ -20,10 +20,13 @@ from omegaconf import OmegaConf
 from speedbench import results
 from speedbench.analysis import intervals
 from speedbench.config import ConfigError, Plan
+from speedbench.measure import costs
+from speedbench.measure.budget import Budget
+from speedbench.measure.study import Request, measure_plan
 from speedbench.results.schema import OK
 from speedbench.search import driver, selection
 
-CHECK_BUDGET_S = 60.0  # per finding checked: the rounds beyond bench.repeats stop there
+CHECK_BUDGET_S = 60.0  # per finding checked, at most: the rounds beyond bench.repeats stop there
 VERDICT_TEXT = {intervals.FASTER: "recommended", intervals.SLOWER: "slower here, not recommended",
                 intervals.EQUIVALENT: "no difference here, not recommended"}
 
@@ -60,11 +63,13 @@ def levels(run_dir: Path, trials: pd.DataFrame) -> dict[tuple[str, str], float]:
     return {pair: level for pair in zip(checked["experiment"], checked["model"])}
 
 
-def check(plans: list[Plan], run_dir: Path, writer, progress: bool, execute_plan,
-          alpha: float = intervals.CHECK_SHARE) -> Optional[pd.DataFrame]:
+def check(plans: list[Plan], run_dir: Path, writer, progress: bool, book=None,
+          budget: Optional[Budget] = None, alpha: float = intervals.CHECK_SHARE
+          ) -> Optional[pd.DataFrame]:
     """Measure every suggested knob of findings.csv and write the verdicts into its `check`
-    column; the findings, or None when the run has no findings.csv. `execute_plan` is
-    rounds.measure_plan."""
+    column; the findings, or None when the run has no findings.csv. Each check takes its share
+    of what `budget` (the run's clock) has left when it starts, CHECK_BUDGET_S at most; one
+    that cannot fit two rounds there is not checked, and says so."""
     findings = results.load_findings(run_dir)
     if findings is None:
         return None
@@ -73,10 +78,13 @@ def check(plans: list[Plan], run_dir: Path, writer, progress: bool, execute_plan
         return findings
     by_experiment = {p.experiment: p for p in plans}
     pairs, status = {}, {}
-    for key in dict.fromkeys(zip(todo["experiment"], todo["model"], todo["variant"],
-                                 todo["knob"])):
-        got = _measure(by_experiment.get(key[0]), *key[1:], run_dir, writer, progress,
-                       execute_plan)
+    budget = budget or Budget(None)
+    keys = list(dict.fromkeys(zip(todo["experiment"], todo["model"], todo["variant"],
+                                  todo["knob"])))
+    for i, key in enumerate(keys):
+        share = budget.part(1 / (len(keys) - i))
+        got = _measure(by_experiment.get(key[0]), *key[1:], run_dir, writer, progress, book,
+                       share)
         if isinstance(got, str):
             status[key] = got
         else:
@@ -94,7 +102,7 @@ def check(plans: list[Plan], run_dir: Path, writer, progress: bool, execute_plan
 
 
 def _measure(plan: Optional[Plan], model: str, variant: str, knob: str, run_dir: Path, writer,
-             progress: bool, execute_plan):
+             progress: bool, book, budget: Budget):
     """(suggested, as run) throughputs per round, or why the suggestion was not measured."""
     spec = next((m for m in plan.models if m.name == model), None) if plan else None
     if spec is None or variant not in (plan.config.variants or {"default": {}}):
@@ -103,6 +111,10 @@ def _measure(plan: Optional[Plan], model: str, variant: str, knob: str, run_dir:
     raw = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) \
         else dict(node or {})
     ran = {**driver.flat(raw), "profile": "off"}  # unprofiled
+    need = 4 * _trial_seconds(writer.rows, plan.experiment, model, variant)  # 2 rounds of 2
+    if budget.left() < need:
+        return (f"not checked: the run's bench.time_budget_s had {budget.left():.0f} s left "
+                f"for it, about {need:.0f} s needed")
     recipes = {"as run": ran, "suggested": {**ran, **parse_knob(knob)}}
     if progress:
         print(f"checking the finding's suggestion {knob} on {model}/{variant}",
@@ -113,15 +125,21 @@ def _measure(plan: Optional[Plan], model: str, variant: str, knob: str, run_dir:
     except ConfigError as exc:
         return f"not checked: {exc}"
     step.models = [m for m in step.models if m.name == model]
-    for recipe in step.variants.values():  # a run-level key: capped so that checks stay small
-        recipe.bench.time_budget_s = CHECK_BUDGET_S
-        # a check is a verdict on a finding, several per experiment under one name: no
-        # explanation (as the search's screens)
-        recipe.bench.explain = False
     start = len(writer.rows)
-    execute_plan(step, run_dir, progress, None, writer)
+    # a check is a verdict on a finding, several per experiment under one name: no explanation
+    measure_plan(step, run_dir, progress, None, writer, book=book, budget=budget,
+                 request=Request(explain=False, budget_s=CHECK_BUDGET_S))
     arms = driver.arms_from_rows(writer.rows[start:], list(recipes))
     bad = next((a for a in (arms["suggested"], arms["as run"]) if a.status != OK), None)
     if bad is not None:
         return f"not measured here ({bad.status})"
     return selection.rounds_of(arms["suggested"], arms["as run"])
+
+
+def _trial_seconds(rows: list[dict], experiment: str, model: str, variant: str) -> float:
+    """Median seconds of the variant's ok trials in the run (0 where none)."""
+    ok = [r for r in rows if (r.get("experiment"), r.get("model"), r.get("variant"))
+          == (experiment, model, variant) and r.get("status") == OK]
+    got = costs.observed_trial_seconds(*([r.get(c, math.nan) for r in ok]
+                                         for c in ("elapsed_s", "steps", "warmup_steps")))
+    return got if math.isfinite(got) else 0.0

@@ -4,7 +4,7 @@ Per model: the candidate groups of `recipe.candidates` are checked up front (eve
 valid recipe, or the run stops before training with one line naming the key); the naive recipe
 is restricted to what can act here; then every search step is one ordinary speedbench plan
 (experiment `recipe-step<N>`, baseline `current`, the step's options as variants) measured by
-rounds.measure_plan in shuffled, paired rounds, its rows appended to trials.csv like any
+study.measure_plan in shuffled, paired rounds, its rows appended to trials.csv like any
 experiment's;
 the closing measurement is the plan `recipe` (baseline `naive`, each prefix of the stack and
 each leave-one-out recipe). Results: recipe.csv (waterfall, ablation, every step's
@@ -26,17 +26,18 @@ from speedbench import results
 from speedbench.analysis import intervals
 from speedbench.analysis import quality as quality_stats
 from speedbench.analysis import to_target as target_stats
-from speedbench.measure import to_target
-from speedbench.measure.rounds import fresh_order_seed
+from speedbench.measure import costs, to_target
+from speedbench.measure.budget import Budget
+from speedbench.measure.orders import fresh_order_seed
+from speedbench.measure.study import Request, measure_plan, na_variants
 from speedbench.results.runs import load_quality
 from speedbench.results.schema import OK
 from speedbench.search import forecasts
-from speedbench.search import selection as search
+from speedbench.search import selection
 from speedbench.config import (ConfigError, ModelSpec, Plan, build_plan, config_flags,
                                inline_name)
 
 CLOSING = "recipe"
-SEARCH_PROBE_STEPS = 2  # quality-probe steps in screens and confirmations (first + second)
 
 
 def is_recipe(cfg: DictConfig) -> bool:
@@ -44,7 +45,7 @@ def is_recipe(cfg: DictConfig) -> bool:
 
 
 # --- config -> candidate groups ------------------------------------------------------------------
-def parse_groups(cfg: DictConfig) -> list[search.Group]:
+def parse_groups(cfg: DictConfig) -> list[selection.Group]:
     """`recipe.candidates` as search groups: {group: {naive: {...}, options: {name: {...}},
     trades_memory: bool}}. Raises ConfigError naming the key."""
     raw = OmegaConf.to_container(cfg.recipe.candidates, resolve=True)
@@ -64,8 +65,8 @@ def parse_groups(cfg: DictConfig) -> list[search.Group]:
             if not isinstance(overrides, dict) or not overrides:
                 raise ConfigError(f"{where}.options.{opt}: must be a non-empty mapping of recipe "
                                   "keys to values")
-            options.append(search.Option(name, str(opt), flat(overrides)))
-        groups.append(search.Group(name, options, naive=flat(spec.get("naive") or {}),
+            options.append(selection.Option(name, str(opt), flat(overrides)))
+        groups.append(selection.Group(name, options, naive=flat(spec.get("naive") or {}),
                                    trades_memory=bool(spec.get("trades_memory", False))))
     return groups
 
@@ -94,7 +95,7 @@ def step_plan(cfg: DictConfig, spec_entry: Any, recipes: dict[str, dict], baseli
     return build_plan(step, experiment)
 
 
-def check(cfg: DictConfig, plan: Plan, dist_env) -> list[search.Group]:
+def check(cfg: DictConfig, plan: Plan, dist_env) -> list[selection.Group]:
     """Everything the search could run is a valid recipe: the naive one and every option on top
     of it (interactions between options are merged key by key and checked as they come).
     Raises ConfigError before anything trains."""
@@ -143,36 +144,25 @@ def experiment_name(step: str) -> str:
 
 
 class TrialMeasurer:
-    """search.Measurer over rounds.measure_plan: rows go to the run's trials.csv as they end."""
+    """selection.Measurer over study.measure_plan: each search step one request, on the
+    search's clock; rows go to the run's trials.csv as they end."""
 
     def __init__(self, cfg: DictConfig, spec: ModelSpec, run_dir: Path, writer, progress: bool,
-                 execute):
+                 book, budget: Budget):
         self.cfg, self.spec, self.run_dir, self.writer = cfg, spec, run_dir, writer
-        self.progress, self.execute = progress, execute
+        self.progress, self.book, self.budget = progress, book, budget
 
     def __call__(self, recipes: dict[str, dict], *, step: str,
                  time_left_s: Optional[float], rounds: Optional[int] = None,
-                 ) -> dict[str, search.Arm]:
+                 ) -> dict[str, selection.Arm]:
         baseline = next(iter(recipes))
         plan = step_plan(self.cfg, model_entry(self.cfg, self.spec), recipes, baseline,
                          experiment_name(step))
         plan.models = [next(m for m in plan.models if m.name == self.spec.name)]
-        for recipe in plan.variants.values():
-            if rounds is not None:  # a screen: exactly that many rounds
-                recipe.bench.repeats, recipe.bench.target_ci = rounds, None
-            if step != "closing" and not step.endswith("confirm"):
-                # A screen ranks on speed alone: its probes need only the two steps that tell
-                # a hopeless option (quality.py). A confirmation's full probes judge the held-out
-                # loss (an option that trains worse is refused); the closing one reports it.
-                recipe.bench.quality_steps = min(recipe.bench.quality_steps, SEARCH_PROBE_STEPS)
-                recipe.bench.quality_seeds = 1
-            if step != "closing":  # the closing measurement alone is explained
-                recipe.bench.explain = False
-            if time_left_s is not None:  # adaptive rounds may not outrun the search's budget
-                recipe.bench.time_budget_s = max(1.0, min(recipe.bench.time_budget_s,
-                                                          time_left_s / 2))
         start = len(self.writer.rows)
-        self.execute(plan, self.run_dir, self.progress, None, self.writer)
+        measure_plan(plan, self.run_dir, self.progress, None, self.writer, book=self.book,
+                     budget=self.budget, request=step_request(self.cfg, step, time_left_s,
+                                                              rounds))
         arms = arms_from_rows(self.writer.rows[start:], list(recipes))
         judged = quality_stats.summarise(_quality_rows(self.run_dir, plan.experiment),
                                          self.cfg.bench.quality_tolerance)
@@ -185,13 +175,27 @@ class TrialMeasurer:
         return arms
 
 
+def step_request(cfg: DictConfig, step: str, time_left_s: Optional[float],
+                 rounds: Optional[int]) -> Request:
+    """What a search step measures: a screen exactly `rounds` rounds; a screen ranks on speed
+    alone, so its probes need only the two steps that tell a hopeless option (a confirmation's
+    full probes judge the held-out loss, the closing one reports it); the closing measurement
+    alone is explained; each at most recipe.step_budget_s, or half the search's time left."""
+    screening = step != "closing" and not step.endswith("confirm")
+    cap = cfg.recipe.step_budget_s
+    if time_left_s is not None:  # adaptive rounds may not outrun the search's budget
+        cap = max(1.0, time_left_s / 2 if cap is None else min(cap, time_left_s / 2))
+    return Request(rounds=rounds, probes="screen" if screening else "full",
+                   explain=step == "closing", budget_s=cap)
+
+
 def _quality_rows(run_dir: Path, experiment: str) -> pd.DataFrame:
     """quality.csv's rows of one measurement (none where it wrote none)."""
     rows = load_quality(run_dir)
     return pd.DataFrame() if rows is None else rows[rows["experiment"] == experiment]
 
 
-def arms_from_rows(rows: list[dict], labels: list[str]) -> dict[str, search.Arm]:
+def arms_from_rows(rows: list[dict], labels: list[str]) -> dict[str, selection.Arm]:
     """trials.csv rows of one plan -> per variant: status and throughput per round."""
     frame = pd.DataFrame(rows)
     key = "round" if "round" in frame and frame["round"].notna().any() else "trial"
@@ -199,11 +203,11 @@ def arms_from_rows(rows: list[dict], labels: list[str]) -> dict[str, search.Arm]
     for label in labels:
         g = frame[frame["variant"] == label] if len(frame) else frame
         if g.empty:
-            arms[label] = search.Arm("error: not measured")
+            arms[label] = selection.Arm("error: not measured")
             continue
         ok = g[g["status"] == OK]
         if ok.empty:
-            arms[label] = search.Arm(str(g["status"].iloc[0]))
+            arms[label] = selection.Arm(str(g["status"].iloc[0]))
             continue
         rounds = int(pd.to_numeric(frame[key], errors="coerce").max()) + 1
         per_round = [math.nan] * rounds
@@ -211,30 +215,26 @@ def arms_from_rows(rows: list[dict], labels: list[str]) -> dict[str, search.Arm]
             if math.isfinite(r):
                 per_round[int(r)] = float(tp)
         mem = pd.to_numeric(ok.get("peak_mem_mb", pd.Series(dtype=float)), errors="coerce")
-        arms[label] = search.Arm(OK, per_round, float(mem.median()) if len(mem) else math.nan,
+        arms[label] = selection.Arm(OK, per_round, float(mem.median()) if len(mem) else math.nan,
                                  trial_seconds(ok))
     return arms
 
 
 def trial_seconds(ok: pd.DataFrame) -> float:
-    """Median seconds of a trial, warm-up included: its timed window scaled by the steps it
-    ran in all (the search's cost model, selection.Budget)."""
+    """Median seconds of a trial, warm-up included (costs.observed_trial_seconds)."""
     need = ("elapsed_s", "steps", "warmup_steps")
     if not all(c in ok for c in need):
         return math.nan
-    num = {c: pd.to_numeric(ok[c], errors="coerce") for c in need}
-    seconds = num["elapsed_s"] * (num["steps"] + num["warmup_steps"]) / num["steps"]
-    seconds = seconds[seconds > 0]
-    return float(seconds.median()) if len(seconds) else math.nan
+    return costs.observed_trial_seconds(*(pd.to_numeric(ok[c], errors="coerce") for c in need))
 
 
 # --- the whole search for one plan ------------------------------------------------------------------
-def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Path, writer,
-            progress: bool, execute_plan, cannot_act_for, book=None
-            ) -> dict[str, search.SearchResult]:
+def execute(cfg: DictConfig, plan: Plan, groups: list[selection.Group], run_dir: Path, writer,
+            progress: bool, book, budget: Budget) -> dict[str, selection.SearchResult]:
     """The search for every model of the plan; recipe.csv and recipe.yaml written as each model
-    ends. `execute_plan` is rounds.measure_plan; `cannot_act_for(spec)` returns the n/a check;
-    `book` (flops.FlopsBook) the run's matmul peaks, for the forecasts."""
+    ends. `book` (flops.FlopsBook) holds the run's matmul peaks, for the forecasts; `budget` is
+    the run's clock: each model's search takes its share of what is left when it starts, at
+    most recipe.budget_s."""
     found, entries = {}, {}
     min_gain = cfg.recipe.min_gain
     if min_gain is None:
@@ -243,8 +243,10 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
     # the run's family-wise error, fixed before anything runs: the findings' share (when a
     # profiled run will check them) aside, the rest split evenly over the models searched
     alpha = (intervals.FAMILY_LEVEL - check_share(cfg)) / len(plan.models)
-    for spec in plan.models:
-        naive, kept, notes = search.restrict_naive(groups, cannot_act_for(spec))
+    cannot_act = cannot_act_for(cfg)
+    for k, spec in enumerate(plan.models):
+        own = budget.part(1 / (len(plan.models) - k)).cap(cfg.recipe.budget_s)
+        naive, kept, notes = selection.restrict_naive(groups, cannot_act(spec))
         kept = [g for g in kept if g not in skipped]
         if skipped:
             notes.append("not candidates (recipe.skip, recipe.also_skip): "
@@ -259,13 +261,13 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
         if cfg.recipe.forecasts and cfg.bench.explain:
             forecaster = forecasts.Forecaster(cfg, spec, book, min_gain, step_plan,
                                               model_entry(cfg, spec))
-        measurer = TrialMeasurer(cfg, spec, run_dir, writer, progress, execute_plan)
-        result = search.search(kept, naive, measurer, budget_s=cfg.recipe.budget_s,
-                               max_memory_mb=cfg.recipe.max_memory_mb, alpha=alpha,
-                               min_gain=min_gain, screen_rounds=cfg.recipe.screen_rounds,
-                               confirm_top=cfg.recipe.confirm_top,
-                               min_rounds=int(cfg.bench.repeats), progress=say,
-                               forecast=forecaster)
+        measurer = TrialMeasurer(cfg, spec, run_dir, writer, progress, book, own)
+        result = selection.search(kept, naive, measurer, budget=own,
+                                  max_memory_mb=cfg.recipe.max_memory_mb, alpha=alpha,
+                                  min_gain=min_gain, screen_rounds=cfg.recipe.screen_rounds,
+                                  confirm_top=cfg.recipe.confirm_top,
+                                  min_rounds=int(cfg.bench.repeats), progress=say,
+                                  forecast=forecaster)
         result.notes[:0] = notes
         if forecaster is not None:
             result.notes.append(forecaster.note())
@@ -277,7 +279,7 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[search.Group], run_dir: Pa
             check = step_plan(cfg, entries[spec.name], {"naive": dict(result.naive),
                                                         "final": dict(result.final)},
                               "naive", target_stats.RECIPE_CHECK)
-            to_target.measure(check, run_dir, [], progress, fresh_order_seed())
+            to_target.measure(check, run_dir, [], progress, fresh_order_seed(), own)
         write_outputs(run_dir, found, entries)
     return found
 
@@ -289,14 +291,14 @@ def check_share(cfg: DictConfig) -> float:
     return intervals.CHECK_SHARE if profiled and cfg.recipe.check_findings else 0.0
 
 
-def levels(found: dict[str, search.SearchResult]) -> dict[tuple[str, str], float]:
+def levels(found: dict[str, selection.SearchResult]) -> dict[tuple[str, str], float]:
     """(experiment, model) -> the CI level the search used in that measurement: summary.csv
     states the same intervals (summary.summarise's `levels`)."""
     return {(experiment_name(step), model): level for model, r in found.items()
             for step, level in r.levels.items()}
 
 
-def result_rows(model: str, r: search.SearchResult) -> list[dict]:
+def result_rows(model: str, r: selection.SearchResult) -> list[dict]:
     """One SearchResult as recipe.csv rows (tables: waterfall, ablation, step (the screens),
     confirm (the confirmations), excluded, chosen, stopped, note)."""
     rows = []
@@ -340,14 +342,14 @@ def _yaml_inline(d: dict) -> str:
     return yaml.safe_dump(d, default_flow_style=True, sort_keys=False).strip()
 
 
-def write_outputs(run_dir: Path, found: dict[str, search.SearchResult],
+def write_outputs(run_dir: Path, found: dict[str, selection.SearchResult],
                   entries: Optional[dict] = None) -> None:
     """recipe.csv and recipe.yaml, through the run directory's writer."""
     rows = [row for model, r in found.items() for row in result_rows(model, r)]
     results.write_recipe(run_dir, rows, recipe_yaml(found, entries or {}))
 
 
-def recipe_yaml(found: dict[str, search.SearchResult], entries: dict) -> str:
+def recipe_yaml(found: dict[str, selection.SearchResult], entries: dict) -> str:
     """The final recipe per model as overrides speedbench accepts back, with the command
     (`entries`: each model's `model` entry as given)."""
     lines = ["# The best recipe found per model on this machine (speedbench +experiment=recipe).",
@@ -414,14 +416,13 @@ def _num(x) -> Optional[float]:
     return round(x, 4) if math.isfinite(x) else None
 
 
-def cannot_act_for(cfg: DictConfig, not_applicable, dist_env=None):
+def cannot_act_for(cfg: DictConfig, dist_env=None):
     """spec -> (overrides -> 'n/a: ...' or None): whether a recipe can act on this model here,
-    asked of a freshly built model by `not_applicable` (rounds.na_variants, as before a plan's
-    first round)."""
+    asked of a freshly built model (study.na_variants, as before a plan's first round)."""
     def for_spec(spec: ModelSpec):
         def cannot(overrides: dict) -> Optional[str]:
             plan = step_plan(cfg, model_entry(cfg, spec), {"probe": overrides}, "probe", "probe")
             plan.models = [m for m in plan.models if m.name == spec.name]
-            return not_applicable(plan, plan.models[0], dist_env).get("probe")
+            return na_variants(plan, plan.models[0], dist_env).get("probe")
         return cannot
     return for_spec

@@ -19,16 +19,16 @@ from omegaconf import DictConfig
 
 from speedbench import techniques
 from speedbench.config import ModelSpec
-from speedbench.measure import explain, stopping, watchdog
+from speedbench.measure import costs, explain, watchdog
 from speedbench.measure.data import build_dataset
 from speedbench.measure.trial import context, dataset_length
-from speedbench.search import selection as search
+from speedbench.search import selection
 
 PROFILE_SHARE = 0.1  # of the search's time left, at most, for one step's profiled steps
 
 
 class Forecaster:
-    """One model's forecasts over its search (`search.search(..., forecast=...)`).
+    """One model's forecasts over its search (`selection.search(..., forecast=...)`).
     `step_plan(cfg, entry, recipes, baseline, name)` builds a plan (driver.step_plan);
     `book` is the run's flops.FlopsBook (matmul peaks, measured once per dtype) or None."""
 
@@ -48,7 +48,7 @@ class Forecaster:
         plan.models = [m for m in plan.models if m.name == self.spec.name]
         return plan, plan.variants["r"]
 
-    def __call__(self, current: dict, options: list[search.Option], *,
+    def __call__(self, current: dict, options: list[selection.Option], *,
                  time_left_s: Optional[float]) -> dict[str, str]:
         if self.failed or (time_left_s is not None and time_left_s <= 0):
             return {}
@@ -63,7 +63,7 @@ class Forecaster:
         finally:
             self.profiled_s += time.perf_counter() - started
 
-    def _aside(self, current: dict, options: list[search.Option],
+    def _aside(self, current: dict, options: list[selection.Option],
                time_left_s: Optional[float]) -> dict[str, str]:
         plan, base = self._plan(current)
         recipes = {o.label: self._plan({**current, **o.overrides})[1] for o in options}
@@ -81,7 +81,7 @@ class Forecaster:
             limit = min(limit, PROFILE_SHARE * time_left_s)
         profile = explain.profile_recipe(model, base, context(plan), self.dataset,
                                          explain.FORECAST_STEPS, limit)
-        screen_s = self.cfg.recipe.screen_rounds * stopping.trial_seconds(
+        screen_s = self.cfg.recipe.screen_rounds * costs.trial_seconds(
             profile.step_ms / 1000, base.bench)
         aside = {}
         for label, recipe in recipes.items():

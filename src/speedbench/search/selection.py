@@ -26,7 +26,8 @@ The search:
    dropped for good, never retried;
 5. stops when no option is confirmed, when the pool is empty, or when the next screen or
    confirmation (with the closing measurement kept in reserve) would not fit in the time
-   budget, estimated from what the measurements so far took (`Budget`; a one-trial pilot of
+   budget (its part of the run's clock, measure/budget.py), estimated from what the
+   measurements so far took (measure/costs.py's `MeasurementCosts`; a one-trial pilot of
    the naive recipe gives the first figures). A search the budget stopped before it decided anything says so
    (`SearchResult.undecided`) and estimates the time one step and its closing need;
 6. a closing measurement runs the naive recipe, each prefix of the chosen stack and each
@@ -46,13 +47,14 @@ returned (`SearchResult.levels`) so that summary.csv states the same intervals.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Protocol
 
 import numpy as np
 
 from speedbench.analysis import intervals, quality
+from speedbench.measure.budget import Budget
+from speedbench.measure.costs import MeasurementCosts
 from speedbench.results.schema import HOPELESS, OK, REFUSED, format_status
 
 NAIVE = "naive"
@@ -227,57 +229,6 @@ def _apply(base: Overrides, *options: Option) -> Overrides:
 
 
 # --- the search ---------------------------------------------------------------------------------------
-@dataclass
-class Budget:
-    """The search's time budget and its cost model, from what the measurements so far took: a
-    measurement of R recipes in N rounds costs a fixed part (data, the n/a checks, one-time
-    costs) plus R x (a per-recipe part, its quality probe, at most one trial's time, + N x
-    seconds per trial). The trials' own times come from the arms (`Arm.trial_s`); arms
-    without them charge everything per trial."""
-
-    total_s: Optional[float]
-    clock: Callable[[], float] = time.monotonic
-    started: float = 0.0
-    per_trial: list[float] = field(default_factory=list)
-    per_recipe: list[float] = field(default_factory=list)
-    fixed: list[float] = field(default_factory=list)
-
-    def start(self) -> None:
-        self.started = self.clock()
-
-    def elapsed(self) -> float:
-        return self.clock() - self.started
-
-    def left(self) -> Optional[float]:
-        return None if self.total_s is None else self.total_s - self.elapsed()
-
-    def record(self, seconds: float, arms: dict[str, Arm]) -> None:
-        counts = {k: int(np.isfinite(a.samples_per_s).sum()) for k, a in arms.items()
-                  if a.samples_per_s}
-        trials = sum(counts.values())
-        if not trials:
-            return
-        timed = all(np.isfinite(arms[k].trial_s) for k in counts)
-        in_trials = sum(n * arms[k].trial_s for k, n in counts.items()) if timed else seconds
-        in_trials = min(in_trials, seconds)
-        self.per_trial.append(in_trials / trials)
-        rest = seconds - in_trials
-        per_recipe = min(rest / len(arms), in_trials / trials)
-        self.per_recipe.append(per_recipe)
-        self.fixed.append(rest - per_recipe * len(arms))
-
-    def cost(self, recipes: int, rounds: int) -> float:
-        """Seconds a measurement of `recipes` recipes in `rounds` rounds should take."""
-        if not self.per_trial:
-            return 0.0
-        return float(np.mean(self.fixed)) + recipes * (
-            float(np.mean(self.per_recipe)) + rounds * float(np.mean(self.per_trial)))
-
-    def fits(self, seconds: float) -> bool:
-        left = self.left()
-        return left is None or seconds <= left
-
-
 @dataclass(frozen=True)
 class Spending:
     """The search's share of the run's family-wise error, spent in advance: a fifth for the
@@ -325,19 +276,17 @@ class Rules:
 
 
 def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
-           budget_s: Optional[float] = None, max_memory_mb: Optional[float] = None,
+           budget: Optional[Budget] = None, max_memory_mb: Optional[float] = None,
            alpha: float = 0.05, min_gain: float = 0.02, hopeless_below: float = 0.5,
            screen_rounds: Optional[int] = 3, confirm_top: int = 2, min_rounds: int = 5,
            progress: Callable[[str], None] = lambda msg: None,
-           clock: Callable[[], float] = time.monotonic,
            forecast: Optional[Forecast] = None) -> SearchResult:
     """Greedy forward selection from `naive` (screen, then confirm the best), then the closing
     waterfall/ablation measurement. `alpha` is this search's share of the run's family-wise
     error. `forecast`, where given, sets aside before each screen the options that cannot
     gain enough on the current recipe (their time is spared, not their chance: they are
     forecast again at every step)."""
-    budget = Budget(budget_s, clock)
-    budget.start()
+    budget = budget or Budget(None)
     rules = Rules(alpha, min_gain, hopeless_below, screen_rounds, confirm_top, max_memory_mb,
                   min_rounds)
     forward = _Forward(groups, naive, measure, budget, rules, progress)
@@ -352,7 +301,7 @@ def search(groups: list[Group], naive: Overrides, measure: Measurer, *,
     return SearchResult(naive=naive, chosen=forward.chosen,
                         final=_apply(naive, *forward.chosen), steps=forward.steps,
                         waterfall=waterfall, ablation=ablation, excluded=forward.excluded,
-                        stopped=stopped, notes=forward.notes, elapsed_s=budget.elapsed(),
+                        stopped=stopped, notes=forward.notes, elapsed_s=budget.spent(),
                         levels=forward.levels, undecided=forward.undecided(stopped))
 
 
@@ -363,6 +312,7 @@ class _Forward:
     def __init__(self, groups: list[Group], naive: Overrides, measure: Measurer, budget: Budget,
                  rules: Rules, progress: Callable[[str], None]):
         self.naive, self.measure, self.budget = naive, measure, budget
+        self.costs = MeasurementCosts()  # learned from what the measurements took
         self.rules, self.progress = rules, progress
         self.spend = Spending(rules.alpha)
         self.pool = {g.name: list(g.options) for g in eligible_groups(groups, rules.max_memory_mb)}
@@ -381,13 +331,29 @@ class _Forward:
 
     def reserve(self) -> float:
         """Seconds kept back for the closing: at least the final recipe against naive."""
-        return self.budget.cost(2, self.rules.min_rounds)
+        return self.costs.cost(2, self.rules.min_rounds)
 
     def screen_cost(self, options: int) -> float:
-        return self.budget.cost(options + 1, self.rules.screen_rounds or self.rules.min_rounds)
+        return self.costs.cost(options + 1, self.rules.screen_rounds or self.rules.min_rounds)
 
     def confirm_cost(self, options: int) -> float:
-        return self.budget.cost(options + 1, self.rules.min_rounds)
+        return self.costs.cost(options + 1, self.rules.min_rounds)
+
+    def fits(self, seconds: float) -> bool:
+        return seconds <= self.budget.left()
+
+    def left_s(self) -> Optional[float]:
+        """Seconds the search has left (None: no limit)."""
+        return None if self.budget.seconds is None else self.budget.left()
+
+    def measured(self, recipes: dict[str, Overrides], **how) -> dict[str, Arm]:
+        """One measurement of `recipes`, its time learned by the cost model."""
+        t0 = self.budget.clock()
+        arms = self.measure(recipes, **how)
+        self.costs.record(self.budget.clock() - t0, {
+            k: (int(np.isfinite(a.samples_per_s).sum()) if a.samples_per_s else 0, a.trial_s)
+            for k, a in arms.items()})
+        return arms
 
     def step(self) -> Optional[str]:
         """One step: screen every option left, confirm the best, add the winner. Returns why
@@ -395,7 +361,7 @@ class _Forward:
         n, budget = len(self.steps) + 1, self.budget
         current = _apply(self.naive, *self.chosen)
         options = [o for opts in self.pool.values() for o in opts]
-        if budget.total_s is not None and not budget.per_trial:
+        if budget.seconds is not None and not self.costs.known:
             why = self._pilot(current)
             if why:
                 return why
@@ -404,7 +370,7 @@ class _Forward:
         if not options:
             return (f"step {n}: no option left is forecast to gain "
                     f"{self.rules.min_gain:.0%} on the current recipe")
-        if not budget.fits(self.screen_cost(len(options)) + self.reserve()):
+        if not self.fits(self.screen_cost(len(options)) + self.reserve()):
             return self._over_budget(f"step {n}'s screen ({len(options)} options)",
                                      self.screen_cost(len(options))
                                      + self.confirm_cost(self.rules.confirm_top))
@@ -412,9 +378,8 @@ class _Forward:
                       f"{' + '.join(o.label for o in self.chosen) or 'naive'}")
         recipes = {"current": current, **{o.label: _apply(current, o) for o in options}}
         t0 = budget.clock()
-        arms = self.measure(recipes, step=f"step {n}", time_left_s=budget.left(),
-                            rounds=self.rules.screen_rounds)
-        budget.record(budget.clock() - t0, arms)
+        arms = self.measured(recipes, step=f"step {n}", time_left_s=self.left_s(),
+                             rounds=self.rules.screen_rounds)
         ref = arms.get("current")
         if ref is None or ref.status != OK:
             return (f"the current recipe could not be measured in step {n} "
@@ -436,9 +401,9 @@ class _Forward:
     def _set_aside(self, n: int, current: Overrides, options: list[Option]) -> dict[str, str]:
         """The options this step's forecast sets aside (label -> why), said and noted."""
         if self.forecast is None or not options \
-                or not self.budget.fits(self.screen_cost(1) + self.reserve()):
+                or not self.fits(self.screen_cost(1) + self.reserve()):
             return {}  # no screen fits: the budget stops the search, not a forecast
-        aside = self.forecast(current, options, time_left_s=self.budget.left())
+        aside = self.forecast(current, options, time_left_s=self.left_s())
         if aside:
             self.progress(f"step {n}: not screened, by their forecasts: {', '.join(aside)}")
             self.notes += [f"step {n}: {label} not screened, by its forecast: {why}"
@@ -449,12 +414,10 @@ class _Forward:
         """One trial of the current recipe: the first measured time per trial, so that the
         first screen is started only when it fits."""
         self.progress("pilot: one trial of the naive recipe, to size the first screen")
-        t0 = self.budget.clock()
-        arms = self.measure({"current": current}, step="pilot", time_left_s=self.budget.left(),
-                            rounds=1)
-        self.budget.record(self.budget.clock() - t0, arms)
+        arms = self.measured({"current": current}, step="pilot", time_left_s=self.left_s(),
+                             rounds=1)
         ref = arms.get("current")
-        if ref is None or ref.status != OK or not self.budget.per_trial:
+        if ref is None or ref.status != OK or not self.costs.known:
             return ("the naive recipe could not be measured "
                     f"({ref.status if ref else 'missing'})")
         return None
@@ -462,10 +425,10 @@ class _Forward:
     def _over_budget(self, what: str, seconds: float) -> str:
         """Why the budget stops the search here; remembers what a step would have needed."""
         self.out_of_budget = True
-        self.needs_s = self.budget.elapsed() + seconds + self.reserve()
+        self.needs_s = self.budget.spent() + seconds + self.reserve()
         return (f"time budget: {what} and the closing would need about "
                 f"{seconds + self.reserve():.0f} s, "
-                f"{max(self.budget.left() or 0, 0):.0f} s were left")
+                f"{self.left_s() or 0:.0f} s were left")
 
     def undecided(self, stopped: str) -> str:
         """Non-empty when the budget ended the search before it decided anything: what to say
@@ -474,7 +437,7 @@ class _Forward:
             return ""
         where = "after screening" if self.steps else "before the first screen"
         return (f"not decided: the budget ran out {where}; a full search needs about "
-                f"{self.needs_s:.0f} s (recipe.budget_s was {self.budget.total_s:.0f})")
+                f"{self.needs_s:.0f} s (its budget was {self.budget.seconds:.0f} s)")
 
     def _screen(self, n: int, current: Overrides, options: list[Option],
                 arms: dict[str, Arm]) -> tuple[StepRecord, list[Comparison]]:
@@ -517,18 +480,15 @@ class _Forward:
         if not top:
             return None, "no remaining option was faster in the screen"
         confirm = self.confirm_cost(len(top))
-        if not self.budget.fits(confirm + self.reserve()):
+        if not self.fits(confirm + self.reserve()):
             return None, self._over_budget(f"confirming step {record.index}'s best", confirm)
         self.progress(f"step {record.index}: confirming " + ", ".join(
             f"{c.label} (screened {c.speedup:.2f}x)" for c in top))
-        t1 = self.budget.clock()
-        left = self.budget.left()  # its extra rounds may not eat the closing's reserve
-        arms = self.measure({"current": recipes["current"],
-                             **{c.label: recipes[c.label] for c in top}},
-                            step=f"step {record.index} confirm",
-                            time_left_s=None if left is None else
-                            left - self.reserve())
-        self.budget.record(self.budget.clock() - t1, arms)
+        left = self.left_s()  # its extra rounds may not eat the closing's reserve
+        arms = self.measured({"current": recipes["current"],
+                              **{c.label: recipes[c.label] for c in top}},
+                             step=f"step {record.index} confirm",
+                             time_left_s=None if left is None else left - self.reserve())
         return self._confirm(arms, top, record)
 
     def _confirm(self, arms: dict[str, Arm], top: list[Comparison],
@@ -600,7 +560,7 @@ def _close(forward: _Forward) -> tuple[list[dict], list[dict]]:
     """Waterfall and ablation from one closing measurement, every figure measured: the whole
     closing when it fits, else the final recipe against naive alone (no ablation), else no
     cumulative figure at all, said in the notes. Nothing chosen: no waterfall."""
-    chosen, budget, notes, rules = forward.chosen, forward.budget, forward.notes, forward.rules
+    chosen, costs, notes, rules = forward.chosen, forward.costs, forward.notes, forward.rules
     if not chosen:
         return [], []
     step_gain = {s.chosen: s.confirmations[s.chosen] for s in forward.steps if s.chosen}
@@ -608,19 +568,17 @@ def _close(forward: _Forward) -> tuple[list[dict], list[dict]]:
     prefix, without, recipes = _closing_recipes(forward)
     unique = _unique(recipes)  # a prefix equals a leave-one-out (the last option's): once
     wanted = list(dict.fromkeys(unique.values()))
-    if not budget.fits(budget.cost(len(wanted), rules.min_rounds)):
+    if not forward.fits(costs.cost(len(wanted), rules.min_rounds)):
         wanted = [NAIVE, prefix[-1]]
         notes.append("only the final recipe against naive fitted in the time budget: no "
                      "cumulative figure for the stages between, and no ablation")
-        if not budget.fits(budget.cost(len(wanted), rules.min_rounds)):
+        if not forward.fits(costs.cost(len(wanted), rules.min_rounds)):
             notes.append("the closing measurement did not fit in the time budget: the final "
                          "recipe was not measured against naive")
             return waterfall, []
     forward.progress(f"closing: {', '.join(wanted)}")
-    t0 = budget.clock()
-    measured = forward.measure({lab: recipes[lab] for lab in wanted}, step="closing",
-                               time_left_s=budget.left())
-    budget.record(budget.clock() - t0, measured)
+    measured = forward.measured({lab: recipes[lab] for lab in wanted}, step="closing",
+                                time_left_s=forward.left_s())
     arms = {lab: measured.get(unique[lab], Arm("error: not measured")) for lab in recipes}
     if not (arms[NAIVE].status == OK and arms[prefix[-1]].status == OK):
         notes.append("the closing measurement failed for the naive or the final recipe: "

@@ -137,6 +137,11 @@ def processes(recipe: Any, ctx: Context) -> Optional[int]:
     return None
 
 
+def launched(recipe: Any, ctx: Context) -> bool:
+    """Whether this recipe's trials run in processes of their own (torchrun, or a fresh one)."""
+    return bool(processes(recipe, ctx) or environment(recipe, ctx))
+
+
 def environment(recipe: Any, ctx: Context) -> dict:
     """Variables the trial's process must start with; non-empty: a fresh process (launch.py)."""
     env: dict = {}

@@ -1,0 +1,91 @@
+"""The two explain phases of a model's study (bench.explain; explain.py profiles and splits):
+the forecasts before the rounds, the paired profile after them, and the seconds kept back from
+the rounds for it."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from speedbench import techniques
+from speedbench.measure import costs, explain
+from speedbench.measure.budget import Budget
+from speedbench.measure.trial import context
+from speedbench.results import schema
+
+
+@dataclass
+class ForecastResult:
+    """The forecasts: the explainer that holds the baseline's profile (None where none was
+    taken), variant -> (technique, Bound or why none), and the variants bench.skip_by_forecast
+    leaves out (variant -> status)."""
+
+    explainer: Optional[explain.Explainer] = None
+    forecasts: dict[str, tuple] = field(default_factory=dict)
+    status: dict[str, str] = field(default_factory=dict)
+
+
+def forecasts(mc, prepared, status: dict[str, str], probe_steps: dict, budget: Budget
+              ) -> ForecastResult:
+    """bench.explain: the baseline's profiled steps, untimed, and each variant's forecast from
+    them (explain.py); a variant the probes stopped still gets its forecast: it says what it
+    could have been."""
+    base, settings = mc.plan.baseline, mc.settings
+    if not settings.explain or base in status or base in prepared.launched:
+        return ForecastResult()
+    mc.doing(f"{mc.spec.name}: forecasts")
+    explainer = explain.Explainer(mc.plan, mc.spec, context(mc.plan, mc.dist_env),
+                                  prepared.dataset, mc.run_dir, dict(mc.book.peaks))
+    steps = costs.step_seconds(probe_steps, [])
+    na = {n: s for n, s in status.items() if schema.parse_status(s).kind == schema.NA}
+    said_by = explainer.forecast(budget, steps.get(base, math.nan), na)
+    said = [f"{n} at most {b.speedup:.3g}x" for n, (_, b) in said_by.items()
+            if isinstance(b, techniques.Bound)]
+    if said:  # before any round: what each could gain at best
+        mc.say(f"{mc.spec.name}: forecasts: {', '.join(said)}")
+    out = ForecastResult(explainer, said_by)
+    if settings.skip_by_forecast:
+        out.status = skip_by_forecast(mc, said_by, status, steps)
+    return out
+
+
+def skip_by_forecast(mc, said_by: dict, status: dict[str, str], steps: dict[str, float]
+                     ) -> dict[str, str]:
+    """bench.skip_by_forecast: a variant that cannot gain the noise threshold here (its
+    forecast, an upper bound) is not measured; the rounds it would have had are spared."""
+    threshold, skipped, spared = mc.settings.noise_threshold, {}, []
+    for name, (_, bound) in said_by.items():
+        why = bound.under(threshold) if isinstance(bound, techniques.Bound) else ""
+        if name in status or not why:
+            continue
+        skipped[name] = schema.format_status(
+            schema.NOT_MEASURED, f"by its forecast: {why} (bench.skip_by_forecast=false "
+            "measures it)")
+        step_s = steps.get(name, steps.get(mc.plan.baseline, math.nan))
+        trial_s = costs.trial_seconds(step_s, mc.plan.variants[name].bench)
+        spared.append(f"{name} (about {mc.settings.repeats * trial_s:.0f} s of rounds)")
+    if spared:
+        mc.say(f"{mc.spec.name}: not measured, by their forecasts: " + ", ".join(spared))
+    return skipped
+
+
+def reserve_for(mc, prepared, status: dict[str, str], step_s: dict[str, float],
+                budget: Budget) -> float:
+    """The seconds the paired profile will need after the rounds, kept back from them."""
+    others = [n for n in mc.plan.variants if n != mc.plan.baseline and n not in status
+              and n not in prepared.launched]
+    return explain.reserve_s(mc.plan, others, step_s, budget.left())
+
+
+def paired_profile(mc, explainer: explain.Explainer, prepared, rows: list[dict],
+                   step_s: dict[str, float], budget: Budget) -> None:
+    """After the rounds, the paired profile of the baseline and of every variant measured in
+    this process (explain.py), on what the rounds left of `budget`."""
+    base = mc.plan.baseline
+    ok = {r["variant"] for r in rows if r.get("status") == schema.OK}
+    if base not in ok:
+        return
+    measured = [n for n in mc.plan.variants if n != base and n in ok
+                and n not in prepared.launched]
+    mc.doing(f"{mc.spec.name}: explaining")
+    explainer.paired(budget, measured, step_s)

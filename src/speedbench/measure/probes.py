@@ -1,0 +1,176 @@
+"""The probes phase of a model's study: every variant's quality probe (quality.py), held to the
+baseline's steady steps and to the budget (stopping.py), and quality.csv's rows.
+
+The baseline goes first for its steady throughput alone (the too-slow rule's steps, no loss),
+which tells a variant far slower; its loss is taken after the others, only where one of them is
+left to compare with it (amp on a CPU without 16-bit instructions stops both 16-bit variants,
+and the baseline's loss steps would compare with nothing). Variants launched in processes of
+their own (torchrun, or a fresh one) keep their timed window's loss. The probes take at most
+PROBE_SHARE of the model's budget; the rest is the rounds'.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from speedbench.measure import costs, quality, stopping
+from speedbench.measure.budget import Budget
+from speedbench.measure.trial import context
+from speedbench.results import atomic, schema
+
+PROBE_SHARE = 0.4  # of a model's budget, what its quality probes may take (the rounds: the rest)
+
+
+@dataclass
+class ProbeResult:
+    """What the probes found: variant -> its probe's record (throughput, first steps, loss),
+    its steady steps (s), its held-out losses per seed, why it has no loss, and the statuses
+    the probes set (too slow, not measured, n/a)."""
+
+    records: dict[str, dict] = field(default_factory=dict)
+    steps: dict[str, list[float]] = field(default_factory=dict)
+    seed_losses: dict[str, list[float]] = field(default_factory=dict)
+    no_loss: dict[str, str] = field(default_factory=dict)
+    status: dict[str, str] = field(default_factory=dict)
+
+    def keep(self, name: str, got: dict | None) -> dict:
+        """A variant's probe kept: its status, steps and losses apart; {} for a probe that met a
+        fault (its trials will record it)."""
+        if got is None:
+            return {}
+        status = str(got.get("status", ""))
+        if schema.parse_status(status).kind in (schema.TOO_SLOW, schema.NOT_MEASURED, schema.NA):
+            self.status[name] = got.pop("status")
+        self.steps[name] = got.pop("probe_step_s", [])
+        self.seed_losses[name] = got.pop("seed_losses", [])
+        if "quality_status" in got:
+            self.no_loss[name] = got.pop("quality_status")
+        self.records[name] = got
+        return got
+
+
+def probe_steps(quality_steps: int, base_per_step: int, per_step: int) -> int:
+    """Optimizer steps that see as many samples as `quality_steps` steps of the baseline."""
+    samples = quality_steps * base_per_step
+    return max(1, round(samples / per_step)) if samples else 0
+
+
+def run_probes(mc, prepared, status: dict[str, str], budget: Budget) -> ProbeResult:
+    """The quality probe of every variant measured in this process (`status`: the variants
+    already n/a), within PROBE_SHARE of `budget`; quality.csv's rows written."""
+    plan, base, settings = mc.plan, mc.plan.baseline, mc.settings
+    probe_budget = budget.part(PROBE_SHARE)  # the rest is the rounds'
+    found = ProbeResult()
+    skipped = lambda n: n in status or n in found.status  # noqa: E731
+    probed = [n for n in plan.variants if not skipped(n) and n not in prepared.launched]
+    others = [n for n in probed if n != base]
+    rate_first = bool(others) and settings.too_slow_factor is not None
+
+    def probe(name: str, ref, steps: int | None = None) -> dict | None:
+        mc.doing(f"{mc.spec.name} {name}: quality probe")
+        if steps is None:
+            steps = probe_steps(settings.quality_steps, prepared.per_step[base],
+                                prepared.per_step[name])
+        return mc.instruments.probe(mc, name, prepared.dataset, ref, steps, probe_budget.left())
+
+    base_rate = math.nan
+    if base in probed:  # held to nothing: its trials run, cut by the deadline if need be
+        got = found.keep(base, probe(base, None, steps=0 if rate_first else None))
+        base_rate = got.get("probe_samples_per_s", math.nan)
+    ref = reference(mc, found.steps.get(base, []), prepared.per_step[base], budget)
+    for name in others:
+        found.keep(name, probe(name, ref))
+    if rate_first and not skipped(base) and any(
+            n in found.records and not skipped(n) for n in others):
+        got = found.keep(base, probe(base, None))
+        if got:  # the throughput the others were held to
+            got["probe_samples_per_s"] = base_rate
+    _more_seeds(mc, prepared, found, skipped, probe_budget)
+    if mc.run_dir is not None:
+        rows = [r for name in plan.variants
+                for r in quality_rows(mc, name, found, {**status, **found.status}, prepared)]
+        atomic.append_rows(mc.run_dir / "quality.csv", schema.QUALITY_COLUMNS, rows)
+    return found
+
+
+def reference(mc, base_steps: list[float], base_per_step: int, budget: Budget
+              ) -> stopping.Reference:
+    """What the probes are held to (stopping.py): the baseline's steady probe steps (none
+    before its probe), the run's far-slower test, and the seconds the rounds have (what the
+    probes leave)."""
+    b = mc.plan.variants[mc.plan.baseline].bench
+    others = costs.trial_seconds(statistics.median(base_steps), b) if base_steps else 0.0
+    return stopping.Reference(
+        base_steps, base_per_step, mc.settings.too_slow_factor,
+        stopping.stop_level(mc.comparisons),
+        (budget.seconds or math.inf) * (1 - PROBE_SHARE), others, rounds=mc.settings.rounds)
+
+
+def _more_seeds(mc, prepared, found: ProbeResult, skipped, probe_budget: Budget) -> None:
+    """The probe's other seeds, once every first seed has run: only where a variant other
+    than the baseline is left to compare (on a CPU without 16-bit instructions, amp stops
+    both 16-bit variants, and the baseline's extra seeds would compare with nothing)."""
+    alive = [n for n, losses in found.seed_losses.items() if losses and not skipped(n)]
+    if not any(n != mc.plan.baseline for n in alive):
+        return
+    share = probe_budget.left() / len(alive)
+    base_per_step = prepared.per_step[mc.plan.baseline]
+    for name in alive:
+        mc.doing(f"{mc.spec.name} {name}: quality seeds")
+        steps = probe_steps(mc.settings.quality_steps, base_per_step, prepared.per_step[name])
+        found.seed_losses[name] += mc.instruments.more_seeds(mc, name, prepared.dataset, steps,
+                                                             share)
+
+
+def quality_rows(mc, name: str, found: ProbeResult, status: dict[str, str], prepared
+                 ) -> list[dict]:
+    """quality.csv's rows of a variant: a loss per seed, or one row saying why it has none."""
+    plan = mc.plan
+    head = {"experiment": plan.experiment, "model": mc.spec.name, "variant": name,
+            "is_baseline": name == plan.baseline}
+    got, seed = found.records.get(name, {}), plan.variants[name].bench.seed
+    losses = found.seed_losses.get(name)
+    if losses:
+        return [{**head, "seed": seed + k, "steps": got["quality_steps"],
+                 "samples": got["quality_samples"], "loss": loss,
+                 **quality.loss_columns(loss), "status": schema.OK}
+                for k, loss in enumerate(losses)]
+    if name in status:
+        why = status[name]
+    elif name in found.no_loss:
+        why = found.no_loss[name]
+    elif got and got.get("quality_steps") == 0 and mc.settings.quality_steps:
+        why = schema.na("no other variant was left to compare with: the baseline's held-out "
+                        "loss was not taken")
+    elif name in prepared.launched:
+        why = schema.na("the quality probe trains in this process; this variant needs "
+                        "processes of its own")
+    else:
+        why = schema.na("no held-out loss (bench.quality_steps=0, a fault, or the probe's "
+                        "time limit)")
+    return [{**head, "seed": seed, "status": why}]
+
+
+# --- the instruments: one probe, the other seeds -------------------------------------------------
+def probe_variant(mc, name: str, dataset, ref: stopping.Reference | None, steps: int,
+                  left_s: float) -> dict | None:
+    """One variant's quality probe, held to `ref` (the baseline's, the budget's); `steps` 0:
+    its throughput alone, no loss. None on a fault (its trials will meet it and record it)."""
+    try:
+        return quality.quality_probe(
+            mc.spec, mc.plan.variants[name], context(mc.plan, mc.dist_env), dataset, steps,
+            ref, what=f"model {mc.spec.name}, variant {name}", left_s=left_s)
+    except Exception:
+        return None
+
+
+def more_seed_losses(mc, name: str, dataset, steps: int, left_s: float) -> list[float]:
+    """The held-out losses of the probe's other seeds (quality.more_seeds), within `left_s`;
+    none on a fault (its trials will meet it and record it)."""
+    try:
+        return quality.more_seeds(mc.spec, mc.plan.variants[name],
+                                  context(mc.plan, mc.dist_env), dataset, steps,
+                                  mc.settings.quality_seeds, left_s=left_s)
+    except Exception:
+        return []

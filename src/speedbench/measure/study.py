@@ -1,0 +1,351 @@
+"""A plan's study: for each model, an explicit pipeline of phases on one clock.
+
+    prepare -> probes -> forecasts -> plan -> rounds -> paired profile -> largest batch
+
+Each phase is a function that takes what it needs as arguments and returns a typed result;
+`study_models` runs them in that order and keeps the results in one `ModelState` per model. A
+variant's status (n/a, too slow, not measured) is kept in one dict that every phase adds to and
+none overwrites (the first word on a variant stands). Every phase draws its time from the
+`Budget` it is handed (budget.py): every model's data and probes on an equal share of the run,
+then the models' rounds, the cheapest round first, each on its share of what is left when it
+starts, so that the time a quick model leaves goes to the costlier ones after it (on the
+reference CPU the ResNet, whose rounds take 4x the transformer's, ran first and was decided in a
+quarter of simulated amp runs; last, in two thirds: benchmarks/README.md).
+
+What is measured comes in as a frozen `Request` (plain data, JSON both ways): exactly N rounds
+or the group-sequential ones, full or screening probes, with or without the explanation, and
+how much of the caller's clock. The run-level keys are read once, from the run's config, into
+`Settings`; nothing writes a key after the plan is built.
+
+What trains is behind one seam, `Instruments` (prepare a model, probe a variant, its other
+seeds, one trial, a record's header): tests and benchmarks/verdict_sim.py pass their own, and
+everything else is the command line's own code.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from tqdm.auto import tqdm
+
+from speedbench import distributed, techniques
+from speedbench.config import ModelSpec, Plan
+from speedbench.errors import ConfigError
+from speedbench.measure import capacity, costs, explain_phases, isolation, launch, probes, rounds
+from speedbench.measure.budget import Budget
+from speedbench.measure.data import build_dataset
+from speedbench.measure.flops import FlopsBook
+from speedbench.measure.orders import plan_order_seed
+from speedbench.measure.session import batching
+from speedbench.measure.train import build_model
+from speedbench.measure.trial import context, dataset_length, header, measure_trial
+from speedbench.results import TrialWriter, schema
+
+PROBES = ("full", "screen")
+SCREEN_PROBE_STEPS = 2  # quality-probe steps of a screen: the two that tell a hopeless option
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to measure of a plan, and how; plain data (to_json/from_json).
+
+    `rounds`: exactly that many rounds (a screen; no looks), None: bench.repeats and the
+    group-sequential looks. `probes`: "full" (bench.quality_steps and quality_seeds) or
+    "screen" (SCREEN_PROBE_STEPS steps, one seed: speed alone, the far-slower test).
+    `explain`: the forecasts and the paired profile, where bench.explain asks for them.
+    `budget_s`: seconds of the caller's clock the measurement may take (None: what it has)."""
+
+    rounds: Optional[int] = None
+    probes: str = "full"
+    explain: bool = True
+    budget_s: Optional[float] = None
+
+    def __post_init__(self):
+        if self.probes not in PROBES:
+            raise ConfigError(f"request.probes: {self.probes!r} is not one of {', '.join(PROBES)}")
+        if self.rounds is not None and self.rounds < 1:
+            raise ConfigError(f"request.rounds: {self.rounds} is below 1")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Request":
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run-level keys a study reads, once: from the run's config (plan.config.bench), the
+    request applied; `seed` and `noise_threshold`, which a variant may set, are the baseline's."""
+
+    repeats: int  # the floor of rounds: the most any variant asks for (bench.repeats)
+    target_ci: Optional[float]
+    quality_steps: int
+    quality_seeds: int
+    explain: bool
+    skip_by_forecast: bool
+    find_largest_batch: bool
+    too_slow_factor: Optional[float]
+    time_budget_s: Optional[float]
+    noise_threshold: float
+    seed: int
+    rounds: Optional[int] = None  # the request's exact rounds (every variant's), else None
+
+    @classmethod
+    def of(cls, plan: Plan, request: Request = Request()) -> "Settings":
+        bench, base = plan.config.bench, plan.variants[plan.baseline].bench
+        screen = request.probes == "screen"
+        return cls(
+            repeats=request.rounds or max(r.bench.repeats for r in plan.variants.values()),
+            target_ci=None if request.rounds else bench.target_ci,
+            quality_steps=min(bench.quality_steps, SCREEN_PROBE_STEPS) if screen
+            else bench.quality_steps,
+            quality_seeds=1 if screen else bench.quality_seeds,
+            explain=bool(bench.explain and request.explain),
+            skip_by_forecast=bool(bench.skip_by_forecast),
+            find_largest_batch=bool(bench.find_largest_batch),
+            too_slow_factor=bench.too_slow_factor, time_budget_s=bench.time_budget_s,
+            noise_threshold=base.noise_threshold, seed=base.seed, rounds=request.rounds)
+
+    def repeats_of(self, recipe) -> int:
+        """A variant's floor of rounds: the request's, else its bench.repeats."""
+        return self.rounds or recipe.bench.repeats
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A model made ready: its data set, the variants n/a here (variant -> status), each
+    variant's samples per optimizer step, and the variants whose trials run in processes of
+    their own (torchrun, or a fresh process)."""
+
+    dataset: Any
+    na: dict[str, str]
+    per_step: dict[str, int]
+    launched: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class ModelContext:
+    """What every phase of one model's study reads; nothing here changes while it runs."""
+
+    plan: Plan
+    spec: ModelSpec
+    settings: Settings
+    instruments: "Instruments"
+    dist_env: Any = None
+    run_dir: Optional[Path] = None
+    writer: Optional[TrialWriter] = None
+    book: Optional[FlopsBook] = None
+    bar: Any = None
+    order_seed: int = 0
+    comparisons: int = 1
+
+    def say(self, text: str) -> None:
+        self.bar.write(text, sys.stderr)
+
+    def doing(self, text: str) -> None:
+        self.bar.set_postfix_str(text)
+
+    def header(self, name: str, round_: int, position: int) -> dict:
+        return self.instruments.header(self, name, round_, position)
+
+
+# --- the instruments: what trains --------------------------------------------------------------
+def prepare_model(mc: ModelContext) -> Prepared:
+    """The model's data set, its variants n/a here (all of them without a baseline), each
+    variant's samples per step and which run in processes of their own."""
+    plan, spec, ctx = mc.plan, mc.spec, context(mc.plan, mc.dist_env)
+    mc.doing(f"{spec.name}: making data")
+    world = mc.dist_env.world_size if mc.dist_env else 1
+    dataset = build_dataset(spec.dataset, dataset_length(plan, spec, world),
+                            plan.variants[plan.baseline].data.path, seed=mc.settings.seed)
+    na = na_variants(plan, spec, mc.dist_env)
+    if plan.baseline in na:
+        # No baseline here (pinning, empty_cache without CUDA): nothing to compare the other
+        # variants with, so they are not measured either.
+        why = schema.reason_of(na[plan.baseline])
+        for name in plan.variants:
+            na.setdefault(name, schema.na(f"no baseline to compare with "
+                                          f"({plan.baseline}: {why})"))
+    per_step = {n: batching(spec, r, ctx).per_step for n, r in plan.variants.items()}
+    launched = frozenset(n for n, r in plan.variants.items() if techniques.launched(r, ctx))
+    return Prepared(dataset, na, per_step, launched)
+
+
+def na_variants(plan: Plan, spec: ModelSpec, dist_env: distributed.DistEnv | None) -> dict:
+    """variant -> why it cannot be measured here (n/a), for the variants that cannot. Asked
+    once before the first round, so that the rounds can be shuffled and a variant without a
+    baseline is known from the start. (Each trial asks again, of its own fresh model.)"""
+    ctx = context(plan, dist_env)
+    try:
+        with isolation.isolated(spec.name) as watch:  # what its code changes is put back
+            ctx.model = build_model(spec, plan.variants[plan.baseline].bench.seed)
+            watch.built()
+    except Exception:  # each trial builds it again and records why it cannot be built
+        return {}
+    skip = {}
+    for name, recipe in plan.variants.items():
+        with techniques.global_state(recipe, ctx):
+            reason = techniques.not_applicable(recipe, ctx)
+        if reason:
+            skip[name] = reason
+    return skip
+
+
+def run_trial(mc: ModelContext, name: str, round_: int, position: int, dataset,
+              probe: dict | None, budget: Budget) -> dict:
+    """One trial's record: in this process, or in processes of its own through torchrun."""
+    plan, spec, recipe = mc.plan, mc.spec, mc.plan.variants[name]
+    ctx = context(plan, mc.dist_env)
+    nproc = techniques.processes(recipe, ctx)
+    env = techniques.environment(recipe, ctx)
+    if nproc or env:  # torchrun, or a fresh process started with `env`
+        return launch.launch_trial(plan, spec, name, recipe, round_, nproc, position, mc.book,
+                                   env)
+    return measure_trial(plan, spec, name, recipe, round_, dataset, mc.dist_env, mc.run_dir,
+                         position=position, probe=probe, book=mc.book, budget=budget)
+
+
+def trial_header(mc: ModelContext, name: str, round_: int, position: int) -> dict:
+    return header(mc.plan, mc.spec, name, mc.plan.variants[name], round_, mc.dist_env, position)
+
+
+@dataclass(frozen=True)
+class Instruments:
+    """The study's one seam to training: each a function of the model's context."""
+
+    prepare: Callable[[ModelContext], Prepared] = prepare_model
+    probe: Callable[..., Optional[dict]] = probes.probe_variant
+    more_seeds: Callable[..., list] = probes.more_seed_losses
+    trial: Callable[..., dict] = run_trial
+    header: Callable[[ModelContext, str, int, int], dict] = trial_header
+
+
+INSTRUMENTS = Instruments()  # the command line's
+
+
+# --- one model's state and the pipeline ----------------------------------------------------------
+@dataclass
+class ModelState:
+    """What the phases of one model returned, in the order they ran."""
+
+    prepared: Prepared
+    status: dict[str, str] = field(default_factory=dict)  # variant -> n/a, too slow, ...
+    probes: Optional[probes.ProbeResult] = None
+    forecasts: Optional[explain_phases.ForecastResult] = None
+    prepared_s: float = 0.0  # what the data, the probes and the forecasts took
+    rounds: Optional[rounds.RoundsResult] = None
+
+    def add_status(self, new: dict[str, str]) -> None:
+        """A phase's statuses: the first word on a variant stands."""
+        for name, status in new.items():
+            self.status.setdefault(name, status)
+
+    def plan_facts(self, mc: ModelContext) -> costs.RoundFacts:
+        """What the cost model needs to plan the rounds."""
+        return costs.RoundFacts(
+            rates={n: p.get("probe_samples_per_s") for n, p in
+                   (self.probes.records if self.probes else {}).items()},
+            per_step=self.prepared.per_step, skipped=set(self.status),
+            benches={n: r.bench for n, r in mc.plan.variants.items()})
+
+
+def prepare(mc: ModelContext, budget: Budget) -> ModelState:
+    """The phases before the rounds, on the model's share of the run: data, probes, forecasts."""
+    state = ModelState(mc.instruments.prepare(mc))
+    state.add_status(state.prepared.na)
+    if mc.dist_env is None:  # under torchrun every rank would probe and forecast alike
+        state.probes = probes.run_probes(mc, state.prepared, dict(state.status), budget)
+        state.add_status(state.probes.status)
+        state.forecasts = explain_phases.forecasts(mc, state.prepared, dict(state.status),
+                                            state.probes.steps, budget)
+        state.add_status(state.forecasts.status)
+    state.prepared_s = budget.spent()
+    return state
+
+
+def measure(mc: ModelContext, state: ModelState, budget: Budget) -> None:
+    """The phases after: the plan's line, the rounds, the paired profile, the largest batch."""
+    base_explained = state.forecasts is not None and state.forecasts.explainer is not None
+    step_s = costs.step_seconds(state.probes.steps if state.probes else {}, [])
+    reserve = explain_phases.reserve_for(mc, state.prepared, state.status, step_s, budget) \
+        if base_explained else 0.0
+    if mc.dist_env is None:
+        mc.say(costs.plan_line(mc.spec.name, state.plan_facts(mc), mc.settings, mc.comparisons,
+                               state.prepared_s, max(0.0, budget.left() - reserve)))
+    state.rounds = rounds.run_rounds(mc, state, budget, reserve)
+    state.add_status(state.rounds.status)
+    if base_explained:
+        explain_phases.paired_profile(mc, state.forecasts.explainer, state.prepared, state.rounds.rows,
+                               costs.step_seconds(state.probes.steps, state.rounds.rows),
+                               budget)
+    if mc.settings.find_largest_batch and mc.run_dir:
+        capacity.largest_batch(mc, state.prepared.dataset)
+
+
+def study_models(contexts: list[ModelContext], budget: Budget) -> list[ModelState]:
+    """Every model's data and probes on an equal share of the run; then their rounds, the
+    cheapest round first, each on its share of what is left when it starts."""
+    share = budget.left() / max(len(contexts), 1)
+    states = [prepare(mc, Budget(min(share, budget.left()), budget.clock)) for mc in contexts]
+    # a model no probe timed (under torchrun, or launched) keeps its place: the order is
+    # the same on every rank
+    order = sorted(range(len(contexts)), key=lambda i: costs.round_seconds(
+        states[i].plan_facts(contexts[i]), contexts[i].settings)[0]
+        if contexts[i].dist_env is None else 0.0)
+    for k, i in enumerate(order):
+        measure(contexts[i], states[i], budget.part(1 / (len(order) - k)))
+        states[i].prepared = replace(states[i].prepared, dataset=None)  # not needed again
+    return states
+
+
+# --- a plan ----------------------------------------------------------------------------------------
+def progress_bar(plan: Plan, show: bool, settings: Settings | None = None):
+    """The plan's progress bar. Its ETA comes from the mean time per trial so far
+    (smoothing=0): a variant's trials can take 20x another's, and tqdm's default moving
+    average then swings from minutes to many."""
+    settings = settings or Settings.of(plan)
+    total = sum(min(settings.repeats_of(r), settings.repeats) for r in plan.variants.values()) \
+        * len(plan.models)
+    return tqdm(total=total, desc=plan.experiment, unit="trial", file=sys.stderr,
+                dynamic_ncols=True, disable=not show, smoothing=0)
+
+
+def planned_comparisons(plan: Plan) -> int:
+    """The speed-up comparisons a plan asks for: each non-baseline variant on each model."""
+    return (len(plan.variants) - 1) * len(plan.models)
+
+
+def measure_plan(plan: Plan, run_dir: Path | None, progress: bool = True,
+                 dist_env: distributed.DistEnv | None = None, writer: TrialWriter | None = None,
+                 book: FlopsBook | None = None, comparisons: int | None = None,
+                 budget: Budget | None = None, request: Request = Request(),
+                 instruments: Instruments | None = None) -> TrialWriter | None:
+    """Every trial of the plan, rows appended to trials.csv as they end (to `writer`'s, when a
+    suite gathers several plans in one file). Under torchrun every rank runs every trial; rank 0
+    alone (the one given a run_dir) writes. `book` holds the run's FLOP counts and peaks
+    (shared by a suite's plans: the peaks are measured once per run). `comparisons`: the run's
+    family, which the stopping rule judges CIs for (default: this plan's). `budget`: the
+    caller's clock (default: bench.time_budget_s from now), of which `request.budget_s` at most
+    is taken. `instruments`: what trains (default: INSTRUMENTS, the command line's)."""
+    if writer is None and run_dir:
+        writer = TrialWriter(run_dir / "trials.csv", techniques.column_names())
+    book = book or FlopsBook(torch.device(plan.device), plan.config.bench.peak_s)
+    settings = Settings.of(plan, request)
+    bar = progress_bar(plan, progress and distributed.is_main(dist_env), settings)
+    if writer:  # the matmul peaks: once per run and dtype, before any trial
+        bar.set_postfix_str("matmul peak")
+        book.measure_peaks(techniques.matmul_dtype(r) for r in plan.variants.values())
+    budget = (budget or Budget(plan.config.bench.time_budget_s)).cap(request.budget_s)
+    seed = plan_order_seed(plan, dist_env)
+    contexts = [ModelContext(plan, spec, settings, instruments or INSTRUMENTS, dist_env, run_dir,
+                             writer, book, bar, seed, comparisons or planned_comparisons(plan))
+                for spec in plan.models]
+    study_models(contexts, budget)
+    bar.close()
+    return writer
