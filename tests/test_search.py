@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from speedbench.analysis import intervals
+from speedbench.measure.budget import Budget
+from speedbench.measure.costs import MeasurementCosts
 from speedbench.results import schema
 from speedbench.search import selection as S
 
@@ -86,8 +88,8 @@ EFFECTS = {("precision", "bf16"): 1.3, ("precision", "fp16"): 0.6,
            ("data.num_workers", 4): 0.9, ("sync", "deferred"): 1.08}
 
 
-def run(world: World, grp=None, **kw) -> S.SearchResult:
-    return S.search(grp or groups(), NAIVE, world, clock=world.clock, **kw)
+def run(world: World, grp=None, budget_s=None, **kw) -> S.SearchResult:
+    return S.search(grp or groups(), NAIVE, world, budget=Budget(budget_s, world.clock), **kw)
 
 
 @pytest.mark.parametrize("stall_p, rounds, rate", [(0.0, 12, 0.95), (0.0, 8, 0.75),
@@ -179,7 +181,7 @@ def test_null_techniques_are_rarely_added(stall_p, rounds):
     for seed in range(runs):
         world = World({("sync", "deferred"): 1.08}, seed, stall_p=stall_p, rounds=rounds)
         result = S.search(grp, {"sync": "item", **{f"null{i}": False for i in range(5)}}, world,
-                          clock=world.clock)
+                          budget=Budget(None, world.clock))
         added += any(o.group.startswith("null") for o in result.chosen)
         real += any(o.group == "sync" for o in result.chosen)
     print(f"\nstalls {stall_p:.0%}, {rounds} rounds: a null technique added in {added}/{runs} searches "
@@ -260,7 +262,7 @@ def test_an_option_is_added_only_when_its_ci_clears_min_gain():
     added = 0
     for seed in range(100):
         world = World({("sync", "deferred"): 1.03}, seed, stall_p=0, rounds=8)
-        result = S.search(grp, {"sync": "item"}, world, clock=world.clock, min_gain=0.05)
+        result = S.search(grp, {"sync": "item"}, world, budget=Budget(None, world.clock), min_gain=0.05)
         added += bool(result.chosen)
         for step in result.steps:
             if step.chosen:
@@ -333,11 +335,11 @@ def test_nothing_significant_keeps_naive():
 def test_the_budget_estimates_from_the_trials_own_times():
     """A pilot of 30 s whose one trial took 2 s: 2 s a trial, a probe's 2 s per recipe, 26 s
     fixed (data, one-time costs), not 30 s a trial."""
-    budget = S.Budget(100.0, clock=lambda: 0.0)
-    budget.record(30.0, {"current": S.Arm("ok", [10.0], trial_s=2.0)})
-    assert budget.cost(6, 3) == pytest.approx(26 + 6 * (2 + 3 * 2))
-    untimed = S.Budget(100.0, clock=lambda: 0.0)  # no trial times: all of it per trial
-    untimed.record(30.0, {"current": S.Arm("ok", [10.0, 11.0])})
+    timed = MeasurementCosts()
+    timed.record(30.0, {"current": (1, 2.0)})  # one trial of 2 s
+    assert timed.cost(6, 3) == pytest.approx(26 + 6 * (2 + 3 * 2))
+    untimed = MeasurementCosts()  # no trial times: all of it per trial
+    untimed.record(30.0, {"current": (2, math.nan)})
     assert untimed.cost(2, 2) == pytest.approx(2 * 2 * 15)
 
 
@@ -364,7 +366,7 @@ def test_an_option_set_aside_by_its_forecast_is_forecast_again_and_found_later()
                   stall_p=0.0)
     forecast, calls = oracle(world)
     r = S.search(groups(), {"precision": "fp32", "data.num_workers": 0, "sync": "item"}, world,
-                 clock=world.clock, forecast=forecast)
+                 budget=Budget(None, world.clock), forecast=forecast)
     assert [o.label for o in r.chosen][:2] == ["precision=bf16", "workers=2"]
     first = r.steps[0]
     assert {"workers=1", "workers=2", "workers=4"} <= set(first.set_aside)
@@ -379,7 +381,7 @@ def test_a_search_stops_when_no_option_is_forecast_to_gain_enough():
     world = World({}, seed=1, stall_p=0.0)
     forecast, _ = oracle(world)
     r = S.search(groups(), {"precision": "fp32", "data.num_workers": 0, "sync": "item"}, world,
-                 clock=world.clock, forecast=forecast)
+                 budget=Budget(None, world.clock), forecast=forecast)
     assert not r.chosen and r.stopped == "step 1: no option left is forecast to gain 2% " \
                                         "on the current recipe"
     assert world.calls == []  # nothing screened, nothing to close on

@@ -4,7 +4,7 @@ bench.time_budget_s is the wall time of one experiment, all of it: the matmul pe
 model's data, quality probes and rounds, time to target, and the report. The run holds one
 `Budget`; each phase takes a part of what is left when it starts (`part`: a model's rounds
 their share of the models still to come, ...), so that time one phase does not use passes to
-the next (rounds.run_models). Trials and probes check the deadline between steps (and the
+the next (study.study_models). Trials and probes check the deadline between steps (and the
 watchdog within a step), so a run ends within its budget plus about one step.
 
 The command's first run counts from the process's start (`count_from_process_start`): the

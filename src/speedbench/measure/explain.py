@@ -1,7 +1,7 @@
 """Why a variant is faster, and how much it ever could be: profiled steps split by category.
 
 Never inside a timed window. `bench.explain` (on by default) adds two untimed stages to a
-model's rounds (rounds.ModelRounds), each drawing on the run's budget and skipped with the
+model's rounds (explain_phases.py, study.py's pipeline), each drawing on the run's budget and skipped with the
 reason when it has no time left:
 
 1. before the rounds, the *forecast*: a few profiled baseline steps; each variant's technique

@@ -1,5 +1,6 @@
-"""The run directory's one writer: records → CSV, JSON and YAML files, each written whole
-(atomic.py), and loading runs back (runs.py)."""
+"""The run directory: records → CSV, JSON and YAML files, each written whole or appended
+atomically (atomic.py, through which the studies append their own tables too), and loading runs
+back (runs.py)."""
 from __future__ import annotations
 
 import csv
