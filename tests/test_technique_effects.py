@@ -15,8 +15,9 @@ from torch.utils.data import Dataset, get_worker_info
 
 from conftest import TINY, compose_cfg
 from speedbench import techniques
-from speedbench.config import ConfigError, build_plan, micro_batch
+from speedbench.config import ConfigError, build_plan
 from speedbench.measure.data import build_dataset, build_loader
+from speedbench.measure.session import batching
 from speedbench.measure.train import Trainer
 from speedbench.measure.trial import dataset_length, measure_trial
 from speedbench.models import resnet, transformer, vae
@@ -206,8 +207,9 @@ def _trainer(variant: str, *extra: str) -> Trainer:
     plan = build_plan(cfg, "accumulation")
     spec, recipe = plan.models[0], plan.variants[variant]
     data = build_dataset(spec.dataset, 64, seed=0)
-    loader = build_loader(data, micro_batch(recipe, spec),
-                          techniques.loader_options(recipe, Context(torch.device("cpu"))), seed=0)
+    ctx = Context(torch.device("cpu"))
+    loader = build_loader(data, batching(spec, recipe, ctx).micro,
+                          techniques.loader_options(recipe, ctx), seed=0)
     return Trainer(spec, recipe, torch.device("cpu"), loader)
 
 

@@ -7,7 +7,6 @@ Hydra's advice to add it with `+`. Ctrl-C ends with one line saying what was kep
 """
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import signal
@@ -111,8 +110,9 @@ try:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig
 
-    from speedbench.config import (FREE_FORM, ConfigError, config_dir, config_flags,
-                                   register_schema)
+    from speedbench.config import ConfigError, config_dir, config_flags, register_schema
+    from speedbench.config.keys import (deletes_schema, did_you_mean, is_known, schema_keys,
+                                        schema_node)
 
     register_schema()
     _importing = False
@@ -161,50 +161,6 @@ def _user_config_dirs(args: list[str]) -> list[Path]:
             for f in folders if not str(f).startswith("pkg://")]
 
 
-def _schema():
-    from hydra.core.config_store import ConfigStore
-
-    return ConfigStore.instance().load("speedbench_schema.yaml").node
-
-
-def schema_keys(node=None, prefix: str = "") -> list[str]:
-    """Every dotted key of the schema (nodes and leaves); free-form nodes are not entered."""
-    node = _schema() if node is None else node
-    keys = []
-    for key in node.keys():
-        full = f"{prefix}{key}"
-        keys.append(full)
-        child = node._get_node(key)
-        if full not in FREE_FORM and isinstance(child, DictConfig) and not child._is_none():
-            keys += schema_keys(child, f"{full}.")
-    return keys
-
-
-def _known(key: str, node: DictConfig) -> bool:
-    """Whether `key` names a key of the schema `node` (or lies under a free-form node)."""
-    parts = key.split(".")
-    for i, part in enumerate(parts):
-        if not isinstance(node, DictConfig) or ".".join(parts[:i]) in FREE_FORM:
-            return True  # a free-form or untyped node takes any key
-        if part not in node:
-            return False
-        node = node._get_node(part)
-    return True
-
-
-def _deletes_schema(key: str, schema: DictConfig) -> bool:
-    """Whether `~key` would delete a node or key of the schema (not one under a free-form
-    node, such as a variant or a model's own keys)."""
-    parts = key.split(".")
-    return all(".".join(parts[:i]) not in FREE_FORM for i in range(1, len(parts))) \
-        and _known(key, schema)
-
-
-def did_you_mean(word: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
-
-
 def command_line_problem(args: list[str]) -> str | None:
     """One line naming the first override speedbench cannot take, or None (Hydra's own
     grammar errors are left to Hydra)."""
@@ -224,8 +180,8 @@ def command_line_problem(args: list[str]) -> str | None:
             return (f"hydra/launcher={o.value()} needs Hydra's submitit launcher plugin: "
                     f"pip install hydra-submitit-launcher")
         if o.is_delete() and not key.startswith("hydra") and "/" not in key:
-            schema = _schema() if schema is None else schema
-            if key == "experiment" or _deletes_schema(key, schema):
+            schema = schema_node() if schema is None else schema
+            if key == "experiment" or deletes_schema(key, schema):
                 return (f"~{key}: speedbench's keys cannot be deleted (each has a default in "
                         f"its schema); set a value instead, e.g. {key}=...")
         if key.startswith("hydra") or "/" in key or o.package is not None or o.is_delete():
@@ -246,8 +202,8 @@ def command_line_problem(args: list[str]) -> str | None:
                         f"_global_`, which an experiment file needs (its keys are the run's, "
                         f"as in {Path(config_dir()) / 'experiment' / 'amp.yaml'})")
             continue
-        schema = _schema() if schema is None else schema
-        if not _known(key, schema):
+        schema = schema_node() if schema is None else schema
+        if not is_known(key, schema):
             keys = schema_keys(schema)
             hint = did_you_mean(key, keys) or (
                 "; known keys: " + ", ".join(k for k in keys if "." not in k))

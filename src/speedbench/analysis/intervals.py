@@ -50,7 +50,7 @@ CHECK_SHARE = 0.01
 # (measure/stopping.py): a variant stopped early is a slower call of the family; its rounds'
 # interval gets the rest.
 STOP_SHARE = 0.1
-DEFAULT_THRESHOLD = 0.05  # bench.noise_threshold's default; keep in step with config.py
+DEFAULT_THRESHOLD = 0.05  # bench.noise_threshold's default; keep in step with config/schema.py
 
 
 # ---- Student t quantiles without scipy (exact for integer degrees of freedom) ----

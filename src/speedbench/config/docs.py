@@ -19,7 +19,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from speedbench import techniques
-from speedbench.config import SpeedbenchConfig, config_dir, register_schema
+from speedbench.config.schema import SpeedbenchConfig, config_dir, register_schema
 from speedbench.techniques.base import ANY
 
 COMMAND = "python -m speedbench.config.docs"

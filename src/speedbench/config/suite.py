@@ -13,7 +13,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from speedbench.config import ConfigError, Plan, build_plan, config_dir
+from speedbench.config.plan import Plan, build_plan
+from speedbench.config.schema import config_dir
+from speedbench.errors import ConfigError
 
 ALL = "*"
 

@@ -24,9 +24,8 @@ import torch
 from omegaconf import OmegaConf
 
 from speedbench import results, techniques
-from speedbench.config import micro_batch
 from speedbench.results.schema import CAPACITY_LIMIT_FACTOR, OK, na
-from speedbench.measure.session import NotApplicable, applied
+from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.measure.timing import device_peak_mb, reset_device_peak
 from speedbench.techniques import Context
 
@@ -100,11 +99,11 @@ def probe(experiment: str, spec, variant: str, recipe, device: torch.device, dat
         return {**row, "status": na("the largest batch that fits is searched on CUDA only (on "
                                     "a CPU the limit is host RAM and swap, not an error to catch)")}
     recipe = OmegaConf.merge(recipe, techniques.capacity_overrides(recipe))
-    start = micro_batch(recipe, spec)
+    ctx = Context(device=device)
+    start = batching(spec, recipe, ctx).micro
     loader = torch.utils.data.DataLoader(dataset, batch_size=start)
     sample = tuple(next(iter(loader)))
     peaks: dict[int, float] = {}
-    ctx = Context(device=device)
 
     def fits(n: int) -> bool:
         peak = _peak_at(spec, recipe, ctx, sample, n)

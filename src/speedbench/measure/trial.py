@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from speedbench import distributed, techniques
 from speedbench.measure import flops, profile, watchdog
 from speedbench.results import file_name, schema
-from speedbench.config import ModelSpec, Plan, micro_batch
+from speedbench.config import ModelSpec, Plan
 from speedbench.measure.budget import Budget
 from speedbench.measure.data import build_dataset
 from speedbench.measure.flops import FlopsBook
@@ -103,7 +103,7 @@ def header(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig, trial:
         "is_baseline": variant == plan.baseline, "trial": trial, "round": trial,
         "position": position,
         "device": str(ctx.device), "world_size": world, "devices": world * replicas,
-        "batch_size": micro_batch(recipe, spec),
+        "batch_size": batching(spec, recipe, ctx).micro,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
         "torch_threads": torch.get_num_threads(),
         **techniques.columns(recipe, ctx),
