@@ -5,7 +5,7 @@ Each simulated run drives every phase of a model's study through study.study_mod
 CLI does, on one simulated clock and one budget (every model's probes on an equal share, then
 the rounds, the cheapest round first, each on its share of what is left): the quality probes,
 whose simulated steps are judged by the real stopping rules (quality._stopped: the far-slower
-test and the budget check of measure/stopping.py), the plan, the balanced orders, the rounds
+test and the budget check of studies/stopping.py), the plan, the balanced orders, the rounds
 loop and its group-sequential looks; then analysis.summary.summarise over all the models' rows,
 as run.py does (the family is the run's). Only the instruments (study.Instruments: the steps of
 a probe, a trial, the clock) are simulated.
@@ -40,9 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 from speedbench.analysis import intervals  # noqa: E402
 from speedbench.analysis.summary import summarise  # noqa: E402
-from speedbench.measure import quality, stopping, study  # noqa: E402
+from speedbench.studies import quality, stopping, study  # noqa: E402
 from speedbench.measure.budget import Budget  # noqa: E402
-from speedbench.measure.costs import trial_seconds  # noqa: E402
+from speedbench.studies.costs import trial_seconds  # noqa: E402
 from speedbench.measure.timing import typical_step_s  # noqa: E402
 from speedbench.results.schema import STOPPED_SLOWER  # noqa: E402
 

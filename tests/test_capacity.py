@@ -1,4 +1,4 @@
-"""The search for the largest micro-batch that fits (speedbench.measure.capacity), on a stated limit.
+"""The search for the largest micro-batch that fits (speedbench.studies.capacity), on a stated limit.
 
 The device side (real out-of-memory errors) is in tests/test_gpu.py; here `fits` is a plain
 predicate, so that the search's arithmetic can be checked exactly.
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from conftest import TINY, compose_cfg
 
-from speedbench.measure import capacity
+from speedbench.studies import capacity
 from speedbench.config import ConfigError, build_plan
 
 

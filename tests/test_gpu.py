@@ -123,7 +123,7 @@ def test_cli_amp_on_cuda(tmp_path):
 
 
 def test_largest_batch_search_finds_the_out_of_memory_edge():
-    from speedbench.measure import capacity
+    from speedbench.studies import capacity
 
     plan, spec, recipe, dataset = setup(model="resnet")
     device = torch.device(plan.device)

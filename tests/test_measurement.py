@@ -15,7 +15,8 @@ import torch
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
 from omegaconf import OmegaConf
 
-from speedbench.measure import env, flops, study, timing
+from speedbench.measure import env, flops, timing
+from speedbench.studies import study
 from speedbench.measure.budget import Budget
 from speedbench.analysis import adaptive
 from speedbench.analysis.summary import spread, summarise
@@ -459,7 +460,7 @@ def _hold_memory(ready, done):
 
 # --- verdicts branch: quality at equal work, hopeless variants, the memory split in trials ----
 def _probe(plan, name, steps=None, **kw):
-    from speedbench.measure import probes, quality
+    from speedbench.studies import probes, quality
     from speedbench.measure.data import build_dataset
     from speedbench.measure.trial import context
 
@@ -539,7 +540,7 @@ def test_too_slow_factor_is_checked():
 @pytest.mark.slow
 def test_a_variant_stopped_early_is_slower_with_its_interval_and_counts_in_the_family(
         tmp_path, monkeypatch):
-    from speedbench.measure import stopping
+    from speedbench.studies import stopping
     from speedbench.results import schema
 
     cfg = compose_cfg(*TINY, "model=transformer", "+variants={base:{},slow:{}}",

@@ -197,7 +197,7 @@ def test_the_rounds_write_paired_seeds_and_a_recipe_that_learns_nothing_is_worse
     from conftest import SMALL_MODELS, TINY, compose_cfg
 
     from speedbench.config import build_plan
-    from speedbench.measure import stopping, study
+    from speedbench.studies import stopping, study
     from speedbench.results.runs import load_quality
 
     real = stopping.far_slower
@@ -238,7 +238,7 @@ def test_the_probes_losses_do_not_depend_on_the_data_sets_length():
     from conftest import SMALL_MODELS, TINY, compose_cfg
 
     from speedbench.config import build_plan
-    from speedbench.measure import quality as probe
+    from speedbench.studies import quality as probe
     from speedbench.measure.data import build_dataset
     from speedbench.measure.trial import context
 

@@ -11,7 +11,7 @@ import pytest
 
 from speedbench.analysis.summary import position_effect, summarise
 from speedbench.report import method
-from speedbench.measure import orders as design, study
+from speedbench.studies import orders as design, study
 
 
 @pytest.mark.parametrize("k", [2, 3, 4, 5, 7])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import TINY, compose_cfg
-from speedbench.measure import orders, study
+from speedbench.studies import orders, study
 from speedbench.run import run
 
 TINY_MODEL = ("model={_target_: fault_models.Tiny, fail: %s, "
@@ -84,7 +84,7 @@ def test_explicit_run_dir_is_not_overwritten(tmp_path):
 
 # --- rounds --------------------------------------------------------------------------------------
 def test_rounds_are_shuffled_reproducibly_from_the_seed():
-    from speedbench.measure.orders import round_order
+    from speedbench.studies.orders import round_order
 
     names = ["a", "b", "c", "d"]
     orders = [round_order(names, 0, r) for r in range(20)]

@@ -10,7 +10,7 @@ import pytest
 
 from speedbench.analysis import intervals
 from speedbench.measure.budget import Budget
-from speedbench.measure.costs import MeasurementCosts
+from speedbench.studies.costs import MeasurementCosts
 from speedbench.results import schema
 from speedbench.search import selection as S
 

@@ -1,4 +1,4 @@
-"""When a probe stops a variant (measure/stopping.py), and the run's one clock (budget.py)."""
+"""When a probe stops a variant (studies/stopping.py), and the run's one clock (budget.py)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from speedbench.analysis.intervals import FAMILY_LEVEL, STOP_SHARE
-from speedbench.measure import costs, stopping
+from speedbench.studies import costs, stopping
 from speedbench.measure.budget import Budget
 
 BENCH = SimpleNamespace(warmup=3, steps=10, max_trial_s=6.0, time_budget_s=140.0, repeats=5)

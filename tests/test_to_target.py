@@ -14,7 +14,8 @@ from speedbench.analysis import intervals
 from speedbench.analysis import to_target as target_stats
 from speedbench.config import build_plan
 from speedbench.errors import ConfigError
-from speedbench.measure import held_out, to_target
+from speedbench.measure import held_out
+from speedbench.studies import to_target
 from speedbench.measure.data import MarkovTokens
 from speedbench.measure.trial import context
 from speedbench.report import to_target_section

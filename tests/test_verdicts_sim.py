@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from speedbench.analysis import intervals
-from speedbench.measure import costs, study
+from speedbench.studies import costs, study
 from speedbench.results.schema import NOT_MEASURED, STOPPED_SLOWER
 
 _path = Path(__file__).resolve().parents[1] / "benchmarks" / "verdict_sim.py"

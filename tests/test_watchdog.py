@@ -199,7 +199,7 @@ def test_a_step_past_the_cap_stops_its_trial_and_the_next_variant_runs(tmp_path)
     from speedbench.analysis.summary import summarise
     from speedbench.config import build_plan
     from speedbench.measure import flops
-    from speedbench.measure.study import measure_plan
+    from speedbench.studies.study import measure_plan
     from speedbench.results import TrialWriter
 
     threads_before = torch.get_num_threads()
@@ -254,7 +254,7 @@ def test_a_trial_of_steps_within_the_cap_runs_past_twice_the_cap():
 
 def test_a_probe_step_past_the_probes_limit_is_stopped_and_says_why():
     from speedbench.config import build_plan
-    from speedbench.measure import quality
+    from speedbench.studies import quality
     from speedbench.measure.data import build_dataset
     from speedbench.measure.trial import context
 
@@ -403,7 +403,7 @@ def test_a_probe_step_cut_at_the_budgets_limit_leaves_the_variant_not_measured()
     slow for the model's rounds, it is `not measured` (no call), not sent on to burn a capped
     trial in every round."""
     from speedbench.config import build_plan
-    from speedbench.measure import quality, stopping
+    from speedbench.studies import quality, stopping
     from speedbench.measure.data import build_dataset
     from speedbench.measure.trial import context
 

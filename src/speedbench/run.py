@@ -1,7 +1,7 @@
 """The conductor: plans -> measure -> analyse -> write -> report.
 
 `run` validates every plan before anything is written, opens the run directory, measures the
-plans (speedbench.measure.study; the recipe search runs its own plans, speedbench.search),
+plans (speedbench.studies.study; the recipe search runs its own plans, speedbench.search),
 summarises the trials (speedbench.analysis), writes summary.csv and the diagnosis tables, and
 prints the report's lines.
 """
@@ -22,12 +22,13 @@ from speedbench.analysis import intervals
 from speedbench.analysis import to_target as target_stats
 from speedbench.analysis.summary import summary_of
 from speedbench.config import Plan, build_plan, suite
-from speedbench.measure import diagnosis, env, isolation, to_target
+from speedbench.measure import diagnosis, env, isolation
+from speedbench.studies import to_target
 from speedbench.measure.budget import Budget, run_start
 from speedbench.measure.flops import FlopsBook
 from speedbench.measure.timing import settled_heap
-from speedbench.measure.orders import plan_order_seed
-from speedbench.measure.study import measure_plan, planned_comparisons
+from speedbench.studies.orders import plan_order_seed
+from speedbench.studies.study import measure_plan, planned_comparisons
 from speedbench.measure.trial import check_data
 from speedbench.report import method
 from speedbench.results import atomic, planned, schema

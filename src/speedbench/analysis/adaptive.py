@@ -1,4 +1,4 @@
-"""What the rounds loop (measure/rounds.py) asks between rounds: the paired speed-ups so far,
+"""What the rounds loop (studies/rounds.py) asks between rounds: the paired speed-ups so far,
 their CIs' half-widths, whether every comparison is decided, and whether to go on to the next
 look of the group-sequential rounds. The intervals are analysis/intervals.py's, at the level
 summary.csv reports."""

@@ -18,7 +18,7 @@ Design (benchmarks/README.md shows the simulation behind each choice):
   inconclusive: anything else; `min_detectable` says the smallest effect this run could have
   called (the CI's relative half-width, at least the threshold).
 - A fifth, `slower (stopped early)` (STOPPED_SLOWER): a variant the quality probe stopped as
-  far slower (measure/stopping.py), with the interval of that test; a slower call of the run,
+  far slower (studies/stopping.py), with the interval of that test; a slower call of the run,
   it counts in the family, whose error the test and the rounds share (STOP_SHARE).
 - No call, `not measured` (NOT_MEASURED): a variant a limit stopped rather than evidence (a step
   past bench.max_trial_s, the run's budget), with what it had measured and no interval.
@@ -47,7 +47,7 @@ FAMILY_LEVEL = 0.05  # family-wise error rate of a run's faster/slower calls
 # profiled run checks what it finds; the experiments (a recipe search's too) share the rest.
 CHECK_SHARE = 0.01
 # Of each comparison's share of the family, the part the probe's far-slower test may spend
-# (measure/stopping.py): a variant stopped early is a slower call of the family; its rounds'
+# (studies/stopping.py): a variant stopped early is a slower call of the family; its rounds'
 # interval gets the rest.
 STOP_SHARE = 0.1
 DEFAULT_THRESHOLD = 0.05  # bench.noise_threshold's default; keep in step with config/schema.py

@@ -116,7 +116,7 @@ class BenchConfig:
                                              "that share is at most this, worse when the lower "
                                              "end is above it", gt=0, lt=1, **RUN_LEVEL,
                                         note="0.05 = 5 % of the baseline's learning")
-    # measure/stopping.py: a one-sided test at the probe's 3rd and 6th steady steps, spending a
+    # studies/stopping.py: a one-sided test at the probe's 3rd and 6th steady steps, spending a
     # share of the family's error; a probe too slow for two rounds to fit is not measured.
     too_slow_factor: Optional[float] = setting(4.0, "stop a variant early, verdict \"slower "
                                                     "(stopped early)\", once its steady probe "
@@ -228,7 +228,7 @@ class RecipeConfig:
 
 @dataclass
 class TargetConfig:
-    # Time to target (measure/to_target.py): after the speed rounds, each variant trains from
+    # Time to target (studies/to_target.py): after the speed rounds, each variant trains from
     # `seeds` paired seeds until the held-out loss reaches the target, or a cap runs out.
     enabled: bool = setting(False, "after the speed rounds, train every variant to a target "
                                    "held-out loss and compare the wall times (to_target.csv)")

@@ -1,4 +1,4 @@
-"""The report's "largest batch that fits" part, from capacity.csv (see speedbench.measure.capacity)."""
+"""The report's "largest batch that fits" part, from capacity.csv (see speedbench.studies.capacity)."""
 from __future__ import annotations
 
 import math

@@ -81,7 +81,7 @@ def _levels_text(summary: pd.DataFrame, m: int, fam: float) -> str:
             "the look a comparison stopped at keeps its level)")
 
 
-# What the loss columns mean (the quality probe, measure/quality.py; analysis/quality.py)
+# What the loss columns mean (the quality probe, studies/quality.py; analysis/quality.py)
 LOSS_MEANING = ("Held-out loss = the quality probe's (nats): each variant trains fresh models "
                 "from bench.quality_seeds paired seeds (the same weights and data order for "
                 "every variant in a seed) for the same number of samples seen "

@@ -1,6 +1,6 @@
 """The report's "time to target" part: the held-out loss against training time and against
 samples seen (one curve per variant and seed, the target drawn), and the table of
-analysis.to_target, from to_target.csv and curves.csv (measure/to_target.py)."""
+analysis.to_target, from to_target.csv and curves.csv (studies/to_target.py)."""
 from __future__ import annotations
 
 import math

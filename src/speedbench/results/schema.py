@@ -43,7 +43,7 @@ TRIAL_COLUMNS = [
     "profile", "reference_step_ms", "phase_step_ms", "profiled_step_ms", "profile_overhead",
     "devices", "rank_step_ms",
     "warmup_steady", "flops_per_step", "achieved_tflops", "peak_tflops",
-    # rounds (measure/rounds.py): `round` runs every variant of a model once, in a balanced
+    # rounds (studies/rounds.py): `round` runs every variant of a model once, in a balanced
     # random order drawn from `order_seed`; `position` is the trial's place in its round (0
     # first). `trial` == `round`. The group-sequential schedule: bench.repeats, the floor
     # (`min_rounds`) and the first look; then a look every `look_every` rounds (last column),
@@ -58,7 +58,7 @@ TRIAL_COLUMNS = [
     "state_mem_mb", "activation_mem_mb", "peak_kind",
     "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "peak_phase",
     # the quality probe's steady throughput, and a variant's speed over the baseline's from
-    # their steady probe steps with the far-slower test's interval (measure/stopping.py; set
+    # their steady probe steps with the far-slower test's interval (studies/stopping.py; set
     # where a probe stopped it)
     "probe_samples_per_s", "probe_speedup", "probe_speedup_lo", "probe_speedup_hi",
     # the timed window's stall (timing.stall_ms): its longest step's excess over its median
@@ -113,14 +113,14 @@ REQUIRED_CAPACITY_COLUMNS = CAPACITY_COLUMNS[:6]
 # recipe.csv (search/driver.py): the search's tables, one `table` kind per row.
 RECIPE_COLUMNS = ["model", "table", "step", "label", "option", "group", "speedup", "lo", "hi",
                   "verdict", "step_gain", "step_lo", "step_hi", "rounds", "status", "overrides"]
-# Time to target (measure/to_target.py): a row per model, variant and seed, and a row per
+# Time to target (studies/to_target.py): a row per model, variant and seed, and a row per
 # evaluation of each such run
 TO_TARGET_COLUMNS = ["experiment", "model", "variant", "is_baseline", "seed", "position",
                      "order_seed", "status", "target_loss", "target_source", "entropy_floor",
                      "final_loss", "steps", "samples", "per_step", "time_s", "cold_s",
                      "one_time_s", "step_ms", "cap_s"]
 REQUIRED_TO_TARGET_COLUMNS = TO_TARGET_COLUMNS[:-1]  # cap_s: a run written before it lacks it
-# quality.csv: the quality probe's held-out loss per model, variant and seed (measure/quality.py)
+# quality.csv: the quality probe's held-out loss per model, variant and seed (studies/quality.py)
 # initial_loss: the same model's before its first step; chance_loss: a uniform guess's (nats)
 QUALITY_COLUMNS = ["experiment", "model", "variant", "is_baseline", "seed", "steps", "samples",
                    "loss", "status", "initial_loss", "chance_loss"]

@@ -20,9 +20,9 @@ from omegaconf import OmegaConf
 from speedbench import results
 from speedbench.analysis import intervals
 from speedbench.config import ConfigError, Plan
-from speedbench.measure import costs
+from speedbench.studies import costs
 from speedbench.measure.budget import Budget
-from speedbench.measure.study import Request, measure_plan
+from speedbench.studies.study import Request, measure_plan
 from speedbench.results.schema import OK
 from speedbench.search import driver, selection
 

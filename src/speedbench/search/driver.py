@@ -26,10 +26,10 @@ from speedbench import results
 from speedbench.analysis import intervals
 from speedbench.analysis import quality as quality_stats
 from speedbench.analysis import to_target as target_stats
-from speedbench.measure import costs, to_target
+from speedbench.studies import costs, to_target
 from speedbench.measure.budget import Budget
-from speedbench.measure.orders import fresh_order_seed
-from speedbench.measure.study import Request, measure_plan, na_variants
+from speedbench.studies.orders import fresh_order_seed
+from speedbench.studies.study import Request, measure_plan, na_variants
 from speedbench.results.runs import load_quality
 from speedbench.results.schema import OK
 from speedbench.search import forecasts

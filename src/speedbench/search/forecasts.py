@@ -19,7 +19,8 @@ from omegaconf import DictConfig
 
 from speedbench import techniques
 from speedbench.config import ModelSpec
-from speedbench.measure import costs, explain, watchdog
+from speedbench.measure import explain, watchdog
+from speedbench.studies import costs
 from speedbench.measure.data import build_dataset
 from speedbench.measure.trial import context, dataset_length
 from speedbench.search import selection

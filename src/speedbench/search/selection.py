@@ -27,7 +27,7 @@ The search:
 5. stops when no option is confirmed, when the pool is empty, or when the next screen or
    confirmation (with the closing measurement kept in reserve) would not fit in the time
    budget (its part of the run's clock, measure/budget.py), estimated from what the
-   measurements so far took (measure/costs.py's `MeasurementCosts`; a one-trial pilot of
+   measurements so far took (studies/costs.py's `MeasurementCosts`; a one-trial pilot of
    the naive recipe gives the first figures). A search the budget stopped before it decided anything says so
    (`SearchResult.undecided`) and estimates the time one step and its closing need;
 6. a closing measurement runs the naive recipe, each prefix of the chosen stack and each
@@ -54,7 +54,7 @@ import numpy as np
 
 from speedbench.analysis import intervals, quality
 from speedbench.measure.budget import Budget
-from speedbench.measure.costs import MeasurementCosts
+from speedbench.studies.costs import MeasurementCosts
 from speedbench.results.schema import HOPELESS, OK, REFUSED, format_status
 
 NAIVE = "naive"

@@ -35,11 +35,12 @@ from tqdm.auto import tqdm
 from speedbench import distributed, techniques
 from speedbench.config import ModelSpec, Plan
 from speedbench.errors import ConfigError
-from speedbench.measure import capacity, costs, explain_phases, isolation, launch, probes, rounds
+from speedbench.measure import isolation, launch
+from speedbench.studies import capacity, costs, explain_phases, probes, rounds
 from speedbench.measure.budget import Budget
 from speedbench.measure.data import build_dataset
 from speedbench.measure.flops import FlopsBook
-from speedbench.measure.orders import plan_order_seed
+from speedbench.studies.orders import plan_order_seed
 from speedbench.measure.session import batching
 from speedbench.measure.train import build_model
 from speedbench.measure.trial import context, dataset_length, header, measure_trial

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from speedbench import techniques
-from speedbench.measure import costs, explain
+from speedbench.measure import explain
+from speedbench.studies import costs
 from speedbench.measure.budget import Budget
 from speedbench.measure.trial import context
 from speedbench.results import schema

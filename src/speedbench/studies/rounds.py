@@ -21,7 +21,7 @@ from speedbench import distributed, errors
 from speedbench.analysis import adaptive, intervals
 from speedbench.measure import env
 from speedbench.measure.budget import Budget
-from speedbench.measure.orders import round_order
+from speedbench.studies.orders import round_order
 from speedbench.results import schema
 
 MAX_STOPS = 2  # a variant's trials a limit may stop before it is left out of the rounds

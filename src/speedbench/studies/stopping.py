@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from speedbench.analysis.intervals import FAMILY_LEVEL, STOP_SHARE, t_quantile
-from speedbench.measure.costs import trial_seconds
+from speedbench.studies.costs import trial_seconds
 from speedbench.results.schema import NOT_MEASURED, TOO_SLOW, format_status
 
 STOP_LOOKS = (3, 6)  # the variant's steady probe steps at which the far-slower test looks

@@ -14,7 +14,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from speedbench.measure import costs, quality, stopping
+from speedbench.studies import costs, quality, stopping
 from speedbench.measure.budget import Budget
 from speedbench.measure.trial import context
 from speedbench.results import atomic, schema

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import torch
 
 from speedbench import techniques
-from speedbench.measure import held_out, stopping, watchdog
+from speedbench.measure import held_out, watchdog
+from speedbench.studies import stopping
 from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.techniques import Context
 from speedbench.measure.timing import synchronize

@@ -51,9 +51,9 @@ from tqdm import tqdm
 from speedbench import distributed, errors, techniques
 from speedbench.config import Plan
 from speedbench.measure.budget import Budget
-from speedbench.measure.orders import round_order
+from speedbench.studies.orders import round_order
 from speedbench.measure.held_out import evaluate, held_out
-from speedbench.measure.quality import seeded
+from speedbench.studies.quality import seeded
 from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.measure.timing import synchronize
 from speedbench.measure.trial import context
