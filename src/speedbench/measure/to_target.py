@@ -170,11 +170,6 @@ def _record(step_s: list[float], per_step: int, setup_s: float, loss: float, sta
             "step_ms": 1000 * (took - one_time) / len(step_s)}
 
 
-def reached_at(curve: list[dict], target: float) -> dict | None:
-    """The first evaluation of a curve at or below `target`, or None."""
-    return next((c for c in curve if c["loss"] <= target), None)
-
-
 # --- a plan ----------------------------------------------------------------------------------------
 class ToTarget:
     """The time-to-target stage of one plan: every model, variant and seed."""
