@@ -9,6 +9,9 @@ is the same after the trial as before; its columns appear in trials.csv.
 from __future__ import annotations
 
 import csv
+import importlib
+import inspect
+import pkgutil
 
 import pytest
 import torch
@@ -62,6 +65,29 @@ def test_names_and_keys_are_unique():
     names = [t.name for t in REGISTRY]
     keys = [f.key for t in REGISTRY for f in t.fields]
     assert len(set(names)) == len(names) and len(set(keys)) == len(keys)
+
+
+# Modules of speedbench/techniques/ that hold no technique of their own.
+NOT_TECHNIQUES = {"base"}
+
+
+def _technique_modules() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(techniques.__path__)
+                  if m.name not in NOT_TECHNIQUES)
+
+
+@pytest.mark.parametrize("module", _technique_modules())
+def test_every_technique_module_is_registered(module: str):
+    """A module written under techniques/ but left out of `_ALL` would never be applied,
+    validated or tested: each defines a Technique that is in REGISTRY."""
+    mod = importlib.import_module(f"speedbench.techniques.{module}")
+    defined = [c for c in vars(mod).values() if inspect.isclass(c) and issubclass(c, Technique)
+               and c.__module__ == mod.__name__]
+    assert defined, f"techniques/{module}.py defines no Technique subclass"
+    registered = {type(t) for t in REGISTRY}
+    missing = [c.__name__ for c in defined if c not in registered]
+    assert not missing, (f"techniques/{module}.py: {', '.join(missing)} not in the registry "
+                         "(add an instance to _ALL in techniques/__init__.py)")
 
 
 # The application order the registry had when it was sorted by hand-set integers.

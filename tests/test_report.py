@@ -19,6 +19,7 @@ from conftest import TINY, only_run_dir, run_cli
 
 from speedbench import results
 from speedbench.analysis import intervals
+from speedbench.analysis.numbers import AUTO, ratio_text
 from speedbench.analysis.summary import summarise, summarised
 from speedbench.report.__main__ import main as report_main
 from speedbench.report.compare import comparison_rows, config_differences, env_differences
@@ -368,3 +369,14 @@ def test_the_report_and_the_readme_say_the_same_of_which_calls_the_5_percent_cov
     assert quality.summarise.__defaults__[-1] == intervals.FAMILY_LEVEL
     assert to_target.summarise.__defaults__[-1] == intervals.FAMILY_LEVEL
     assert 0 < intervals.STOP_SHARE < 1  # the probes' stops spend part of the speed family's
+
+
+def test_one_text_for_a_ratio_with_its_interval():
+    assert ratio_text(1.5, 1.36, 1.66) == "1.50x [1.36, 1.66]"
+    assert ratio_text(1.5) == ratio_text(1.5, math.nan, math.nan) == "1.50x"
+    assert ratio_text(1.5, None, 2.0) == ratio_text(1.5, 1.2, math.inf) == "1.50x"
+    assert ratio_text(math.nan, 1.0, 2.0) == ratio_text(None) == ratio_text("x") == "-"
+    assert ratio_text(1.234, 1.1, 1.4, ".3g") == "1.23x [1.1, 1.4]"
+    assert ratio_text(1.5, 1e-5, 3e8, AUTO) == "1.50x [1e-05, 3e+08]"  # decades: not 300000000.00
+    assert ratio_text(1.5, 0.1234, 12.34, ci_spec=".3g", sep=",") == "1.50x [0.123,12.3]"
+    assert ratio_text(np.float64(0.95), 0.9, 0.99, unit="") == "0.95 [0.90, 0.99]"

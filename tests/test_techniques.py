@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable, Optional
-from unittest import mock
 
 import pytest
 import torch
@@ -79,8 +78,9 @@ class Trial:
 
 
 def _watched(seen: Trial) -> Callable:
-    """trial._timed_window (the warm-up and the timed steps), noting what it ran with."""
-    window = trial._timed_window
+    """trial.timed_window (the warm-up and the timed steps), noting what it ran with: the
+    trial's `window`."""
+    window = trial.timed_window
 
     def watched(trainer, bench, ctx, run):
         seen.flags, seen.trainer, steps = global_snapshot(), trainer, trainer.optimizer_steps
@@ -112,8 +112,8 @@ def one_trial(setting: ActsOn, example: dict) -> Trial:
         seen.record = launch.launch_trial(plan, spec, plan.baseline, recipe, 0, None, env=env)
         return seen
     dataset = build_dataset(spec.dataset, dataset_length(plan, spec), seed=0)
-    with mock.patch.object(trial, "_timed_window", _watched(seen)):
-        seen.record = measure_trial(plan, spec, plan.baseline, recipe, 0, dataset)
+    seen.record = measure_trial(plan, spec, plan.baseline, recipe, 0, dataset,
+                                window=_watched(seen))
     return seen
 
 

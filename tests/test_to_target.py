@@ -293,7 +293,7 @@ def test_the_target_comes_from_baseline_reruns_that_are_not_timed_against_it(tmp
                 "cold_s": 1.5, "one_time_s": 0.1, "step_ms": 100.0, "per_step": 4}, []
 
     monkeypatch.setattr(to_target, "train_to_target", fake)
-    monkeypatch.setattr(to_target.ToTarget, "_fixed_target", lambda self, floor: (None, ""))
+    monkeypatch.setattr(to_target, "fixed_target", lambda cfg, floor: (None, ""))  # no floor
     to_target.ToTarget(plan, tmp_path, [], progress=False, order_seed=0).run()
     reruns = [seed for seed, target in calls if target is None]
     timed = [(seed, target) for seed, target in calls if target is not None]

@@ -35,20 +35,13 @@ from typing import Optional
 import pandas as pd
 
 from speedbench.analysis import intervals
+from speedbench.analysis.numbers import ratio_text
 from speedbench.results.schema import OK
 
 HOLDS, FAILS, PARTLY, INCONCLUSIVE = "holds", "does not hold", "partly", "inconclusive"
 COLUMNS = ["tip", "source", "claim", "experiment", "model", "variant", "measured", "memory",
            "loss Δ", "verdict"]
 NAN3 = (math.nan, math.nan, math.nan)
-
-
-def _fmt_ci(x: float, lo: float, hi: float) -> str:
-    if x is None or math.isnan(x):
-        return "-"
-    if lo is None or math.isnan(lo):
-        return f"{x:.2f}x"
-    return f"{x:.2f}x [{lo:.2f}, {hi:.2f}]"
 
 
 def _nan(x) -> float:
@@ -175,7 +168,7 @@ def judge(claim: dict, row: pd.Series, reference: Optional[pd.Series] = None,
             ratio = _ratio(trials, row, ref_name, "samples_per_s", level)
         else:
             ratio = (row["speedup"], row["speedup_lo"], row["speedup_hi"])
-        measured = "speed-up " + _fmt_ci(*ratio) + against
+        measured = "speed-up " + ratio_text(*ratio) + against
         return measured, judge_faster(ratio, float(claim.get("factor", 1.0)), threshold)
     if kind == "less_memory":
         metric = claim.get("metric", "peak_mem_mb")
@@ -188,14 +181,15 @@ def judge(claim: dict, row: pd.Series, reference: Optional[pd.Series] = None,
         else:
             return "-", f"{INCONCLUSIVE} (this run recorded no {metric})"
         label = "memory" if metric == "peak_mem_mb" else metric.removesuffix("_mb")
-        measured = f"{label} " + _fmt_ci(*ratio) + against
+        measured = f"{label} " + ratio_text(*ratio) + against
         if not versus and not math.isnan(_nan(row.get("speedup"))):  # what the saving costs
-            measured += "; speed-up " + _fmt_ci(row["speedup"], row["speedup_lo"], row["speedup_hi"])
+            measured += "; speed-up " + ratio_text(row["speedup"], row["speedup_lo"],
+                                                   row["speedup_hi"])
         return measured, judge_less_memory(ratio, factor)
     if kind in ("lower", "higher"):
         metric = claim.get("metric", "samples_per_s")
         ratio = _ratio(trials, row, ref_name, metric, level)
-        measured = f"{metric} " + _fmt_ci(*ratio) + against
+        measured = f"{metric} " + ratio_text(*ratio) + against
         return measured, _direction(ratio[1], ratio[2], "below" if kind == "lower" else "above",
                                     threshold)
     return "-", f"unknown claim kind '{kind}'"
@@ -221,9 +215,9 @@ def _judge_best(row: pd.Series, peers: Optional[pd.DataFrame],
     ties = [v for v, r in ratios.items() if not r[1] > 1]
     worst = ratios[ties[0]]
     if best["variant"] == row["variant"]:
-        measured += f"; vs {ties[0]} " + _fmt_ci(*worst)
+        measured += f"; vs {ties[0]} " + ratio_text(*worst)
     else:
-        measured += f"; {row['variant']} vs {ties[0]} " + _fmt_ci(*worst)
+        measured += f"; {row['variant']} vs {ties[0]} " + ratio_text(*worst)
     return measured, f"{INCONCLUSIVE} (not significantly faster than {', '.join(ties)})"
 
 
@@ -314,13 +308,12 @@ def _costs(claim: dict, row, versus) -> dict:
     paired memory ratio and loss Δ), or against the claim's `versus` row (medians' ratio and
     difference). A memory claim's `measured` is the memory ratio already."""
     if versus is None:
-        memory = _fmt_ci(_nan(row.get("mem_ratio")), _nan(row.get("mem_ratio_lo")),
-                         _nan(row.get("mem_ratio_hi")))
+        memory = ratio_text(_nan(row.get("mem_ratio")), _nan(row.get("mem_ratio_lo")),
+                            _nan(row.get("mem_ratio_hi")))
         loss = _nan(row.get("loss_delta"))
     else:
         ref_mem = _nan(versus.get("peak_mem_mb"))
-        memory = _fmt_ci(_nan(row.get("peak_mem_mb")) / ref_mem if ref_mem > 0 else math.nan,
-                         math.nan, math.nan)
+        memory = ratio_text(_nan(row.get("peak_mem_mb")) / ref_mem if ref_mem > 0 else math.nan)
         loss = _nan(row.get("final_loss")) - _nan(versus.get("final_loss"))
     return {"memory": "-" if claim.get("kind") == "less_memory" else memory,
             "loss Δ": "-" if math.isnan(loss) else f"{loss:+.3f}"}

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from speedbench.analysis import intervals
+from speedbench.analysis.numbers import ratio_text
 from speedbench.results.schema import EXPLAIN_CATEGORIES, OK
 
 LABELS = {"matmul": "matmul/conv", "elementwise": "elementwise", "data": "data wait",
@@ -194,9 +195,10 @@ def sentence(row) -> str:
     if np.isfinite(share) and share > UNEXPLAINED_NOTE and lo <= row["measured_ms"] <= hi:
         tail += (f", within the profiled steps' noise (their change "
                  f"{_ms(row['profiled_ms'])}, 95 % interval [{lo:+.3g}, {hi:+.3g}] ms)")
-    text = f"{row['model']} {row['variant']} {row['speedup']:.3g}x: {named}; {tail}"
+    speedup = ratio_text(row["speedup"], spec=".3g")
+    text = f"{row['model']} {row['variant']} {speedup}: {named}; {tail}"
     if np.isfinite(row.get("forecast", math.nan)):
-        text += f"; forecast at most {row['forecast']:.3g}x"
+        text += f"; forecast at most {ratio_text(row['forecast'], spec='.3g')}"
         if row.get("above"):
             text += " (measured above it: the forecast or the measurement is wrong)"
     return text + "."

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from speedbench.analysis import intervals
+from speedbench.analysis.numbers import ratio_text
 from speedbench.results.schema import (DIVERGED, MISSED, NOT_MEASURED, OK, TOO_SLOW,
                                        parse_status)
 
@@ -219,10 +220,9 @@ def recipe_line(runs: pd.DataFrame | None, model: str,
     head = (f"time to target (held-out loss {final['target_loss']:.4g}, {int(final['seeds'])} "
             f"seeds): the final recipe ")
     if not math.isfinite(final["speedup_lo"]):
-        bound = f"{final['speedup_bound']} {final['speedup']:.2f}x, " \
+        bound = f"{final['speedup_bound']} {ratio_text(final['speedup'])}, " \
             if math.isfinite(final["speedup"]) else ""
         return head + f"has no interval against naive: {bound}{final['verdict']}"
-    ci = f"[{final['speedup_lo']:.2f}, {final['speedup_hi']:.2f}]"
     sooner = {intervals.FASTER: "sooner than naive, significantly",
               intervals.SLOWER: "later than naive, significantly",
               intervals.EQUIVALENT: "as soon as naive (equivalent)"}.get(final["verdict"],
@@ -230,14 +230,18 @@ def recipe_line(runs: pd.DataFrame | None, model: str,
                                                                    "than naive")
     return (head + f"took {final['time_to_target_s']:.3g} s, naive "
             f"{naive['time_to_target_s']:.3g} s (geometric means over seeds): "
-            f"{final['speedup']:.2f}x {ci}, {sooner}")
+            f"{ratio_text(final['speedup'], final['speedup_lo'], final['speedup_hi'])}, "
+            f"{sooner}")
 
 
 def _effect(row) -> str:
-    lo, hi = row["speedup_lo"], row["speedup_hi"]
-    ci = f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+    """`bf16 1.21x [1.05, 1.40]`, `bf16 <= 0.80x`; the variant alone without a speed-up (every
+    seed missed the target: no time to bound it with)."""
+    if not math.isfinite(row["speedup"]):
+        return row["variant"]
     bound = f"{row['speedup_bound']} " if row.get("speedup_bound") else ""
-    return f"{row['variant']} {bound}{row['speedup']:.2f}x{ci}"
+    effect = ratio_text(row["speedup"], row["speedup_lo"], row["speedup_hi"])
+    return f"{row['variant']} {bound}{effect}"
 
 
 def verdict_line(runs: pd.DataFrame | None, model: str,

@@ -16,6 +16,7 @@ import math
 import os
 import traceback
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 from omegaconf import DictConfig
@@ -113,7 +114,8 @@ def header(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig, trial:
 def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig, trial: int,
                   dataset, dist_env: distributed.DistEnv | None = None,
                   run_dir: Path | None = None, *, position: int = 0, probe: dict | None = None,
-                  book: FlopsBook | None = None, budget: Budget | None = None) -> dict:
+                  book: FlopsBook | None = None, budget: Budget | None = None,
+                  window: Optional[Callable[..., dict]] = None) -> dict:
     """One trial in this process: its whole record for trials.csv, whatever happens.
 
     `trial` is the round, `position` the trial's place in it. `probe`, the variant's quality
@@ -123,7 +125,9 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
     `profile` on, profile windows follow the timed one; trial 0 writes the profiler's files
     under run_dir/profile/<model>/<variant>/. `budget`: the run's clock (budget.py); the warm-up
     and the window stop at its deadline between steps, and a step still running BUDGET_GRACE_S
-    past it is stopped (status `not measured: ...`).
+    past it is stopped (status `not measured: ...`). `window`: what runs the warm-up and the
+    timed steps, called like timed_window (the default); a test passes one that wraps it to
+    see what the trial ran with.
     """
     ctx = context(plan, dist_env)
     record = header(plan, spec, variant, recipe, trial, dist_env, position)
@@ -132,7 +136,7 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
             if run_dir and trial == 0 else None
         record.update(_measured(spec, recipe, ctx, dataset, out, book,
                                 f"model {spec.name}, variant {variant}", budget,
-                                memory_step=trial < MEMORY_ROUNDS))
+                                memory_step=trial < MEMORY_ROUNDS, window=window))
         if dist_env is not None:
             record = distributed.gather_record(record, dist_env)
             record.update(rates(record))  # the job's steps: each the slowest rank's
@@ -213,7 +217,7 @@ def _deadline(recipe: DictConfig, ctx: Context, what: str) -> watchdog.Deadline:
 
 def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profile_out,
               book: FlopsBook | None, what: str = "", budget: Budget | None = None,
-              memory_step: bool = True) -> dict:
+              memory_step: bool = True, window: Optional[Callable[..., dict]] = None) -> dict:
     """The measured columns of a trial, the recipe applied (session.applied) for all of it,
     under the trial's hard cap (trial_limit_s): StepOverrun once it passes."""
     device, b = ctx.device, batching(spec, recipe, ctx)
@@ -230,7 +234,7 @@ def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profil
             session.callback(guard.disarm)  # the recipe's cleanup is never interrupted
             trainer.step = guard.stepping(trainer.step)  # each step's end, for the cap
             session.callback(vars(trainer).pop, "step", None)  # and no cycle left behind
-            got = _timed_window(trainer, recipe.bench, ctx, budget or Budget(None))
+            got = (window or timed_window)(trainer, recipe.bench, ctx, budget or Budget(None))
             # One more step, untimed, for the tensor memory split (not under torchrun: the
             # ranks would all have to take it); the phase totals stay the window's.
             with clock.paused():
@@ -272,7 +276,7 @@ def rates(record: dict) -> dict:
             "window_samples_per_s": per_step / window_s, "window_step_ms": 1000 * window_s}
 
 
-def _timed_window(trainer: Trainer, b, ctx: Context, run: Budget) -> dict:
+def timed_window(trainer: Trainer, b, ctx: Context, run: Budget) -> dict:
     """Warm-up, then the timed window: its steps, time, mean loss and host reads. Each stops
     between steps at its share of bench.max_trial_s or at the run's deadline (`run`)."""
     device, budget = ctx.device, b.max_trial_s

@@ -17,10 +17,11 @@ import pandas as pd
 from speedbench import results
 from speedbench.results import atomic, fresh_dir
 from speedbench.analysis import intervals
+from speedbench.analysis.numbers import AUTO, ratio_text
 from speedbench.analysis.summary import summarised
 from speedbench.report import plots
 from speedbench.report.document import Document, shortened, slug, write
-from speedbench.report.render import _ci, _num
+from speedbench.report.render import _num
 from speedbench.results.runs import KEYS, ReportError, Run, label_runs, load_run
 from speedbench.results.schema import OK
 
@@ -173,12 +174,14 @@ def comparison_table(runs: list[Run], keys: list[tuple], rows: pd.DataFrame) -> 
         for run in runs[1:]:
             r = rows[(rows["model"] == key[1]) & (rows["variant"] == key[2])
                      & (rows["experiment"] == key[0]) & (rows["run"] == run.label)].iloc[0]
-            line[f"{run.label} / {ref.label} [95% CI]"] = _ci(r["ratio"], r["lo"], r["hi"])
+            line[f"{run.label} / {ref.label} [95% CI]"] = ratio_text(r["ratio"], r["lo"],
+                                                                       r["hi"], AUTO)
             line[f"verdict: {run.label} vs {ref.label}"] = r["verdict"]
         for run in runs:
             s = _summary_row(run, key)
             line[f"speed-up {run.label}"] = (
-                "-" if s is None else _ci(s["speedup"], s["speedup_lo"], s["speedup_hi"])
+                "-" if s is None
+                else ratio_text(s["speedup"], s["speedup_lo"], s["speedup_hi"], AUTO)
                 if s["status"] == OK else s["status"])
         if memory:
             for run in runs:

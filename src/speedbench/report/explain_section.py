@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from speedbench.analysis import explain
+from speedbench.analysis.numbers import ratio_text
 from speedbench.report import plots, waterfall
 from speedbench.report.document import Document, slug
 from speedbench.results import runs
@@ -44,13 +45,11 @@ def explained(table, forecast, summary, experiment: str | None = None) -> pd.Dat
 
 
 def _x(x: float) -> str:
-    return f"{x:.3g}x" if math.isfinite(x) else "-"
+    return ratio_text(x, spec=".3g")
 
 
 def _ci(row) -> str:
-    lo, hi = row["speedup_lo"], row["speedup_hi"]
-    return f"{_x(row['speedup'])} [{lo:.3g}, {hi:.3g}]" if math.isfinite(lo) else \
-        _x(row["speedup"])
+    return ratio_text(row["speedup"], row["speedup_lo"], row["speedup_hi"], ".3g")
 
 
 def parts_table(rows: pd.DataFrame) -> pd.DataFrame:

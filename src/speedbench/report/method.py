@@ -9,6 +9,7 @@ import pandas as pd
 
 from speedbench.analysis.intervals import (DEFAULT_THRESHOLD, FAMILY_LEVEL, LOOKS,
                                            MAX_LOOKS, comparison_level)
+from speedbench.analysis.numbers import ratio_text
 
 
 # The one statement of the rounds' stopping rule (adaptive.wants_more_rounds) in the report.
@@ -142,8 +143,8 @@ def _tail_warnings(summary: pd.DataFrame) -> list[str]:
         typical, window = getattr(r, "speedup", math.nan), getattr(r, "window_speedup", math.nan)
         threshold = getattr(r, "noise_threshold", DEFAULT_THRESHOLD)
         if typical > 0 and window > 0 and abs(math.log(window / typical)) > math.log1p(threshold):
-            parted.append(f"{r.model}/{r.variant} {typical:.2f}x (typical step) against "
-                          f"{window:.2f}x (window mean)")
+            parted.append(f"{r.model}/{r.variant} {ratio_text(typical)} (typical step) against "
+                          f"{ratio_text(window)} (window mean)")
     if not parted:
         return []
     return ["WARNING: the speed-up of the windows' mean step parts from that of the typical "
@@ -161,7 +162,7 @@ def _position_warnings(summary: pd.DataFrame) -> list[str]:
         effect, lo, hi = (float(pd.to_numeric(r[c], errors="coerce").iloc[0])
                           for c in ("position_effect", "position_lo", "position_hi"))
         if (lo > 1 or hi < 1) and abs(math.log(effect)) > math.log1p(POSITION_MATERIAL):
-            hit.append(f"{model} {effect:.3f}x [{lo:.3f}, {hi:.3f}]")
+            hit.append(f"{model} {ratio_text(effect, lo, hi, '.3f')}")
     if not hit:
         return []
     return ["WARNING: the first trial of a round ran at a different speed from the later ones "

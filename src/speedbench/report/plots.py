@@ -23,6 +23,7 @@ from speedbench.report.numbers import clip  # noqa: E402
 from speedbench.results import atomic  # noqa: E402
 from speedbench.results.schema import OK  # noqa: E402
 from speedbench.analysis import intervals
+from speedbench.analysis.numbers import ratio_text
 from speedbench.analysis.summary import status_of
 
 VERDICT_COLOURS = {intervals.FASTER: "#2a9d8f", intervals.SLOWER: "#e76f51",
@@ -121,7 +122,7 @@ def _bar_panels(trials: pd.DataFrame, column: str, ylabel: str, title: str,
                 ax.text(xi, top * 0.02, clip(_status_of(trials, model, v), 18), rotation=90,
                         ha="center", va="bottom", fontsize=8, color="#6c757d")
             elif ratio_labels and v not in baseline and base_med > 0:
-                ax.text(xi, m + eh + top * 0.02, f"{m / base_med:.2f}x", ha="center",
+                ax.text(xi, m + eh + top * 0.02, ratio_text(m / base_med), ha="center",
                         va="bottom", fontsize=8, color="#333333")
         _xticks(ax, variants)
         ax.set_title(model)
@@ -206,8 +207,7 @@ def forest(rows: pd.DataFrame, xlabel: str, title: str, panel: str = "model",
                     ax.plot([r.lo, r.hi], [yi, yi], color=colour, linewidth=3,
                             solid_capstyle="round")
                 ax.plot([r.ratio], [yi], "o", color=colour, markersize=8, markeredgecolor="white")
-                ci = f" [{r.lo:.2f}, {r.hi:.2f}]" if np.isfinite(r.lo) else ""
-                ax.text(1.02, yi, f"{r.ratio:.2f}x{ci}  {r.verdict}", transform=side,
+                ax.text(1.02, yi, f"{ratio_text(r.ratio, r.lo, r.hi)}  {r.verdict}", transform=side,
                         va="center", fontsize=9, color=colour)
             ax.set_yticks(y, [clip(str(v), 40) for v in sel[label]])
             ax.set_ylim(-0.6, len(sel) - 0.4)

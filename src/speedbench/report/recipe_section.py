@@ -13,6 +13,7 @@ from typing import Optional
 import pandas as pd
 import yaml
 
+from speedbench.analysis.numbers import ratio_text
 from speedbench.report import plots, waterfall
 from speedbench.report.document import Document, slug
 from speedbench.results import runs
@@ -48,16 +49,6 @@ def _finite(x) -> bool:
         return math.isfinite(float(x))
     except (TypeError, ValueError):
         return False
-
-
-def _ci(x, lo, hi) -> str:
-    try:
-        x, lo, hi = float(x), float(lo), float(hi)
-    except (TypeError, ValueError):
-        return "-"
-    if not math.isfinite(x):
-        return "-"
-    return f"{x:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
 
 
 def _text(value) -> str:
@@ -103,10 +94,10 @@ def _waterfall(doc: Document, wf, model: str, out_dir: Path) -> None:
                       "adjusted CI.", fig_path)])
     doc.table(pd.DataFrame({
         "stage": wf["label"],
-        "speed-up over naive [CI], measured": [_ci(r.speedup, r.lo, r.hi) if i == 0 or
+        "speed-up over naive [CI], measured": [ratio_text(r.speedup, r.lo, r.hi) if i == 0 or
                                                _finite(r.lo) else "not measured"
                                                for i, r in enumerate(wf.itertuples())],
-        GAIN_WHEN_ADDED: [_ci(r.step_gain, r.step_lo, r.step_hi) for r in wf.itertuples()],
+        GAIN_WHEN_ADDED: [ratio_text(r.step_gain, r.step_lo, r.step_hi) for r in wf.itertuples()],
     }))
 
 
@@ -117,9 +108,9 @@ def _ablation(doc: Document, ab) -> None:
              "technique, i.e. what each contributes in the presence of the others.")
     doc.table(pd.DataFrame({
         "technique": ab["option"],
-        "contribution [CI]": [_ci(r.speedup, r.lo, r.hi) for r in ab.itertuples()],
+        "contribution [CI]": [ratio_text(r.speedup, r.lo, r.hi) for r in ab.itertuples()],
         "verdict": ab["verdict"].map(_text),
-        GAIN_WHEN_ADDED: [_ci(r.step_gain, math.nan, math.nan) for r in ab.itertuples()],
+        GAIN_WHEN_ADDED: [ratio_text(r.step_gain) for r in ab.itertuples()],
     }))
 
 
@@ -167,8 +158,7 @@ def _screens(doc: Document, steps) -> None:
                             aggfunc="first", sort=False)
     table = pd.DataFrame({"option": log.index})
     for step in log.columns:
-        table[f"step {int(step)}"] = [
-            "-" if pd.isna(log.loc[o, step]) else f"{log.loc[o, step]:.2f}x" for o in log.index]
+        table[f"step {int(step)}"] = [ratio_text(log.loc[o, step]) for o in log.index]
     doc.para("The screens, step by step: each option's gain over the recipe of that "
              "step, from a few rounds; they rank the options, the confirmations below "
              "decide.")
@@ -183,7 +173,7 @@ def _confirmations(doc: Document, confirm) -> None:
     doc.table(pd.DataFrame({
         "step": confirm["step"].map(lambda x: f"{int(x)}" if pd.notna(x) else "-"),
         "option": confirm["option"],
-        "gain [CI]": [_ci(r.speedup, r.lo, r.hi) for r in confirm.itertuples()],
+        "gain [CI]": [ratio_text(r.speedup, r.lo, r.hi) for r in confirm.itertuples()],
         "rounds": confirm["rounds"].map(lambda x: f"{int(x)}" if pd.notna(x) else "-"),
         "verdict": [_text(r.verdict) or _text(r.status) for r in confirm.itertuples()],
     }))

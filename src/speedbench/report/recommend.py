@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from speedbench.report.numbers import clip, learning_lost, ratio_ci
+from speedbench.analysis.numbers import AUTO, ratio_text
+from speedbench.report.numbers import clip, learning_lost
 from speedbench.analysis.quality import DIVERGED, WORSE
 from speedbench.analysis.to_target import recipe_line, verdict_line
 from speedbench.results.runs import load_recipe, load_to_target
@@ -65,9 +66,6 @@ class Advice:
     searched: bool = False  # advised from a recipe search: its baseline is the naive recipe
 
 
-_ci = ratio_ci
-
-
 def _get(row, name: str, default=math.nan):
     value = row.get(name, default)
     try:
@@ -94,18 +92,19 @@ def memory_text(row: dict, baseline: dict | None) -> str:
         return "memory not measured"
     if abs(ratio - 1) < 0.05:
         return "same memory"
-    return f"memory {ratio:.2f}x"
+    return f"memory {ratio_text(ratio)}"
 
 
 def _classify(row: dict) -> tuple[str, str]:
     """(kind, text) of one non-baseline row: kind is use / skip / untested."""
     status = str(row.get("status", OK))
     verdict = str(row.get("verdict", ""))
-    effect = _ci(_get(row, "speedup"), _get(row, "speedup_lo"), _get(row, "speedup_hi"))
+    effect = ratio_text(_get(row, "speedup"), _get(row, "speedup_lo"), _get(row, "speedup_hi"),
+                        AUTO)
     if status.startswith("n/a"):
         return "untested", status.removeprefix("n/a:").strip() or "n/a"
     if status.startswith(NOT_MEASURED):  # a limit stopped it: no call, what it measured
-        measured = f"; measured {_get(row, 'speedup'):.2f}x, no CI" \
+        measured = f"; measured {ratio_text(_get(row, 'speedup'))}, no CI" \
             if math.isfinite(_get(row, "speedup")) else ""
         return "untested", f"{status}{measured}"
     if status != OK:
@@ -164,7 +163,7 @@ def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None) -> list[Ad
             memory = memory_text(best, baselines.get((experiment, model)))
             advice.use.append(Item(name, f"{text}, {memory}", _get(best, "speedup"), text))
             if len(winners) > 1:
-                advice.also_faster[name] = [f"{r['variant']} {_get(r, 'speedup'):.2f}x"
+                advice.also_faster[name] = [f"{r['variant']} {ratio_text(_get(r, 'speedup'))}"
                                             for r, _ in winners[1:]]
         for r, kind, text in items:
             name = technique_name(experiment, r["variant"])
@@ -223,7 +222,7 @@ def _stack(advice: Advice, chosen: list[str], waterfall: pd.DataFrame, ablation:
            summary: pd.DataFrame) -> None:
     """The final recipe and its techniques: `use` where significant, else `not settled`."""
     last = waterfall.iloc[-1].to_dict()
-    effect = _ci(_get(last, "speedup"), _get(last, "lo"), _get(last, "hi"))
+    effect = ratio_text(_get(last, "speedup"), _get(last, "lo"), _get(last, "hi"), AUTO)
     name = "the recipe " + " + ".join(chosen)
     if str(last.get("verdict")) == FASTER:
         text = f"{effect} over naive, {_closing_memory(advice.model, chosen, summary)}"
@@ -236,14 +235,14 @@ def _stack(advice: Advice, chosen: list[str], waterfall: pd.DataFrame, ablation:
         a = marginal.get(option, {})
         w = waterfall[waterfall["option"] == option]
         w = w.iloc[0].to_dict() if len(w) else {}
-        when = _ci(_get(w, "step_gain"), _get(w, "step_lo"), _get(w, "step_hi"))
+        when = ratio_text(_get(w, "step_gain"), _get(w, "step_lo"), _get(w, "step_hi"), AUTO)
         added = f"{when} when added (conditional on its selection)"
         if str(a.get("verdict")) == FASTER:
-            effect = _ci(_get(a, "speedup"), _get(a, "lo"), _get(a, "hi"))
+            effect = ratio_text(_get(a, "speedup"), _get(a, "lo"), _get(a, "hi"), AUTO)
             advice.use.append(Item(f"  {option}", f"{effect} with the others, significant; "
                                    f"{added}", math.inf, effect, part=True))
         elif math.isfinite(_get(a, "speedup")):
-            effect = _ci(_get(a, "speedup"), _get(a, "lo"), _get(a, "hi"))
+            effect = ratio_text(_get(a, "speedup"), _get(a, "lo"), _get(a, "hi"), AUTO)
             advice.unsettled.append(Item(option, f"{effect} with the others, not significant; "
                                          f"{added}"))
         else:

@@ -20,18 +20,17 @@ import pandas as pd
 from speedbench.results import atomic
 from speedbench.analysis import claims as claims_mod
 from speedbench.analysis import intervals
+from speedbench.analysis.numbers import AUTO, ratio_text
 from speedbench.analysis.summary import summarised
 from speedbench.report import (capacity_section, explain_section, host_sweep, memory_section,
                                method, plots, profile_section, recipe_section, recommend,
                                settings, to_target_section, unfinished)
 from speedbench.report.document import Document, shortened, slug, write
-from speedbench.report.numbers import learning_lost, ratio_ci
+from speedbench.report.numbers import learning_lost
 from speedbench.results.runs import Run, load_recipe, load_run
 from speedbench.analysis.quality import NO_VERDICT
 from speedbench.results.schema import OK, STOPPED_SLOWER
 
-
-_ci = ratio_ci
 
 
 def _num(x, fmt="{:.1f}") -> str:
@@ -45,11 +44,11 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame({
         "model": summary["model"], "variant": summary["variant"], "status": summary["status"],
         "samples/s": summary["samples_per_s"].map(_num),
-        "speed-up [adj. CI]": [_ci(r.speedup, r.speedup_lo, r.speedup_hi)
-                              for r in summary.itertuples()],
+        "speed-up [adj. CI]": [ratio_text(r.speedup, r.speedup_lo, r.speedup_hi, AUTO)
+                               for r in summary.itertuples()],
         "verdict": summary["verdict"],
         "peak mem MB": summary["peak_mem_mb"].map(_num),
-        "mem ratio": [_ci(r.mem_ratio, math.nan, math.nan) if "mem_ratio" in summary else "-"
+        "mem ratio": [ratio_text(r.mem_ratio, spec=AUTO) if "mem_ratio" in summary else "-"
                       for r in summary.itertuples()],
         **_quality(summary, short=False),
         # Achieved FLOP/s (FlopCounterMode FLOPs / median step time), the peak measured on the
@@ -66,7 +65,8 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     if "scaling_efficiency" in summary:  # data-parallel variants (summary.add_efficiency)
         table.insert(4, "devices", summary["devices"])
         table.insert(5, "scaling eff. [95% CI]", [
-            _ci(r.scaling_efficiency, r.scaling_efficiency_lo, r.scaling_efficiency_hi, unit="")
+            ratio_text(r.scaling_efficiency, r.scaling_efficiency_lo, r.scaling_efficiency_hi,
+                       AUTO, unit="")
             for r in summary.itertuples()])
     if summary["experiment"].nunique() > 1:
         table.insert(0, "experiment", summary["experiment"])
@@ -167,7 +167,8 @@ def peak_note(summary: pd.DataFrame, trials: pd.DataFrame) -> str:
     parts = []
     for prec, peak in peaks.items():
         share = rows.loc[rows["peak_kind"] == prec, "peak_fraction"].dropna() * 100
-        times = f" ({peak / ref:.2g}x fp32's)" if ref and prec != "fp32" else ""
+        times = (f" ({ratio_text(peak / ref, spec='.2g')} fp32's)" if ref and prec != "fp32"
+                 else "")
         low, high = (_sig(share.min(), 2), _sig(share.max(), 2)) if len(share) else ("", "")
         reach = ("" if not len(share) else f", of which the models reach {low}%" if low == high
                  else f", of which the models reach {low}-{high}%")
@@ -211,15 +212,6 @@ def _clip(text, most: int = 16) -> str:
     return text if len(text) <= most else text[:most - 1] + "~"
 
 
-def _short_ci(x, lo, hi) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    if lo is None or math.isnan(lo):
-        return f"{x:.2f}x"
-    # A CI from two rounds at a Bonferroni level can span many decades: keep it short.
-    return f"{x:.2f}x [{lo:.3g},{hi:.3g}]"
-
-
 def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """The compact table and its footnotes (the reasons of rows that have no number)."""
     reasons: list[str] = []
@@ -236,8 +228,9 @@ def console_frame(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     table = pd.DataFrame({
         "model": summary["model"].map(_clip), "variant": summary["variant"].map(_clip),
         "samples/s": summary["samples_per_s"].map(_num),
-        "speed-up [CI]": [_short_ci(r.speedup, r.speedup_lo, r.speedup_hi)
-                              for r in summary.itertuples()],
+        # A CI from two rounds at a Bonferroni level can span many decades: keep it short.
+        "speed-up [CI]": [ratio_text(r.speedup, r.speedup_lo, r.speedup_hi, ci_spec=".3g",
+                                     sep=",") for r in summary.itertuples()],
         "verdict": verdicts,
         "mem MB": summary["peak_mem_mb"].map(lambda v: _num(v, "{:.0f}")),
         "mem x": _col(summary, "mem_ratio").map(lambda v: _num(v, "{:.2f}")),
@@ -458,12 +451,14 @@ def at_a_glance(summary: pd.DataFrame) -> str:
     slower = rows[rows["verdict"] == intervals.SLOWER]
     if len(faster):
         best = faster.loc[faster["speedup"].idxmax()]
-        text += f" Best: {best['variant']} on {best['model']}, {best['speedup']:.2f}x (faster)."
+        text += (f" Best: {best['variant']} on {best['model']}, {ratio_text(best['speedup'])} "
+                 "(faster).")
     else:
         text += " No variant is significantly faster than its baseline."
     if len(slower):
         worst = slower.loc[slower["speedup"].idxmin()]
-        text += f" Worst: {worst['variant']} on {worst['model']}, {worst['speedup']:.2f}x (slower)."
+        text += (f" Worst: {worst['variant']} on {worst['model']}, "
+                 f"{ratio_text(worst['speedup'])} (slower).")
     return text
 
 

@@ -4,11 +4,13 @@ analysis.to_target, from to_target.csv and curves.csv (studies/to_target.py)."""
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import pandas as pd
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from speedbench.analysis import to_target
+from speedbench.analysis.numbers import ratio_text
 from speedbench.report import plots
 from speedbench.report.document import Document, slug
 
@@ -30,22 +32,20 @@ METHOD = ("Each variant trains from the same seeds (the same weights and data or
           "(baseline / variant time per step) x steps (baseline / variant steps to target).")
 
 
-def _fmt(x, spec: str = "{:.3g}", bound: str = "") -> str:
+def _fmt(x, text: Callable[[float], str] = "{:.3g}".format, bound: str = "") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     if isinstance(x, float) and math.isinf(x):
         return "not reached"
-    return bound + spec.format(x)
+    return bound + text(x)
 
 
 def _ci(row) -> str:
     if not math.isfinite(row["speedup"]):
         return "-"
     if row.get("speedup_bound"):
-        return f"{row['speedup_bound']} {row['speedup']:.2f}x"
-    if not (math.isfinite(row["speedup_lo"]) and math.isfinite(row["speedup_hi"])):
-        return f"{row['speedup']:.2f}x"
-    return f"{row['speedup']:.2f}x [{row['speedup_lo']:.2f}, {row['speedup_hi']:.2f}]"
+        return f"{row['speedup_bound']} {ratio_text(row['speedup'])}"
+    return ratio_text(row["speedup"], row["speedup_lo"], row["speedup_hi"])
 
 
 def _at_least(row) -> str:
@@ -60,15 +60,15 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
         "model": [r["model"] for r in rows],
         "variant": [r["variant"] for r in rows],
         "reached": [f"{r['reached']}/{r['seeds']}" for r in rows],
-        "time to target (s)": [_fmt(r["time_to_target_s"], "{:.4g}", _at_least(r))
+        "time to target (s)": [_fmt(r["time_to_target_s"], "{:.4g}".format, _at_least(r))
                                for r in rows],
-        "= steps": [_fmt(r["steps_to_target"], "{:.4g}", _at_least(r)) for r in rows],
-        "x ms/step": [_fmt(r["step_ms"], "{:.4g}") for r in rows],
-        "one-time (s)": [_fmt(r["one_time_s"], "{:.2f}") for r in rows],
+        "= steps": [_fmt(r["steps_to_target"], "{:.4g}".format, _at_least(r)) for r in rows],
+        "x ms/step": [_fmt(r["step_ms"], "{:.4g}".format) for r in rows],
+        "one-time (s)": [_fmt(r["one_time_s"], "{:.2f}".format) for r in rows],
         "from cold (s)": [_fmt(r["cold_s"], bound=_at_least(r)) for r in rows],
         "speed-up [CI]": [_ci(r) for r in rows],
-        "= step speed": [_fmt(r["step_speed_ratio"], "{:.2f}x") for r in rows],
-        "x steps": [_fmt(r["steps_ratio"], "{:.2f}x") for r in rows],
+        "= step speed": [_fmt(r["step_speed_ratio"], ratio_text) for r in rows],
+        "x steps": [_fmt(r["steps_ratio"], ratio_text) for r in rows],
         "verdict": [r["verdict"] for r in rows],
     })
 

@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from speedbench.analysis.explain import LABELS  # noqa: E402
+from speedbench.analysis.numbers import ratio_text  # noqa: E402
 from speedbench.report.plots import BASE_COLOUR, STYLE, _xticks  # noqa: E402
 from speedbench.results.schema import EXPLAIN_CATEGORIES  # noqa: E402
 
@@ -49,11 +50,11 @@ def figure(rows: pd.DataFrame, model: str = "") -> plt.Figure:
             colour = BASE_COLOUR if i == 0 else FINAL if i == n - 1 else \
                 GAIN if value >= 1 else LOSS
             ax.bar(i, value, color=colour, width=0.6)
-            text = f"{value:.2f}x"
+            # the CI, after the naive stage, on a line of its own
+            text = ratio_text(value, *((lo, hi) if i > 0 else ())).replace(" [", "\n[")
             if i > 0:
                 ax.errorbar(i, value, yerr=[[value - lo], [hi - value]], color="black",
                             capsize=4, lw=1.1)
-                text += f"\n[{lo:.2f}, {hi:.2f}]"
             peak = hi if i > 0 else value
             top = max(top, peak)
             ax.annotate(text, (i, peak), xytext=(0, 4), textcoords="offset points",
@@ -113,11 +114,12 @@ def parts_figure(row) -> plt.Figure:
         forecast = row.get("forecast", math.nan)
         if _finite(forecast) and forecast > 0:
             ax.axhline(_change_ms(base, forecast), color="#888888", lw=1, ls="--",
-                       label=f"forecast: at most {forecast:.3g}x")
+                       label=f"forecast: at most {ratio_text(forecast, spec='.3g')}")
             ax.legend(loc="best", fontsize=8, frameon=False)
         ax.axhline(0.0, color="black", lw=0.8)
         _xticks(ax, [LABELS[c] for c in cats] + ["profiled", "measured"])
         ax.set_ylabel("change, ms per baseline step")
-        ax.set_title(f"Why {row['variant']} is {row['speedup']:.3g}x on {row['model']}")
+        ax.set_title(f"Why {row['variant']} is {ratio_text(row['speedup'], spec='.3g')} on "
+                     f"{row['model']}")
         fig.tight_layout()
         return fig

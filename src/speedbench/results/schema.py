@@ -228,9 +228,5 @@ def na(reason: str) -> str:
     return format_status(NA, reason)
 
 
-def is_na(text) -> bool:
-    return parse_status(text).na
-
-
 def reason_of(text) -> str:
     return parse_status(text).reason

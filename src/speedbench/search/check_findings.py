@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from speedbench import results
 from speedbench.analysis import intervals
+from speedbench.analysis.numbers import ratio_text
 from speedbench.config import ConfigError, Plan
 from speedbench.studies import costs
 from speedbench.measure.budget import Budget
@@ -92,7 +93,7 @@ def check(plans: list[Plan], run_dir: Path, writer, progress: bool, book=None,
     threshold = float(OmegaConf.select(plans[0].config, "bench.noise_threshold", default=0.02))
     level = _level(todo, alpha)
     for key, (s, lo, hi, verdict) in selection.compare_at(pairs, level, threshold).items():
-        effect = f"{s:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else "")
+        effect = ratio_text(s, lo, hi)
         status[key] = (f"measured {effect} here, "
                        + VERDICT_TEXT.get(verdict, "not settled by this check"))
     findings["check"] = [

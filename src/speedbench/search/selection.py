@@ -53,6 +53,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 import numpy as np
 
 from speedbench.analysis import intervals, quality
+from speedbench.analysis.numbers import ratio_text
 from speedbench.measure.budget import Budget
 from speedbench.studies.costs import MeasurementCosts
 from speedbench.results.schema import HOPELESS, OK, REFUSED, format_status
@@ -394,8 +395,8 @@ class _Forward:
         option = next(o for o in options if o.label == best.label)
         self.chosen.append(option)
         self.pool.pop(option.group)
-        self.progress(f"step {n}: added {option.label} ({best.speedup:.2f}x "
-                      f"[{best.lo:.2f}, {best.hi:.2f}])")
+        self.progress(f"step {n}: added {option.label} "
+                      f"({ratio_text(best.speedup, best.lo, best.hi)})")
         return None
 
     def _set_aside(self, n: int, current: Overrides, options: list[Option]) -> dict[str, str]:
@@ -455,8 +456,8 @@ class _Forward:
         # hopeless: surely less than half as fast; not worth another step's time
         for c in comparisons.values():
             if c.hi < self.rules.hopeless_below:
-                found[c.label] = format_status(HOPELESS, f"{c.speedup:.2f}x [{c.lo:.2f}, "
-                                                         f"{c.hi:.2f}] in step {n}, not retried")
+                found[c.label] = format_status(
+                    HOPELESS, f"{ratio_text(c.speedup, c.lo, c.hi)} in step {n}, not retried")
         self._drop(found)
         record = StepRecord(n, current, comparisons, None, found, 0.0, level)
         self.steps.append(record)
@@ -483,7 +484,7 @@ class _Forward:
         if not self.fits(confirm + self.reserve()):
             return None, self._over_budget(f"confirming step {record.index}'s best", confirm)
         self.progress(f"step {record.index}: confirming " + ", ".join(
-            f"{c.label} (screened {c.speedup:.2f}x)" for c in top))
+            f"{c.label} (screened {ratio_text(c.speedup)})" for c in top))
         left = self.left_s()  # its extra rounds may not eat the closing's reserve
         arms = self.measured({"current": recipes["current"],
                               **{c.label: recipes[c.label] for c in top}},
@@ -524,7 +525,7 @@ class _Forward:
                 winners.append(confirmed)
         best = max(winners, key=lambda c: c.speedup, default=None)
         return best, (f"no remaining option was significantly faster (CI above "
-                      f"{1 + self.rules.min_gain:.2f}x) without a worse held-out loss")
+                      f"{ratio_text(1 + self.rules.min_gain)}) without a worse held-out loss")
 
 
 def _failed(label: str, status: str) -> Comparison:

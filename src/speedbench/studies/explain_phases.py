@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from speedbench import techniques
+from speedbench.analysis.numbers import ratio_text
 from speedbench.measure import explain
 from speedbench.studies import costs
 from speedbench.measure.budget import Budget
@@ -40,7 +41,7 @@ def forecasts(mc, prepared, status: dict[str, str], probe_steps: dict, budget: B
     steps = costs.step_seconds(probe_steps, [])
     na = {n: s for n, s in status.items() if schema.parse_status(s).kind == schema.NA}
     said_by = explainer.forecast(budget, steps.get(base, math.nan), na)
-    said = [f"{n} at most {b.speedup:.3g}x" for n, (_, b) in said_by.items()
+    said = [f"{n} at most {ratio_text(b.speedup, spec='.3g')}" for n, (_, b) in said_by.items()
             if isinstance(b, techniques.Bound)]
     if said:  # before any round: what each could gain at best
         mc.say(f"{mc.spec.name}: forecasts: {', '.join(said)}")

@@ -171,9 +171,16 @@ def _record(step_s: list[float], per_step: int, setup_s: float, loss: float, sta
             "step_ms": 1000 * (took - one_time) / len(step_s)}
 
 
-def reached_at(curve: list[dict], target: float) -> dict | None:
-    """The first evaluation of a curve at or below `target`, or None."""
-    return next((c for c in curve if c["loss"] <= target), None)
+def fixed_target(cfg, floor: float | None) -> tuple[float | None, str]:
+    """(target, where it comes from) known before any training: `target.loss` (cfg.loss) when
+    given, else the data's entropy floor + target.margin; (None, "") where neither is known and
+    the baseline's reruns must set it (ToTarget._reruns_target)."""
+    if cfg.loss is not None:
+        return float(cfg.loss), "target.loss"
+    if floor is not None:
+        return floor + cfg.margin, (f"the data's entropy floor {floor:.4f} + "
+                                    f"target.margin {cfg.margin:g}")
+    return None, ""
 
 
 # --- a plan ----------------------------------------------------------------------------------------
@@ -204,7 +211,7 @@ class ToTarget:
         base_step = batching(spec, first, self.ctx).per_step
         train, xy, floor = held_out(spec, first, cfg.max_steps * base_step, cfg.eval_samples)
         skip = self._not_trained(spec)
-        target, source = self._fixed_target(floor)
+        target, source = fixed_target(cfg, floor)
         if target is None:  # baseline reruns set it; the timed seeds are others
             target, source = self._reruns_target(spec, train, xy, base_step)
         for s in range(cfg.seeds):
@@ -268,14 +275,6 @@ class ToTarget:
     def _done(self) -> None:
         self.left -= 1
         self.bar.update()
-
-    def _fixed_target(self, floor: float | None) -> tuple[float | None, str]:
-        if self.cfg.loss is not None:
-            return float(self.cfg.loss), "target.loss"
-        if floor is not None:
-            return floor + self.cfg.margin, (f"the data's entropy floor {floor:.4f} + "
-                                             f"target.margin {self.cfg.margin:g}")
-        return None, ""
 
     def _not_trained(self, spec) -> dict:
         """variant -> why it is not trained: n/a in the speed rounds, or processes of its own.

@@ -1,7 +1,9 @@
 """The technique registry: every speed-up technique speedbench knows, in application order.
 
 To add a technique: write one module here with a `Technique` subclass (see base.py and
-docs/adding-a-technique.md), add an instance to `_ALL` below, and write its experiment YAML.
+docs/adding-a-technique.md), add an instance to `_ALL` below, write its experiment YAML and its
+EFFECTS entry in tests/test_techniques.py, and regenerate the docs (python -m
+speedbench.config.docs). tests/test_registry.py fails for a module left out of `_ALL`.
 The schema, validation, the trial, the Trainer, trials.csv and diagnosis pick it up from here.
 
 The helpers below apply every technique's hook in `REGISTRY` order: `_ALL`'s, sorted so that

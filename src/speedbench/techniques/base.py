@@ -62,6 +62,7 @@ from typing import Any, Callable, ClassVar, Iterator, Optional
 import torch
 
 
+from speedbench.analysis.numbers import ratio_text
 from speedbench.errors import ConfigError  # noqa: F401  (re-exported for technique modules)
 
 
@@ -280,7 +281,7 @@ def amdahl(share: float, gain: float = math.inf) -> float:
 
 def times(speedup: float) -> str:
     """1.004016 -> `1.004x`; inf -> `any factor`."""
-    return "any factor" if math.isinf(speedup) else f"{speedup:.4g}x"
+    return "any factor" if math.isinf(speedup) else ratio_text(speedup, spec=".4g")
 
 
 def percent(share: float) -> str:

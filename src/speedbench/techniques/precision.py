@@ -7,6 +7,7 @@ from typing import Literal, Optional
 
 import torch
 
+from speedbench.analysis.numbers import ratio_text
 from speedbench.techniques.base import (ActsOn, Bound, Context, Field, Finding, Technique,
                                         amdahl, percent, times)
 
@@ -64,8 +65,9 @@ scaler.step(opt); scaler.update(); opt.zero_grad(set_to_none=True)"""),
             return None
         f = profile.share("matmul")
         gain = amdahl(f, s)
+        peak = ratio_text(s, spec=".2g")
         return Bound(gain, f, f"matmul/conv is {percent(f)} of the step and {recipe.precision} "
-                              f"matrix products peak at {s:.2g}x fp32's: {recipe.precision} "
+                              f"matrix products peak at {peak} fp32's: {recipe.precision} "
                               f"cannot gain more than {times(gain)}")
 
     def diagnose(self, tp) -> list[Finding]:
