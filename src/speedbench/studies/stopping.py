@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from speedbench.analysis.intervals import FAMILY_LEVEL, STOP_SHARE, t_quantile
-from speedbench.analysis.numbers import ratio_text
 from speedbench.studies.costs import trial_seconds
 from speedbench.results.schema import NOT_MEASURED, TOO_SLOW, format_status
 
@@ -102,7 +101,7 @@ def stopped_status(ratio: tuple[float, float, float], steady_s: list[float], ref
                    steps: int) -> str:
     """`too slow: 14.2x slower [11.0, 18.3] than the baseline in steady probe steps ...`."""
     point, lo, hi = ratio
-    return format_status(TOO_SLOW, f"{ratio_text(1 / point, 1 / hi, 1 / lo, spec='.3g')} slower than "
+    return format_status(TOO_SLOW, f"{1 / point:.3g}x slower [{1 / hi:.3g}, {1 / lo:.3g}] than "
                                    f"the baseline in steady probe steps ({np.median(steady_s):.3g}"
                                    f" s/step, {len(steady_s)} against {len(ref.step_s)}; one-"
                                    f"sided {ref.level:.4%} per look), stopped after {steps} "
