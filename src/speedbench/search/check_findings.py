@@ -113,7 +113,7 @@ def _measure(plan: Optional[Plan], model: str, variant: str, knob: str, run_dir:
         else dict(node or {})
     ran = {**driver.flat(raw), "profile": "off"}  # unprofiled
     need = 4 * _trial_seconds(writer.rows, plan.experiment, model, variant)  # 2 rounds of 2
-    if budget.left() < need:
+    if budget.left() <= need:  # nothing left, or less than two rounds
         return (f"not checked: the run's bench.time_budget_s had {budget.left():.0f} s left "
                 f"for it, about {need:.0f} s needed")
     recipes = {"as run": ran, "suggested": {**ran, **parse_knob(knob)}}

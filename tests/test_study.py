@@ -1,0 +1,72 @@
+"""A plan's study (studies/study.py): the request is plain data, the run-level keys are read
+once from the run's config, nothing writes a key, and every phase draws on one clock."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from conftest import TINY, compose_cfg
+
+from speedbench.config import build_plan
+from speedbench.errors import ConfigError
+from speedbench.measure.budget import Budget
+from speedbench.search import check_findings, driver
+from speedbench.studies import study
+
+
+def test_a_request_is_plain_data_both_ways():
+    request = study.Request(rounds=3, probes="screen", explain=False, budget_s=12.5)
+    assert json.loads(request.to_json()) == {"rounds": 3, "probes": "screen",
+                                             "explain": False, "budget_s": 12.5}
+    assert study.Request.from_json(request.to_json()) == request
+    with pytest.raises(ConfigError, match="request.probes: 'quick' is not one of full, screen"):
+        study.Request(probes="quick")
+    with pytest.raises(ConfigError, match="request.rounds"):
+        study.Request(rounds=0)
+
+
+def test_settings_come_from_the_runs_config_with_the_request_applied_and_nothing_is_written():
+    plan = build_plan(compose_cfg(*TINY, "model=transformer", "bench.quality_steps=12",
+                                  "bench.quality_seeds=3", "bench.target_ci=0.03",
+                                  experiment="amp"), "amp")
+    full = study.Settings.of(plan)
+    assert (full.repeats, full.target_ci, full.quality_steps, full.quality_seeds) == (2, 0.03,
+                                                                                     12, 3)
+    assert full.explain == bool(plan.config.bench.explain)
+    screen = study.Settings.of(plan, study.Request(rounds=4, probes="screen", explain=False))
+    assert (screen.repeats, screen.target_ci, screen.quality_steps, screen.quality_seeds,
+            screen.explain) == (4, None, study.SCREEN_PROBE_STEPS, 1, False)
+    assert all(screen.repeats_of(r) == 4 for r in plan.variants.values())
+    # the plan is as it was built: a request writes no key
+    for recipe in plan.variants.values():
+        assert (recipe.bench.repeats, recipe.bench.target_ci, recipe.bench.quality_steps) \
+            == (2, 0.03, 12)
+
+
+def test_each_recipe_search_step_is_a_request_within_its_time():
+    cfg = compose_cfg(*TINY, "model=transformer", experiment="recipe")
+    screen = driver.step_request(cfg, "step 1", 100.0, 3)
+    assert screen == study.Request(rounds=3, probes="screen", explain=False, budget_s=50.0)
+    confirm = driver.step_request(cfg, "step 1 confirm", 1000.0, None)
+    assert confirm == study.Request(probes="full", explain=False,
+                                    budget_s=cfg.recipe.step_budget_s)
+    closing = driver.step_request(cfg, "closing", None, None)
+    assert closing.explain and closing.budget_s == cfg.recipe.step_budget_s
+    assert driver.step_request(cfg, "pilot", 0.5, 1).budget_s == 1.0  # a second at least
+
+
+def test_a_findings_check_the_run_has_no_time_left_for_says_so(tmp_path):
+    from speedbench import results
+
+    plan = build_plan(compose_cfg(*TINY, "model=transformer", experiment="sync"), "sync")
+    pd.DataFrame([{"experiment": "sync", "model": "transformer", "variant": "item",
+                   "symptom": "host reads of device values every step", "figure": "1 per step",
+                   "tip": "read the loss every K steps", "knob": "sync=deferred"}]
+                 ).to_csv(tmp_path / "findings.csv", index=False)
+    writer = results.TrialWriter(tmp_path / "trials.csv")
+    spent = Budget(1.0, clock=lambda: 0.0, start=-5.0)  # its one second spent 4 s ago
+    findings = check_findings.check([plan], tmp_path, writer, False, budget=spent)
+    assert findings["check"].iloc[0] == ("not checked: the run's bench.time_budget_s had 0 s "
+                                         "left for it, about 0 s needed")
+    assert writer.rows == []  # nothing measured past the run's clock
