@@ -18,7 +18,7 @@ from speedbench.studies import study
 def test_a_request_is_plain_data_both_ways():
     request = study.Request(rounds=3, probes="screen", explain=False, budget_s=12.5)
     assert json.loads(request.to_json()) == {"rounds": 3, "probes": "screen",
-                                             "explain": False, "budget_s": 12.5}
+                                             "explain": False, "budget_s": 12.5, "min_s": 0.0}
     assert study.Request.from_json(request.to_json()) == request
     with pytest.raises(ConfigError, match="request.probes: 'quick' is not one of full, screen"):
         study.Request(probes="quick")
@@ -47,10 +47,12 @@ def test_settings_come_from_the_runs_config_with_the_request_applied_and_nothing
 def test_each_recipe_search_step_is_a_request_within_its_time():
     cfg = compose_cfg(*TINY, "model=transformer", experiment="recipe")
     screen = driver.step_request(cfg, "step 1", 100.0, 3)
-    assert screen == study.Request(rounds=3, probes="screen", explain=False, budget_s=50.0)
+    least = driver.MIN_MEASUREMENT_S
+    assert screen == study.Request(rounds=3, probes="screen", explain=False, budget_s=50.0,
+                                   min_s=least)
     confirm = driver.step_request(cfg, "step 1 confirm", 1000.0, None)
     assert confirm == study.Request(probes="full", explain=False,
-                                    budget_s=cfg.recipe.step_budget_s)
+                                    budget_s=cfg.recipe.step_budget_s, min_s=least)
     closing = driver.step_request(cfg, "closing", None, None)
     assert closing.explain and closing.budget_s == cfg.recipe.step_budget_s
     assert driver.step_request(cfg, "pilot", 0.5, 1).budget_s == 1.0  # a second at least

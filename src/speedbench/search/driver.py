@@ -38,6 +38,7 @@ from speedbench.config import (ConfigError, ModelSpec, Plan, build_plan, config_
                                inline_name)
 
 CLOSING = "recipe"
+MIN_MEASUREMENT_S = 1.0  # the least time a search measurement gets, once started
 
 
 def is_recipe(cfg: DictConfig) -> bool:
@@ -161,8 +162,8 @@ class TrialMeasurer:
         plan.models = [next(m for m in plan.models if m.name == self.spec.name)]
         start = len(self.writer.rows)
         measure_plan(plan, self.run_dir, self.progress, None, self.writer, book=self.book,
-                     budget=self.budget, request=step_request(self.cfg, step, time_left_s,
-                                                              rounds))
+                     budget=self.budget,
+                     request=step_request(self.cfg, step, time_left_s, rounds))
         arms = arms_from_rows(self.writer.rows[start:], list(recipes))
         judged = quality_stats.summarise(_quality_rows(self.run_dir, plan.experiment),
                                          self.cfg.bench.quality_tolerance)
@@ -184,9 +185,11 @@ def step_request(cfg: DictConfig, step: str, time_left_s: Optional[float],
     screening = step != "closing" and not step.endswith("confirm")
     cap = cfg.recipe.step_budget_s
     if time_left_s is not None:  # adaptive rounds may not outrun the search's budget
-        cap = max(1.0, time_left_s / 2 if cap is None else min(cap, time_left_s / 2))
+        cap = max(MIN_MEASUREMENT_S, time_left_s / 2 if cap is None else min(cap, time_left_s / 2))
+    # a measurement the search decided to start runs its first trials: MIN_MEASUREMENT_S at
+    # least, even where the search's clock is spent (a pilot on a very short budget)
     return Request(rounds=rounds, probes="screen" if screening else "full",
-                   explain=step == "closing", budget_s=cap)
+                   explain=step == "closing", budget_s=cap, min_s=MIN_MEASUREMENT_S)
 
 
 def _quality_rows(run_dir: Path, experiment: str) -> pd.DataFrame:
@@ -245,7 +248,6 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[selection.Group], run_dir:
     alpha = (intervals.FAMILY_LEVEL - check_share(cfg)) / len(plan.models)
     cannot_act = cannot_act_for(cfg)
     for k, spec in enumerate(plan.models):
-        own = budget.part(1 / (len(plan.models) - k)).cap(cfg.recipe.budget_s)
         naive, kept, notes = selection.restrict_naive(groups, cannot_act(spec))
         kept = [g for g in kept if g not in skipped]
         if skipped:
@@ -261,6 +263,8 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[selection.Group], run_dir:
         if cfg.recipe.forecasts and cfg.bench.explain:
             forecaster = forecasts.Forecaster(cfg, spec, book, min_gain, step_plan,
                                               model_entry(cfg, spec))
+        # the model's search: its share of what is left of the run, recipe.budget_s at most
+        own = budget.part(1 / (len(plan.models) - k)).cap(cfg.recipe.budget_s)
         measurer = TrialMeasurer(cfg, spec, run_dir, writer, progress, book, own)
         result = selection.search(kept, naive, measurer, budget=own,
                                   max_memory_mb=cfg.recipe.max_memory_mb, alpha=alpha,

@@ -58,12 +58,15 @@ class Request:
     group-sequential looks. `probes`: "full" (bench.quality_steps and quality_seeds) or
     "screen" (SCREEN_PROBE_STEPS steps, one seed: speed alone, the far-slower test).
     `explain`: the forecasts and the paired profile, where bench.explain asks for them.
-    `budget_s`: seconds of the caller's clock the measurement may take (None: what it has)."""
+    `budget_s`: seconds of the caller's clock the measurement may take (None: what it has);
+    `min_s`: seconds it gets even where the caller's clock has less left (a measurement the
+    caller decided to start runs its first trials)."""
 
     rounds: Optional[int] = None
     probes: str = "full"
     explain: bool = True
     budget_s: Optional[float] = None
+    min_s: float = 0.0
 
     def __post_init__(self):
         if self.probes not in PROBES:
@@ -343,6 +346,8 @@ def measure_plan(plan: Plan, run_dir: Path | None, progress: bool = True,
         bar.set_postfix_str("matmul peak")
         book.measure_peaks(techniques.matmul_dtype(r) for r in plan.variants.values())
     budget = (budget or Budget(plan.config.bench.time_budget_s)).cap(request.budget_s)
+    if budget.left() < request.min_s:
+        budget = Budget(request.min_s, budget.clock)
     seed = plan_order_seed(plan, dist_env)
     contexts = [ModelContext(plan, spec, settings, instruments or INSTRUMENTS, dist_env, run_dir,
                              writer, book, bar, seed, comparisons or planned_comparisons(plan))
