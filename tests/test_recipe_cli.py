@@ -12,6 +12,7 @@ import yaml
 from conftest import TINY, compose_cfg, only_run_dir, run_cli
 from speedbench.search import check_findings
 from speedbench.search import driver as recipe
+from speedbench.measure.budget import Budget
 from speedbench.config import ConfigError, build_plan
 from speedbench.results import schema
 
@@ -222,24 +223,29 @@ def test_summary_recipe_csv_and_the_waterfall_agree_to_the_digit(tmp_path):
 
 
 def _sync_world(effect: float):
-    """A simulated machine for the one candidate `sync=deferred` (true gain `effect`): writes
-    each plan's rounds as trials.csv rows, with a drift per round and noise per trial."""
-    rng = np.random.default_rng(0)
+    """A simulated machine for the one candidate `sync=deferred` (true gain `effect`): the
+    study's instruments (studies.study.Instruments) with no training and no probes, each trial
+    a record with a drift per round and noise per trial."""
+    from speedbench.studies import study
 
-    def execute(plan, run_dir, progress, dist_env, writer):
-        rounds = next(iter(plan.variants.values())).bench.repeats
-        for r in range(rounds):
-            drift = math.exp(rng.normal(0, 0.05))
-            for name in plan.variants:
-                gain = effect if "sync=deferred" in name and not name.startswith("without") \
-                    else 1.0
-                writer.append({"experiment": plan.experiment, "model": plan.models[0].name,
-                               "variant": name, "is_baseline": name == plan.baseline,
-                               "trial": r, "round": r, "status": "ok", "peak_mem_mb": 100.0,
-                               "samples_per_s": 100 * gain * drift * math.exp(rng.normal(0, 0.01)),
-                               "elapsed_s": 0.1, "steps": 2, "warmup_steps": 1,
-                               "final_loss": 1.0})
-    return execute
+    rng, drifts = np.random.default_rng(0), {}
+
+    def trial(mc, name, round_, position, *_):
+        drift = drifts.setdefault((mc.plan.experiment, round_),
+                                  math.exp(rng.normal(0, 0.05)))
+        gain = effect if "sync=deferred" in name and not name.startswith("without") else 1.0
+        return {**mc.header(name, round_, position), "status": "ok", "peak_mem_mb": 100.0,
+                "samples_per_s": 100 * gain * drift * math.exp(rng.normal(0, 0.01)),
+                "elapsed_s": 0.1, "steps": 2, "warmup_steps": 1, "final_loss": 1.0}
+
+    def prepare(mc):
+        return study.Prepared(None, {}, {n: 4 for n in mc.plan.variants})
+
+    def header(mc, name, round_, position):
+        return {"experiment": mc.plan.experiment, "model": mc.spec.name, "variant": name,
+                "is_baseline": name == mc.plan.baseline, "trial": round_, "round": round_,
+                "position": position}
+    return study.Instruments(prepare=prepare, probe=lambda *_: None, trial=trial, header=header)
 
 
 def test_the_search_and_summary_agree_on_simulated_trials(tmp_path):
@@ -255,8 +261,8 @@ def test_the_search_and_summary_agree_on_simulated_trials(tmp_path):
     plan = build_plan(cfg, "recipe")
     groups = recipe.check(cfg, plan, None)
     writer = results.TrialWriter(tmp_path / "trials.csv")
-    found = recipe.execute(cfg, plan, groups, tmp_path, writer, False, _sync_world(1.3),
-                           lambda spec: lambda overrides: None)
+    found = recipe.execute(cfg, plan, groups, tmp_path, writer, False, None, Budget(None),
+                           _sync_world(1.3))
     assert [o.label for o in found["transformer"].chosen] == ["sync=deferred"]
     summary = summarise(writer.frame(), levels=recipe.levels(found))
     table = pd.read_csv(tmp_path / "recipe.csv")

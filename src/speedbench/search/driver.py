@@ -149,9 +149,10 @@ class TrialMeasurer:
     search's clock; rows go to the run's trials.csv as they end."""
 
     def __init__(self, cfg: DictConfig, spec: ModelSpec, run_dir: Path, writer, progress: bool,
-                 book, budget: Budget):
+                 book, budget: Budget, instruments=None):
         self.cfg, self.spec, self.run_dir, self.writer = cfg, spec, run_dir, writer
         self.progress, self.book, self.budget = progress, book, budget
+        self.instruments = instruments  # None: the command line's (study.INSTRUMENTS)
 
     def __call__(self, recipes: dict[str, dict], *, step: str,
                  time_left_s: Optional[float], rounds: Optional[int] = None,
@@ -162,7 +163,7 @@ class TrialMeasurer:
         plan.models = [next(m for m in plan.models if m.name == self.spec.name)]
         start = len(self.writer.rows)
         measure_plan(plan, self.run_dir, self.progress, None, self.writer, book=self.book,
-                     budget=self.budget,
+                     budget=self.budget, instruments=self.instruments,
                      request=step_request(self.cfg, step, time_left_s, rounds))
         arms = arms_from_rows(self.writer.rows[start:], list(recipes))
         judged = quality_stats.summarise(_quality_rows(self.run_dir, plan.experiment),
@@ -233,11 +234,13 @@ def trial_seconds(ok: pd.DataFrame) -> float:
 
 # --- the whole search for one plan ------------------------------------------------------------------
 def execute(cfg: DictConfig, plan: Plan, groups: list[selection.Group], run_dir: Path, writer,
-            progress: bool, book, budget: Budget) -> dict[str, selection.SearchResult]:
+            progress: bool, book, budget: Budget, instruments=None
+            ) -> dict[str, selection.SearchResult]:
     """The search for every model of the plan; recipe.csv and recipe.yaml written as each model
     ends. `book` (flops.FlopsBook) holds the run's matmul peaks, for the forecasts; `budget` is
     the run's clock: each model's search takes its share of what is left when it starts, at
-    most recipe.budget_s."""
+    most recipe.budget_s. `instruments`: what trains (study.Instruments; None: the command
+    line's)."""
     found, entries = {}, {}
     min_gain = cfg.recipe.min_gain
     if min_gain is None:
@@ -265,7 +268,7 @@ def execute(cfg: DictConfig, plan: Plan, groups: list[selection.Group], run_dir:
                                               model_entry(cfg, spec))
         # the model's search: its share of what is left of the run, recipe.budget_s at most
         own = budget.part(1 / (len(plan.models) - k)).cap(cfg.recipe.budget_s)
-        measurer = TrialMeasurer(cfg, spec, run_dir, writer, progress, book, own)
+        measurer = TrialMeasurer(cfg, spec, run_dir, writer, progress, book, own, instruments)
         result = selection.search(kept, naive, measurer, budget=own,
                                   max_memory_mb=cfg.recipe.max_memory_mb, alpha=alpha,
                                   min_gain=min_gain, screen_rounds=cfg.recipe.screen_rounds,
