@@ -61,7 +61,10 @@ def test_skip_and_untested_say_why():
     skip = {i.technique: i.text for i in vae.skip}
     assert skip["workers: w2"] == "0.82x [0.75, 0.90], slower here"
     assert skip["sync: deferred"].startswith("no difference here")
-    assert skip["workers: w4"].startswith("not settled here: 1.31x")
+    assert "workers: w4" not in skip  # measured faster, not settled: undecided, never skip
+    undecided = {i.technique: i.text for i in vae.unsettled}
+    assert undecided["workers: w4"].startswith("1.31x")
+    assert "measure longer" in undecided["workers: w4"]
     untested = {i.technique: i.text for i in vae.untested}
     assert untested["pinning: pinned"] == "pin_memory needs CUDA"
     assert untested["tensor_creation"] == "tensor_creation=host needs an accelerator"
@@ -89,7 +92,8 @@ def test_old_verdict_words_and_empty():
     old = pd.DataFrame([row("amp", "m", "fp32", "baseline", 1.0, baseline=True),
                         row("amp", "m", "bf16", "too few trials", 1.3)])
     a = recommend.advise(old)[0]
-    assert a.use == [] and a.skip[0].text == "not settled here: 1.30x"
+    assert a.use == [] and a.skip == []
+    assert a.unsettled[0].text == "1.30x; measure longer (a larger bench.time_budget_s)"
 
 
 def test_report_layer_does_not_import_torch():
@@ -256,8 +260,8 @@ def test_use_only_for_a_significant_contribution():
     (advice,) = recommend.advise(summ, _search("inconclusive", "inconclusive"))
     text = "\n".join(recommend.lines(advice))
     assert advice.use == []
-    assert "use: nothing measured here was significantly faster than the naive recipe" in text
-    assert "not settled: the recipe optimizer=fused, 1.16x [1.00, 1.35] over naive" in text
+    assert "use: nothing yet: what was measured is undecided against the naive recipe" in text
+    assert "undecided: the recipe optimizer=fused, 1.16x [1.00, 1.35] over naive" in text
     assert "when added (conditional on its selection)" in text
     for line in text.splitlines():
         assert not (line.startswith("use:") and "inconclusive" in line)
@@ -275,7 +279,7 @@ def test_an_undecided_search_says_so_first_and_offers_no_recipe():
     assert out[0] == why
     assert not any(line.startswith("use:") for line in out)
     assert not any("final recipe" in line for line in out)
-    assert any(line.startswith("not settled: sync=deferred") for line in out)
+    assert any(line.startswith("undecided: sync=deferred") for line in out)
 
 
 def test_a_host_setting_is_called_best_only_when_significant():

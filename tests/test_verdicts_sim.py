@@ -95,6 +95,25 @@ def _plan_line(budget_s: float, repeats: int = 5, variants: int = 2) -> str:
                            state.prepared_s, budget.left())
 
 
+def _run_line(budget_s: float) -> str:
+    """The run's one budget line (costs.run_budget_line) for _plan_line's model."""
+    from types import SimpleNamespace
+
+    from speedbench.measure.budget import Budget
+
+    clock = sim.Clock()
+    settings = sim.Settings(time_budget_s=budget_s)
+    bench = SimpleNamespace(**{k: v for k, v in vars(settings).items() if k != "extra"})
+    model = sim.SimModel("m", 0.05, {"a": 1.0, "b": 1.0})
+    mc = sim.model_context(model, bench, sim.SimTraining(model, NOISE, np.random.default_rng(1),
+                                                         clock), 1, 0)
+    budget = Budget.of_run(budget_s, clock=clock)
+    state = study.prepare(mc, budget)
+    figure = costs.verdict_budget_s(state.plan_facts(mc), mc.settings, 1, state.prepared_s,
+                                    budget.left())
+    return costs.run_budget_line([figure], budget_s)
+
+
 def test_the_plan_names_what_stops_it_short_of_a_verdict_on_1_1x():
     from speedbench.analysis.intervals import MAX_LOOKS, MAX_SPACING, most_rounds
 
@@ -108,7 +127,12 @@ def test_the_plan_names_what_stops_it_short_of_a_verdict_on_1_1x():
     most = most_rounds(1, MAX_LOOKS, MAX_SPACING)
     assert f"about {most} rounds of" in capped and "give bench.repeats=2" in capped, capped
     assert "bench.time_budget_s=" not in capped, capped
-    # 20 s: the budget stops short too, and the line says how much would do
+    # 20 s: the budget stops short too; the run's one budget line says how much would do
     short = _plan_line(20)
-    assert "bench.time_budget_s=" in short, short
+    assert "a larger bench.time_budget_s (the run's figure above)" in short, short
+    figure = _run_line(20)
+    assert figure.startswith("speedbench: a verdict on a 1.1x effect on every model needs "
+                             "about bench.time_budget_s="), figure
+    assert float(figure.split("bench.time_budget_s=")[1].split()[0]) > 20
+    assert _run_line(86_400) == ""  # a day is enough: nothing to advise
     assert "bench.repeats=" not in short, short  # a larger budget spreads the looks wider

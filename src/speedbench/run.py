@@ -15,6 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from speedbench import distributed, errors, results, techniques
@@ -52,11 +53,13 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
         for spec in plan.models:
             check_data(plan, spec, dist_env.world_size if dist_env else 1)
     device = distributed.rank_device(plans[0].device, dist_env)
+    threads_before = torch.get_num_threads()
+    threads = fit_threads(OmegaConf.select(cfg, "bench.threads"), dist_env)  # said up front
     distributed.join(dist_env, device, cfg.dist_timeout_s)  # torchrun's peers, before any file
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if suite.is_suite(cfg):
         resolved["claims"] = suite.combined_claims(plans)
-    run_dir = _open_run_dir(cfg, experiment, plans, resolved, dist_env, device) \
+    run_dir = _open_run_dir(cfg, experiment, plans, resolved, dist_env, device, threads) \
         if distributed.is_main(dist_env) else None
     try:
         with settled_heap():
@@ -75,6 +78,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
             raise                                                     # trials.csv's
         raise results.write_failed(exc, run_dir) from None
     finally:
+        torch.set_num_threads(threads_before)  # the next job of a sweep starts as this one did
         if run_dir is not None:
             results.release_run_dir(run_dir)
 
@@ -149,8 +153,23 @@ def _plans(cfg: DictConfig, experiment: str | None, overrides: list[str] | None)
     return [build_plan(cfg, experiment)]
 
 
+def fit_threads(setting, dist_env) -> dict:
+    """bench.threads for this run (env.threads_plan): torch's threads set where it asks, the
+    line said where the machine is busier than they fit; env.json's record of it. Under
+    torchrun the ranks' threads are the parallel technique's."""
+    if dist_env is not None:
+        return {}
+    busy = env.others_busy_cores() if setting in (None, "auto") else None
+    threads, said = env.threads_plan(setting, busy, torch.get_num_threads(), env.cores())
+    if said:
+        print(textwrap.fill(said, width=100), file=sys.stderr)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return {"setting": setting, "others_busy_cores": busy, "threads": torch.get_num_threads()}
+
+
 def _open_run_dir(cfg: DictConfig, experiment: str | None, plans: list[Plan], resolved: dict,
-                  dist_env, device) -> Path:
+                  dist_env, device, threads: dict | None = None) -> Path:
     """A new run directory with the config (each suite member's too) and env.json."""
     run_dir = results.new_run_dir(cfg.out_dir, experiment or plans[0].experiment, cfg.run_dir)
     try:
@@ -166,6 +185,7 @@ def _open_run_dir(cfg: DictConfig, experiment: str | None, plans: list[Plan], re
                                 for v in p.variants], search=recipe_search(cfg))
         machine = env.collect(plans[0].device)
         machine["distributed"] = distributed.describe(dist_env, device)
+        machine["bench_threads"] = threads or {}
         results.write_env(machine, run_dir)
         results.write_json(techniques.metadata(), run_dir / "techniques.json")
     except OSError as exc:  # nothing measured yet: leave no folder behind
@@ -259,12 +279,20 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
         from speedbench.report.to_target_section import console_lines as target_lines
         print("\n" + "\n".join(target_lines(runs, threshold)))
     print("\n" + "\n".join(recommend.console_lines(summary, run_dir)))
-    print("\n" + report_line(run_dir, len(writer.rows), took_s))
+    print("\n" + report_line(run_dir, sum(map(trained, writer.rows)), took_s))
     failed = [r for r in writer.rows if schema.parse_status(r["status"]).failed]
     if failed and not any(schema.parse_status(r["status"]).ok for r in writer.rows):
         print(f"speedbench: no trial succeeded ({len(failed)} failed: see the status column)",
               file=sys.stderr)
         raise SystemExit(1)
+
+
+def trained(row: dict) -> bool:
+    """Whether a trials.csv row is a trial that ran (not the one row of a variant that was n/a,
+    stopped by its probe or out of time before its first trial)."""
+    kind = schema.parse_status(row.get("status")).kind
+    return kind not in (schema.NA, schema.TOO_SLOW, schema.NOT_MEASURED) or \
+        row.get("elapsed_s") is not None
 
 
 def _in_plan_order(frame, plans: list[Plan]):

@@ -22,6 +22,11 @@ def _format(x: float, spec: str) -> str:
     return format(x, spec)
 
 
+# An interval whose ends are this far apart (1e-08 to 9.6e+07 after two noisy rounds) says
+# nothing a reader can use: it is printed as such, not as digits.
+USELESS_SPAN = 1000.0
+
+
 def ratio_text(value, lo=None, hi=None, spec: str = ".2f", ci_spec: Optional[str] = None,
                unit: str = "x", sep: str = ", ") -> str:
     """`1.50x [1.36, 1.66]`; `1.50x` when the interval is missing or not finite; `-` without a
@@ -33,5 +38,7 @@ def ratio_text(value, lo=None, hi=None, spec: str = ".2f", ci_spec: Optional[str
     text = _format(x, spec) + unit
     if not (math.isfinite(low) and math.isfinite(high)):
         return text
+    if low > 0 and high / low > USELESS_SPAN:  # two rounds at a strict level: no information
+        return f"{text} [no useful interval]"
     ci_spec = spec if ci_spec is None else ci_spec
     return f"{text} [{_format(low, ci_spec)}{sep}{_format(high, ci_spec)}]"

@@ -38,3 +38,9 @@ def rounds_for(effect: float, sd: float, level: float) -> int | None:
         if halfwidth(r, sd, level) + POWER_Z * sd / math.sqrt(r) <= target:
             return r
     return None
+
+
+def sd_from_interval(lo: float, hi: float, rounds: int, level: float) -> float:
+    """The per-round sd of the log ratio that a `level` interval [lo, hi] after `rounds`
+    rounds implies (halfwidth inverted)."""
+    return math.log(hi / lo) / 2 * math.sqrt(rounds) / t_quantile(level, rounds - 1)

@@ -166,9 +166,18 @@ def check_target(cfg: DictConfig) -> None:
                           "null for the automatic target")
 
 
+def check_threads(value) -> None:
+    """bench.threads: null, auto or a whole number of threads from 1."""
+    if value is None or value == "auto" or (str(value).isdigit() and int(value) >= 1):
+        return
+    raise ConfigError(f"bench.threads: {value!r} is not allowed; choose auto, a whole number "
+                      "from 1, or null (torch's default)")
+
+
 def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     """Validate everything and expand the config into what will run. Raises ConfigError."""
     check_known_keys(cfg)
+    check_threads(OmegaConf.select(cfg, "bench.threads"))
     device = resolve_device(cfg.device)
     scale = resolve_scale(cfg.scale, device)
     base = cfg.copy()
@@ -202,8 +211,12 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     for spec in models:
         if cfg.data.path is not None:
             check_path_fits(spec, cfg.data.path)
+    config = cfg
+    if cfg.bench.mode == "quick":  # the run's own keys too: the studies read them from here
+        config = cfg.copy()
+        config.bench.update(QUICK)
     plan = Plan(experiment=experiment or "default", device=device, scale=scale, models=models,
-                variants=variants, baseline=baseline, config=cfg)
+                variants=variants, baseline=baseline, config=config)
     check_plan(plan, distributed.from_environ())
     return plan
 

@@ -68,6 +68,12 @@ class DataConfig:
 
 @dataclass
 class BenchConfig:
+    threads: Optional[str] = setting(None, "torch's threads for the whole run: auto fits the "
+                                           "cores other processes leave free (looked at once, "
+                                           "at the start); N sets N; null leaves torch's "
+                                           "default and says at the start when the machine is "
+                                           "busier than it fits", values="auto|N",
+                                     per_variant=False)
     mode: str = setting("full", "full: probes, rounds and intervals; quick: a first look, one "
                                 "round of fixed windows, no probes, no interval (verdict `no CI`)",
                         choices=("full", "quick"), per_variant=False)

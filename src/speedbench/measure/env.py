@@ -345,3 +345,45 @@ def collect(device: str) -> dict:
         "git_revision": git_revision(),
         "git_dirty": git_dirty(),
     }
+
+
+# --- the machine against the plan: threads that fit the free cores ------------------------------
+LOOK_S = 0.3  # how long the start-up look at the other processes' CPU use lasts
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+
+def others_busy_cores(seconds: float = LOOK_S) -> float | None:
+    """How many cores other processes keep busy, over a short look (None where /proc/stat
+    cannot be read)."""
+    window = CpuWindow()
+    time.sleep(seconds)
+    share = window.others()
+    return None if math.isnan(share) else share * (os.cpu_count() or 1)
+
+
+def fitting_threads(cores_: int, busy: float) -> int:
+    """The threads that fit the cores other processes leave free (one at least)."""
+    return max(1, min(cores_, math.floor(cores_ - busy + 0.5)))
+
+
+def threads_plan(setting: str | None, busy: float | None, current: int, cores_: int
+                 ) -> tuple[int | None, str]:
+    """(threads to set, None: leave torch's; the line to say, '' for none) for bench.threads
+    (null, auto or a number) on a machine whose other processes keep `busy` cores busy."""
+    if setting not in (None, "auto"):
+        return int(setting), ""
+    fit = current if busy is None else fitting_threads(cores_, busy)
+    if setting == "auto":
+        said = f"bench.threads=auto: {fit} thread(s)" + (
+            f" (other processes keep {busy:.1f} of {cores_} cores busy)" if busy else "")
+        return fit, said
+    if busy is None or current <= fit:
+        return None, ""
+    return None, (f"speedbench: other processes keep {busy:.1f} of {cores_} cores busy, and "
+                  f"torch's {current} threads will share them: trials may come out slow, noisy "
+                  f"or not measured. bench.threads=auto ({fit} here) fits the free cores.")

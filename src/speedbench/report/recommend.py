@@ -1,12 +1,14 @@
-"""The answer first: per model, what to use, what to skip, and what could not be tested here.
+"""The answer first: per model, what to use, what is undecided, what to skip, and what could not
+be tested here.
 
 Built from a run's summary (summary.csv rows) alone, so it works for every report, old runs
 included. Rules:
 - **use**: only variants whose verdict is `faster` (significant after the run's error control);
   one per experiment (its variants are alternatives: fp16 or bf16, 1 or 2 workers), the
   largest gain; never a non-significant result;
-- **skip**: slower ("0.82x, slower here"), equivalent or not significant ("no difference
-  here"), not settled by this run ("not settled here: 1.05x [0.91, 1.21]"), or stopped as
+- **undecided**: measured, but not settled by this run ("undecided: amp: bf16, 1.50x [0.90,
+  2.49]; measure longer: about 14 rounds would settle 1.5x, this run had 3"): never "skip";
+- **skip**: slower ("0.82x, slower here"), equivalent ("no difference here"), or stopped as
   hopeless;
 - **could not test here**: n/a (with its reason), failures (oom, error, diverged), no baseline.
 Each `use` gain was measured alone against that experiment's plain-PyTorch baseline; stacking
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from speedbench.analysis import power
 from speedbench.analysis.numbers import AUTO, ratio_text
 from speedbench.report.numbers import clip, learning_lost
 from speedbench.analysis.quality import DIVERGED, WORSE
@@ -61,7 +64,7 @@ class Advice:
     untested: list[Item] = field(default_factory=list)
     also_faster: dict[str, list[str]] = field(default_factory=dict)  # technique -> other variants
     notes: list[str] = field(default_factory=list)  # what a recipe search set aside, and why
-    unsettled: list[Item] = field(default_factory=list)  # a search's stack, not significant
+    unsettled: list[Item] = field(default_factory=list)  # measured, not settled: undecided
     undecided: str = ""  # "not decided: the budget ran out ...": said first
     searched: bool = False  # advised from a recipe search: its baseline is the naive recipe
 
@@ -122,7 +125,25 @@ def _classify(row: dict) -> tuple[str, str]:
         return "skip", f"no difference here ({effect})"
     if verdict == "no baseline":
         return "untested", "no baseline to compare with"
-    return "skip", f"not settled here: {effect}" if effect != "-" else "not settled here"
+    return "undecided", f"{effect}; {measure_longer(row)}" if effect != "-" else \
+        "no interval; measure longer"
+
+
+def measure_longer(row: dict) -> str:
+    """What would settle an undecided comparison: the rounds that call its measured effect in
+    most runs (power.rounds_for, with the per-round sd its interval implies)."""
+    rounds, lo, hi = _get(row, "rounds"), _get(row, "speedup_lo"), _get(row, "speedup_hi")
+    point, level = _get(row, "speedup"), _get(row, "ci_level", 0.95)
+    if not (rounds >= 2 and 0 < lo < hi and math.isfinite(point) and 0 < level < 1):
+        return "measure longer (a larger bench.time_budget_s)"
+    sd = power.sd_from_interval(lo, hi, int(rounds), level)
+    effect = max(point, 1 / point)
+    need = power.rounds_for(effect, sd, level) if effect > 1.005 else None
+    if need is None:
+        return (f"measure longer: this run had {int(rounds)} rounds; an effect this small "
+                "needs more than any budget here gives")
+    return (f"measure longer: about {need} rounds would settle {ratio_text(effect)}, this run "
+            f"had {int(rounds)} (give bench.time_budget_s about {need / rounds:.2g}x this run's)")
 
 
 def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None) -> list[Advice]:
@@ -169,6 +190,8 @@ def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None) -> list[Ad
             name = technique_name(experiment, r["variant"])
             if kind == "skip":
                 advice.skip.append(Item(name, text, _get(r, "speedup")))
+            elif kind == "undecided":
+                advice.unsettled.append(Item(name, text, _get(r, "speedup")))
             elif kind == "untested":
                 advice.untested.append(Item(name, text))
     for name, advice in out.items():
@@ -208,7 +231,8 @@ def advise_recipe(model: str, rows: pd.DataFrame, summary: pd.DataFrame) -> Advi
                 text = f"{text}, not added: its CI did not clear 1 + the minimal gain, or " \
                        "another option was faster"
             # an undecided search advises nothing: what it saw is not settled
-            (advice.unsettled if advice.undecided else advice.skip).append(
+            undecided = advice.undecided or kind == "undecided"
+            (advice.unsettled if undecided else advice.skip).append(
                 Item(str(option), text + where, _get(last, "speedup")))
     for r in table.get("excluded", pd.DataFrame()).to_dict("records"):
         kind, text = _classify({"status": r.get("status"), "verdict": ""})
@@ -278,13 +302,23 @@ def lines(advice: Advice) -> list[str]:
         out.append(f"use: {item.technique}, {item.text}"
                    + (f" (also faster: {', '.join(also)})" if also else ""))
     if not advice.use and not advice.undecided:
-        out.append("use: nothing measured here was significantly faster than "
-                   + ("the naive recipe" if advice.searched else "plain PyTorch"))
-    out += [f"not settled: {i.technique}, {i.text}" for i in advice.unsettled]
+        out.append(nothing_used(advice))
+    out += [f"undecided: {i.technique}, {i.text}" for i in advice.unsettled]
     out += [f"skip: {i.technique}, {i.text}" for i in advice.skip]
     out += [f"could not test here: {i.technique}, {i.text}" for i in advice.untested]
     out += [f"note: {n}" for n in advice.notes]
     return out
+
+
+def nothing_used(advice: Advice) -> str:
+    """The `use` line of a model with nothing to use: nothing measured at all, nothing settled,
+    or nothing faster."""
+    against = "the naive recipe" if advice.searched else "plain PyTorch"
+    if not (advice.skip or advice.unsettled):
+        return "use: nothing was measured for this model (see could not test here)"
+    if advice.unsettled and not advice.skip:
+        return f"use: nothing yet: what was measured is undecided against {against}"
+    return f"use: nothing measured here was significantly faster than {against}"
 
 
 def add_section(doc, summary: pd.DataFrame, recipe: pd.DataFrame | None = None,
@@ -312,12 +346,13 @@ def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3) -> list[s
     runs = load_to_target(run_dir) if run_dir is not None else None
     for a in advise(summary, load_recipe(run_dir)):
         use = "; ".join(f"{i.technique} {i.effect}" for i in a.use if not i.part) or \
-            "nothing significantly faster"
+            nothing_used(a).removeprefix("use: ")
         out.append(f"{a.model}: {a.undecided}" if a.undecided else f"{a.model}: use {use}")
         target = recipe_line(runs, a.model) if a.searched else verdict_line(runs, a.model)
         if target:
             out.append(f"  {target}")
-        for label, items in (("skip", a.skip), ("could not test", a.untested)):
+        for label, items in (("undecided", a.unsettled), ("skip", a.skip),
+                             ("could not test", a.untested)):
             if items:
                 shown = [f"{i.technique} ({_short(i.text)})" for i in items[:width]]
                 more = f" and {len(items) - width} more" if len(items) > width else ""

@@ -418,7 +418,7 @@ def method_text(cfg: dict) -> str:
               else f"{bench.get('warmup')} warm-up steps")
     # the adaptive rounds' rule is METHOD's, which follows: here only this run's settings
     adaptive = (f", more in adaptive rounds (bench.target_ci {bench.get('target_ci')}, "
-                f"bench.time_budget_s {bench.get('time_budget_s')} s per model)"
+                f"bench.time_budget_s {bench.get('time_budget_s')} s for the whole run)"
                 if bench.get("target_ci") else "")
     return (f"Each trial builds a fresh model with seed {bench.get('seed')}, runs {warmup}, then "
             f"times up to {bench.get('steps')} optimizer steps in one window synchronised with "

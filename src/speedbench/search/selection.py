@@ -434,11 +434,27 @@ class _Forward:
     def undecided(self, stopped: str) -> str:
         """Non-empty when the budget ended the search before it decided anything: what to say
         first."""
-        if not self.out_of_budget or self.chosen:
+        if self.chosen:
             return ""
+        if not self.out_of_budget:
+            return self._underpowered()
         where = "after screening" if self.steps else "before the first screen"
         return (f"not decided: the budget ran out {where}; a full search needs about "
                 f"{self.needs_s:.0f} s (its budget was {self.budget.seconds:.0f} s)")
+
+    def _underpowered(self) -> str:
+        """Non-empty when the search chose nothing but its last confirmation left an option
+        measured faster than 1 + min_gain with an interval that neither settles nor rules it
+        out: the search stopped underpowered, not on a verdict."""
+        bar = 1 + self.rules.min_gain
+        last = self.steps[-1].confirmations.values() if self.steps else []
+        open_ = [c for c in last if math.isfinite(c.lo) and c.speedup > bar and c.hi > bar]
+        if not open_:
+            return ""
+        said = ", ".join(f"{c.label} {ratio_text(c.speedup, c.lo, c.hi)}" for c in open_)
+        return (f"not decided: {said} measured faster in its confirmation but not settled in "
+                f"{max(c.rounds for c in open_)} rounds; a longer search (recipe.step_budget_s, "
+                "recipe.budget_s) confirms or rules it out")
 
     def _screen(self, n: int, current: Overrides, options: list[Option],
                 arms: dict[str, Arm]) -> tuple[StepRecord, list[Comparison]]:

@@ -104,11 +104,14 @@ def plan_line(model: str, facts: RoundFacts, settings, comparisons: int, spent: 
     fit = min(by_time, most)
     text = (f"{head}; about {fit} rounds of {round_s:.1f} s{uncounted} fit in the "
             + (f"{left:.0f} s left" if math.isfinite(left) else "plan (no time budget)"))
+    level = intervals.sequential_level(comparisons)
+    small = power.smallest_call(fit, ROUND_SD, level, settings.noise_threshold) \
+        if fit >= 2 else math.inf
     if fit < 2:
         text += ": fewer than 2, so no interval"
+    elif small > 1:  # an interval wider than a doubling decides nothing
+        text += f": {fit} rounds give intervals too wide to decide an effect under 2x"
     else:
-        level = intervals.sequential_level(comparisons)
-        small = power.smallest_call(fit, ROUND_SD, level, settings.noise_threshold)
         text += f": effects under about {small:.0%} will likely stay inconclusive"
     need = power.rounds_for(1.1, ROUND_SD, intervals.sequential_level(comparisons))
     if need and need > fit:  # what stops short of it: the rounds' cap, the budget, or both
@@ -118,11 +121,32 @@ def plan_line(model: str, facts: RoundFacts, settings, comparisons: int, spent: 
             if sequential else 1  # rounds per bench.repeats
         if need > repeats * per:
             give.append(f"bench.repeats={math.ceil(need / per)}")
-        if need > by_time:
-            total = settings.time_budget_s * (spent + need * round_s) / (spent + left)
-            give.append(f"bench.time_budget_s={float(f'{total:.2g}'):g}")
+        if need > by_time:  # the run's one figure is said once, before the plans
+            give.append("a larger bench.time_budget_s (the run's figure above)")
         text += f"; a verdict on 1.1x needs about {need} rounds: give {' and '.join(give)}"
     return text
+
+
+def verdict_budget_s(facts: RoundFacts, settings, comparisons: int, spent: float,
+                     left: float) -> float | None:
+    """The bench.time_budget_s that gives this model the rounds a verdict on 1.1x needs, its
+    share of the run scaled alike (None: no probe timed a round, or no budget)."""
+    round_s = round_seconds(facts, settings)[0]
+    need = power.rounds_for(1.1, ROUND_SD, intervals.sequential_level(comparisons))
+    if not (round_s > 0 and need and settings.time_budget_s and spent + left > 0):
+        return None
+    return settings.time_budget_s * (spent + need * round_s) / (spent + left)
+
+
+def run_budget_line(figures: list[float | None], budget_s: float | None) -> str:
+    """The run's one budget advice, from each model's verdict_budget_s: '' where the run's
+    budget is enough (or nothing was timed)."""
+    known = [f for f in figures if f is not None]
+    if not known or budget_s is None or max(known) <= budget_s:
+        return ""
+    return (f"speedbench: a verdict on a 1.1x effect on every model needs about "
+            f"bench.time_budget_s={float(f'{max(known):.2g}'):g} for the whole run (this run "
+            f"has {budget_s:g} s); smaller effects need more, larger ones less")
 
 
 # --- learned from what the measurements took (the recipe search) --------------------------------

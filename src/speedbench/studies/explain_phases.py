@@ -15,6 +15,10 @@ from speedbench.measure.budget import Budget
 from speedbench.measure.trial import context
 from speedbench.results import schema
 
+# The most of a model's share left after its probes that the forecasts may take: past it, a
+# short budget skips them (and the paired profile) and says so.
+SHORT_SHARE = 0.25  # as explain.RESERVE_SHARE, the most the paired profile may keep back
+
 
 @dataclass
 class ForecastResult:
@@ -35,10 +39,19 @@ def forecasts(mc, prepared, status: dict[str, str], probe_steps: dict, budget: B
     base, settings = mc.plan.baseline, mc.settings
     if not settings.explain or base in status or base in prepared.launched:
         return ForecastResult()
+    steps = costs.step_seconds(probe_steps, [])
+    cost = explain.seconds(steps.get(base, math.nan), explain.FORECAST_STEPS,
+                           mc.plan.variants[base])
+    if math.isfinite(cost) and cost > SHORT_SHARE * budget.left():
+        # a short budget drops the optional stages first: the forecasts, and with them the
+        # paired profile
+        mc.say(f"{mc.spec.name}: no forecasts or explanation: they would take about "
+               f"{cost:.0f} s of the {budget.left():.0f} s left of this model's share "
+               "(a larger bench.time_budget_s runs them)")
+        return ForecastResult()
     mc.doing(f"{mc.spec.name}: forecasts")
     explainer = explain.Explainer(mc.plan, mc.spec, context(mc.plan, mc.dist_env),
                                   prepared.dataset, mc.run_dir, dict(mc.book.peaks))
-    steps = costs.step_seconds(probe_steps, [])
     na = {n: s for n, s in status.items() if schema.parse_status(s).kind == schema.NA}
     said_by = explainer.forecast(budget, steps.get(base, math.nan), na)
     said = [f"{n} at most {ratio_text(b.speedup, spec='.3g')}" for n, (_, b) in said_by.items()

@@ -38,9 +38,11 @@ class RoundsResult:
     spacing: int = 1
 
 
-def run_rounds(mc, state, budget: Budget, reserve_s: float = 0.0) -> RoundsResult:
-    """The model's rounds on `budget`, `reserve_s` of it kept back for the paired profile."""
-    run = Rounds(mc, state, budget, reserve_s)
+def run_rounds(mc, state, budget: Budget, reserve_s: float = 0.0,
+               baseline_first: bool = False) -> RoundsResult:
+    """The model's rounds on `budget`, `reserve_s` of it kept back for the paired profile;
+    `baseline_first`: the first round starts with the baseline (where one round at most fits)."""
+    run = Rounds(mc, state, budget, reserve_s, baseline_first)
     for round_ in run.rounds():
         run.run_round(round_)
     return run.result
@@ -49,8 +51,9 @@ def run_rounds(mc, state, budget: Budget, reserve_s: float = 0.0) -> RoundsResul
 class Rounds:
     """One model's rounds: which run, in which order, and what each trial's status means."""
 
-    def __init__(self, mc, state, budget: Budget, reserve_s: float):
+    def __init__(self, mc, state, budget: Budget, reserve_s: float, baseline_first: bool = False):
         self.mc, self.plan, self.budget, self.reserve_s = mc, mc.plan, budget, reserve_s
+        self.baseline_first = baseline_first
         self.dataset = state.prepared.dataset
         self.probes = state.probes.records if state.probes else {}
         self.known = dict(state.status)  # the earlier phases' statuses
@@ -118,6 +121,9 @@ class Rounds:
         repeats are spent sits out the rounds up to the plan's most repeats."""
         stream = [m.name for m in self.plan.models].index(self.mc.spec.name)
         names = round_order(list(self.plan.variants), self.mc.order_seed, round_, stream)
+        if round_ == 0 and self.baseline_first:
+            names.remove(self.plan.baseline)
+            names.insert(0, self.plan.baseline)
         return [(position, name) for position, name in enumerate(names)
                 if not self.repeats > round_ >= self.mc.settings.repeats_of(
                     self.plan.variants[name])]
@@ -131,8 +137,8 @@ class Rounds:
             if not self.status(name) and self.budget.over() and not self._measured(name):
                 # no trial starts past the deadline: one row says why it has none
                 self.result.status[name] = schema.format_status(
-                    schema.NOT_MEASURED, "the run's bench.time_budget_s ran out before its "
-                    "first trial; give more (the plan above says how much)")
+                    schema.NOT_MEASURED, f"the run's bench.time_budget_s "
+                    f"({self.mc.settings.time_budget_s:g} s) ran out before its first trial")
             if self.status(name):
                 if not self._measured(name) and name not in self.written:
                     # a variant with no trial (n/a, stopped, out of time) gets one row

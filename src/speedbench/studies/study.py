@@ -24,6 +24,7 @@ everything else is the command line's own code.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -279,10 +280,15 @@ def measure(mc: ModelContext, state: ModelState, budget: Budget) -> None:
     step_s = costs.step_seconds(state.probes.steps if state.probes else {}, [])
     reserve = explain_phases.reserve_for(mc, state.prepared, state.status, step_s, budget) \
         if base_explained else 0.0
+    left = max(0.0, budget.left() - reserve)
+    round_s = costs.round_seconds(state.plan_facts(mc), mc.settings)[0]
     if mc.dist_env is None:
         mc.say(costs.plan_line(mc.spec.name, state.plan_facts(mc), mc.settings, mc.comparisons,
-                               state.prepared_s, max(0.0, budget.left() - reserve)))
-    state.rounds = rounds.run_rounds(mc, state, budget, reserve)
+                               state.prepared_s, left))
+    # where one round at most fits, the baseline runs first in it: a variant measured without
+    # its baseline compares with nothing
+    one_round = mc.dist_env is None and round_s > 0 and left < 2 * round_s
+    state.rounds = rounds.run_rounds(mc, state, budget, reserve, baseline_first=one_round)
     state.add_status(state.rounds.status)
     if base_explained:
         explain_phases.paired_profile(mc, state.forecasts.explainer, state.prepared, state.rounds.rows,
@@ -296,7 +302,18 @@ def study_models(contexts: list[ModelContext], budget: Budget) -> list[ModelStat
     """Every model's data and probes on an equal share of the run; then their rounds, the
     cheapest round first, each on its share of what is left when it starts."""
     share = budget.left() / max(len(contexts), 1)
-    states = [prepare(mc, Budget(min(share, budget.left()), budget.clock)) for mc in contexts]
+    states, budgets = [], []
+    for mc in contexts:  # each model's share from when it starts
+        budgets.append(Budget(min(share, budget.left()), budget.clock))
+        states.append(prepare(mc, budgets[-1]))
+    if contexts and contexts[0].dist_env is None:  # one budget advice for the whole run
+        line = costs.run_budget_line(
+            [costs.verdict_budget_s(st.plan_facts(mc), mc.settings, mc.comparisons,
+                                    st.prepared_s, _after_prepare(own, st))
+             for mc, st, own in zip(contexts, states, budgets)],
+            contexts[0].settings.time_budget_s)
+        if line:
+            contexts[0].say(line)
     # a model no probe timed (under torchrun, or launched) keeps its place: the order is
     # the same on every rank
     order = sorted(range(len(contexts)), key=lambda i: costs.round_seconds(
@@ -308,16 +325,23 @@ def study_models(contexts: list[ModelContext], budget: Budget) -> list[ModelStat
     return states
 
 
+def _after_prepare(own: Budget, state: ModelState) -> float:
+    """What a model's share had left when its data and probes were done."""
+    return math.inf if own.seconds is None else max(0.0, own.seconds - state.prepared_s)
+
+
 # --- a plan ----------------------------------------------------------------------------------------
 def progress_bar(plan: Plan, show: bool, settings: Settings | None = None):
-    """The plan's progress bar. Its ETA comes from the mean time per trial so far
-    (smoothing=0): a variant's trials can take 20x another's, and tqdm's default moving
-    average then swings from minutes to many."""
+    """The plan's progress bar: trials done of the floor's, and the time so far. No ETA: the
+    data and probes come before the first trial, a variant's trials can take 20x another's and
+    adaptive rounds add more, so a rate per trial forecast hours for a 140 s run; the run's
+    budget (bench.time_budget_s) bounds it instead."""
     settings = settings or Settings.of(plan)
     total = sum(min(settings.repeats_of(r), settings.repeats) for r in plan.variants.values()) \
         * len(plan.models)
     return tqdm(total=total, desc=plan.experiment, unit="trial", file=sys.stderr,
-                dynamic_ncols=True, disable=not show, smoothing=0)
+                dynamic_ncols=True, disable=not show, smoothing=0,
+                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} trials [{elapsed}{postfix}]")
 
 
 def planned_comparisons(plan: Plan) -> int:
