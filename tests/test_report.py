@@ -377,7 +377,7 @@ def test_one_text_for_a_ratio_with_its_interval():
     assert ratio_text(1.5, None, 2.0) == ratio_text(1.5, 1.2, math.inf) == "1.50x"
     assert ratio_text(math.nan, 1.0, 2.0) == ratio_text(None) == ratio_text("x") == "-"
     assert ratio_text(1.234, 1.1, 1.4, ".3g") == "1.23x [1.1, 1.4]"
-    assert ratio_text(1.5, 0.02, 30, AUTO) == "1.50x [0.02, 30]"
+    assert ratio_text(1.5, 0.05, 20, AUTO) == "1.50x [0.05, 20.00]"
     # ends 1,000 times apart or more say nothing a reader can use (two noisy rounds)
     assert ratio_text(1.5, 1e-5, 3e8, AUTO) == "1.50x [no useful interval]"
     assert ratio_text(1.5, 0.1234, 12.34, ci_spec=".3g", sep=",") == "1.50x [0.123,12.3]"
