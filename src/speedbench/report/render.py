@@ -131,8 +131,21 @@ def busy_note(env: dict) -> Optional[str]:
     said = "; ".join(d for d in details if d)
     return (f"The machine was busy: load {load.get('load_highest')} on {load.get('cores')} "
             f"cores{f' ({said})' if said else ''}; figures are noisy and speed-ups may come out "
-            "inconclusive. Measure again on a quiet machine, or give speedbench fewer threads "
-            "(OMP_NUM_THREADS) than the cores left free.")
+            f"inconclusive. Measure again on a quiet machine, or {_fewer_threads(env)}.")
+
+
+def _fewer_threads(env: dict) -> str:
+    """What to give speedbench on a busy machine: bench.threads=auto, with the threads it set
+    or would set here (env.json's bench_threads: the cores other processes kept busy)."""
+    threads = env.get("bench_threads") or {}
+    busy, cores = threads.get("others_busy_cores"), env.get("cpu_affinity") or env.get("cpu_count")
+    if threads.get("setting") == "auto":
+        return f"give fewer threads than this run's {threads.get('threads')} (bench.threads=N)"
+    if isinstance(busy, (int, float)) and isinstance(cores, int):
+        fit = max(1, min(cores, math.floor(cores - busy + 0.5)))
+        return (f"with bench.threads=auto ({fit} thread(s) here: the cores other processes "
+                "left free at the start)")
+    return "with bench.threads=auto (the cores other processes leave free)"
 
 
 def model_change_notes(env: dict) -> list[str]:
