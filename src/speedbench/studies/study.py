@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import textwrap
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -48,6 +49,7 @@ from speedbench.measure.trial import context, dataset_length, header, measure_tr
 from speedbench.results import TrialWriter, schema
 
 PROBES = ("full", "screen")
+CONSOLE_WIDTH = 100  # the console's lines, as the summary table's (README)
 SCREEN_PROBE_STEPS = 2  # quality-probe steps of a screen: the two that tell a hopeless option
 
 
@@ -151,7 +153,9 @@ class ModelContext:
     comparisons: int = 1
 
     def say(self, text: str) -> None:
-        self.bar.write(text, sys.stderr)
+        """A line beside the progress bar, wrapped to the console's 100 columns."""
+        self.bar.write(textwrap.fill(text, CONSOLE_WIDTH, subsequent_indent="  ",
+                                     break_on_hyphens=False), sys.stderr)
 
     def doing(self, text: str) -> None:
         self.bar.set_postfix_str(text)
