@@ -287,3 +287,19 @@ def test_good_recipe_on_cuda_has_none_of_the_loop_findings(tmp_path):
     for knob in ("sync=", "tensor_creation", "empty_cache", "precision", "pin_memory"):
         assert knob not in knobs
     assert (run_dir / "profile/vae/default/cuda_memory_snapshot.pickle").exists()
+
+
+def test_the_phase_table_keeps_experiments_apart():
+    """A recipe search profiles `current` in every step: one row per experiment's variant, not
+    one ambiguous group (the console crashed on a recipe run with profile=simple)."""
+    from speedbench.report.profile_section import phase_table
+
+    rows = [{"experiment": e, "model": "m", "variant": "current", "phase": phase,
+             "mean_ms": ms, "total_ms": 5 * ms, "share": ms / 10}
+            for e in ("recipe-pilot", "recipe-step1") for phase, ms in (("forward", 4.0),
+                                                                       ("backward", 5.0))]
+    table = phase_table(pd.DataFrame(rows))
+    assert table["variant"].tolist() == ["recipe-pilot/current", "recipe-step1/current"]
+    assert table["step ms"].tolist() == ["10.0", "10.0"]
+    one = phase_table(pd.DataFrame(rows[:2]))
+    assert one["variant"].tolist() == ["current"]

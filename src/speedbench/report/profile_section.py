@@ -31,9 +31,15 @@ METHOD = ("Phase times come from a separate window of the same number of steps, 
 
 
 def phase_table(phases: pd.DataFrame) -> pd.DataFrame:
-    """One row per (model, variant): step time and each phase as `ms (share)`."""
+    """One row per (model, variant): step time and each phase as `ms (share)`; a variant of
+    several experiments (a recipe search's steps all have a `current`) one row each, named
+    `experiment/variant`."""
     rows = []
-    for (model, variant), g in phases.groupby(["model", "variant"], sort=False):
+    keys = [k for k in ("experiment", "model", "variant") if k in phases]
+    several = "experiment" in phases and phases["experiment"].nunique() > 1
+    for key, g in phases.groupby(keys, sort=False):
+        experiment, model, variant = key if len(key) == 3 else ("", *key)
+        variant = f"{experiment}/{variant}" if several else variant
         g = g.set_index("phase")
         top = g["share"].idxmax()
         step_ms = g.at[top, "mean_ms"] / g.at[top, "share"] if g.at[top, "share"] > 0 else math.nan
