@@ -302,15 +302,17 @@ def measure(mc: ModelContext, state: ModelState, budget: Budget) -> None:
         capacity.largest_batch(mc, state.prepared.dataset)
 
 
-def study_models(contexts: list[ModelContext], budget: Budget) -> list[ModelState]:
+def study_models(contexts: list[ModelContext], budget: Budget, advise: bool = True
+                 ) -> list[ModelState]:
     """Every model's data and probes on an equal share of the run; then their rounds, the
-    cheapest round first, each on its share of what is left when it starts."""
+    cheapest round first, each on its share of what is left when it starts. `advise`: say the
+    run's one budget figure (not for a part of a run: a recipe search's step, a check)."""
     share = budget.left() / max(len(contexts), 1)
     states, budgets = [], []
     for mc in contexts:  # each model's share from when it starts
         budgets.append(Budget(min(share, budget.left()), budget.clock))
         states.append(prepare(mc, budgets[-1]))
-    if contexts and contexts[0].dist_env is None:  # one budget advice for the whole run
+    if advise and contexts and contexts[0].dist_env is None:  # one advice for the whole run
         line = costs.run_budget_line(
             [costs.verdict_budget_s(st.plan_facts(mc), mc.settings, mc.comparisons,
                                     st.prepared_s, _after_prepare(own, st))
@@ -380,6 +382,6 @@ def measure_plan(plan: Plan, run_dir: Path | None, progress: bool = True,
     contexts = [ModelContext(plan, spec, settings, instruments or INSTRUMENTS, dist_env, run_dir,
                              writer, book, bar, seed, comparisons or planned_comparisons(plan))
                 for spec in plan.models]
-    study_models(contexts, budget)
+    study_models(contexts, budget, advise=request.budget_s is None)
     bar.close()
     return writer
