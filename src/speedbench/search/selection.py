@@ -389,6 +389,10 @@ class _Forward:
         record.set_aside = aside
         best, why = self._decide(record, ranked, recipes)
         record.elapsed_s = budget.clock() - t0
+        if best is None:  # options left open: measured again where the budget fits it
+            t0 = budget.clock()
+            best, record, why = self._reconfirm(record, recipes, why)
+            record.elapsed_s = budget.clock() - t0 if record.index != n else record.elapsed_s
         if best is None:
             return why
         record.chosen = best.label
@@ -442,13 +446,28 @@ class _Forward:
         return (f"not decided: the budget ran out {where}; a full search needs about "
                 f"{self.needs_s:.0f} s (its budget was {self.budget.seconds:.0f} s)")
 
+    def _reconfirm(self, record: StepRecord, recipes: dict[str, Overrides], why: str
+                   ) -> tuple[Optional[Comparison], StepRecord, str]:
+        """A confirmation that left options open (open_options) is measured once more, afresh,
+        where the budget fits it, as the next step (its own record and its share of the error:
+        the steps' shares sum within alpha however many come). Returns (the option to add or
+        None, the record that decided, why none)."""
+        open_ = open_options(record.confirmations.values(), 1 + self.rules.min_gain)
+        if not open_ or not self.fits(self.confirm_cost(len(open_)) + self.reserve()):
+            return None, record, why
+        again = StepRecord(len(self.steps) + 1, record.base, {}, None, {}, 0.0, math.nan)
+        self.steps.append(again)
+        self.progress(f"step {again.index}: step {record.index}'s confirmation left "
+                      + ", ".join(c.label for c in open_) + " open: measured again")
+        best, why = self._decide(again, open_, recipes)
+        return best, again, why
+
     def _underpowered(self) -> str:
         """Non-empty when the search chose nothing but its last confirmation left an option
         measured faster than 1 + min_gain with an interval that neither settles nor rules it
         out: the search stopped underpowered, not on a verdict."""
-        bar = 1 + self.rules.min_gain
         last = self.steps[-1].confirmations.values() if self.steps else []
-        open_ = [c for c in last if math.isfinite(c.lo) and c.speedup > bar and c.hi > bar]
+        open_ = open_options(last, 1 + self.rules.min_gain)
         if not open_:
             return ""
         said = ", ".join(f"{c.label} {ratio_text(c.speedup, c.lo, c.hi)}" for c in open_)
@@ -542,6 +561,13 @@ class _Forward:
         best = max(winners, key=lambda c: c.speedup, default=None)
         return best, (f"no remaining option was significantly faster (CI above "
                       f"{ratio_text(1 + self.rules.min_gain)}) without a worse held-out loss")
+
+
+def open_options(confirmed, bar: float) -> list[Comparison]:
+    """The confirmed options measured above `bar` (1 + min_gain) whose interval neither
+    settles them (its low end above the bar) nor rules them out (its high end below it)."""
+    return [c for c in confirmed if math.isfinite(c.lo) and c.speedup > bar and c.hi > bar
+            and not c.lo > bar]
 
 
 def _failed(label: str, status: str) -> Comparison:
