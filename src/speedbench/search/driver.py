@@ -38,7 +38,9 @@ from speedbench.config import (ConfigError, ModelSpec, Plan, build_plan, config_
                                inline_name)
 
 CLOSING = "recipe"
-MIN_MEASUREMENT_S = 1.0  # the least time a search measurement gets, once started
+# The least time a search measurement gets once the search decided to start it, whatever its
+# clock has left: on a short or busy budget a pilot's data, probe and one trial take seconds.
+MIN_MEASUREMENT_S = 5.0
 
 
 def is_recipe(cfg: DictConfig) -> bool:

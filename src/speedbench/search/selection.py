@@ -422,10 +422,17 @@ class _Forward:
         arms = self.measured({"current": current}, step="pilot", time_left_s=self.left_s(),
                              rounds=1)
         ref = arms.get("current")
+        if ref is not None and ref.status.startswith("not measured") and self.over():
+            # the budget, not the recipe: nothing was decided, and nothing sizes a screen
+            self.out_of_budget = True
+            return f"time budget: the pilot's trial did not fit ({ref.status})"
         if ref is None or ref.status != OK or not self.costs.known:
             return ("the naive recipe could not be measured "
                     f"({ref.status if ref else 'missing'})")
         return None
+
+    def over(self) -> bool:
+        return self.budget.over()
 
     def _over_budget(self, what: str, seconds: float) -> str:
         """Why the budget stops the search here; remembers what a step would have needed."""
@@ -443,8 +450,10 @@ class _Forward:
         if not self.out_of_budget:
             return self._underpowered()
         where = "after screening" if self.steps else "before the first screen"
-        return (f"not decided: the budget ran out {where}; a full search needs about "
-                f"{self.needs_s:.0f} s (its budget was {self.budget.seconds:.0f} s)")
+        needs = f"about {self.needs_s:.0f} s" if math.isfinite(self.needs_s) else \
+            "more than that (not even one trial of the naive recipe fitted)"
+        return (f"not decided: the budget ran out {where}; a full search needs {needs} (its "
+                f"budget was {self.budget.seconds:.0f} s)")
 
     def _reconfirm(self, record: StepRecord, recipes: dict[str, Overrides], why: str
                    ) -> tuple[Optional[Comparison], StepRecord, str]:
