@@ -239,6 +239,8 @@ class SimTraining:
                                     last=len(times) >= total)
             if stop:
                 return {**quality._timings(times, 1, self.model.per_step), **stop}
+            if stopping.flagged(times[1:], self.model.per_step, ref):  # as _first_seed
+                total = max(total, 1 + stopping.STOP_LOOKS[-1])
             if sum(times) > left_s and len(times) >= min(total, 4):
                 break
         return {**quality._timings(times, 1, self.model.per_step), "final_loss": 1.0,

@@ -210,6 +210,8 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, ref, limits: Limits, what) 
                                 last=len(times) >= total)
                 if stop:
                     return {**_timings(times, steady_from, per_step), **stop}
+                if stopping.flagged(times[steady_from:], per_step, ref):  # re-check it
+                    total = max(total, steady_from + stopping.STOP_LOOKS[-1])
                 if len(times) == steps:
                     loss = _evaluated(trainer, spec, xy, train, recipe.bench.seed, initial)
                 reached = limits.reached(times, floor)

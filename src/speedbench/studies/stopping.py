@@ -8,7 +8,10 @@ compilation) are the probe's steady steps.
   The variant's speed relative to the baseline's (samples per second) is estimated from its
   steady probe steps against the baseline's (Welch's t on the logs of the seconds per sample,
   its variance widened by the trial-to-trial level of two fresh models, TRIAL_LEVEL_SD, which
-  the steps of one model cannot show);
+  the steps of one model cannot show); the first look only flags a variant (`flagged`: its
+  probe then runs on to the last look), and the last look calls it where the test holds both
+  on all its steady steps and on the fresh ones after the first look alone, a re-check that a
+  load burst covering the first look's steps cannot pass;
   at STOP_LOOKS steady steps the test looks, and the variant is stopped when the upper
   confidence bound of that ratio is below 1/F: its whole interval is F times slower or more.
   Each look spends an equal part of the comparison's STOP_SHARE of the family's error
@@ -118,12 +121,24 @@ def speed_ratio(step_s: list[float], per_step: int, ref: Reference, level: float
 
 def far_slower(steady_s: list[float], per_step: int, ref: Reference | None
                ) -> tuple[float, float, float] | None:
-    """The far-slower test at a look: the variant's (ratio, lo, hi) when its upper bound is
-    below 1/F at the look's level; None otherwise (not at a look, no reference, no F)."""
-    if ref is None or not ref.factor or len(steady_s) not in STOP_LOOKS:
+    """The far-slower test, a call at the last look only and re-checked: the variant's (ratio,
+    lo, hi) when the upper bound of its ratio over all its steady steps, and that of the steps
+    after the first look alone (fresh ones, taken after `flagged` asked for them), are both
+    below 1/F at the look's level; None otherwise (not the last look, no reference, no F). A
+    load burst that covers the first look's steps cannot make a call alone."""
+    if ref is None or not ref.factor or len(steady_s) != STOP_LOOKS[-1]:
         return None
     ratio, lo, hi = speed_ratio(steady_s, per_step, ref, ref.level)
-    return (ratio, lo, hi) if hi * ref.factor < 1 else None
+    fresh = speed_ratio(steady_s[STOP_LOOKS[0]:], per_step, ref, ref.level)[2]
+    return (ratio, lo, hi) if hi * ref.factor < 1 and fresh * ref.factor < 1 else None
+
+
+def flagged(steady_s: list[float], per_step: int, ref: Reference | None) -> bool:
+    """Whether the test holds at the first look (its steps alone): the probe then runs on to
+    the last look, whose fresh steps re-check it before it becomes a call (far_slower)."""
+    if ref is None or not ref.factor or len(steady_s) != STOP_LOOKS[0]:
+        return False
+    return speed_ratio(steady_s, per_step, ref, ref.level)[2] * ref.factor < 1
 
 
 def stopped_status(ratio: tuple[float, float, float], steady_s: list[float], ref: Reference,
