@@ -17,10 +17,14 @@ The noise is fitted to real measurements:
   residuals, which the simulation resamples; with benchmarks/data/step_times.csv (made by
   benchmarks/step_noise.py) the per-trial sd is that of the trial estimate the runs use;
 - per probe step: the standardised log step times of that file (their tails included), where
-  it exists, else a lognormal of sd STEP_SD.
+  it exists, else a lognormal of sd STEP_SD; a probe is a fresh model, whose steps share a
+  level drawn from the trial level fitted on that file (`level_sd`);
+- with `--load`: load episodes (Load) that slow every step of the probes and trials running
+  while they last.
 
     python benchmarks/verdict_sim.py              # the tables in benchmarks/README.md
     python benchmarks/verdict_sim.py --runs 200   # quicker, rougher
+    python benchmarks/verdict_sim.py --load       # A/A quiet and with load episodes
 
 tests/test_verdicts_sim.py runs a small version.
 """
@@ -109,10 +113,23 @@ def _fit_steps(steps: pd.DataFrame) -> dict:
              .transform("median")).to_numpy()
     resid = resid / resid.std()
     out = {"step_residuals": resid, "step_sd": float(np.log(ours["step_ms"]).groupby(
-        [ours["model"], ours["precision"], ours["round"]]).std().median())}
+        [ours["model"], ours["precision"], ours["round"]]).std().median()),
+        "level_sd": _level_sd(ours)}
     if sds:
         out.update(trial_sd=float(np.median(sds)), source="step_times.csv (typical step)")
     return out
+
+
+def _level_sd(ours: pd.DataFrame) -> float:
+    """The sd of a fresh model's level (its mean log step after the first, over trials),
+    beyond what its steps' own noise explains; the median over (model, precision)."""
+    logs = ours[ours["step"] >= 1].assign(lg=lambda d: np.log(d["step_ms"]))
+    sds = []
+    for _, g in logs.groupby(["model", "precision"]):
+        per = g.groupby("round")["lg"]
+        excess = per.mean().var(ddof=1) - per.var(ddof=1).mean() / per.size().mean()
+        sds.append(math.sqrt(max(0.0, excess)))
+    return float(np.median(sds))
 
 
 # ---- one simulated run: every model through the CLI's study ----
@@ -147,15 +164,44 @@ class Clock:
         return self.now
 
 
+@dataclass
+class Load:
+    """Load episodes on a shared machine: they start at `per_minute` a minute (Poisson), last
+    `seconds` (uniform), and multiply every step meanwhile by a factor drawn log-uniformly in
+    `factor` (a transformer step went from 50 ms to 1.8 s and 60 s within 20 minutes on the
+    audit's shared host: 5-50x for a stretch of seconds is the scenario)."""
+
+    per_minute: float = 1.0
+    seconds: tuple[float, float] = (5.0, 30.0)
+    factor: tuple[float, float] = (5.0, 50.0)
+    episodes: list = field(default_factory=list)
+    until: float = 0.0
+
+    def at(self, t: float, rng) -> float:
+        """The slowdown at simulated time `t` (1.0 outside every episode)."""
+        while self.until <= t:  # draw the episodes up to t, lazily
+            start = self.until + rng.exponential(60.0 / self.per_minute)
+            f = math.exp(rng.uniform(*np.log(self.factor)))
+            self.episodes.append((start, start + rng.uniform(*self.seconds), f))
+            self.until = start
+        return max([f for s, e, f in self.episodes if s <= t < e], default=1.0)
+
+
 class SimTraining:
     """The instruments of one simulated model (study.Instruments): trials' and probe steps'
     times drawn from the noise model on a simulated clock. Everything else, every phase of the
-    study, is the command line's own code."""
+    study, is the command line's own code. A probe is a fresh model: its steps share a level
+    drawn from the fitted trial level (noise["level_sd"]); `load`: episodes that slow every
+    step while they last."""
 
     def __init__(self, model: SimModel, noise: dict, rng, clock: Clock,
-                 position_effect: float = 0.0):
+                 position_effect: float = 0.0, load: Load | None = None):
         self.model, self.noise, self.rng, self.clock = model, noise, rng, clock
         self.position_effect, self.round_effect = position_effect, {}
+        self.load = load
+
+    def slowdown(self) -> float:
+        return self.load.at(self.clock.now, self.rng) if self.load else 1.0
 
     def instruments(self) -> study.Instruments:
         return study.Instruments(prepare=self.prepare, probe=self.probe,
@@ -171,25 +217,30 @@ class SimTraining:
                 "is_baseline": name == mc.plan.baseline, "trial": round_, "round": round_,
                 "position": position}
 
-    def _step(self, name: str) -> float:
-        """One probe step's time: the variant's true step, times a resampled step residual."""
+    def _step(self, name: str, level: float = 0.0) -> float:
+        """One probe step's time: the variant's true step, times the probe's level, a resampled
+        step residual and the load's slowdown now."""
         z = self.noise.get("step_residuals")
         sd = self.noise.get("step_sd", STEP_SD)
         e = sd * self.rng.choice(z) if z is not None else self.rng.normal(0, STEP_SD)
-        return self.model.step_s / self.model.speeds[name] * math.exp(e)
+        return self.model.step_s / self.model.speeds[name] * math.exp(e + level) \
+            * self.slowdown()
 
     def probe(self, mc, name: str, dataset, ref, steps: int, left_s: float) -> dict:
         """quality._first_seed's loop with simulated steps: the same stopping rules."""
         b = mc.plan.variants[name].bench
         total = max(steps, 1 + stopping.probe_floor(ref is None) if b.too_slow_factor else 1)
-        times = []
+        times, level = [], self.rng.normal(0, self.noise.get("level_sd", 0.0))
         while len(times) < total:
-            t = self._step(name) * (self.model.one_time if not times else 1.0)
+            t = self._step(name, level) * (self.model.one_time if not times else 1.0)
             times.append(t)
             self.clock.now += t
-            stop = quality._stopped(times, 1, self.model.per_step, b, ref)
+            stop = quality._stopped(times, 1, self.model.per_step, b, ref,
+                                    last=len(times) >= total)
             if stop:
                 return {**quality._timings(times, 1, self.model.per_step), **stop}
+            if stopping.flagged(times[1:], self.model.per_step, ref):  # as _first_seed
+                total = max(total, 1 + stopping.STOP_LOOKS[-1])
             if sum(times) > left_s and len(times) >= min(total, 4):
                 break
         return {**quality._timings(times, 1, self.model.per_step), "final_loss": 1.0,
@@ -211,7 +262,7 @@ class SimTraining:
                     - self.round_effect[round_]
                     - noise["trial_sd"] * self.rng.choice(noise["residuals"])
                     - (math.log1p(-self.position_effect) if position == 0 else 0.0))
-        step = math.exp(log_step)
+        step = math.exp(log_step) * self.slowdown()
         # the trial's window stops at the run's deadline (between steps)
         self.clock.now += min(trial_seconds(step, mc.plan.variants[name].bench),
                               budget.left() + step)
@@ -258,13 +309,15 @@ class Settings:
 
 
 def simulate_run(models: list[SimModel], noise: dict, rng, settings: Settings = Settings(),
-                 position_effect: float = 0.0) -> tuple[pd.DataFrame, float]:
+                 position_effect: float = 0.0, load: Load | None = None
+                 ) -> tuple[pd.DataFrame, float]:
     """One run of every model, as the CLI runs it; (summary.csv's rows, the run's seconds)."""
     bench = SimpleNamespace(**{k: v for k, v in vars(settings).items() if k != "extra"})
     clock = Clock()
     run = Budget.of_run(settings.time_budget_s, clock=clock)
     comparisons = sum(len(m.speeds) - 1 for m in models)
-    contexts = [model_context(m, bench, SimTraining(m, noise, rng, clock, position_effect),
+    load = Load(load.per_minute, load.seconds, load.factor) if load else None  # fresh episodes
+    contexts = [model_context(m, bench, SimTraining(m, noise, rng, clock, position_effect, load),
                               comparisons, int(rng.integers(2 ** 62))) for m in models]
     states = study.study_models(contexts, run)  # the CLI's: probes, then rounds cheapest first
     rows = []
@@ -281,7 +334,8 @@ def simulate_run(models: list[SimModel], noise: dict, rng, settings: Settings = 
 # ---- the measures ----
 
 def scenario(models: list[SimModel], runs: int, noise: dict, seed: int,
-             settings: Settings = Settings(), position_effect: float = 0.0) -> dict:
+             settings: Settings = Settings(), position_effect: float = 0.0,
+             load: Load | None = None) -> dict:
     """`runs` simulated runs: the family-wise false calls (any call on an identical variant),
     the CI coverage of the truth, each variant's verdicts, the run's mean seconds."""
     rng = np.random.default_rng(seed)
@@ -290,7 +344,7 @@ def scenario(models: list[SimModel], runs: int, noise: dict, seed: int,
     verdicts: dict = {k: [] for k in truth}
     seconds = []
     for _ in range(runs):
-        s, took = simulate_run(models, noise, rng, settings, position_effect)
+        s, took = simulate_run(models, noise, rng, settings, position_effect, load)
         seconds.append(took)
         s = s[~s["is_baseline"].astype(bool)]
         false = False
@@ -368,6 +422,28 @@ def table(runs: int, noise: dict, seed: int = 0) -> list[str]:
     return lines
 
 
+def load_table(runs: int, noise: dict, seed: int = 0, load: Load = Load()) -> list[str]:
+    """A/A rows quiet and with load episodes (`load`), with each row's verdict mix: the
+    rounds, the stops and the budget check all see the same episodes."""
+    lines = [f"Load episodes: {load.per_minute:g} a minute, {load.seconds[0]:g}-"
+             f"{load.seconds[1]:g} s each, steps {load.factor[0]:g}-{load.factor[1]:g}x slower; "
+             f"probe level sd {noise.get('level_sd', 0):.3f}; {runs} runs per row.", "",
+             "| scenario | budget | load | A/A family-wise false calls (stops included) | CI "
+             "coverage | identical variants' verdicts | mean run s (max) |",
+             "|---|---|---|---|---|---|---|"]
+    for name, models, budget in (("amp, 3 models x 3 identical", identical(3), 140),
+                                 ("7 identical, transformer", [identical(7)[2]], 140),
+                                 ("7 identical, transformer", [identical(7)[2]], 600)):
+        for episodes in (None, load):
+            r = scenario(models, runs, noise, seed, Settings(time_budget_s=budget),
+                         load=episodes)
+            mix = _mix([v for vs in r["verdicts"].values() for v in vs])
+            lines.append(f"| {name} | {budget} s | {'episodes' if episodes else 'quiet'} | "
+                         f"{r['family_false']:.2%} | {r['coverage']:.2%} | {mix} | "
+                         f"{r['seconds']:.0f} ({r['seconds_max']:.0f}) |")
+    return lines
+
+
 def _mix(verdicts: list[str]) -> str:
     counts = pd.Series(verdicts).value_counts(normalize=True)
     return ", ".join(f"{w} {p:.0%}" for w, p in counts.items())
@@ -377,8 +453,10 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--load", action="store_true", help="the A/A rows quiet and with load "
+                   "episodes (Load) instead of the usual tables")
     a = p.parse_args(argv)
-    print("\n".join(table(a.runs, fit(), a.seed)))
+    print("\n".join((load_table if a.load else table)(a.runs, fit(), a.seed)))
 
 
 if __name__ == "__main__":

@@ -148,6 +148,73 @@ def test_a_matmul_bound_step_is_matmul_and_amp_forecast_uses_the_peak_ratio(matm
                                                  {"fp32": math.nan, "bf16": math.nan}) is None
 
 
+class Shares:
+    """A profile stand-in: the share of each category."""
+
+    def __init__(self, **shares):
+        self.shares = shares
+
+    def share(self, category: str) -> float:
+        return self.shares.get(category, 0.0)
+
+
+def test_amps_forecast_is_marked_not_a_bound_and_sets_nothing_aside():
+    """Finding 4 (measurement audit 5): "bf16 cannot gain more than 1.025x" from the matrix
+    products alone, beside a measured 1.25x; autocast runs the element-wise ops in bf16 too.
+    The forecast says what it covers, and neither skip_by_forecast nor the search's
+    set-aside (Bound.under) acts on it."""
+    base, plan = recipes("+experiment=amp")
+    profile = Shares(matmul=0.05, elementwise=0.6)
+    got = techniques.by_name("precision").bound(plan.variants["bf16"], base, profile,
+                                                {"fp32": 1.0, "bf16": 1.0})
+    assert got.speedup < 1.05 and not got.sound
+    assert got.under(0.05) == ""  # before: "... under the 5 % noise threshold"
+    assert "no upper bound" in got.why and "element-wise" in got.why
+    # a bound that is one still sets an option aside
+    loader = techniques.Bound(1.004, 0.004, "data wait is 0.4 % of the step")
+    assert loader.sound and loader.under(0.05)
+
+
+def test_a_peak_ratio_whose_alternated_windows_disagree_gives_no_forecast():
+    """Finding 4: five consecutive peak pairs under load read bf16/fp32 3.35, 2.33, 17.5, 0.0089
+    and 355. The ratio comes from alternated windows; where their ratios disagree beyond
+    RATIO_TOL it is unstable: no forecast, and the reason."""
+    from speedbench.measure import flops
+
+    steady = flops.judged_ratio([2.30, 2.41, 2.35, 2.28, 2.39, 9.0])  # one burst: dropped
+    assert not steady.unstable and steady.ratio == pytest.approx(2.37, rel=0.02)
+    loaded = flops.judged_ratio([3.35, 2.33, 17.5, 0.0089, 355, 2.0])
+    assert loaded.unstable.startswith("its 6 alternated windows' ratios spread ")
+    base, plan = recipes("+experiment=amp")
+    why = techniques.by_name("precision").bound(plan.variants["bf16"], base, Shares(matmul=0.5),
+                                                {"ratios": {"bf16": loaded}})
+    assert why.startswith("n/a: the bf16/fp32 matmul rate ratio was unstable")
+    name, said = techniques.bound(plan.variants["bf16"], base, Shares(matmul=0.5),
+                                  {"ratios": {"bf16": steady}})
+    assert said.speedup == pytest.approx(1 / (1 - 0.5 * (1 - 1 / steady.ratio)))
+
+
+def test_the_paired_peak_ratio_is_measured_in_alternated_windows():
+    from speedbench.measure import flops
+
+    got = flops.paired_peak_ratio(CPU, "bf16", pairs=4, window_s=0.005)
+    assert len(got.ratios) == 4 and (got.ratio > 0 or got.unstable)
+
+
+def test_the_forecast_labels_name_the_profiled_steps_they_use():
+    """Finding 4: the labels said "one profiled baseline step" where the code used two."""
+    from pathlib import Path
+
+    from speedbench.report import explain_section
+    from speedbench.results.schema import FORECAST_STEPS
+
+    assert explain.FORECAST_STEPS == FORECAST_STEPS >= 4
+    assert f"from {FORECAST_STEPS} profiled baseline steps" in explain_section.FORECAST
+    text = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    assert "one profiled baseline step" not in text and "one profiled" not in \
+        explain_section.FORECAST
+
+
 def raw_profile(target: str, dataset, steps: int = 3, **kwargs) -> stats.Breakdown:
     """The split as the profiler records it, its own cost left in (no unprofiled steps)."""
     from speedbench.measure.session import applied

@@ -126,7 +126,7 @@ def test_printed_commands_keep_the_config_flags():
     flags = config_flags(["-cd", "conf", "+experiment=amp", "hydra.searchpath=[file://more]",
                           "model=mynet"])
     assert flags == ["--config-dir=conf", "hydra.searchpath=[file://more]"]
-    summary = summarise(trials_frame()).assign(spread=0.3, unsteady=0)
+    summary = summarise(trials_frame()).assign(round_sd=0.9, unsteady=0)
     lines = console_warnings(summary, "amp", flags + ["model=mynet"], width=200)
     command = lines[lines.index("  measure again:") + 1:]
     assert command == ["    speedbench --config-dir=conf +experiment=amp "
@@ -177,7 +177,7 @@ def test_measure_again_keeps_the_launcher_that_started_the_run(parent, words):
 
     env = DistEnv(rank=0, world_size=4, local_rank=0, local_world_size=2, run_id="x")
     assert launcher(env, parent) == words and launcher(None, parent) == ["speedbench"]
-    summary = summarise(trials_frame()).assign(spread=0.3, unsteady=0)
+    summary = summarise(trials_frame()).assign(round_sd=0.9, unsteady=0)
     lines = console_warnings(summary, "amp", ["model=mynet"], width=400, program=words)
     assert lines[-1] == "    " + " ".join(words + ["+experiment=amp", "model=mynet",
                                                     "bench.repeats=6"])

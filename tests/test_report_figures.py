@@ -255,7 +255,7 @@ def test_load_average_at_the_end_is_added_to_env_json(tmp_path):
 def test_noise_warnings_are_short_and_end_with_a_command_to_paste(tmp_path):
     from speedbench.report.render import console_warnings, report_line
 
-    summary = summarise(trials_frame()).assign(spread=0.3, unsteady=0)
+    summary = summarise(trials_frame()).assign(round_sd=0.9, unsteady=0)
     lines = console_warnings(summary, "amp", ["model=resnet", "bench.repeats=3"], width=80)
     assert lines and all(len(line) <= 80 for line in lines)
     command = lines[lines.index("  measure again:") + 1:]
@@ -268,7 +268,7 @@ def test_noise_warnings_are_short_and_end_with_a_command_to_paste(tmp_path):
     pasted = " ".join(line.strip().rstrip("\\").strip() for line in command)
     assert pasted.split() == ["speedbench", "+experiment=amp",
                               *[f"models.resnet.small.knob{i}=1" for i in range(9)], "bench.repeats=6"]
-    assert console_warnings(summary.assign(spread=0.01), "amp", []) == []
+    assert console_warnings(summary.assign(round_sd=0.01), "amp", []) == []
     line = report_line(tmp_path, 12, 3.4)
     assert line.endswith(str(tmp_path.resolve() / "report.html")) and line.startswith("12 trials")
 
@@ -278,7 +278,7 @@ def test_the_command_to_measure_again_doubles_the_rounds_of_the_data_or_of_the_c
     the run's bench.repeats; never a number made up when neither is known."""
     from speedbench.report.render import console_warnings
 
-    summary = summarise(trials_frame()).assign(spread=0.3, unsteady=0)
+    summary = summarise(trials_frame()).assign(round_sd=0.9, unsteady=0)
 
     def command(s, **kw):
         return console_warnings(s, "amp", [], width=200, **kw)[-1].split()

@@ -285,3 +285,17 @@ def test_a_long_budget_adds_looks_rather_than_leaving_its_time_unspent():
     assert sum(intervals.spending_share(k, looks) for k in range(1, looks + 1)) == \
         pytest.approx(1.0)
     assert intervals.planned_looks(math.inf, 5, 2.0) == intervals.LOOKS
+
+
+def test_a_not_measured_row_shows_no_speed_up_and_keeps_its_unpaired_probe_ratio():
+    """Finding 6 (measurement audit 5): identical variants a limit stopped printed their
+    probe's unpaired ratio (1.50x, 0.58x, 1.23x for A/A recipes) as the row's speed-up."""
+    base = np.array([100, 101, 99, 100, 102.0])
+    t = _rounds(base, {}).assign(probe_samples_per_s=100.0)
+    cut = {"experiment": "e", "model": "m", "variant": "b", "is_baseline": False, "round": 0,
+           "trial": 0, "status": "not measured: a steady probe step took 2.25 s; ...",
+           "probe_samples_per_s": 150.0, "probe_speedup": 1.5}
+    s = summarise(pd.concat([t, pd.DataFrame([cut])])).set_index("variant")
+    assert s.loc["b", "verdict"] == schema.NOT_MEASURED
+    assert s.loc["b", ["speedup", "speedup_lo", "speedup_hi"]].isna().all()
+    assert s.loc["b", "probe_speedup"] == 1.5  # kept, as the probe's (unpaired) figure

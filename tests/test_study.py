@@ -55,7 +55,7 @@ def test_each_recipe_search_step_is_a_request_within_its_time():
                                     budget_s=cfg.recipe.step_budget_s, min_s=least)
     closing = driver.step_request(cfg, "closing", None, None)
     assert closing.explain and closing.budget_s == cfg.recipe.step_budget_s
-    assert driver.step_request(cfg, "pilot", 0.5, 1).budget_s == 1.0  # a second at least
+    assert driver.step_request(cfg, "pilot", 0.5, 1).budget_s == driver.MIN_MEASUREMENT_S
 
 
 def test_a_findings_check_the_run_has_no_time_left_for_says_so(tmp_path):
@@ -72,3 +72,67 @@ def test_a_findings_check_the_run_has_no_time_left_for_says_so(tmp_path):
     assert findings["check"].iloc[0] == ("not checked: the run's bench.time_budget_s had 0 s "
                                          "left for it, about 0 s needed")
     assert writer.rows == []  # nothing measured past the run's clock
+
+
+def _fake_study(prepare, clock):
+    """A one-model study whose instruments' prepare is `prepare`; the trials never run."""
+    from types import SimpleNamespace
+
+    bench = SimpleNamespace(repeats=2, target_ci=None, quality_steps=0, quality_seeds=1,
+                            too_slow_factor=None, time_budget_s=60.0, noise_threshold=0.05,
+                            max_trial_s=6.0, warmup=3, steps=5)
+    plan = SimpleNamespace(variants={n: SimpleNamespace(bench=bench) for n in ("a", "b")},
+                           baseline="a", models=[SimpleNamespace(name="m")], experiment="e")
+    settings = study.Settings(repeats=2, target_ci=None, quality_steps=0, quality_seeds=1,
+                              explain=False, skip_by_forecast=False, find_largest_batch=False,
+                              too_slow_factor=None, time_budget_s=60.0, noise_threshold=0.05,
+                              seed=0)
+    said, rows = [], []
+    bar = SimpleNamespace(total=0, write=lambda text, *_: said.append(text),
+                          set_postfix_str=lambda *_: None, update=lambda *_: None)
+    writer = SimpleNamespace(append=rows.append)
+
+    def trial(*_):
+        raise AssertionError("no trial runs once the data overran")
+    instruments = study.Instruments(
+        prepare=prepare, trial=trial,
+        header=lambda mc, name, r, p: {"experiment": "e", "model": "m", "variant": name,
+                                       "round": r, "position": p})
+    mc = study.ModelContext(plan, plan.models[0], settings, instruments, writer=writer, bar=bar)
+    study.study_models([mc], Budget(60.0, clock=clock))
+    return said, rows
+
+
+def test_data_building_is_held_to_the_budget_and_the_console_says_when_it_overran():
+    """Finding 3 (measurement audit 5): the ResNet's data took 52 s of a 60 s budget with no
+    deadline; the run ended at 109 s. The data's building is held to what the budget leaves
+    (DataOutOfTime) and timed; a model whose data used its share is not measured, said once."""
+    from speedbench.measure import data
+
+    with pytest.raises(data.DataOutOfTime, match="after 0 of 4 pictures"):
+        data.JpegImages(4, 8, 2, left_s=-1.0)
+    assert len(data.JpegImages(4, 8, 2, left_s=60.0).jpegs) == 4
+    now = [0.0]
+
+    def slow(mc):  # the data took 70 s of the 60
+        assert mc.data_left_s == pytest.approx(60.0)
+        now[0] += 70.0
+        return study.Prepared(None, {}, {"a": 1, "b": 1})
+    said, rows = _fake_study(slow, lambda: now[0])
+    assert any("m: preparing its data took 70 s, all of its 60 s share" in s for s in said)
+    assert {r["variant"]: r["status"].split(":")[0] for r in rows} == {"a": "not measured",
+                                                                       "b": "not measured"}
+
+    def cut(mc):  # the pictures' pool stopped at the deadline
+        raise data.DataOutOfTime("building its data ran past what bench.time_budget_s left it")
+    said, rows = _fake_study(cut, lambda: now[0])
+    assert all("building its data ran past" in r["status"] for r in rows) and len(rows) == 2
+
+
+def test_the_console_says_when_a_run_overran_its_budget():
+    from speedbench.run import overrun_line
+
+    assert overrun_line(65.0, 60.0) is None  # within max(5 %, 10 s)
+    assert overrun_line(109.0, 60.0).startswith("speedbench: the run took 109 s, 49 s over its "
+                                                "bench.time_budget_s of 60 s")
+    assert overrun_line(500.0, None) is None

@@ -136,3 +136,18 @@ def test_the_plan_names_what_stops_it_short_of_a_verdict_on_1_1x():
     assert float(figure.split("bench.time_budget_s=")[1].split()[0]) > 20
     assert _run_line(86_400) == ""  # a day is enough: nothing to advise
     assert "bench.repeats=" not in short, short  # a larger budget spreads the looks wider
+
+
+def test_the_simulation_learns_a_fresh_models_level_and_load_episodes():
+    """Measurement audit 5 (finding 8 there): the simulated probe steps were drawn around the
+    true step with no trial level and no load, so no A/A stop could appear. A probe now shares
+    a level fitted on step_times*.csv, and Load episodes slow every step while they last."""
+    assert 0.02 < NOISE["level_sd"] < 0.3
+    rng = np.random.default_rng(0)
+    load = sim.Load(per_minute=6.0, seconds=(5.0, 10.0), factor=(5.0, 50.0))
+    seen = [load.at(t, rng) for t in np.arange(0.0, 600.0, 0.5)]
+    assert min(seen) == 1.0 and 5.0 <= max(seen) <= 50.0
+    assert 0.02 < np.mean([s > 1 for s in seen]) < 0.9  # episodes come and go
+    summary, took = sim.simulate_run(sim.identical(3, models=1), NOISE, rng,
+                                     sim.Settings(time_budget_s=60.0), load=load)
+    assert len(summary) == 3 and took <= 60.0 + 30.0

@@ -210,6 +210,7 @@ def test_a_step_past_the_cap_stops_its_trial_and_the_next_variant_runs(tmp_path)
     writer = TrialWriter(tmp_path / "trials.csv", techniques.column_names())
     book = flops.FlopsBook(torch.device("cpu"))
     book.peaks.update(fp32=1.0, bf16=1.0)  # no matmul peak to measure: the test is the cap
+    book.ratios["bf16"] = flops.PeakRatio(1.0, (1.0,))
     measure_plan(plan, None, progress=False, writer=writer, book=book)
     trials = pd.read_csv(tmp_path / "trials.csv")
     assert list(trials["variant"]) == ["bf16", "fp32"]

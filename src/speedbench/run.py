@@ -135,8 +135,27 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
     _report(summary, run_dir, writer, experiment, overrides, groups is None, profiled,
             time.perf_counter() - started, load, cfg.bench.noise_threshold,
             max(int(p.variants[p.baseline].bench.repeats) for p in plans),
-            distributed.launcher(dist_env))
+            distributed.launcher(dist_env), _budget_s(plans))
     return run_dir
+
+
+def _budget_s(plans: list[Plan]) -> float | None:
+    """The run's whole bench.time_budget_s (each experiment's, added), None without one."""
+    got = [p.config.bench.time_budget_s for p in plans]
+    return None if any(b is None for b in got) else float(sum(got))
+
+
+OVERRUN_SLACK_S, OVERRUN_SHARE = 10.0, 0.05  # what the console lets pass before saying so
+
+
+def overrun_line(took_s: float, budget_s: float | None) -> str | None:
+    """The line saying the run took longer than bench.time_budget_s by more than the slack
+    (max(OVERRUN_SHARE of it, OVERRUN_SLACK_S)), else None."""
+    if budget_s is None or took_s <= budget_s + max(OVERRUN_SHARE * budget_s, OVERRUN_SLACK_S):
+        return None
+    return (f"speedbench: the run took {took_s:.0f} s, {took_s - budget_s:.0f} s over its "
+            f"bench.time_budget_s of {budget_s:g} s (its start-up, data, probes and trials "
+            "are held to the clock; a step, a data set or the machine's load ran past it)")
 
 
 # With time to target (target.enabled), the share of an experiment's budget that trains the
@@ -253,7 +272,8 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
 def _report(summary, run_dir: Path, writer, experiment: str | None,
             overrides: list[str] | None, table: bool, profiled: bool, took_s: float,
             load: dict, threshold: float = intervals.DEFAULT_THRESHOLD,
-            repeats: int | None = None, program: list[str] | None = None) -> None:
+            repeats: int | None = None, program: list[str] | None = None,
+            budget_s: float | None = None) -> None:
     """The console's lines (a busy machine and stalled windows said first; `repeats`, the
     run's bench.repeats, and `program`, the words that started it (torchrun's too), for the
     command that measures a noisy run again); exit status 1 when no trial succeeded."""
@@ -266,7 +286,8 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
     for note in method.trial_notes(writer.frame()):  # stalled windows, trials others slowed
         print(textwrap.fill(note, width=100) + "\n")
     print("\n".join(console_lines(summary, experiment, overrides, table=table,
-                                   repeats=repeats, program=program)))
+                                   repeats=repeats, program=program,
+                                   busy=bool(isinstance(load, dict) and load.get("busy")))))
     if profiled:
         from speedbench.report.profile_section import console_text
         print("\n" + console_text(run_dir))
@@ -280,6 +301,9 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
         print("\n" + "\n".join(target_lines(runs, threshold)))
     print("\n" + "\n".join(recommend.console_lines(summary, run_dir)))
     print("\n" + report_line(run_dir, sum(map(trained, writer.rows)), took_s))
+    over = overrun_line(took_s, budget_s)
+    if over:
+        print(over, file=sys.stderr)
     failed = [r for r in writer.rows if schema.parse_status(r["status"]).failed]
     if failed and not any(schema.parse_status(r["status"]).ok for r in writer.rows):
         print(f"speedbench: no trial succeeded ({len(failed)} failed: see the status column)",

@@ -157,6 +157,7 @@ def with_forecasts(explained: pd.DataFrame, forecast: pd.DataFrame | None) -> pd
     if out.empty:
         return out
     out["forecast"], out["forecast_reason"], out["above"] = math.nan, "", False
+    out["is_bound"] = True
     if forecast is None or forecast.empty:
         return out
     f = forecast.set_index(["experiment", "model", "variant"])
@@ -168,8 +169,19 @@ def with_forecasts(explained: pd.DataFrame, forecast: pd.DataFrame | None) -> pd
             out.at[i, "forecast"] = float(got["forecast"])
             out.at[i, "forecast_reason"] = str(got["reason"] if got["status"] == OK
                                                else got["status"])
-            out.at[i, "above"] = above(r["speedup_lo"], float(got["forecast"]))
+            out.at[i, "is_bound"] = is_bound(got)
+            out.at[i, "above"] = is_bound(got) and above(r["speedup_lo"],
+                                                         float(got["forecast"]))
     return out
+
+
+def is_bound(row) -> bool:
+    """Whether a forecast.csv row is an upper bound (its `is_bound`; a run written before the
+    column: yes, as it then claimed)."""
+    value = row.get("is_bound", True)
+    if value is None or value != value:
+        return True
+    return str(value).strip().lower() not in ("false", "0")
 
 
 def above(lo: float, forecast: float) -> bool:
@@ -198,7 +210,9 @@ def sentence(row) -> str:
     speedup = ratio_text(row["speedup"], spec=".3g")
     text = f"{row['model']} {row['variant']} {speedup}: {named}; {tail}"
     if np.isfinite(row.get("forecast", math.nan)):
-        text += f"; forecast at most {ratio_text(row['forecast'], spec='.3g')}"
+        text += (f"; forecast at most {ratio_text(row['forecast'], spec='.3g')}"
+                 if is_bound(row) else f"; forecast {ratio_text(row['forecast'], spec='.3g')}"
+                 " from part of the step (not a bound)")
         if row.get("above"):
             text += " (measured above it: the forecast or the measurement is wrong)"
     return text + "."

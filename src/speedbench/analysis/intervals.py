@@ -25,6 +25,7 @@ Design (benchmarks/README.md shows the simulation behind each choice):
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -74,8 +75,10 @@ def _t_central(theta: float, df: int) -> float:
     return 2 / math.pi * (theta + s * total)
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(level: float, df: int) -> float:
-    """Two-sided critical value: P(|T| < t) = level, for df >= 1 (bisection, 1e-12)."""
+    """Two-sided critical value: P(|T| < t) = level, for df >= 1 (bisection, 1e-12; cached:
+    the same few levels and degrees of freedom recur)."""
     if df < 1:
         return math.inf
     lo, hi = 0.0, math.pi / 2

@@ -44,3 +44,27 @@ def sd_from_interval(lo: float, hi: float, rounds: int, level: float) -> float:
     """The per-round sd of the log ratio that a `level` interval [lo, hi] after `rounds`
     rounds implies (halfwidth inverted)."""
     return math.log(hi / lo) / 2 * math.sqrt(rounds) / t_quantile(level, rounds - 1)
+
+
+# The machine's quiet figure for the paired per-round sd of a log speed-up: the highest measured
+# on the quiet reference machine, nothing else running (benchmarks/README.md, "Trial noise":
+# 0.10-0.16 for the ResNet and VAE, 0.26-0.33 for the transformer, 5-20-step windows).
+QUIET_ROUND_SD = 0.30
+NOISY_LEVEL = 0.99  # the one-sided level at which rounds are called noisier than that
+NOISY_Z = 2.326  # its standard normal quantile
+
+
+def chi2_quantile(df: int, z: float = NOISY_Z) -> float:
+    """The chi-square quantile whose standard normal equivalent is `z` (Wilson-Hilferty: within
+    2 % of the exact value from 2 degrees of freedom on at the 99 % point)."""
+    c = 2 / (9 * df)
+    return df * (1 - c + z * math.sqrt(c)) ** 3
+
+
+def noisier_than_quiet(round_sd: float, rounds: int, quiet: float = QUIET_ROUND_SD) -> bool:
+    """Whether the paired per-round log ratios' sd over `rounds` rounds (at least 3) is
+    significantly above the quiet machine's figure (one-sided chi-square test at NOISY_LEVEL):
+    on a quiet machine a row warns in at most 1 % of runs, whatever its rounds."""
+    if not rounds or rounds < 3 or not round_sd == round_sd:
+        return False
+    return (rounds - 1) * round_sd ** 2 / quiet ** 2 > chi2_quantile(rounds - 1)

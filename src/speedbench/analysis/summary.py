@@ -202,14 +202,16 @@ def _medians(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
 def _speedup(row: dict, ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, level: float,
              threshold: float, floor: int | None = None) -> dict:
     """The paired speed-up over the baseline, its CI and verdict, and the rounds behind it."""
-    speed, rounds = (math.nan,) * 3, 0
+    speed, rounds, round_sd = (math.nan,) * 3, 0, math.nan
     if row["is_baseline"]:
         speed = (1.0, math.nan, math.nan) if len(ok) else speed
         verdict = BASELINE if len(ok) else _short(row["status"])
         rounds = int(ok[key].nunique()) if len(ok) else 0
     elif len(ok) and len(base_rows):
         a, b = paired(ok, base_rows, "samples_per_s", key)
-        rounds = len(paired_log_ratios(a, b))
+        logs = paired_log_ratios(a, b)
+        rounds = len(logs)
+        round_sd = float(np.std(logs, ddof=1)) if rounds >= 3 else math.nan
         speed = paired_ratio_ci(a, b, level)
         # a recipe search's screen (its level allotted, fewer rounds than the run's floor)
         # ranks options; it decides nothing
@@ -219,7 +221,9 @@ def _speedup(row: dict, ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, lev
     elif stopped_early(pd.Series([row["status"]])).iloc[0] and len(base_rows):
         verdict, speed = STOPPED_SLOWER, _probe_ratio(row, base_rows)
     elif parse_status(row["status"]).kind == NOT_MEASURED:
-        verdict, speed = NOT_MEASURED, (_probe_ratio(row, base_rows)[0], math.nan, math.nan)
+        # a limit stopped it: no call and no speed-up (its probe's unpaired ratio, a moment's
+        # load as much as the recipe, stays in probe_speedup)
+        verdict = NOT_MEASURED
     else:
         verdict = _short(row["status"]) if not len(ok) else "no baseline"
     return {"rounds": rounds, "verdict": verdict, "speedup": speed[0], "speedup_lo": speed[1],
@@ -227,7 +231,17 @@ def _speedup(row: dict, ok: pd.DataFrame, base_rows: pd.DataFrame, key: str, lev
             "ci_halfwidth": relative_halfwidth(speed[1], speed[2]),
             "min_detectable": (min_detectable(speed[1], speed[2], threshold)
                                if verdict == INCONCLUSIVE else math.nan),
-            "noise_threshold": threshold}
+            "noise_threshold": threshold, "round_sd": round_sd,
+            "others_cpu_share": _others_share(ok, base_rows)}
+
+
+def _others_share(ok: pd.DataFrame, base_rows: pd.DataFrame) -> float:
+    """The most CPU other processes took while a trial of the row or of its baseline ran
+    (trials.csv's others_cpu_share; NaN where the run did not record it)."""
+    got = [pd.to_numeric(f["others_cpu_share"], errors="coerce") for f in (ok, base_rows)
+           if "others_cpu_share" in f and len(f)]
+    values = pd.concat(got).dropna() if got else pd.Series(dtype=float)
+    return float(values.max()) if len(values) else math.nan
 
 
 def _window_ratio(row: dict, ok: pd.DataFrame, base_rows: pd.DataFrame, key: str) -> float:

@@ -16,10 +16,14 @@ variant, with the speed-up over the baseline from the paired seeds.
   step) and of (baseline steps / variant steps), so a user sees whether a variant won by
   faster steps or lost by needing more of them;
 - a miss, as AlgoPerf counts it: a variant that did not reach the target in a seed where the
-  baseline did, at the caps (target.max_steps, target.max_s), or stopped as far too slow, or
-  diverged, took infinite time there: its verdict is `slower`, its speed-up the bound its
-  censored time gives (at most that: `speedup_bound` "<=") or 0 where it was stopped early;
-- a run that the budget's share stopped (`not measured: ...`) is censored without a call: the
+  baseline did, within target.max_steps, or stopped as far too slow, or diverged, took
+  infinite time there: its verdict is `missed the target (...)`, its speed-up the bound its
+  censored time gives (at most that: `speedup_bound` "<=") or 0 where it was stopped early.
+  It has no interval, so it is no call of the family (a `slower` without an interval would
+  claim a level it does not have);
+- a run that the budget's share stopped (`not measured: ...`), or the wall-clock cap
+  target.max_s where the baseline reached the target within it (a load burst can run out a
+  wall clock: identical numerics take identical steps), is censored without a call: the
   verdict says not measured, with its bound;
 - a baseline that missed in any seed gives no verdict at all (the target was out of reach:
   raise target.margin or target.max_steps), with the bound its censored times give (">=").
@@ -34,7 +38,7 @@ import pandas as pd
 from speedbench.analysis import intervals
 from speedbench.analysis.numbers import ratio_text
 from speedbench.results.schema import (DIVERGED, MISSED, NOT_MEASURED, OK, TOO_SLOW,
-                                       parse_status)
+                                       parse_status, time_capped)
 
 COLUMNS = ["experiment", "model", "variant", "is_baseline", "status", "seeds", "reached",
            "censored", "time_to_target_s", "cold_s", "one_time_s", "steps_to_target",
@@ -42,6 +46,8 @@ COLUMNS = ["experiment", "model", "variant", "is_baseline", "status", "seeds", "
            "step_speed_ratio", "steps_ratio", "verdict", "target_loss", "entropy_floor",
            "reached_loss", "target_source"]
 MISSED_VERDICT = "missed the target"
+# What a miss means: AlgoPerf's infinite time, with no interval, so no call of the family
+MISS_MEANING = "infinite time, no interval: not a call of the 5 % family"
 # The experiment name of a recipe search's closing check: its final recipe against naive
 RECIPE_CHECK = "recipe: time to target"
 NO_TARGET = "no verdict: the baseline missed the target"
@@ -119,7 +125,8 @@ def _row(exp, model, variant, rows, base, level, threshold) -> dict:
 
 def _verdict(rows, base, statuses, level: float, threshold: float) -> dict:
     """A variant's verdict and speed-up: a CI where every seed of both reached the target, a
-    bound where a seed is censored, `slower` for a miss (AlgoPerf's infinite time)."""
+    bound where a seed is censored (no call), `missed the target` for a miss (AlgoPerf's
+    infinite time: no interval, so no call of the family)."""
     if all(s.na for s in statuses):
         return {"verdict": "n/a"}
     base_kinds = _kinds(base)
@@ -135,18 +142,29 @@ def _verdict(rows, base, statuses, level: float, threshold: float) -> dict:
                     f"{len(base)} seeds; a larger bench.time_budget_s lets it"}
         return {**_bound(rows, base), "verdict": f"{NO_TARGET} in {short} of {len(base)} seeds"}
     kinds = [s.kind for s in statuses]
-    misses = sum(k in (MISSED,) + STOPPED for k in kinds)
+    capped = sum(time_capped(s) for s in rows["status"])  # the wall clock, not the numerics
+    misses = sum(k in (MISSED,) + STOPPED for k in kinds) - capped
     if misses:
         early = any(k in STOPPED for k in kinds)
         how = ("stopped early: far too slow" if TOO_SLOW in kinds else
-               f"{MISSED_VERDICT} in {misses} of {len(kinds)} seeds: a miss counts as "
-               "infinite time")
+               f"in {misses} of {len(kinds)} seeds")
         return {**(_zero() if early else _bound(rows, base)),
-                "verdict": f"{intervals.SLOWER} ({how})"}
-    if NOT_MEASURED in kinds:
-        return {**_bound(rows, base), "verdict": f"{NOT_MEASURED} (the budget's share ran out "
-                f"in {kinds.count(NOT_MEASURED)} of {len(kinds)} seeds)"}
+                "verdict": f"{MISSED_VERDICT} ({how}: {MISS_MEANING})"}
+    if capped or NOT_MEASURED in kinds:
+        return {**_bound(rows, base), "verdict": _censored(kinds, capped)}
     return _speedup(rows, base, level, threshold)
+
+
+def _censored(kinds: list[str], capped: int) -> str:
+    """The verdict of a variant some of whose seeds a limit stopped before the target, where the
+    baseline's all got there: the budget's share, or the wall-clock cap target.max_s (a load
+    can run it out: censoring, not a miss). No call."""
+    parts = [f"the budget's share ran out in {kinds.count(NOT_MEASURED)} of {len(kinds)} "
+             "seeds"] if NOT_MEASURED in kinds else []
+    if capped:
+        parts.append(f"the wall-clock cap target.max_s stopped {capped} of {len(kinds)} seeds, "
+                     "which the baseline reached within it: censored, no call")
+    return f"{NOT_MEASURED} ({'; '.join(parts)})"
 
 
 def _zero() -> dict:
@@ -254,12 +272,13 @@ def verdict_line(runs: pd.DataFrame | None, model: str,
     rows = summary[(summary["model"] == model) & (summary["experiment"] != RECIPE_CHECK)]
     if rows.empty:
         return ""
+    missed = "missed the target (infinite time, no interval)"
     parts = {"sooner, significantly": [], "later, significantly": [], "as soon (equivalent)": [],
-             "later (missed the target: infinite time)": [], "not settled": [], "no ratio": []}
+             missed: [], "not settled": [], "no ratio": []}
     for r in rows[~rows["is_baseline"].astype(bool)].to_dict("records"):
-        if r["verdict"].startswith(intervals.SLOWER + " ("):  # a miss, AlgoPerf's infinite time
-            parts["later (missed the target: infinite time)"].append(
-                f"{_effect(r)} ({r['verdict'].removeprefix(intervals.SLOWER + ' (')[:-1]})")
+        if r["verdict"].startswith(MISSED_VERDICT + " ("):  # a miss, AlgoPerf's infinite time
+            how = r["verdict"].removeprefix(MISSED_VERDICT + " (")[:-1]
+            parts[missed].append(f"{_effect(r)} ({how.split(': ' + MISS_MEANING)[0]})")
             continue
         if not math.isfinite(r["speedup"]):
             parts["no ratio"].append(f"{r['variant']} ({r['verdict']})")

@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from speedbench import techniques
+from speedbench.results.schema import FORECAST_STEPS
 from speedbench.techniques.base import Bounds
 
 SCALES = ("auto", "small", "full")
@@ -169,7 +170,8 @@ class BenchConfig:
                                   "profiled steps of the baseline and of each variant split "
                                   "each step-time change by operator category (explain.csv); "
                                   "before them, each technique's forecast of the most it could "
-                                  "gain, from one profiled baseline step (forecast.csv); "
+                                  f"gain, from {FORECAST_STEPS} profiled baseline steps "
+                                  "(forecast.csv); "
                                   "false: neither", **RUN_LEVEL)
     skip_by_forecast: bool = setting(False, "a variant whose forecast (the most its technique "
                                             "could gain here, from the baseline's profiled "

@@ -5,7 +5,10 @@ model's data, quality probes and rounds, time to target, and the report. The run
 `Budget`; each phase takes a part of what is left when it starts (`part`: a model's rounds
 their share of the models still to come, ...), so that time one phase does not use passes to
 the next (study.study_models). Trials and probes check the deadline between steps (and the
-watchdog within a step), so a run ends within its budget plus about one step.
+watchdog within a step), and a model's data building stops at its share (data.DataOutOfTime),
+so a run ends within its budget plus about one step; the interpreter's exit after the report
+is outside the clock (not measured or budgeted), and the console says when a run overran
+(run.overrun_line).
 
 The command's first run counts from the process's start (`count_from_process_start`): the
 budget bounds what a user times, Python's start-up, torch's import and the config included.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import math
 import random
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -57,18 +58,31 @@ def sample_generator(seed: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + index)
 
 
+class DataOutOfTime(Exception):
+    """Building a data set ran past the seconds the run's budget left it (build_dataset's
+    `left_s`); its message says how far it got."""
+
+
 class JpegImages(Dataset):
     """`length` samples drawn from a pool of JPEG-encoded pictures, decoded per sample; item i
     is deterministic in (seed, i)."""
 
     def __init__(self, length: int, image_size: int, num_classes: int, stored_size: Optional[int] = None,
-                 pool: int = 256, seed: int = 0, quality: int = 90, channels: int = 3):
+                 pool: int = 256, seed: int = 0, quality: int = 90, channels: int = 3,
+                 left_s: Optional[float] = None):
         self.length, self.image_size, self.seed = length, image_size, seed
         self.stored_size, self.channels = stored_size or 2 * image_size, channels
         gen = torch.Generator().manual_seed(seed)
         self.labels = torch.randint(0, num_classes, (min(pool, length),), generator=gen)
-        self.jpegs = [encode_jpeg(synthetic_picture(int(c), num_classes, self.stored_size, gen),
-                                  quality, channels) for c in self.labels]
+        started, self.jpegs = time.perf_counter(), []
+        for c in self.labels:  # the pool: the costly part (52 s for the ResNet's on a loaded CPU)
+            if left_s is not None and time.perf_counter() - started > left_s:
+                raise DataOutOfTime(f"building its data ran past what bench.time_budget_s left "
+                                    f"it ({left_s:.3g} s) after {len(self.jpegs)} of "
+                                    f"{len(self.labels)} pictures")
+            self.jpegs.append(encode_jpeg(synthetic_picture(int(c), num_classes,
+                                                            self.stored_size, gen),
+                                          quality, channels))
 
     def __len__(self) -> int:
         return self.length
@@ -202,16 +216,19 @@ def image_folder(path: str, image_size: int, num_classes: int, seed: int = 0,
     return SeededImageFolder(folder, image_size, seed, channels)
 
 
-def build_dataset(dataset: dict, length: int, path: Optional[str] = None, seed: int = 0) -> Dataset:
+def build_dataset(dataset: dict, length: int, path: Optional[str] = None, seed: int = 0,
+                  left_s: Optional[float] = None) -> Dataset:
     """The data set a model's `dataset` spec asks for: synthetic unless `path` is given, the
-    user's own with a `_target_` (own_data.py); with its task's labels (`task`)."""
+    user's own with a `_target_` (own_data.py); with its task's labels (`task`). `left_s`: the
+    seconds the run's budget leaves it; the synthetic pictures' pool, the costly part, stops
+    there (DataOutOfTime); the caller checks the others' time after them."""
     if "_target_" in dataset:
         from speedbench.measure.own_data import own_dataset
 
         return own_dataset(dataset)
     kind = dataset["kind"]
     if kind == "images":
-        return _images(dataset, length, path, seed)
+        return _images(dataset, length, path, seed, left_s)
     if kind == "tabular":
         return Tabular(length, dataset["features"], dataset.get("num_classes"),
                        dataset.get("targets"), seed=seed)
@@ -228,7 +245,8 @@ def build_dataset(dataset: dict, length: int, path: Optional[str] = None, seed: 
     return TokenTask(tokens, task, dataset.get("num_classes"), dataset["vocab_size"], seed)
 
 
-def _images(dataset: dict, length: int, path: Optional[str], seed: int) -> Dataset:
+def _images(dataset: dict, length: int, path: Optional[str], seed: int,
+            left_s: Optional[float] = None) -> Dataset:
     """Pictures (an ImageFolder, else synthetic JPEGs) in the model's channels, with a class or,
     for task regression, `targets` numbers per picture."""
     channels, classes = dataset.get("channels", 3), dataset.get("num_classes") or 10
@@ -238,7 +256,7 @@ def _images(dataset: dict, length: int, path: Optional[str], seed: int) -> Datas
     else:
         pictures = JpegImages(length, dataset["image_size"], classes,
                               stored_size=dataset.get("stored_size"), seed=seed,
-                              channels=channels)
+                              channels=channels, left_s=left_s)
     if dataset.get("task") == "regression":
         return Regression(pictures, classes, dataset["targets"], seed)
     return pictures if channels == 3 or path else Wrapped(pictures)

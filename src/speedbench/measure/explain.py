@@ -55,7 +55,7 @@ LABEL = "speedbench."  # LabelClock's phase labels: speedbench.<phase>
 # A fresh model warms up as a trial does (timing.warm_up: bench.warmup at least, then until
 # steady), at least WARMUP steps, plus a technique's one-time steps (compile's)
 WARMUP = 2
-FORECAST_STEPS = 2  # profiled baseline steps behind the forecasts
+FORECAST_STEPS = schema.FORECAST_STEPS  # profiled baseline steps behind the forecasts
 PAIRED_STEPS = 8  # profiled steps of each profile (the baseline: one more than the variants)
 MIN_PAIRED_STEPS = 3  # fewer where the budget is short (paired_steps); Welch needs 2 a side
 PLAIN_STEPS = 3  # unprofiled steps after the warm-up: the profiler's cost is the excess over them
@@ -388,7 +388,8 @@ class Explainer:
             out[name] = (tech, bound)
             rows.append({**self._head(name), "technique": tech,
                          **({"forecast": bound.speedup, "share": bound.share,
-                             "reason": bound.why, "status": schema.OK}
+                             "reason": bound.why, "status": schema.OK,
+                             "is_bound": bound.sound}
                             if isinstance(bound, techniques.Bound) else {"status": bound})})
         if not isinstance(got, str):
             self.profile = got

@@ -12,7 +12,10 @@
   product in the variant's dtype on the same device, timed between device synchronisations, in
   windows repeated until the best three agree within PEAK_TOL (or PEAK_MAX_S runs out).
   FlopsBook measures it once per run and dtype and caches it; `bench.peak_s` bounds it
-  (0: not measured, the peak NaN).
+  (0: not measured, the peak NaN). It is a best window, for "% of peak".
+- `paired_peak_ratio`: what precision's forecast uses instead of two such peaks: a 16-bit
+  dtype's rate over fp32's in alternated windows (RATIO_PAIRS pairs), the median of the
+  per-pair ratios, refused as unstable where they disagree beyond RATIO_TOL.
 - On CUDA, fp32 work may run as TF32 (cuDNN convolutions by default, matrix products when
   torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision allow it), as the
   trial's own flags say. The fp32 peak is then measured with TF32 on as well, so like is
@@ -21,7 +24,9 @@
 from __future__ import annotations
 
 import math
+import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -39,6 +44,12 @@ from speedbench.results.schema import OK
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PEAK_TOL = 0.02  # the best three windows of the peak measurement agree within 2 %
 PEAK_MAX_S = 1.5  # ...or the measurement stops after this long (per layout)
+# The 16-bit / fp32 peak ratio behind precision's forecast: RATIO_PAIRS alternated windows of
+# each dtype (fp32, 16-bit, 16-bit, fp32, ...), each about RATIO_WINDOW_S, one ratio per pair;
+# the median of them, unless their middle spread (the second-lowest to the second-highest)
+# exceeds RATIO_TOL of it: then the ratio is unstable and there is no forecast. Five
+# consecutive single measurements under load read 3.35, 2.33, 17.5, 0.0089 and 355.
+RATIO_PAIRS, RATIO_WINDOW_S, RATIO_TOL = 6, 0.05, 0.2
 
 
 def _sdpa_cpu(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
@@ -205,6 +216,57 @@ def matmul_peak_tflops(device: torch.device, precision: str, duration_s: float =
             torch.cuda.empty_cache()
 
 
+@dataclass(frozen=True)
+class PeakRatio:
+    """A dtype's matmul rate over fp32's from alternated windows: the median of the per-pair
+    ratios (`ratio`), the ratios themselves, and why it is not to be used ("" where it is)."""
+
+    ratio: float
+    ratios: tuple[float, ...]
+    unstable: str = ""
+
+
+def paired_peak_ratio(device: torch.device, precision: str, pairs: int = RATIO_PAIRS,
+                      window_s: float = RATIO_WINDOW_S, tol: float = RATIO_TOL) -> PeakRatio:
+    """`precision`'s matrix-product rate over fp32's, measured in alternated windows of the
+    same size and layout (each dtype's faster layout), so that a load that comes and goes
+    hits both sides of a pair alike; unstable where the pairs disagree (RATIO_TOL)."""
+    try:
+        n = min(_size(device, DTYPES[d], p, max_n=1024 if device.type == "cpu" else 4096)
+                for d in ("fp32", precision) for p in PRODUCTS)
+        gen = torch.Generator(device=device).manual_seed(0)
+        a, b = (torch.randn(n, n, device=device, generator=gen) for _ in range(2))
+        sides = {}
+        for d in ("fp32", precision):
+            x, y = a.to(DTYPES[d]), b.to(DTYPES[d])
+            product = max(PRODUCTS, key=lambda p: max(_rate(x, y, 1, device, p) for _ in range(2)))
+            reps = max(1, int(window_s * _rate(x, y, 1, device, product) / (2 * n ** 3)))
+            sides[d] = (x, y, reps, product)
+        rates = {d: [] for d in sides}
+        for k in range(pairs):
+            for d in (("fp32", precision) if k % 2 == 0 else (precision, "fp32")):
+                x, y, reps, product = sides[d]
+                rates[d].append(_rate(x, y, reps, device, product))
+    except Exception as exc:  # the forecast goes without it
+        return PeakRatio(math.nan, (), f"its measurement failed ({type(exc).__name__})")
+    return judged_ratio([p / f for p, f in zip(rates[precision], rates["fp32"])], tol)
+
+
+def judged_ratio(ratios: list[float], tol: float = RATIO_TOL) -> PeakRatio:
+    """The median of the per-pair ratios, unstable where the middle of them (all but the lowest
+    and the highest, from 4 pairs on) spreads over `tol` of it."""
+    ordered = sorted(r for r in ratios if r > 0 and math.isfinite(r))
+    if not ordered:
+        return PeakRatio(math.nan, tuple(ratios), "no window measured")
+    mid = ordered[1:-1] if len(ordered) >= 4 else ordered
+    median = statistics.median(ordered)
+    spread = (mid[-1] - mid[0]) / median
+    why = "" if spread <= tol else (f"its {len(ordered)} alternated windows' ratios spread "
+                                    f"{spread:.0%} (over {tol:.0%}): " +
+                                    ", ".join(f"{r:.3g}" for r in ordered))
+    return PeakRatio(median, tuple(ratios), why)
+
+
 class FlopsBook:
     """FLOP counts and peaks, each measured once per run and shared by the trials.
 
@@ -216,6 +278,7 @@ class FlopsBook:
         self.peak_s = peak_s
         self.counts: dict[tuple, float] = {}
         self.peaks: dict[str, float] = {}
+        self.ratios: dict[str, PeakRatio] = {}  # 16-bit dtype -> its rate over fp32's
 
     def count(self, key: tuple, count: Callable[[], float]) -> float:
         """FLOPs per step under `key`, counted by `count()` the first time."""
@@ -233,8 +296,16 @@ class FlopsBook:
         return self.peaks[kind]
 
     def measure_peaks(self, kinds) -> None:
+        """The peaks of `kinds`, and each 16-bit kind's paired ratio to fp32 (the forecasts')."""
         for kind in dict.fromkeys(kinds):
             self.peak(kind)
+            if kind in DTYPES and kind != "fp32" and kind not in self.ratios and self.peak_s:
+                self.ratios[kind] = paired_peak_ratio(self.device, kind)
+
+    def bound_inputs(self) -> dict:
+        """What the techniques' bounds read (Technique.bound's `peaks`): kind -> TFLOP/s, and
+        `ratios`: 16-bit kind -> PeakRatio."""
+        return {**self.peaks, "ratios": dict(self.ratios)}
 
     def annotate(self, record: dict) -> dict:
         """Add achieved_tflops and peak_tflops to a measured trial with flops_per_step. A job

@@ -296,13 +296,13 @@ def console_table(summary: pd.DataFrame, width: Optional[int] = None) -> str:
 def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
                      overrides: Optional[list[str]] = None,
                      width: Optional[int] = None, repeats: Optional[int] = None,
-                     program: Optional[list[str]] = None) -> list[str]:
+                     program: Optional[list[str]] = None, busy: bool = False) -> list[str]:
     """Noise warnings, short, each with a command to paste that measures again with more
     rounds (the same command line, more repeats: see _more_repeats; `repeats` is the run's
-    bench.repeats; `program`, the words that started the run: `speedbench`, or torchrun's)."""
+    bench.repeats; `program`, the words that started the run: `speedbench`, or torchrun's;
+    `busy`: env.json's machine_load said the machine was busy, method.load_cause)."""
     width = width or console_width()
-    noisy = [f"{r.model}/{r.variant}" for r in summary.itertuples()
-             if float(getattr(r, "spread", math.nan)) > method.SPREAD_WARN]
+    noisy = [n.split(" sd ")[0] for n in method.noisy_rows(summary)]
     unsteady = [f"{r.model}/{r.variant}" for r in summary.itertuples()
                 if float(getattr(r, "unsteady", 0) or 0) > 0]
     if not noisy and not unsteady:
@@ -313,8 +313,9 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
     more = _more_repeats(summary, repeats)
     lines, extra = [], []
     if noisy:
-        lines.append(f"warning: trials vary by over {method.SPREAD_WARN:.0%} (IQR/median) for "
-                     + _listing(noisy) + "; another load on the machine?")
+        lines.append("warning: the paired per-round speed-ups vary more than on a quiet "
+                     f"machine (sd over {method.QUIET_ROUND_SD:.2f}) for " + _listing(noisy)
+                     + "; " + method.load_cause(summary, busy))
         extra += [f"bench.repeats={more}"] if more else []
     if unsteady:
         lines.append("warning: some trials were timed before their step time was steady: "
@@ -361,13 +362,14 @@ def _listing(items: list[str], most: int = 4) -> str:
 
 def console_lines(summary: pd.DataFrame, experiment: Optional[str] = None,
                   overrides: Optional[list[str]] = None, table: bool = True,
-                  repeats: Optional[int] = None, program: Optional[list[str]] = None
-                  ) -> list[str]:
+                  repeats: Optional[int] = None, program: Optional[list[str]] = None,
+                  busy: bool = False) -> list[str]:
     """What a run prints at its end, before the path of its report: the table and the
     warnings, each line within the terminal's width (at most 100 columns). A recipe search
     prints no table: its recommendation, which follows, gives the search's own figures."""
     return ([console_table(summary)] if table else []) + \
-        console_warnings(summary, experiment, overrides, repeats=repeats, program=program)
+        console_warnings(summary, experiment, overrides, repeats=repeats, program=program,
+                         busy=busy)
 
 
 def report_line(run_dir: Path, trials: int, seconds: float) -> str:
@@ -541,7 +543,9 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
     note = peak_note(summary, trials)
     if note:
         doc.para(note)
-    for warning in method.spread_warnings(summary):
+    load = run.env.get("machine_load") if isinstance(run.env, dict) else None
+    for warning in method.spread_warnings(summary, bool(isinstance(load, dict)
+                                                        and load.get("busy"))):
         doc.note(warning)
     explain_section.add(doc, run, experiment, out_dir)  # why, and the forecasts
     memory_section.add(doc, trials)  # the peaks forecast from the baseline's split

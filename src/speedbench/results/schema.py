@@ -91,6 +91,9 @@ SUMMARY_COLUMNS = [
     "rounds", "ci_halfwidth", "min_detectable", "noise_threshold", "comparisons",
     # the speed-up of the windows' mean steps, beside the typical step's (summary.py)
     "window_speedup",
+    # the paired per-round sd of the log speed-up (what its CI is made of; the noise warning
+    # judges it), and the most CPU other processes took during the row's or baseline's trials
+    "round_sd", "others_cpu_share",
     "family_level", "ci_level", "family_scope", "state_mem_mb", "activation_mem_mb",
     "params_mem_mb", "grads_mem_mb", "opt_state_mem_mb", "peak_phase", "probe_samples_per_s",
     # the model's first-in-round throughput over its later trials' (summary.position_effect)
@@ -142,7 +145,10 @@ EXPLAIN_COLUMNS = ["experiment", "model", "variant", "is_baseline", "stage", "ca
 # (Technique.bound): the most it could gain here, the share of the baseline's step it acts on,
 # and why; `status` ok, or why there is none (n/a: no bound declared, several techniques, ...)
 FORECAST_COLUMNS = ["experiment", "model", "variant", "technique", "forecast", "share",
-                    "reason", "status"]
+                    "reason", "status", "is_bound"]
+# profiled baseline steps behind the forecasts (measure/explain.py; the labels name them): two
+# gave the transformer's matmul share 0.28-0.41 in four consecutive forecasts
+FORECAST_STEPS = 4
 CAPACITY_LIMIT_FACTOR = 256  # the largest-batch search stops at this many times the model's batch
 
 
@@ -165,9 +171,12 @@ STOPPED_SLOWER = "slower (stopped early)"
 NOT_MEASURED = "not measured"
 # An option the recipe search dropped, its screen CI below 0.5x: `hopeless: 0.05x [...] in step 1`
 HOPELESS = "hopeless"
-# A time-to-target run that did not reach the target within its cap (to_target.py): a miss,
-# counted as infinite time
+# A time-to-target run that did not reach the target within its cap (to_target.py): at
+# target.max_steps a miss, counted as infinite time (no interval: outside the family); at the
+# wall-clock cap target.max_s (its reason ends with TIME_CAP) a load can cause it, so where the
+# baseline did not hit it, it is censoring, not a miss (analysis/to_target.py)
 MISSED = "missed"
+TIME_CAP = "the cap target.max_s"
 # An option the recipe search refused, its held-out loss significantly worse (selection.py):
 # `refused: held-out loss significantly worse ...`
 REFUSED = "refused"
@@ -217,6 +226,12 @@ def parse_status(text) -> Status:
         if text.startswith(kind + " (") and text.endswith(")"):
             return Status(kind, text[len(kind) + 2:-1])
     return Status(text)
+
+
+def time_capped(text) -> bool:
+    """Whether a status is a time-to-target run stopped by the wall-clock cap target.max_s."""
+    status = parse_status(text)
+    return status.kind == MISSED and status.reason.endswith(TIME_CAP)
 
 
 def format_status(kind: str, reason: str = "") -> str:

@@ -72,7 +72,7 @@ class Forecaster:
         if self.book is not None:  # once per run and dtype, as the trials' (flops.FlopsBook)
             self.book.measure_peaks(["fp32", *(techniques.matmul_dtype(r)
                                                for r in recipes.values())])
-            peaks = dict(self.book.peaks)
+            peaks = self.book.bound_inputs()
         model = plan.models[0]
         if self.dataset is None:
             self.dataset = build_dataset(model.dataset, dataset_length(plan, model),

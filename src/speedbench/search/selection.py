@@ -422,7 +422,7 @@ class _Forward:
         arms = self.measured({"current": current}, step="pilot", time_left_s=self.left_s(),
                              rounds=1)
         ref = arms.get("current")
-        if ref is not None and ref.status.startswith("not measured") and self.over():
+        if ref is not None and ref.status.startswith("not measured") and self.budget.over():
             # the budget, not the recipe: nothing was decided, and nothing sizes a screen
             self.out_of_budget = True
             return f"time budget: the pilot's trial did not fit ({ref.status})"
@@ -430,9 +430,6 @@ class _Forward:
             return ("the naive recipe could not be measured "
                     f"({ref.status if ref else 'missing'})")
         return None
-
-    def over(self) -> bool:
-        return self.budget.over()
 
     def _over_budget(self, what: str, seconds: float) -> str:
         """Why the budget stops the search here; remembers what a step would have needed."""
@@ -448,7 +445,7 @@ class _Forward:
         if self.chosen:
             return ""
         if not self.out_of_budget:
-            return self._underpowered()
+            return underpowered(self.steps, 1 + self.rules.min_gain)
         where = "after screening" if self.steps else "before the first screen"
         needs = f"about {self.needs_s:.0f} s" if math.isfinite(self.needs_s) else \
             "more than that (not even one trial of the naive recipe fitted)"
@@ -470,19 +467,6 @@ class _Forward:
                       + ", ".join(c.label for c in open_) + " open: measured again")
         best, why = self._decide(again, open_, recipes)
         return best, again, why
-
-    def _underpowered(self) -> str:
-        """Non-empty when the search chose nothing but its last confirmation left an option
-        measured faster than 1 + min_gain with an interval that neither settles nor rules it
-        out: the search stopped underpowered, not on a verdict."""
-        last = self.steps[-1].confirmations.values() if self.steps else []
-        open_ = open_options(last, 1 + self.rules.min_gain)
-        if not open_:
-            return ""
-        said = ", ".join(f"{c.label} {ratio_text(c.speedup, c.lo, c.hi)}" for c in open_)
-        return (f"not decided: {said} measured faster in its confirmation but not settled in "
-                f"{max(c.rounds for c in open_)} rounds; a longer search (recipe.step_budget_s, "
-                "recipe.budget_s) confirms or rules it out")
 
     def _screen(self, n: int, current: Overrides, options: list[Option],
                 arms: dict[str, Arm]) -> tuple[StepRecord, list[Comparison]]:
@@ -570,6 +554,18 @@ class _Forward:
         best = max(winners, key=lambda c: c.speedup, default=None)
         return best, (f"no remaining option was significantly faster (CI above "
                       f"{ratio_text(1 + self.rules.min_gain)}) without a worse held-out loss")
+
+
+def underpowered(steps: list[StepRecord], bar: float) -> str:
+    """Non-empty when the search's last confirmation left an option open (open_options): it
+    stopped underpowered, not on a verdict."""
+    open_ = open_options(steps[-1].confirmations.values(), bar) if steps else []
+    if not open_:
+        return ""
+    said = ", ".join(f"{c.label} {ratio_text(c.speedup, c.lo, c.hi)}" for c in open_)
+    return (f"not decided: {said} measured faster in its confirmation but not settled in "
+            f"{max(c.rounds for c in open_)} rounds; a longer search (recipe.step_budget_s, "
+            "recipe.budget_s) confirms or rules it out")
 
 
 def open_options(confirmed, bar: float) -> list[Comparison]:

@@ -51,10 +51,11 @@ def forecasts(mc, prepared, status: dict[str, str], probe_steps: dict, budget: B
         return ForecastResult()
     mc.doing(f"{mc.spec.name}: forecasts")
     explainer = explain.Explainer(mc.plan, mc.spec, context(mc.plan, mc.dist_env),
-                                  prepared.dataset, mc.run_dir, dict(mc.book.peaks))
+                                  prepared.dataset, mc.run_dir, mc.book.bound_inputs())
     na = {n: s for n, s in status.items() if schema.parse_status(s).kind == schema.NA}
     said_by = explainer.forecast(budget, steps.get(base, math.nan), na)
-    said = [f"{n} at most {ratio_text(b.speedup, spec='.3g')}" for n, (_, b) in said_by.items()
+    said = [f"{n} {'at most ' if b.sound else ''}{ratio_text(b.speedup, spec='.3g')}"
+            f"{'' if b.sound else ' (not a bound)'}" for n, (_, b) in said_by.items()
             if isinstance(b, techniques.Bound)]
     if said:  # before any round: what each could gain at best
         mc.say(f"{mc.spec.name}: forecasts: {', '.join(said)}")
@@ -67,7 +68,8 @@ def forecasts(mc, prepared, status: dict[str, str], probe_steps: dict, budget: B
 def skip_by_forecast(mc, said_by: dict, status: dict[str, str], steps: dict[str, float]
                      ) -> dict[str, str]:
     """bench.skip_by_forecast: a variant that cannot gain the noise threshold here (its
-    forecast, an upper bound) is not measured; the rounds it would have had are spared."""
+    forecast, an upper bound: Bound.under, never one that is not a bound) is not measured; the
+    rounds it would have had are spared."""
     threshold, skipped, spared = mc.settings.noise_threshold, {}, []
     for name, (_, bound) in said_by.items():
         why = bound.under(threshold) if isinstance(bound, techniques.Bound) else ""

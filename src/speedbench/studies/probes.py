@@ -97,14 +97,16 @@ def run_probes(mc, prepared, status: dict[str, str], budget: Budget) -> ProbeRes
 def reference(mc, base_steps: list[float], base_per_step: int, budget: Budget
               ) -> stopping.Reference:
     """What the probes are held to (stopping.py): the baseline's steady probe steps (none
-    before its probe), the run's far-slower test, and the seconds the rounds have (what the
-    probes leave)."""
+    before its probe), the run's far-slower test, and the seconds the rounds have: what the
+    probes leave of the model's budget, or what it has left when a probe is judged where that
+    is less (Reference.rounds_left)."""
     b = mc.plan.variants[mc.plan.baseline].bench
     others = costs.trial_seconds(statistics.median(base_steps), b) if base_steps else 0.0
     return stopping.Reference(
         base_steps, base_per_step, mc.settings.too_slow_factor,
         stopping.stop_level(mc.comparisons),
-        (budget.seconds or math.inf) * (1 - PROBE_SHARE), others, rounds=mc.settings.rounds)
+        (budget.seconds or math.inf) * (1 - PROBE_SHARE), others, rounds=mc.settings.rounds,
+        left=budget.left)
 
 
 def _more_seeds(mc, prepared, found: ProbeResult, skipped, probe_budget: Budget) -> None:

@@ -206,9 +206,12 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, ref, limits: Limits, what) 
             torch.manual_seed(recipe.bench.seed)  # dropout, per-step noise: the same stream
             while len(times) < total:
                 times.append(_timed_step(trainer))
-                stop = _stopped(times, steady_from, per_step, recipe.bench, ref)
+                stop = _stopped(times, steady_from, per_step, recipe.bench, ref,
+                                last=len(times) >= total)
                 if stop:
                     return {**_timings(times, steady_from, per_step), **stop}
+                if stopping.flagged(times[steady_from:], per_step, ref):  # re-check it
+                    total = max(total, steady_from + stopping.STOP_LOOKS[-1])
                 if len(times) == steps:
                     loss = _evaluated(trainer, spec, xy, train, recipe.bench.seed, initial)
                 reached = limits.reached(times, floor)
@@ -221,7 +224,8 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, ref, limits: Limits, what) 
     except watchdog.StepOverrun as exc:  # a step past the limit: no loss, and why
         # the step cut short took at least that long: too slow for the budget's rounds, the
         # variant is not measured (not left to burn a capped trial in every round)
-        cut = _stopped([*times, exc.elapsed_s], steady_from, per_step, recipe.bench, ref)
+        cut = _stopped([*times, exc.elapsed_s], steady_from, per_step, recipe.bench, ref,
+                       overran=True)
         if parse_status(cut.get("status")).kind == NOT_MEASURED:
             return {**_timings(times, steady_from, per_step), **cut}
         if loss is None and steps:
@@ -233,20 +237,15 @@ def _first_seed(spec, recipe, ctx, train, xy, steps, ref, limits: Limits, what) 
 
 
 def _stopped(times: list[float], steady_from: int, per_step: int, bench,
-             ref: stopping.Reference | None) -> dict:
-    """The probe's record when a stopping rule stops it after its latest step, else {}. The
-    budget check judges steady steps, and a plain first step (with its margin); never a step
-    a technique declares one-time (compilation: a trial after the first finds its kernels in
-    Inductor's cache)."""
+             ref: stopping.Reference | None, last: bool = False, overran: bool = False) -> dict:
+    """The probe's record when a stopping rule stops it after its latest step, else {}
+    (`last`: the probe has no more steps; `overran`: the latest step was cut short by the
+    probe's hard cap, and took at least that long)."""
     steady = times[steady_from:]
-    first = not steady
-    judged = bool(steady) or (len(times) == 1 and steady_from == 1)
-    if judged and stopping.over_budget(times[-1], first, bench, ref,
-                                       ref and ref.others_s or 0.0):
-        point = _ratio(steady or times[-1:], per_step, ref)
-        return {"status": stopping.budget_status(times[-1], first, bench, ref, ref.others_s,
-                                                 bench.time_budget_s),
-                "probe_speedup": point, "final_loss": math.nan}
+    over = _over_budget(times, steady_from, bench, ref, last, overran)
+    if over:
+        return {"status": over, "probe_speedup": _ratio(steady or times[-1:], per_step, ref),
+                "final_loss": math.nan}
     hit = stopping.far_slower(steady, per_step, ref)
     if hit is None:
         return {}
@@ -255,6 +254,32 @@ def _stopped(times: list[float], steady_from: int, per_step: int, bench,
             "steps": len(steady), "samples_per_s": per_step / step, "step_ms": 1000 * step,
             "final_loss": math.nan, "probe_speedup": hit[0], "probe_speedup_lo": hit[1],
             "probe_speedup_hi": hit[2]}
+
+
+def _over_budget(times: list[float], steady_from: int, bench, ref: stopping.Reference | None,
+                 last: bool, overran: bool) -> str | None:
+    """The budget check's `not measured: ...` status, else None. It judges the lower median of
+    the steady steps from the second on (a single slow step, a load's burst, never decides
+    alone; the one steady step of a probe with no more does), a step cut short by the hard cap
+    (`overran`), and a plain first step (with its margin); never a step a technique declares
+    one-time (compilation: a trial after the first finds its kernels in Inductor's cache)."""
+    if ref is None:
+        return None
+    steady = times[steady_from:]
+    plain_first = len(times) == 1 and steady_from == 1
+    if overran and (steady or plain_first):
+        step, first, n = times[-1], not steady, 1
+    elif not overran and (len(steady) >= 2 or (steady and last)):
+        step, first, n = statistics.median_low(steady), False, len(steady)
+    elif plain_first and not overran:
+        step, first, n = times[0], True, 1
+    else:
+        return None
+    rounds_s = ref.rounds_left()  # once: the clock moves
+    if not stopping.over_budget(step, first, bench, ref, ref.others_s, rounds_s):
+        return None
+    return stopping.budget_status(step, first, bench, ref, ref.others_s, bench.time_budget_s,
+                                  rounds_s, n)
 
 
 def _ratio(step_s: list[float], per_step: int, ref: stopping.Reference | None) -> float:

@@ -40,7 +40,7 @@ from speedbench.errors import ConfigError
 from speedbench.measure import isolation, launch
 from speedbench.studies import capacity, costs, explain_phases, probes, rounds
 from speedbench.measure.budget import Budget
-from speedbench.measure.data import build_dataset
+from speedbench.measure.data import DataOutOfTime, build_dataset
 from speedbench.measure.flops import FlopsBook
 from speedbench.studies.orders import plan_order_seed
 from speedbench.measure.session import batching
@@ -151,6 +151,7 @@ class ModelContext:
     bar: Any = None
     order_seed: int = 0
     comparisons: int = 1
+    data_left_s: Optional[float] = None  # what the budget leaves the data's building (prepare)
 
     def say(self, text: str) -> None:
         """A line beside the progress bar, wrapped to the console's 100 columns."""
@@ -172,7 +173,8 @@ def prepare_model(mc: ModelContext) -> Prepared:
     mc.doing(f"{spec.name}: making data")
     world = mc.dist_env.world_size if mc.dist_env else 1
     dataset = build_dataset(spec.dataset, dataset_length(plan, spec, world),
-                            plan.variants[plan.baseline].data.path, seed=mc.settings.seed)
+                            plan.variants[plan.baseline].data.path, seed=mc.settings.seed,
+                            left_s=mc.data_left_s)
     na = na_variants(plan, spec, mc.dist_env)
     if plan.baseline in na:
         # No baseline here (pinning, empty_cache without CUDA): nothing to compare the other
@@ -248,6 +250,7 @@ class ModelState:
     probes: Optional[probes.ProbeResult] = None
     forecasts: Optional[explain_phases.ForecastResult] = None
     prepared_s: float = 0.0  # what the data, the probes and the forecasts took
+    data_built: bool = True  # False: its data ran past the model's share (not measured)
     rounds: Optional[rounds.RoundsResult] = None
 
     def add_status(self, new: dict[str, str]) -> None:
@@ -265,10 +268,16 @@ class ModelState:
 
 
 def prepare(mc: ModelContext, budget: Budget) -> ModelState:
-    """The phases before the rounds, on the model's share of the run: data, probes, forecasts."""
-    state = ModelState(mc.instruments.prepare(mc))
+    """The phases before the rounds, on the model's share of the run: data, probes, forecasts.
+    The data's building is held to the share (data.DataOutOfTime) and timed; where it overran,
+    every variant is not measured, and the console says so."""
+    prepared, built = _prepared(mc, budget)
+    state = ModelState(prepared, data_built=built)
     state.add_status(state.prepared.na)
-    if mc.dist_env is None:  # under torchrun every rank would probe and forecast alike
+    overran = not built or budget.over()
+    if overran and mc.dist_env is None:
+        state.add_status(_data_overran(mc, budget))
+    if mc.dist_env is None and not overran:
         state.probes = probes.run_probes(mc, state.prepared, dict(state.status), budget)
         state.add_status(state.probes.status)
         state.forecasts = explain_phases.forecasts(mc, state.prepared, dict(state.status),
@@ -276,6 +285,31 @@ def prepare(mc: ModelContext, budget: Budget) -> ModelState:
         state.add_status(state.forecasts.status)
     state.prepared_s = budget.spent()
     return state
+
+
+def _prepared(mc: ModelContext, budget: Budget) -> tuple[Prepared, bool]:
+    """The instruments' prepare, its data held to what `budget` leaves, and whether its data
+    was built; a model whose data ran past it is Prepared without a data set."""
+    left = budget.left()
+    try:
+        return mc.instruments.prepare(replace(mc, data_left_s=left if left < math.inf
+                                              else None)), True
+    except DataOutOfTime as exc:
+        why = schema.format_status(schema.NOT_MEASURED, f"{exc}; give a larger "
+                                   "bench.time_budget_s")
+        return Prepared(None, {n: why for n in mc.plan.variants},
+                        {n: 1 for n in mc.plan.variants}), False
+
+
+def _data_overran(mc: ModelContext, budget: Budget) -> dict[str, str]:
+    """Every variant not measured, said once on the console: preparing the model (its data,
+    mostly) used all of its share of the budget."""
+    took = f"preparing its data took {budget.spent():.0f} s, all of its " \
+        f"{budget.seconds:.0f} s share of bench.time_budget_s"
+    mc.say(f"{mc.spec.name}: {took}: not measured (a larger budget lets it run)")
+    why = schema.format_status(schema.NOT_MEASURED, f"{took}; give a larger "
+                               "bench.time_budget_s")
+    return {n: why for n in mc.plan.variants}
 
 
 def measure(mc: ModelContext, state: ModelState, budget: Budget) -> None:
@@ -298,7 +332,7 @@ def measure(mc: ModelContext, state: ModelState, budget: Budget) -> None:
         explain_phases.paired_profile(mc, state.forecasts.explainer, state.prepared, state.rounds.rows,
                                costs.step_seconds(state.probes.steps, state.rounds.rows),
                                budget)
-    if mc.settings.find_largest_batch and mc.run_dir:
+    if mc.settings.find_largest_batch and mc.run_dir and state.data_built:
         capacity.largest_batch(mc, state.prepared.dataset)
 
 

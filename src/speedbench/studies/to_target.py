@@ -26,8 +26,9 @@ reaches the target, or a cap runs out, in the way MLPerf Training and AlgoPerf m
   the run's even share of what bench.time_budget_s has left where that is less (`cap_s`); that
   share is also a wall-clock deadline for the whole run, its set-up and evaluations included
   (under load they cost more than its steps), and no run starts once the budget is spent. A run
-  the first two stop is a miss (`missed: ...`, its time a lower bound); one the budget stops is
-  `not measured: ...` (no call; its time a lower bound too).
+  the first two stop is `missed: ...` (its time a lower bound; at target.max_s, a wall clock a
+  load can run out, analysis/to_target.py counts it as censoring where the baseline did not hit
+  it); one the budget stops is `not measured: ...` (no call; its time a lower bound too).
 - Every variant is trained, including one the speed rounds stopped (too slow, not measured):
   its runs are capped like the others', and no step-time rule stops them early (such a rule,
   against the speed rounds' unpaired throughput, stopped fine variants, and the baseline
@@ -148,8 +149,8 @@ def _cap_status(caps: Caps, by_samples: bool, samples: int, steps: int, took_s: 
         return schema.format_status(schema.NOT_MEASURED, f"its share of bench.time_budget_s "
                                     f"({share}) ran out: {text}; a larger "
                                     "bench.time_budget_s lets it run to the target")
-    which = "target.max_steps" if by_samples else "target.max_s"
-    return schema.format_status(schema.MISSED, f"{text}, the cap {which}")
+    which = "the cap target.max_steps" if by_samples else schema.TIME_CAP
+    return schema.format_status(schema.MISSED, f"{text}, {which}")
 
 
 def _record(step_s: list[float], per_step: int, setup_s: float, loss: float, status: str,

@@ -258,16 +258,20 @@ class Finding:
 @dataclass(frozen=True)
 class Bound:
     """A forecast: the most a technique could speed a step up here, from the share of the
-    baseline's step it can act on (Amdahl), and one line saying so."""
+    baseline's step it can act on (Amdahl), and one line saying so. `sound`: whether it is an
+    upper bound by construction; one that is not (precision's covers the matrix products only,
+    while autocast also runs element-wise ops in 16 bits) is shown, and sets nothing aside."""
 
     speedup: float
     share: float  # of the baseline's profiled step
     why: str  # "data wait is 0.4 % of the step: workers cannot gain more than 1.004x"
+    sound: bool = True
 
     def under(self, threshold: float) -> str:
         """Why the technique cannot gain 1 + `threshold` here, or "" where it might: the rule
-        by which the recipe search and bench.skip_by_forecast set a variant aside."""
-        if self.speedup < 1 + threshold:
+        by which the recipe search and bench.skip_by_forecast set a variant aside; never for a
+        forecast that is not a bound (`sound` false)."""
+        if self.sound and self.speedup < 1 + threshold:
             return f"{self.why}, under the {threshold:.0%} noise threshold"
         return ""
 
@@ -510,11 +514,14 @@ class Technique:
         """Findings from a pooled profile (diagnosis.TrialProfile); a clean recipe gives none."""
         return []
 
-    def bound(self, recipe: Any, baseline: Any, profile: Any, peaks: dict) -> Optional[Bound]:
+    def bound(self, recipe: Any, baseline: Any, profile: Any, peaks: dict
+              ) -> Optional[Bound | str]:
         """The forecast for a variant (`recipe`) that changes this technique's keys from the
         baseline's: the most it could gain, from the baseline's profiled step (`profile`:
         `share(category)`, category one of schema.EXPLAIN_CATEGORIES) and the run's measured
-        matmul peaks (`peaks`: kind -> TFLOP/s, NaN where not measured). None: no forecast."""
+        matmul peaks (`peaks`: kind -> TFLOP/s, NaN where not measured; `ratios`: 16-bit kind
+        -> flops.PeakRatio from alternated windows). None: no forecast; a string: none, and
+        why (`n/a: ...`)."""
         return None
 
     # -- what the run writes down about it ----------------------------------------------------

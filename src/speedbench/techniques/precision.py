@@ -55,20 +55,31 @@ scaler.step(opt); scaler.update(); opt.zero_grad(set_to_none=True)"""),
     def matmul_dtype(self, recipe) -> str:
         return recipe.precision
 
-    def bound(self, recipe, baseline, profile, peaks) -> Optional[Bound]:
+    def bound(self, recipe, baseline, profile, peaks) -> Optional[Bound | str]:
         """Amdahl on the matrix work: its share f of the fp32 step runs s times faster, s the
-        measured 16-bit / fp32 matmul peak ratio; 1/(1 - f (1 - 1/s)). No peaks, no forecast."""
+        16-bit / fp32 matmul rate ratio measured in alternated windows (flops.PeakRatio;
+        without it, the two peaks'); 1/(1 - f (1 - 1/s)). Not an upper bound: autocast also
+        runs element-wise ops (norms, activations, adds) in 16 bits, faster where they are
+        memory-bound, which it leaves out; so it is marked (Bound.sound false) and sets nothing
+        aside. No ratio (peaks not measured), no forecast; an unstable one: none, and why."""
         if baseline.precision != "fp32" or recipe.precision == "fp32":
             return None
-        s = peaks.get(recipe.precision, math.nan) / peaks.get("fp32", math.nan)
+        paired = (peaks.get("ratios") or {}).get(recipe.precision)
+        if paired is not None and paired.unstable:
+            return (f"n/a: the {recipe.precision}/fp32 matmul rate ratio was unstable, "
+                    f"{paired.unstable}")
+        s = paired.ratio if paired is not None else \
+            peaks.get(recipe.precision, math.nan) / peaks.get("fp32", math.nan)
         if not s > 0:  # NaN: the peaks were not measured (bench.peak_s=0)
             return None
         f = profile.share("matmul")
         gain = amdahl(f, s)
         peak = ratio_text(s, spec=".2g")
         return Bound(gain, f, f"matmul/conv is {percent(f)} of the step and {recipe.precision} "
-                              f"matrix products peak at {peak} fp32's: {recipe.precision} "
-                              f"cannot gain more than {times(gain)}")
+                              f"matrix products run at {peak} fp32's rate: from them alone "
+                              f"{recipe.precision} would gain {times(gain)}; autocast also "
+                              "runs element-wise ops in 16 bits, which this leaves out, so it "
+                              "is no upper bound", sound=False)
 
     def diagnose(self, tp) -> list[Finding]:
         cores = tp.device == "cuda" and tp.capability is not None and tp.capability >= (7, 0)
