@@ -11,8 +11,9 @@
 - `matmul_peak_tflops`: a peak measured on the spot, the best rate of a large square matrix
   product in the variant's dtype on the same device, timed between device synchronisations, in
   windows repeated until the best three agree within PEAK_TOL (or PEAK_MAX_S runs out).
-  FlopsBook measures it once per run and dtype and caches it; `bench.peak_s` bounds it
-  (0: not measured, the peak NaN).
+  FlopsBook measures it once per run and dtype and caches it; `bench.peak_s` bounds it per
+  layout (0: not measured, the peak NaN), and the run's clock all of it (PEAK_SHARE of
+  bench.time_budget_s: the peaks are a phase of the run like the others).
 - On CUDA, fp32 work may run as TF32 (cuDNN convolutions by default, matrix products when
   torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision allow it), as the
   trial's own flags say. The fp32 peak is then measured with TF32 on as well, so like is
@@ -39,6 +40,9 @@ from speedbench.results.schema import OK
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PEAK_TOL = 0.02  # the best three windows of the peak measurement agree within 2 %
 PEAK_MAX_S = 1.5  # ...or the measurement stops after this long (per layout)
+# of the run's budget (bench.time_budget_s), the most the matmul peaks take, every dtype and
+# layout together: bench.peak_s per layout, or less where the budget is short
+PEAK_SHARE = 0.05
 
 
 def _sdpa_cpu(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
@@ -223,18 +227,25 @@ class FlopsBook:
             self.counts[key] = count()
         return self.counts[key]
 
-    def peak(self, kind: str) -> float:
-        """The peak TFLOP/s of `kind` (a matmul dtype, or tf32)."""
+    def peak(self, kind: str, max_s: float | None = None) -> float:
+        """The peak TFLOP/s of `kind` (a matmul dtype, or tf32), measured for bench.peak_s per
+        layout, `max_s` at most (0: not measured, NaN)."""
         if kind not in self.peaks:
             extra = {"tf32": True} if kind == "tf32" else {}
+            seconds = self.peak_s if max_s is None else min(self.peak_s, max_s)
             self.peaks[kind] = matmul_peak_tflops(
-                self.device, "fp32" if extra else kind, duration_s=self.peak_s,
-                **extra) if self.peak_s else math.nan  # bench.peak_s=0: not measured
+                self.device, "fp32" if extra else kind, duration_s=seconds,
+                **extra) if seconds > 0 else math.nan  # bench.peak_s=0: not measured
         return self.peaks[kind]
 
-    def measure_peaks(self, kinds) -> None:
-        for kind in dict.fromkeys(kinds):
-            self.peak(kind)
+    def measure_peaks(self, kinds, budget=None) -> None:
+        """The peaks of `kinds` not measured yet, within PEAK_SHARE of `budget` (the run's
+        clock, measure/budget.py; None: bench.peak_s each)."""
+        kinds = [k for k in dict.fromkeys(kinds) if k not in self.peaks]
+        share = None if budget is None or budget.seconds is None else budget.part(PEAK_SHARE)
+        for i, kind in enumerate(kinds):
+            self.peak(kind, None if share is None
+                      else share.left() / ((len(kinds) - i) * len(PRODUCTS)))
 
     def annotate(self, record: dict) -> dict:
         """Add achieved_tflops and peak_tflops to a measured trial with flops_per_step. A job

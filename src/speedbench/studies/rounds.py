@@ -132,7 +132,8 @@ class Rounds:
                 # no trial starts past the deadline: one row says why it has none
                 self.result.status[name] = schema.format_status(
                     schema.NOT_MEASURED, "the run's bench.time_budget_s ran out before its "
-                    "first trial; give more (the plan above says how much)")
+                    f"first trial (this model's rounds had {self.budget.seconds:.3g} s of it); "
+                    "give a larger bench.time_budget_s")
             if self.status(name):
                 if not self._measured(name) and name not in self.written:
                     # a variant with no trial (n/a, stopped, out of time) gets one row
