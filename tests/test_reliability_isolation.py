@@ -232,9 +232,11 @@ def test_contexts_a_model_leaves_entered_do_not_reach_the_next_models_row(tmp_pa
 
     models = [_model("saved_hooks", "init", "hooker"), _model("inference_mode", "init", "infer"),
               _model("profiler", "init", "profiled"), "transformer"]
+    tests = os.path.dirname(os.path.abspath(__file__))  # (fault_models, for the child)
     proc = run_cli(*TINY, *SMALL_MODELS, "bench.repeats=1", "bench.quality_steps=0",
                    "bench.explain=false", f"model=[{', '.join(models)}]", "out_dir=results",
-                   cwd=tmp_path)
+                   cwd=tmp_path, env={"PYTHONPATH": os.pathsep.join(
+                       [tests, os.environ.get("PYTHONPATH", "")])})
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = only_run_dir(tmp_path / "results")
     trials = pd.read_csv(run / "trials.csv").set_index("model")

@@ -109,13 +109,14 @@ def test_a_full_disk_while_a_table_is_written_ends_the_run_in_one_line_naming_it
     """(planned.json's second write marks the end of measuring)"""
     disk_full_at(name, nth)
     proc = run_main(*TINY, *SMALL_MODELS, "bench.repeats=1", "bench.explain=true",
-                    "+variants={b: {precision: fp32}}", "model=transformer", "out_dir=results",
-                    cwd=tmp_path)
+                    "+variants={a: {precision: fp32}, b: {precision: fp32}}", "baseline=a",
+                    "model=transformer", "out_dir=results", cwd=tmp_path)
     run = only_run_dir(tmp_path / "results")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"speedbench: error: out_dir: cannot write {run / name} ("), last
+    said = [line for line in proc.stderr.splitlines() if "speedbench: error:" in line]
+    assert len(said) == 1 and said[0].startswith(
+        f"speedbench: error: out_dir: cannot write {run / name} ("), said
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
 
 

@@ -162,8 +162,10 @@ def _set_grad_modes(value: tuple) -> None:
 
 def _grad_text(value: tuple) -> str:
     grad, inference, forward_ad, threads = value
-    return (_on_off(grad) + ", in inference mode" * inference
-            + ", forward AD off" * (not forward_ad) + ", single-threaded backward" * (not threads))
+    if inference:  # (which turns forward AD and multithreaded backward off too)
+        return _on_off(grad) + ", in inference mode"
+    return (_on_off(grad) + ", forward AD off" * (not forward_ad)
+            + ", single-threaded backward" * (not threads))
 
 
 _AUTOGRAD = torch._C._autograd
