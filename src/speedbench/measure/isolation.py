@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from speedbench.measure import watchdog
+from speedbench.errors import OwnStop
 
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
                      if hasattr(signal, n))
@@ -501,7 +501,7 @@ def isolated(model: str, say: Callable[[str], None] | None = _console) -> Iterat
         yield watch
     except SystemExit as exc:
         raise ModelExit(f"the model's code called sys.exit({exc.code!r})") from None
-    except (Exception, KeyboardInterrupt, watchdog.StepOverrun):
+    except (Exception, KeyboardInterrupt, OwnStop):
         raise  # speedbench's own stops (the watchdog's, a signal's) go on, told by class
     except BaseException as exc:  # the model's own, past `except Exception` (GeneratorExit too)
         raise ModelExit(f"the model's code raised {type(exc).__name__} (a BaseException): "
