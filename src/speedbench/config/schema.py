@@ -156,8 +156,9 @@ class BenchConfig:
     largest_batch_s: float = setting(60.0, "time limit of that search, per model", **SECONDS,
                                      **RUN_LEVEL)
     peak_s: float = setting(1.5, "seconds the matmul peak (the denominator of % of peak) may take "
-                                 "per dtype and layout, once per run; 0: not measured, "
-                                 "peak_tflops empty", low=0, high=SECONDS_LIMIT, **RUN_LEVEL)
+                                 "per dtype and layout, once per run, all of them within 5 % "
+                                 "of bench.time_budget_s; 0: not measured, peak_tflops empty",
+                            low=0, high=SECONDS_LIMIT, **RUN_LEVEL)
     # measure/explain.py: untimed profiled steps, never inside a timed window; each draws on the
     # run's time budget and is skipped, with the reason, when nothing is left of it.
     explain: bool = setting(True, "explained verdicts: after the rounds, a few untimed "
