@@ -314,3 +314,36 @@ def test_the_host_out_of_memory_while_data_is_read_is_not_blamed_on_the_model():
     data = build_dataset(spec.dataset, dataset_length(plan, spec), seed=0)
     record = measure_trial(plan, spec, plan.baseline, plan.variants[plan.baseline], 0, data)
     assert record["status"] == "oom (reading the data, not the model)", record["status"]
+
+
+# --- K8: hand-edited explain.csv values ----------------------------------------------------------
+def _explain_csv(path, edit=None):
+    from speedbench.results.schema import EXPLAIN_CATEGORIES
+
+    rows = [{"experiment": "e", "model": "m", "variant": v, "is_baseline": v == "a",
+             "stage": "paired", "category": c, "steps": 3, "mean_ms": 1.0, "sd_ms": 0.1,
+             "per_step": 4, "status": "ok"}
+            for v in ("a", "b") for c in (*EXPLAIN_CATEGORIES, "step")]
+    frame = pd.DataFrame(rows)
+    if edit:
+        frame = edit(frame)
+    frame.to_csv(path / "explain.csv", index=False)
+
+
+@pytest.mark.parametrize("case, edit", [
+    ("inf", lambda f: f.assign(mean_ms=f["mean_ms"].where(f.index != 3, float("inf")))),
+    ("huge", lambda f: f.assign(sd_ms=1e308)),
+    ("text", lambda f: f.assign(mean_ms=f["mean_ms"].astype(object).where(f.index != 2, "x"))),
+    ("per_step_0", lambda f: f.assign(per_step=0)),
+    ("unknown", lambda f: f.assign(category=f["category"].replace("matmul", "gemm"))),
+    ("dropped", lambda f: f.drop(index=[0])),
+])
+def test_an_explain_csv_with_unusable_values_is_left_out_with_a_note(case, edit, tmp_path):
+    from speedbench.results import runs
+
+    _explain_csv(tmp_path)
+    assert runs._explain_table(tmp_path / "explain.csv", []) is not None  # as written: used
+    _explain_csv(tmp_path, edit)
+    notes = []
+    assert runs._explain_table(tmp_path / "explain.csv", notes) is None
+    assert len(notes) == 1 and notes[0].startswith("explain.csv left out: "), notes
