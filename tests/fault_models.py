@@ -76,7 +76,42 @@ MEDDLES = {
     "warnings_error": lambda: warnings.simplefilter("error"),
     "recursion_limit": lambda: sys.setrecursionlimit(_depth() + 60),  # far below the usual
     "gc_off": gc.disable,
+    # round 5: contexts entered and never left, and the rest of process-wide state
+    "inference_mode": lambda: _left_on(torch.inference_mode()),
+    "saved_hooks": lambda: _left_on(torch.autograd.graph.saved_tensors_hooks(
+        lambda t: t.clone(), lambda t: t)),
+    "profiler": lambda: _left_on(torch.autograd.profiler.profile()),
+    "function_mode": lambda: _left_on(_FunctionMode()),
+    "dispatch_mode": lambda: _left_on(_DispatchMode()),
+    "autocast": lambda: _left_on(torch.autocast("cpu", dtype=torch.bfloat16)),
+    "threads": lambda: torch.set_num_threads(torch.get_num_threads() + 1),
+    "gc_thresholds": lambda: gc.set_threshold(1, 1, 1),
+    "setprofile": lambda: sys.setprofile(lambda *a: None),
+    "excepthook": lambda: setattr(sys, "excepthook", lambda *a: None),
+    "switch_interval": lambda: sys.setswitchinterval(0.5),
+    "numpy_errors": lambda: __import__("numpy").seterr(all="raise"),
 }
+
+LEFT_ON: list = []  # the contexts a model entered and never left (released, they would undo it)
+
+
+def _left_on(context):
+    context.__enter__()
+    LEFT_ON.append(context)
+
+
+from torch.overrides import TorchFunctionMode  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+
+class _FunctionMode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _DispatchMode(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
 
 
 def _depth() -> int:
@@ -160,3 +195,63 @@ def no_forward(**kwargs):
     module = nn.Module()
     module.weight = nn.Parameter(torch.zeros(1))
     return module
+
+
+# --- round 5: a fault at one forward call of the process (the quality probe's, in a short run)
+CALLS: dict[str, int] = {}  # tag -> forward calls so far in this process
+
+
+class FailsAt(nn.Module):
+    """A token model (loss: module) whose forward call number `at` (counted per `tag` in the
+    process) raises (`how: raise`), calls sys.exit(7) (`exit`) or raises GeneratorExit
+    (`generator_exit`); every other call trains."""
+
+    def __init__(self, at: int = 3, how: str = "raise", tag: str = "", vocab: int = 16,
+                 dim: int = 8):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(vocab, dim), nn.Linear(dim, vocab)
+        self.at, self.how, self.tag = at, how, tag
+
+    def forward(self, x, y):
+        CALLS[self.tag] = CALLS.get(self.tag, 0) + 1
+        if CALLS[self.tag] == self.at:
+            if self.how == "exit":
+                sys.exit(7)
+            if self.how == "generator_exit":
+                raise GeneratorExit("fails at call %d" % self.at)
+            raise RuntimeError(f"fails at call {self.at}")
+        logits = self.head(self.emb(x))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+
+
+class Tokens(torch.utils.data.Dataset):
+    """`n` token items (x, y) of 8 tokens below 16, computed from the index (no storage, so
+    that `n` may be huge); `len_mode` raise, negative or float: a __len__ that fails;
+    `item_mode` memory: the host out of memory reading any item but the first."""
+
+    def __init__(self, n: int = 64, len_mode: str = "", item_mode: str = ""):
+        self.n, self.len_mode, self.item_mode = int(n), len_mode, item_mode
+
+    def __len__(self):
+        if self.len_mode == "raise":
+            raise RuntimeError("this data set cannot count itself")
+        if self.len_mode == "negative":
+            return -1
+        if self.len_mode == "float":
+            return 2.5
+        return self.n
+
+    def __getitem__(self, index: int):
+        if self.item_mode == "memory" and index > 0:  # (item 0, which a check reads, is fine)
+            raise MemoryError("no room for this item")
+        g = torch.Generator().manual_seed(int(index) % (1 << 62))
+        x = torch.randint(0, 16, (8,), generator=g)
+        return x, x.roll(-1)
+
+
+BUILDS: dict[str, int] = {}  # tag -> how often counted_tokens built its data set
+
+
+def counted_tokens(tag: str = "", n: int = 64) -> Tokens:
+    BUILDS[tag] = BUILDS.get(tag, 0) + 1
+    return Tokens(n)

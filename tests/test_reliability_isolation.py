@@ -40,6 +40,13 @@ SAID_AS = {
     "sigint_ignored": "the stop signals' handlers", "stdout": "sys.stdout or sys.stderr",
     "warnings_error": "the warnings turned into errors",
     "recursion_limit": "Python's recursion limit", "gc_off": "the garbage collector",
+    "inference_mode": "grad mode", "saved_hooks": "the saved-tensors hooks",
+    "profiler": "the autograd profiler", "function_mode": "the torch function modes",
+    "dispatch_mode": "the torch dispatch modes", "autocast": "autocast",
+    "threads": "the intra-op thread count", "gc_thresholds": "the garbage collector's thresholds",
+    "setprofile": "Python's profile or trace function", "excepthook": "sys.excepthook",
+    "switch_interval": "Python's thread switch interval",
+    "numpy_errors": "numpy's floating-point error handling",
 }
 
 
@@ -49,6 +56,33 @@ def _state() -> dict:
 
 def test_every_change_a_model_can_make_is_watched():
     assert set(SAID_AS) == set(MEDDLES) and set(SAID_AS.values()) <= set(isolation.WATCHED)
+    # and every setting watched has a model that changes it (flushing denormals: below)
+    assert set(isolation.WATCHED) - set(SAID_AS.values()) == {"flushing denormals"}
+
+
+def test_flushing_denormals_left_on_is_put_back_and_said_where_the_cpu_has_it():
+    said = []
+    with isolation.isolated("m-flush", say=said.append):
+        supported = torch.set_flush_denormal(True)  # False: a CPU without it, nothing changed
+    assert not isolation.WATCHED["flushing denormals"].read()
+    assert len(said) == int(supported), said
+    isolation.clear_notes()
+
+
+def test_a_context_left_entered_does_not_reach_the_next_model_trial():
+    """A saved-tensors hook or inference mode entered in a constructor and never left: the next
+    model's step trains with gradients, and no hook packs its saved tensors (K1)."""
+    packed = []
+    with isolation.isolated("m-hooks", say=lambda _: None):
+        hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(1) or t,
+                                                         lambda t: t)
+        inference = torch.inference_mode()  # kept: released, its guard would undo itself
+        hooks.__enter__()
+        inference.__enter__()
+    x = torch.ones(3, requires_grad=True)
+    (x * x).sum().backward()
+    assert not packed and x.grad is not None and not torch.is_inference_mode_enabled()
+    isolation.clear_notes()
 
 
 @pytest.mark.parametrize("mode", sorted(MEDDLES))
@@ -115,7 +149,11 @@ HOSTILE = [  # (mode, what its row's status holds)
 
 
 def _trial(model: str) -> dict:
-    cfg = compose_cfg(*TINY, "bench.repeats=1", f"model={model}")
+    return _trial_of(model)
+
+
+def _trial_of(model: str, *more: str) -> dict:
+    cfg = compose_cfg(*TINY, "bench.repeats=1", *more, f"model={model}")
     plan = build_plan(cfg, None)
     spec, recipe = plan.models[0], plan.variants[plan.baseline]
     dataset = build_dataset(spec.dataset, dataset_length(plan, spec), seed=0)
@@ -182,3 +220,32 @@ def test_a_run_with_models_that_change_the_process_keeps_the_others_as_configure
     assert "Model float64: its code changes the default dtype" in (run / "report.md").read_text()
     assert proc.stderr.count("speedbench: note: model float64:") == 1, proc.stderr[-3000:]
     assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+
+
+@pytest.mark.slow
+def test_contexts_a_model_leaves_entered_do_not_reach_the_next_models_row(tmp_path):
+    """Round 5's K1 (a whole run in a process of its own: a profiler left on crashed it at its
+    exit): saved-tensors hooks, inference mode and the autograd profiler entered in three
+    constructors and never left; the transformer after them trains, its memory split is its
+    own, each change is said once, and the run exits 0."""
+    from conftest import run_cli
+
+    models = [_model("saved_hooks", "init", "hooker"), _model("inference_mode", "init", "infer"),
+              _model("profiler", "init", "profiled"), "transformer"]
+    tests = os.path.dirname(os.path.abspath(__file__))  # (fault_models, for the child)
+    proc = run_cli(*TINY, *SMALL_MODELS, "bench.repeats=1", "bench.quality_steps=0",
+                   "bench.explain=false", f"model=[{', '.join(models)}]", "out_dir=results",
+                   cwd=tmp_path, env={"PYTHONPATH": os.pathsep.join(
+                       [tests, os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = only_run_dir(tmp_path / "results")
+    trials = pd.read_csv(run / "trials.csv").set_index("model")
+    assert trials.loc["transformer", "status"] == "ok", trials["status"]
+    control = _trial_of("transformer", *SMALL_MODELS, "bench.quality_steps=0")
+    for column in ("activation_mem_mb", "peak_mem_mb", "params_mem_mb"):
+        assert trials.loc["transformer", column] == pytest.approx(control[column], rel=1e-9)
+    changes = json.loads((run / "env.json").read_text())["model_changes"]
+    for name, what in (("hooker", "the saved-tensors hooks"), ("infer", "grad mode"),
+                       ("profiled", "the autograd profiler")):
+        assert sum(c.startswith(f"model {name}: its code changes {what}") for c in changes) == 1,\
+            changes

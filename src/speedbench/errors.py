@@ -10,6 +10,12 @@ class ConfigError(ValueError):
     """A user mistake in the config: printed as one line, exit status 2, no traceback."""
 
 
+class OwnStop(BaseException):
+    """speedbench's own BaseExceptions that are not stops (the watchdog's StepOverrun): past
+    `except Exception` on purpose, and told from a model's own BaseException by this class
+    (measure/isolation.py), never by a module's name."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM or SIGHUP (a closed terminal), taken like Ctrl-C: a launched DDP trial's
     processes are killed and its temp folder removed on the way out (by default both signals

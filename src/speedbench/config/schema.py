@@ -6,6 +6,7 @@ configs live (`config_dir`) and how a command line named them (`config_flags`).
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -162,8 +163,9 @@ class BenchConfig:
     largest_batch_s: float = setting(60.0, "time limit of that search, per model", **SECONDS,
                                      **RUN_LEVEL)
     peak_s: float = setting(1.5, "seconds the matmul peak (the denominator of % of peak) may take "
-                                 "per dtype and layout, once per run; 0: not measured, "
-                                 "peak_tflops empty", low=0, high=SECONDS_LIMIT, **RUN_LEVEL)
+                                 "per dtype and layout, once per run, all of them within 5 % "
+                                 "of bench.time_budget_s; 0: not measured, peak_tflops empty",
+                            low=0, high=SECONDS_LIMIT, **RUN_LEVEL)
     # measure/explain.py: untimed profiled steps, never inside a timed window; each draws on the
     # run's time budget and is skipped, with the reason, when nothing is left of it.
     explain: bool = setting(True, "explained verdicts: after the rounds, a few untimed "
@@ -355,8 +357,24 @@ def _with_fields(base: type, name: str, fields: list, prefix: str = "") -> type:
 Schema = _with_fields(SpeedbenchConfig, "Schema", techniques.fields())
 
 
+# What torchrun sets in each of its workers besides TORCHELASTIC_RUN_ID: with them all, the run
+# id names one job; without, it is a value left in the shell from another.
+TORCHRUN_WORKER = ("TORCHELASTIC_RESTART_COUNT", "LOCAL_RANK", "RANK", "WORLD_SIZE")
+
+
+def sweep_id(when: str) -> str:
+    """The name of a sweep's folder (`${speedbench.sweep_id:${now:...}}` in config.yaml):
+    torchrun's run id in its workers (the same on every rank, whose clocks may differ), else
+    `when`, the time: two sweeps started from a shell with a stale TORCHELASTIC_RUN_ID do not
+    share (and overwrite) one folder."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    return run_id if run_id and all(os.environ.get(k) for k in TORCHRUN_WORKER) else when
+
+
 def register_schema() -> None:
     ConfigStore.instance().store(name="speedbench_schema", node=Schema)
+    if not OmegaConf.has_resolver("speedbench.sweep_id"):
+        OmegaConf.register_new_resolver("speedbench.sweep_id", sweep_id)
     # the techniques' resolvers: machine-dependent variants, e.g. ${speedbench.worker_variants:...}
     for name, fn in techniques.resolvers().items():
         if not OmegaConf.has_resolver(name):

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from speedbench.errors import ConfigError
 
@@ -216,16 +216,28 @@ def image_folder(path: str, image_size: int, num_classes: int, seed: int = 0,
     return SeededImageFolder(folder, image_size, seed, channels)
 
 
+# A user's data set built to be checked before the run (trial.check_data, `keep`), handed to
+# the next build of the same spec (the model's study), so that it is built once, not twice.
+_KEPT: dict[str, Dataset] = {}
+
+
 def build_dataset(dataset: dict, length: int, path: Optional[str] = None, seed: int = 0,
-                  left_s: Optional[float] = None) -> Dataset:
+                  left_s: Optional[float] = None, keep: bool = False) -> Dataset:
     """The data set a model's `dataset` spec asks for: synthetic unless `path` is given, the
-    user's own with a `_target_` (own_data.py); with its task's labels (`task`). `left_s`: the
-    seconds the run's budget leaves it; the synthetic pictures' pool, the costly part, stops
-    there (DataOutOfTime); the caller checks the others' time after them."""
+    user's own with a `_target_` (own_data.py: built once for its check and its study, `keep`);
+    with its task's labels (`task`). `left_s`: the seconds the run's budget leaves it; the
+    synthetic pictures' pool, the costly part, stops there (DataOutOfTime); the caller checks
+    the others' time after them."""
     if "_target_" in dataset:
         from speedbench.measure.own_data import own_dataset
 
-        return own_dataset(dataset)
+        key = repr(sorted(dict(dataset).items()))
+        made = _KEPT.pop(key, None)
+        if made is None:
+            made = own_dataset(dataset)
+        if keep:
+            _KEPT[key] = made
+        return made
     kind = dataset["kind"]
     if kind == "images":
         return _images(dataset, length, path, seed, left_s)
@@ -342,11 +354,45 @@ class TokenTask(Wrapped):
         return x, y
 
 
+# From this many samples on, a data set's random order is drawn as it is read (LazyShuffle,
+# held_out.sample) rather than permuted whole: a trial reads a few thousand samples, and the
+# permutation of a lazy data set of 30 M items held 2.5 GB, charged to the trial's host_rss_mb.
+LAZY_FROM = 1 << 20
+
+
+def seeded_sample(length: int, n: int, seed: int) -> list[int]:
+    """`n` distinct indices of range(length) drawn from `seed`, without listing the range."""
+    return random.Random(seed).sample(range(length), n)
+
+
+class LazyShuffle(Sampler):
+    """A seeded random order of range(length), drawn as it is read (each epoch its own, from
+    `generator`, as DataLoader's shuffle): memory for the samples read, not the data set."""
+
+    def __init__(self, length: int, generator: torch.Generator):
+        self.length, self.generator = length, generator
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        rng = random.Random(int(torch.randint(1 << 62, (), generator=self.generator)))
+        seen: set[int] = set()
+        while len(seen) < self.length:
+            index = rng.randrange(self.length)
+            if index not in seen:
+                seen.add(index)
+                yield index
+
+
 def build_loader(ds: Dataset, batch_size: int, options: Optional[dict], seed: int,
                  sampler=None) -> DataLoader:
     """A DataLoader with the techniques' options (`techniques.loader_options(recipe, ctx)`:
-    num_workers, pin_memory, ...); shuffled from `seed` unless a sampler shards the data. A
-    user's DataLoader's collate_fn and worker_init_fn are kept (loader_functions)."""
+    num_workers, pin_memory, ...); shuffled from `seed` unless a sampler shards the data (past
+    LAZY_FROM samples, in an order drawn as it is read). A user's DataLoader's collate_fn and
+    worker_init_fn are kept (loader_functions)."""
+    if sampler is None and len(ds) > LAZY_FROM:
+        sampler = LazyShuffle(len(ds), torch.Generator().manual_seed(seed))
     loader = DataLoader(ds, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
                         drop_last=True, generator=torch.Generator().manual_seed(seed),
                         **loader_functions(ds), **(options or {}))

@@ -297,7 +297,8 @@ def kineto_quiet():
 
 def profile_recipe(spec, recipe, ctx, dataset, steps: int, left_s: Optional[float]
                    ) -> Breakdown:
-    """A fresh model of `recipe`, warmed up as a trial is (until its steps are steady), then
+    """A fresh model of `recipe`, warmed up as a trial is (until its steps are steady, within a
+    quarter of bench.max_trial_s: warm_up_s), then
     `steps` profiled ones, within `left_s` seconds: checked between steps (OutOfTime before a
     profiled one), and a step still running BUDGET_GRACE_S past them is stopped
     (watchdog.StepOverrun)."""
@@ -311,11 +312,19 @@ def profile_recipe(spec, recipe, ctx, dataset, steps: int, left_s: Optional[floa
     b, once = recipe.bench, techniques.one_time_steps(recipe)
     with guard, applied(spec, recipe, ctx, dataset) as trainer:
         warm_up(trainer.step, ctx.device, max(WARMUP, b.warmup) + once,
-                max(WARMUP, b.warmup, b.warmup_max) + once, b.steady_tol, budget_s=left())
+                max(WARMUP, b.warmup, b.warmup_max) + once, b.steady_tol,
+                budget_s=warm_up_s(b, left()))
         plain_s, done = timed_steps(trainer.step, PLAIN_STEPS, ctx.device, budget_s=left())
         if left() is not None and left() <= 0:
             raise OutOfTime
         return profile_steps(trainer, ctx.device, steps, left(), 1000 * plain_s / done)
+
+
+def warm_up_s(bench, left_s: Optional[float]) -> Optional[float]:
+    """The profile's warm-up past its floor, held as a trial's is: a quarter of
+    bench.max_trial_s (trial.timed_window), and what the budget leaves (`left_s`)."""
+    cap = None if bench.max_trial_s is None else bench.max_trial_s / 4
+    return min((s for s in (cap, left_s) if s is not None), default=None)
 
 
 def seconds(step_s: float, steps: int, recipe) -> float:

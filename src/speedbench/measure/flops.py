@@ -11,8 +11,10 @@
 - `matmul_peak_tflops`: a peak measured on the spot, the best rate of a large square matrix
   product in the variant's dtype on the same device, timed between device synchronisations, in
   windows repeated until the best three agree within PEAK_TOL (or PEAK_MAX_S runs out).
-  FlopsBook measures it once per run and dtype and caches it; `bench.peak_s` bounds it
-  (0: not measured, the peak NaN). It is a best window, for "% of peak".
+  FlopsBook measures it once per run and dtype and caches it; `bench.peak_s` bounds it per
+  layout (0: not measured, the peak NaN), and the run's clock all of it (PEAK_SHARE of
+  bench.time_budget_s: the peaks are a phase of the run like the others). It is a best window,
+  for "% of peak".
 - `paired_peak_ratio`: what precision's forecast uses instead of two such peaks: a 16-bit
   dtype's rate over fp32's in alternated windows (RATIO_PAIRS pairs), the median of the
   per-pair ratios, refused as unstable where they disagree beyond RATIO_TOL.
@@ -50,6 +52,9 @@ PEAK_MAX_S = 1.5  # ...or the measurement stops after this long (per layout)
 # exceeds RATIO_TOL of it: then the ratio is unstable and there is no forecast. Five
 # consecutive single measurements under load read 3.35, 2.33, 17.5, 0.0089 and 355.
 RATIO_PAIRS, RATIO_WINDOW_S, RATIO_TOL = 6, 0.05, 0.2
+# of the run's budget (bench.time_budget_s), the most the matmul peaks take, every dtype and
+# layout together: bench.peak_s per layout, or less where the budget is short
+PEAK_SHARE = 0.05
 
 
 def _sdpa_cpu(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
@@ -286,19 +291,28 @@ class FlopsBook:
             self.counts[key] = count()
         return self.counts[key]
 
-    def peak(self, kind: str) -> float:
-        """The peak TFLOP/s of `kind` (a matmul dtype, or tf32)."""
+    def peak(self, kind: str, max_s: float | None = None) -> float:
+        """The peak TFLOP/s of `kind` (a matmul dtype, or tf32), measured for bench.peak_s per
+        layout, `max_s` at most (0: not measured, NaN)."""
         if kind not in self.peaks:
             extra = {"tf32": True} if kind == "tf32" else {}
+            seconds = self.peak_s if max_s is None else min(self.peak_s, max_s)
             self.peaks[kind] = matmul_peak_tflops(
-                self.device, "fp32" if extra else kind, duration_s=self.peak_s,
-                **extra) if self.peak_s else math.nan  # bench.peak_s=0: not measured
+                self.device, "fp32" if extra else kind, duration_s=seconds,
+                **extra) if seconds > 0 else math.nan  # bench.peak_s=0: not measured
         return self.peaks[kind]
 
-    def measure_peaks(self, kinds) -> None:
-        """The peaks of `kinds`, and each 16-bit kind's paired ratio to fp32 (the forecasts')."""
-        for kind in dict.fromkeys(kinds):
-            self.peak(kind)
+    def measure_peaks(self, kinds, budget=None) -> None:
+        """The peaks of `kinds` not measured yet, within PEAK_SHARE of `budget` (the run's
+        clock, measure/budget.py; None: bench.peak_s each), and each 16-bit kind's paired ratio
+        to fp32 (the forecasts')."""
+        kinds = list(dict.fromkeys(kinds))
+        new = [k for k in kinds if k not in self.peaks]
+        share = None if budget is None or budget.seconds is None else budget.part(PEAK_SHARE)
+        for i, kind in enumerate(new):
+            self.peak(kind, None if share is None
+                      else share.left() / ((len(new) - i) * len(PRODUCTS)))
+        for kind in kinds:
             if kind in DTYPES and kind != "fp32" and kind not in self.ratios and self.peak_s:
                 self.ratios[kind] = paired_peak_ratio(self.device, kind)
 

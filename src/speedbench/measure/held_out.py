@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset, default_collate
 
-from speedbench.measure.data import JpegImages, MarkovTokens, build_dataset, loader_functions
+from speedbench.measure.data import LAZY_FROM, JpegImages, MarkovTokens, build_dataset, \
+    loader_functions, seeded_sample
 from speedbench.measure.train import compute_loss
 
 EVAL_CHUNK = 64  # held-out samples per forward pass
@@ -112,11 +114,41 @@ def _held_out(train, spec, seed: int, n_eval: int):
                           pool=n_eval, seed=seed + 1_000_003)
         torch.manual_seed(seed)  # their crops: the same for every variant
         return None, default_collate([pics[i] for i in range(n_eval)]), None
-    # a user's own data: a seeded random share set aside
-    n = min(n_eval, max(1, len(train) // 10))
-    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
+    # a user's own data: a seeded random share set aside (past LAZY_FROM samples, drawn
+    # without permuting them all)
+    length = len(train)
+    n = min(n_eval, max(1, length // 10))
+    if length > LAZY_FROM:
+        held = seeded_sample(length, n, seed)
+        kept = _Kept(length, held)
+    else:
+        order = torch.randperm(length, generator=torch.Generator().manual_seed(seed)).tolist()
+        held, kept = order[:n], order[n:]
     torch.manual_seed(seed)
-    return order[n:], _collate(train)([train[i] for i in order[:n]]), None
+    return kept, _collate(train)([train[i] for i in held]), None
+
+
+class _Kept(Sequence):
+    """range(length) less the `held` indices, in order, without listing it (a Subset's
+    indices)."""
+
+    def __init__(self, length: int, held: list[int]):
+        self.length, self.held = length, sorted(held)
+
+    def __len__(self) -> int:
+        return self.length - len(self.held)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = int(i) + (len(self) if i < 0 else 0)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        for h in self.held:  # the i-th index not held out: past every held one at or below it
+            if h > i:
+                break
+            i += 1
+        return i
 
 
 def _collate(ds):
@@ -162,8 +194,12 @@ def calibration(train, seed: int, n: int = CALIBRATION_SAMPLES):
         size = PROBE_POOL
 
     def make():
-        order = torch.randperm(size, generator=torch.Generator().manual_seed(seed))[:n]
-        return _collate(base)([base[int(i)] for i in index(order.tolist())])
+        if size > LAZY_FROM:
+            order = seeded_sample(size, min(n, size), seed)
+        else:
+            order = torch.randperm(size, generator=torch.Generator().manual_seed(seed))[:n]
+            order = order.tolist()
+        return _collate(base)([base[int(i)] for i in index(order)])
     return _cached(base, ("calibration", seed, n, size), make)
 
 

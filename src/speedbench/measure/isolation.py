@@ -2,12 +2,20 @@
 before it runs and put back after, and a model that changed it is named.
 
 The model's code (its constructor, its forward) runs in speedbench's own process, and some of
-what it may change is process-wide (WATCHED): the default dtype and device, grad mode,
-deterministic algorithms, anomaly detection, oneDNN, the working directory, the umask, the
-environment variables speedbench reads, the stop signals' handlers, sys.stdout, warnings turned
-into errors, a lowered recursion limit, the garbage collector; and the random generators.
-Left changed, it would reach every later trial: a `torch.set_default_dtype(torch.float64)` in a
-constructor made the next model train in float64 while its row said fp32. So every trial and
+what it may change is process-wide (WATCHED), a class rather than a list of incidents: torch's
+global settings (the default dtype and device, deterministic algorithms, cuDNN's and oneDNN's
+flags, the intra-op thread count, flushing denormals); autograd's state, which a context
+entered and never left keeps on (grad mode with inference mode, forward AD and multithreaded
+backward; the saved-tensors hooks; the autograd profiler; anomaly detection; autocast; the
+torch function and dispatch mode stacks); the process's (the working directory, the umask, the
+environment variables speedbench reads, the stop signals' handlers, sys.stdout, sys.excepthook);
+the interpreter's (warnings turned into errors, a lowered recursion limit, the garbage collector
+and its thresholds, a profile or trace function, the thread switch interval, numpy's
+floating-point errors); and the random generators. A change left on reaches the next model: a
+saved-tensors hook entered in a constructor inflated the next model's activation memory by
+45 %, inference mode failed its trials, a profiler left on crashed the process at its exit.
+Likewise a `torch.set_default_dtype(torch.float64)` in a constructor made the next model train
+in float64 while its row said fp32. So every trial and
 probe (session.applied) and the n/a check's model runs inside `isolated()`: on the way out each
 setting is put back as it was, and a change is said once per model and setting, on the console
 and in the report (`notes()`, env.json's `model_changes`): "model m: its code sets the default
@@ -16,7 +24,8 @@ trial draws from them by design). A model's own trial runs with what its own cod
 
 `sys.exit()` in the model's code is the model's failure, not the end of the run: it is raised
 as ModelExit, which the trial records as its row's status (so is any other BaseException of
-the model's own, which `except Exception` would let through).
+the model's own, GeneratorExit included, which `except Exception` would let through; told from
+speedbench's own stops by class, never by a module's name).
 """
 from __future__ import annotations
 
@@ -33,6 +42,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
+
+from speedbench.errors import OwnStop
 
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
                      if hasattr(signal, n))
@@ -127,6 +138,195 @@ def _on_off(value) -> str:
     return "on" if value else "off"
 
 
+# --- autograd's own state: grad and inference mode, saved-tensor hooks, the profiler ---------
+def _grad_modes() -> tuple:
+    """(grad mode, inference mode, forward AD, multithreaded backward): one autograd state,
+    which torch.inference_mode() sets as a whole."""
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+            torch._C._is_fwd_grad_enabled(), torch._C._is_multithreading_enabled())
+
+
+# Inference mode is a guard's: the one speedbench enters to put it back is kept (released, it
+# would put the model's inference mode back on).
+_GUARDS: list = []
+
+
+def _set_grad_modes(value: tuple) -> None:
+    grad, inference, forward_ad, threads = value
+    if torch.is_inference_mode_enabled() != inference:
+        _GUARDS.append(torch.autograd.grad_mode._enter_inference_mode(inference))
+    torch.set_grad_enabled(grad)
+    torch._C._set_fwd_grad_enabled(forward_ad)
+    torch._C._set_multithreading_enabled(threads)
+
+
+def _grad_text(value: tuple) -> str:
+    grad, inference, forward_ad, threads = value
+    if inference:  # (which turns forward AD and multithreaded backward off too)
+        return _on_off(grad) + ", in inference mode"
+    return (_on_off(grad) + ", forward AD off" * (not forward_ad)
+            + ", single-threaded backward" * (not threads))
+
+
+_AUTOGRAD = torch._C._autograd
+
+
+def _top_hooks():
+    try:
+        return _AUTOGRAD._top_saved_tensors_default_hooks(True)
+    except TypeError:  # a torch whose reader takes no argument
+        return _AUTOGRAD._top_saved_tensors_default_hooks()
+
+
+def _saved_hooks() -> tuple:
+    """(the saved-tensors hooks stack, bottom first; the message they are disabled with, or
+    None): the stack is read by popping it and pushed back as it was."""
+    disabled = _AUTOGRAD._saved_tensors_hooks_get_disabled_error_message()
+    if disabled is not None:
+        _AUTOGRAD._saved_tensors_hooks_enable()
+    popped = []
+    while (top := _top_hooks()) is not None:
+        popped.append(tuple(top))
+        _AUTOGRAD._pop_saved_tensors_default_hooks()
+    stack = tuple(reversed(popped))
+    _set_saved_hooks((stack, disabled))
+    return stack, disabled
+
+
+def _set_saved_hooks(value: tuple) -> None:
+    stack, disabled = value
+    _AUTOGRAD._saved_tensors_hooks_enable()
+    while _top_hooks() is not None:
+        _AUTOGRAD._pop_saved_tensors_default_hooks()
+    for pack, unpack in stack:
+        _AUTOGRAD._push_saved_tensors_default_hooks(pack, unpack)
+    if disabled is not None:
+        try:
+            _AUTOGRAD._saved_tensors_hooks_disable(disabled, False)
+        except TypeError:  # a torch without fail_if_non_empty
+            _AUTOGRAD._saved_tensors_hooks_disable(disabled)
+
+
+def _hooks_text(value: tuple) -> str:
+    stack, disabled = value
+    return f"{len(stack)} pair(s) of hooks" + ", disabled" * (disabled is not None)
+
+
+def _set_profiler(on: bool) -> None:
+    """An autograd profiler left on is stopped (one that was on, speedbench's own, is never
+    stopped by a trial: see `harmful`)."""
+    if on or not torch.autograd._profiler_enabled():
+        return
+    legacy = _AUTOGRAD._profiler_type() == torch._C._profiler.ActiveProfilerType.LEGACY
+    if legacy:
+        _AUTOGRAD._disable_profiler_legacy()
+    else:
+        torch.autograd._disable_profiler()
+    torch.autograd.profiler._run_on_profiler_stop()
+
+
+# --- torch's mode stacks and autocast ------------------------------------------------------
+def _function_modes() -> tuple:
+    """The torch function modes entered (the default device's own is `the default device`)."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+
+    return tuple(m for m in _get_current_function_mode_stack()
+                 if not isinstance(m, DeviceContext))
+
+
+def _set_function_modes(before: tuple) -> None:
+    from torch.overrides import _len_torch_function_stack, _pop_mode, _push_mode
+    from torch.utils._device import DeviceContext
+
+    popped = []
+    while _len_torch_function_stack() and _function_modes() != before:
+        popped.append(_pop_mode())
+    for mode in reversed(popped):  # the default device's stays
+        if isinstance(mode, DeviceContext):
+            _push_mode(mode)
+
+
+def _dispatch_modes() -> tuple:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return tuple(_get_current_dispatch_mode_stack())
+
+
+def _set_dispatch_modes(before: tuple) -> None:
+    from torch.utils._python_dispatch import _pop_mode
+
+    while _dispatch_modes() and _dispatch_modes() != before:
+        _pop_mode()
+
+
+def _modes_text(value: tuple) -> str:
+    return ", ".join(type(m).__name__ for m in value) or "none"
+
+
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def _autocast_nesting() -> int:
+    """How many autocast contexts are entered (read by one more, then one less)."""
+    depth = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return depth
+
+
+def _autocast() -> tuple:
+    """(each device's (on, dtype)..., the nesting): a context left entered keeps the nesting
+    up, and its cast weights cached, past every later autocast's exit."""
+    return (*((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+              for d in AUTOCAST_DEVICES), _autocast_nesting())
+
+
+def _set_autocast(value: tuple) -> None:
+    for device, (on, dtype) in zip(AUTOCAST_DEVICES, value):
+        torch.set_autocast_enabled(device, on)
+        torch.set_autocast_dtype(device, dtype)
+    depth = _autocast_nesting()
+    for _ in range(depth - value[-1]):
+        torch.autocast_decrement_nesting()
+    for _ in range(value[-1] - depth):
+        torch.autocast_increment_nesting()
+    torch.clear_autocast_cache()
+
+
+def _autocast_text(value: tuple) -> str:
+    return ", ".join(f"{d} {str(dtype).replace('torch.', '')}"
+                     for d, (on, dtype) in zip(AUTOCAST_DEVICES, value) if on) or "off"
+
+
+# --- the interpreter's and the CPU's -------------------------------------------------------
+def _tracers() -> tuple:
+    return sys.getprofile(), sys.gettrace(), threading.getprofile(), threading.gettrace()
+
+
+def _set_tracers(value: tuple) -> None:
+    sys.setprofile(value[0])
+    sys.settrace(value[1])
+    threading.setprofile(value[2])
+    threading.settrace(value[3])
+
+
+_TINY, _ONE = 5e-324, 1.0  # the smallest denormal: flushed to zero where the CPU is told to
+
+
+def _flush_denormal() -> bool:
+    """Whether this thread's floating point flushes denormals (torch.set_flush_denormal, which
+    has no reader): the smallest denormal times one is then zero."""
+    return _TINY * _ONE == 0.0
+
+
+def _numpy_errors() -> dict:
+    return np.geterr()
+
+
+def _set_numpy_errors(value: dict) -> None:
+    np.seterr(**value)
+
+
 @dataclass(frozen=True)
 class Setting:
     """One thing of the process the model's code may change: how to read it, write it back and
@@ -143,7 +343,15 @@ WATCHED: dict[str, Setting] = {
     "the default dtype": Setting(torch.get_default_dtype, torch.set_default_dtype),
     "the default device": Setting(_default_device, torch.set_default_device,
                                   lambda v: v or "none"),
-    "grad mode": Setting(torch.is_grad_enabled, torch.set_grad_enabled, _on_off),
+    "grad mode": Setting(_grad_modes, _set_grad_modes, _grad_text),
+    "the saved-tensors hooks": Setting(_saved_hooks, _set_saved_hooks, _hooks_text),
+    "the autograd profiler": Setting(torch.autograd._profiler_enabled, _set_profiler, _on_off,
+                                     harmful=lambda now, before: now and not before),
+    "the torch function modes": Setting(_function_modes, _set_function_modes, _modes_text),
+    "the torch dispatch modes": Setting(_dispatch_modes, _set_dispatch_modes, _modes_text),
+    "autocast": Setting(_autocast, _set_autocast, _autocast_text),
+    "the intra-op thread count": Setting(torch.get_num_threads, torch.set_num_threads),
+    "flushing denormals": Setting(_flush_denormal, torch.set_flush_denormal, _on_off),
     "deterministic algorithms": Setting(
         _deterministic, lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1]),
         lambda v: _on_off(v[0]) + " (warn only)" * v[1]),
@@ -167,6 +375,18 @@ WATCHED: dict[str, Setting] = {
                                         harmful=lambda now, before: now < before),
     "the garbage collector": Setting(gc.isenabled,
                                      lambda v: gc.enable() if v else gc.disable(), _on_off),
+    "the garbage collector's thresholds": Setting(gc.get_threshold,
+                                                  lambda v: gc.set_threshold(*v)),
+    "Python's profile or trace function": Setting(
+        _tracers, _set_tracers, lambda v: f"{sum(f is not None for f in v)} set"),
+    "sys.excepthook": Setting(lambda: sys.excepthook,
+                              lambda v: setattr(sys, "excepthook", v),
+                              lambda v: getattr(v, "__qualname__", "its own")),
+    "Python's thread switch interval": Setting(sys.getswitchinterval, sys.setswitchinterval,
+                                               lambda v: f"{v:g} s"),
+    "numpy's floating-point error handling": Setting(
+        _numpy_errors, _set_numpy_errors,
+        lambda v: ", ".join(f"{k} {a}" for k, a in sorted(v.items()))),
 }
 
 
@@ -203,7 +423,8 @@ class Watch:
 
     def __init__(self, model: str, say: Callable[[str], None] | None):
         self.model, self.say = model, say
-        self.before = {what: setting.read() for what, setting in WATCHED.items()}
+        # (a setting this torch cannot read is None before and after: never said)
+        self.before = {what: _safe(setting.read) for what, setting in WATCHED.items()}
         self.generators = _generators()
         self.seen: dict[str, tuple[str, Any]] = {}  # what -> (where, the value) first seen
 
@@ -279,13 +500,10 @@ def isolated(model: str, say: Callable[[str], None] | None = _console) -> Iterat
     try:
         yield watch
     except SystemExit as exc:
-        raise ModelExit(f"the model's code called sys.exit({exc.code!r}); its trial was "
-                        "recorded as failed and the run went on") from None
-    except (Exception, KeyboardInterrupt, GeneratorExit):
-        raise
-    except BaseException as exc:  # one of the model's own, past `except Exception`: its
-        if type(exc).__module__.startswith("speedbench"):  # trial's failure (speedbench's own,
-            raise                                          # the watchdog's, go on)
+        raise ModelExit(f"the model's code called sys.exit({exc.code!r})") from None
+    except (Exception, KeyboardInterrupt, OwnStop):
+        raise  # speedbench's own stops (the watchdog's, a signal's) go on, told by class
+    except BaseException as exc:  # the model's own, past `except Exception` (GeneratorExit too)
         raise ModelExit(f"the model's code raised {type(exc).__name__} (a BaseException): "
                         f"{str(exc)[:100]}") from None
     finally:

@@ -33,7 +33,7 @@ def own_dataset(spec: dict) -> Dataset:
     name = str(spec["_target_"])
     try:
         made = instantiate(dict(spec), _convert_="all")
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # its sys.exit() too: one line, not a silent end
         cause = exc.__cause__ or exc
         raise ConfigError(f"data: _target_ {name} failed: {type(cause).__name__}: "
                           f"{_first_line(cause)}") from None
@@ -121,11 +121,16 @@ def _map_style(obj: Any) -> bool:
 
 
 def _check_items(name: str, ds: Dataset) -> None:
-    if len(ds) == 0:
+    try:
+        length = len(ds)  # a __len__ that raises, or returns no count
+    except (Exception, SystemExit) as exc:
+        raise ConfigError(f"data: _target_ {name}: len() failed: {type(exc).__name__}: "
+                          f"{_first_line(exc)}") from None
+    if length == 0:
         raise ConfigError(f"data: _target_ {name} returned an empty data set")
     try:
         item = ds[0]
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise ConfigError(f"data: _target_ {name}: reading item 0 failed: "
                           f"{type(exc).__name__}: {_first_line(exc)}") from None
     if not (isinstance(item, (tuple, list)) and len(item) == 2):

@@ -40,6 +40,7 @@ import torch.nn as nn
 
 from speedbench import techniques
 from speedbench.measure.diagnosis import TrialProfile
+from speedbench.results import atomic
 from speedbench.results.schema import PHASES
 from speedbench.models.per_step import PerStepTensors
 from speedbench.measure.timing import PhaseClock, synchronize, timed_steps
@@ -167,8 +168,9 @@ def _write_cprofile(profiles: dict[str, cProfile.Profile], steps: int, out: Path
         per_step_ms = 1000 * stats.total_tt / steps
         text += [f"=== phase {phase}: {per_step_ms:.2f} ms per step under cProfile ===",
                  buf.getvalue().strip(), ""]
-        profiles[phase].dump_stats(out / f"cprofile_{phase}.prof")
-    (out / "cprofile.txt").write_text("\n".join(text) + "\n")
+        with atomic.naming(out / f"cprofile_{phase}.prof"):
+            profiles[phase].dump_stats(out / f"cprofile_{phase}.prof")
+    atomic.write_text(out / "cprofile.txt", "\n".join(text) + "\n")
 
 
 def _torch_window(trainer, device: torch.device, steps: int, out: Optional[Path]) -> float:
@@ -213,13 +215,15 @@ def _write_torch_outputs(prof, device: torch.device, steps: int, out: Path) -> N
 
     out.mkdir(parents=True, exist_ok=True)
     # A profile exports its trace once: TensorBoard's handler writes it, trace.json is a copy.
-    tensorboard_trace_handler(str(out / "tensorboard"))(prof)
+    with atomic.naming(out / "tensorboard"):
+        tensorboard_trace_handler(str(out / "tensorboard"))(prof)
     written = max((out / "tensorboard").glob("*.pt.trace.json"), key=lambda p: p.stat().st_mtime)
-    shutil.copyfile(written, out / "trace.json")
+    with atomic.naming(out / "trace.json"):
+        shutil.copyfile(written, out / "trace.json")
     on = "cuda" if device.type == "cuda" else "cpu"
     averages = prof.key_averages()
-    (out / "torch_ops.txt").write_text(
-        f"torch.profiler, {steps} active steps (schedule: wait {TORCH_WAIT}, warm-up "
+    atomic.write_text(
+        out / "torch_ops.txt", f"torch.profiler, {steps} active steps (schedule: wait {TORCH_WAIT}, warm-up "
         f"{TORCH_WARMUP}), operators sorted by self {on.upper()} time\n"
         + averages.table(sort_by=f"self_{on}_time_total", row_limit=30)
         + f"\n\nOperators sorted by self {on.upper()} memory\n"

@@ -46,10 +46,22 @@ class KeywordInputs(nn.Module):
         return self.inner(**dict(zip(self.names, (x, y))))
 
 
+class DataOutOfMemory(Exception):
+    """The host ran out of memory while a batch was read (the data set, its loader): the row
+    says so, rather than blame the model's step."""
+
+
 def forever(loader) -> Iterator:
     """Batches without end: a new epoch starts when one runs out."""
+    from speedbench.distributed import CPU_OOM
+
     while True:
-        yield from loader
+        try:
+            yield from loader
+        except (MemoryError, RuntimeError) as exc:
+            if isinstance(exc, MemoryError) or CPU_OOM.search(str(exc)):
+                raise DataOutOfMemory(f"{type(exc).__name__}: {str(exc)[:100]}") from None
+            raise
 
 
 def compute_loss(model: nn.Module, loss_kind: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,7 @@ from speedbench.techniques import Context
 from speedbench.measure.timing import PeakRss, PhaseClock, StepTimes, device_peak_mb, \
     release_host_memory, reset_device_peak, stall_ms, step_memory, timed_steps, \
     typical_step_s, warm_up
-from speedbench.measure.train import Trainer
+from speedbench.measure.train import DataOutOfMemory, Trainer
 
 
 def dataset_length(plan: Plan, spec: ModelSpec, world_size: int = 1) -> int:
@@ -76,8 +76,8 @@ def check_data(plan: Plan, spec: ModelSpec, world_size: int = 1) -> None:
     if not first.data.path and not first.data.samples and not own:
         return  # synthetic data is made as long as the trials need
     # a synthetic data set is as long as asked; a file or folder is read to know
-    have = len(build_dataset(spec.dataset, length, first.data.path, seed=first.bench.seed)) \
-        if first.data.path or own else length
+    have = len(build_dataset(spec.dataset, length, first.data.path, seed=first.bench.seed,
+                             keep=own)) if first.data.path or own else length
     ctx = Context(device=torch.device(plan.device))
     for name, r in plan.variants.items():
         need = batching(spec, r, ctx).loader_batch * (techniques.processes(r, ctx) or world_size)
@@ -148,6 +148,10 @@ def measure_trial(plan: Plan, spec: ModelSpec, variant: str, recipe: DictConfig,
         if dist_env is not None:
             raise
         record["status"] = schema.OOM
+    except DataOutOfMemory:  # not the model's: the host ran out while a batch was read
+        if dist_env is not None:
+            raise
+        record["status"] = schema.format_status(schema.OOM, "reading the data, not the model")
     except Exception as exc:  # a fault in one variant must not stop the others
         if dist_env is not None:
             raise  # under DDP the peers are mid-collective: the job must stop

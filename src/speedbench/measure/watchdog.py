@@ -37,6 +37,8 @@ import threading
 import time
 from typing import Optional
 
+from speedbench.errors import OwnStop
+
 EXIT_STUCK = 124  # the exit status of a process the backstop ended (as timeout(1)'s)
 GRACE_MIN_S = 30.0  # the backstop waits at least this long past the deadline
 SLACK_S = 0.002  # a timer that fires this early still counts as due
@@ -46,7 +48,7 @@ SOON_S = 1e-4  # the timer's delay for what is already due
 IMPORT_WAIT_S = 0.05
 
 
-class StepOverrun(BaseException):
+class StepOverrun(OwnStop):
     """A deadline passed. A BaseException, as KeyboardInterrupt is, so that code catching
     Exception (a fault kept in a row) does not swallow it: catch it outside the `with` block."""
 

@@ -49,6 +49,14 @@ def _done() -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
+def _out_dir(text: str) -> Path:
+    """--out's folder; an empty one is refused (Path("") is the current folder, which would
+    take the report's files without a word)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty: give a folder (. for the current one)")
+    return Path(text)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m speedbench.report",
@@ -56,7 +64,7 @@ def main(argv=None) -> int:
                     "(the first is the reference).")
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
                         help="run directories (each with trials.csv)")
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=_out_dir, default=None,
                         help="where to write the report (one run: default its own directory; "
                              "several: default results/compare/<timestamp>)")
     args = parser.parse_args(argv)

@@ -6,9 +6,11 @@ configs are drawn as plain text (no mathtext), so a variant named `$x` cannot br
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import textwrap
+import warnings
 
 import matplotlib
 
@@ -42,12 +44,24 @@ DPI = 120
 
 
 def _styled(fn):
-    """Build the figure under speedbench's style (plain-text labels, light axes)."""
+    """Build the figure under speedbench's style (plain-text labels, light axes), without the
+    libraries' warnings on the console (quiet)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        with plt.rc_context(STYLE):
+        with plt.rc_context(STYLE), quiet():
             return fn(*args, **kwargs)
     return wrapper
+
+
+@contextlib.contextmanager
+def quiet():
+    """matplotlib's warnings (a tight layout not applied, a glyph a font lacks: a control
+    character in a hand-edited name) and numpy's (a NaN or inf a hand-edited file holds, which
+    the report notes) are not the reader's business: the figure is drawn all the same."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
 
 
 def _ok(trials: pd.DataFrame) -> pd.DataFrame:
@@ -382,7 +396,8 @@ def figures_for(trials: pd.DataFrame, summary: pd.DataFrame,
 
 def save(fig: plt.Figure, path) -> None:
     try:  # written whole or not at all (atomic.py)
-        atomic.save_figure(fig, path, dpi=DPI)
+        with quiet():
+            atomic.save_figure(fig, path, dpi=DPI)
     finally:
         plt.close(fig)
 

@@ -6,9 +6,15 @@ the new file, its target is never written through. A stop signal's action is hel
 file is written (errors.signals_held): its KeyboardInterrupt cannot land between a temp file's
 creation and its cleanup (which would leave it behind), nor halfway through an appended row;
 it comes as soon as the write is done.
+
+Every OSError of a write names the file it was writing (`exc.filename`, the target's path: a
+write to a full disk's open descriptor names none, and a temp file's name is not one the user
+knows), so that the run turns any of them into one line naming the file (run.py,
+results.write_failed): trials.csv's, quality.csv's, explain.csv's, planned.json's alike.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
@@ -21,11 +27,24 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read once: mkstemp's files are 0600, output files get the usual mode
 
 
+@contextlib.contextmanager
+def naming(path):
+    """An OSError raised inside names `path` (its errno and text kept: a full disk's ENOSPC is
+    still one, a PermissionError still that)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename == os.fspath(path) and exc.filename2 is None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), os.fspath(path)) from exc
+
+
 def _temp_copy(path: Path, data: bytes) -> Path:
     """`data` in a synced temp file in path's directory; removed again if anything fails."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with naming(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with naming(path), os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~_UMASK)
             f.write(data)
             f.flush()
@@ -58,7 +77,8 @@ def write_files(contents: dict) -> None:
             for path, data in contents.items():
                 temps[Path(path)] = _temp_copy(Path(path), data)
             for path, tmp in temps.items():
-                os.replace(tmp, path)
+                with naming(path):
+                    os.replace(tmp, path)
         finally:
             for tmp in temps.values():
                 tmp.unlink(missing_ok=True)  # left only when something failed
@@ -70,7 +90,7 @@ def append_text(path, text: str) -> None:
     """`text` appended whole or not at all: a failed write (a full disk) is cut back off, so
     that the file never ends in half a line."""
     data = memoryview(text.encode("utf-8"))
-    with signals_held():
+    with signals_held(), naming(path):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         end = os.lseek(fd, 0, os.SEEK_END)
         try:

@@ -47,8 +47,8 @@ def unfinished(run_dir: Path, trials: pd.DataFrame) -> Optional[list[str]]:
             return None
         planned = [(str(r["experiment"]), str(r["model"]), str(r["variant"]))
                    for r in data.get("planned", [])]
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return None  # (a hand-edited file nested past Python's limit: unreadable too)
     if data.get("search"):
         return []
     done = set(zip(*(trials[c].astype(str) for c in ("experiment", "model", "variant")))) \

@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from speedbench.results.schema import (CURVE_COLUMNS, EXPLAIN_COLUMNS, FINDING_COLUMNS,
+from speedbench.results.schema import (CURVE_COLUMNS, EXPLAIN_CATEGORIES, EXPLAIN_COLUMNS,
+                                       FINDING_COLUMNS,
                                        FORECAST_COLUMNS, OK, PHASE_COLUMNS,
                                        RECIPE_COLUMNS, REQUIRED_CAPACITY_COLUMNS,
                                        REQUIRED_TRIAL_COLUMNS, REQUIRED_QUALITY_COLUMNS,
@@ -279,6 +280,42 @@ def _optional_table(path: Path, columns: tuple[str, ...],
     return df
 
 
+MAX_MS = 1e9  # a profiled category's ms past this (11 days a step) is no measurement
+
+
+def _explain_table(path: Path, notes: list[str]) -> Optional[pd.DataFrame]:
+    """explain.csv when present, well formed and its measured rows usable (a hand-edited one
+    with NaN, inf or huge times, text for numbers, per_step 0, an unknown category or a profile
+    lacking one is left out, with a note, rather than break the report)."""
+    df = _optional_table(path, tuple(EXPLAIN_COLUMNS), notes)
+    why = None if df is None else _explain_unusable(df)
+    if why:
+        notes.append(f"{path.name} left out: {why}")
+        return None
+    return df
+
+
+def _explain_unusable(df: pd.DataFrame) -> Optional[str]:
+    ok = df[df["status"].astype(str) == OK]
+    measured = ok[ok["category"].astype(str) != "profiler"]  # (the profiler's cost may be empty)
+    nums = measured[["steps", "mean_ms", "sd_ms", "per_step"]].apply(pd.to_numeric,
+                                                                     errors="coerce")
+    sd_ok = nums["sd_ms"].isna() | (nums["sd_ms"].abs() <= MAX_MS)
+    good = (np.isfinite(nums[["steps", "mean_ms", "per_step"]]).all(axis=1) & sd_ok
+            & (nums["mean_ms"].abs() <= MAX_MS) & (nums["per_step"] > 0) & (nums["steps"] >= 0))
+    if not good.all():
+        return ("a measured row holds a time that is not a finite number of ms, or a per_step "
+                "that is not positive")
+    known = {*EXPLAIN_CATEGORIES, "step"}
+    unknown = set(measured["category"].astype(str)) - known
+    if unknown:
+        return f"unknown categories {', '.join(sorted(unknown))}"[:160]
+    groups = measured.groupby(["experiment", "model", "variant", "stage"])["category"]
+    if any(set(g.astype(str)) != known for _, g in groups):
+        return "a profile lacks some of its categories"
+    return None
+
+
 def _unusable_summary(summary: pd.DataFrame, trials: pd.DataFrame,
                       notes: list[str]) -> Optional[str]:
     """Why summary.csv cannot be used as written (None: it can; its names are then cleaned)."""
@@ -362,7 +399,7 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
                                          notes),
                curves=_optional_table(path / "curves.csv", CURVE_COLUMNS, notes),
                quality=_optional_table(path / "quality.csv", REQUIRED_QUALITY_COLUMNS, notes),
-               explain=_optional_table(path / "explain.csv", EXPLAIN_COLUMNS, notes),
+               explain=_explain_table(path / "explain.csv", notes),
                forecast=_optional_table(path / "forecast.csv", FORECAST_COLUMNS, notes),
                recipe_search=_recipe_search(path, notes), format_version=version,
                notes=notes, missing=missing, label=path.name)
@@ -553,7 +590,7 @@ def load_profile_tables(run_dir) -> Optional[tuple[pd.DataFrame, pd.DataFrame]]:
 def load_explain(run_dir) -> tuple[Optional[pd.DataFrame], Optional[pd.DataFrame]]:
     """(explain.csv, forecast.csv) of a run directory, each None where absent or unusable."""
     run_dir = Path(run_dir)
-    return (_optional_table(run_dir / "explain.csv", tuple(EXPLAIN_COLUMNS), []),
+    return (_explain_table(run_dir / "explain.csv", []),
             _optional_table(run_dir / "forecast.csv", tuple(FORECAST_COLUMNS), []))
 
 

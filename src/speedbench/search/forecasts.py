@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from speedbench import techniques
 from speedbench.config import ModelSpec
 from speedbench.measure import explain, watchdog
+from speedbench.measure.budget import Budget
 from speedbench.studies import costs
 from speedbench.measure.data import build_dataset
 from speedbench.measure.trial import context, dataset_length
@@ -71,7 +72,8 @@ class Forecaster:
         peaks = {}
         if self.book is not None:  # once per run and dtype, as the trials' (flops.FlopsBook)
             self.book.measure_peaks(["fp32", *(techniques.matmul_dtype(r)
-                                               for r in recipes.values())])
+                                               for r in recipes.values())],
+                                    None if time_left_s is None else Budget(time_left_s))
             peaks = self.book.bound_inputs()
         model = plan.models[0]
         if self.dataset is None:

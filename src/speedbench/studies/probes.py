@@ -6,7 +6,9 @@ which tells a variant far slower; its loss is taken after the others, only where
 left to compare with it (amp on a CPU without 16-bit instructions stops both 16-bit variants,
 and the baseline's loss steps would compare with nothing). Variants launched in processes of
 their own (torchrun, or a fresh one) keep their timed window's loss. The probes take at most
-PROBE_SHARE of the model's budget; the rest is the rounds'.
+PROBE_SHARE of the model's budget; the rest is the rounds'. A fault in a probe (the model's
+exception, its sys.exit()) is the variant's quality row's status, `error: the quality probe
+failed: ...`, said once on the console; its trials go on, and record it where they meet it.
 """
 from __future__ import annotations
 
@@ -14,12 +16,29 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from speedbench import distributed
 from speedbench.studies import costs, quality, stopping
 from speedbench.measure.budget import Budget
 from speedbench.measure.trial import context
 from speedbench.results import atomic, schema
 
 PROBE_SHARE = 0.4  # of a model's budget, what its quality probes may take (the rounds: the rest)
+FAULT = "probe_fault"  # a probe's record that met a fault: its one-line status, nothing else
+
+
+def fault_status(exc: BaseException) -> str:
+    """A probe's fault as a status: `error: the quality probe failed: Type: message` (the
+    first line, as a trial's row says it), or `oom (in the quality probe)`."""
+    status = schema.parse_status(distributed.failure_status(exc))
+    if status.kind == schema.OOM:
+        return schema.format_status(schema.OOM, "in the quality probe")
+    return schema.format_status(schema.ERROR, f"the quality probe failed: {status.reason}")
+
+
+class Losses(list):
+    """The other seeds' held-out losses, and the fault that ended them (None: none)."""
+
+    fault: str | None = None
 
 
 @dataclass
@@ -33,11 +52,17 @@ class ProbeResult:
     seed_losses: dict[str, list[float]] = field(default_factory=dict)
     no_loss: dict[str, str] = field(default_factory=dict)
     status: dict[str, str] = field(default_factory=dict)
+    faults: dict[str, str] = field(default_factory=dict)  # variant -> its probe's fault, said
+    seed_faults: dict[str, str] = field(default_factory=dict)  # ... in its other seeds
 
     def keep(self, name: str, got: dict | None) -> dict:
         """A variant's probe kept: its status, steps and losses apart; {} for a probe that met a
-        fault (its trials will record it)."""
+        fault (FAULT: its one-line status, quality.csv's; its trials go on and meet it or not)."""
         if got is None:
+            return {}
+        if FAULT in got:
+            self.faults.setdefault(name, got[FAULT])
+            self.no_loss[name] = got[FAULT]
             return {}
         status = str(got.get("status", ""))
         if schema.parse_status(status).kind in (schema.TOO_SLOW, schema.NOT_MEASURED, schema.NA):
@@ -87,6 +112,8 @@ def run_probes(mc, prepared, status: dict[str, str], budget: Budget) -> ProbeRes
         if got:  # the throughput the others were held to
             got["probe_samples_per_s"] = base_rate
     _more_seeds(mc, prepared, found, skipped, probe_budget)
+    for name, why in found.faults.items():  # once each, on the console as in quality.csv
+        mc.say(f"{mc.spec.name}, variant {name}: {why}; its trials go on")
     if mc.run_dir is not None:
         rows = [r for name in plan.variants
                 for r in quality_rows(mc, name, found, {**status, **found.status}, prepared)]
@@ -121,8 +148,11 @@ def _more_seeds(mc, prepared, found: ProbeResult, skipped, probe_budget: Budget)
     for name in alive:
         mc.doing(f"{mc.spec.name} {name}: quality seeds")
         steps = probe_steps(mc.settings.quality_steps, base_per_step, prepared.per_step[name])
-        found.seed_losses[name] += mc.instruments.more_seeds(mc, name, prepared.dataset, steps,
-                                                             share)
+        got = mc.instruments.more_seeds(mc, name, prepared.dataset, steps, share)
+        found.seed_losses[name] += got
+        if getattr(got, "fault", None):  # the seeds after the fault have no loss, and say why
+            found.faults.setdefault(name, got.fault)
+            found.seed_faults[name] = got.fault
 
 
 def quality_rows(mc, name: str, found: ProbeResult, status: dict[str, str], prepared
@@ -134,10 +164,13 @@ def quality_rows(mc, name: str, found: ProbeResult, status: dict[str, str], prep
     got, seed = found.records.get(name, {}), plan.variants[name].bench.seed
     losses = found.seed_losses.get(name)
     if losses:
-        return [{**head, "seed": seed + k, "steps": got["quality_steps"],
+        rows = [{**head, "seed": seed + k, "steps": got["quality_steps"],
                  "samples": got["quality_samples"], "loss": loss,
                  **quality.loss_columns(loss), "status": schema.OK}
                 for k, loss in enumerate(losses)]
+        if name in found.seed_faults:  # the seeds from this one on: no loss, and why
+            rows.append({**head, "seed": seed + len(losses), "status": found.seed_faults[name]})
+        return rows
     if name in status:
         why = status[name]
     elif name in found.no_loss:
@@ -148,9 +181,10 @@ def quality_rows(mc, name: str, found: ProbeResult, status: dict[str, str], prep
     elif name in prepared.launched:
         why = schema.na("the quality probe trains in this process; this variant needs "
                         "processes of its own")
-    else:
-        why = schema.na("no held-out loss (bench.quality_steps=0, a fault, or the probe's "
-                        "time limit)")
+    elif not mc.settings.quality_steps:
+        why = schema.na("no held-out loss: bench.quality_steps=0")
+    else:  # (a fault or a limit says its own reason: found.no_loss)
+        why = schema.na("no held-out loss: the quality probe did not run")
     return [{**head, "seed": seed, "status": why}]
 
 
@@ -158,21 +192,24 @@ def quality_rows(mc, name: str, found: ProbeResult, status: dict[str, str], prep
 def probe_variant(mc, name: str, dataset, ref: stopping.Reference | None, steps: int,
                   left_s: float) -> dict | None:
     """One variant's quality probe, held to `ref` (the baseline's, the budget's); `steps` 0:
-    its throughput alone, no loss. None on a fault (its trials will meet it and record it)."""
+    its throughput alone, no loss. On a fault (the model's exception, its sys.exit()), {FAULT:
+    its one-line status}: quality.csv's row says it, and the variant's trials go on."""
     try:
         return quality.quality_probe(
             mc.spec, mc.plan.variants[name], context(mc.plan, mc.dist_env), dataset, steps,
             ref, what=f"model {mc.spec.name}, variant {name}", left_s=left_s)
-    except Exception:
-        return None
+    except Exception as exc:
+        return {FAULT: fault_status(exc)}
 
 
 def more_seed_losses(mc, name: str, dataset, steps: int, left_s: float) -> list[float]:
     """The held-out losses of the probe's other seeds (quality.more_seeds), within `left_s`;
-    none on a fault (its trials will meet it and record it)."""
+    on a fault none, and the fault (Losses.fault) that quality.csv's row says."""
     try:
         return quality.more_seeds(mc.spec, mc.plan.variants[name],
                                   context(mc.plan, mc.dist_env), dataset, steps,
                                   mc.settings.quality_seeds, left_s=left_s)
-    except Exception:
-        return []
+    except Exception as exc:
+        got = Losses()
+        got.fault = fault_status(exc)
+        return got

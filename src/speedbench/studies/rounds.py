@@ -137,8 +137,9 @@ class Rounds:
             if not self.status(name) and self.budget.over() and not self._measured(name):
                 # no trial starts past the deadline: one row says why it has none
                 self.result.status[name] = schema.format_status(
-                    schema.NOT_MEASURED, f"the run's bench.time_budget_s "
-                    f"({self.mc.settings.time_budget_s:g} s) ran out before its first trial")
+                    schema.NOT_MEASURED, "the run's bench.time_budget_s ran out before its "
+                    f"first trial (this model's rounds had {self.budget.seconds:.3g} s of it); "
+                    "give a larger bench.time_budget_s")
             if self.status(name):
                 if not self._measured(name) and name not in self.written:
                     # a variant with no trial (n/a, stopped, out of time) gets one row

@@ -406,12 +406,12 @@ def measure_plan(plan: Plan, run_dir: Path | None, progress: bool = True,
     book = book or FlopsBook(torch.device(plan.device), plan.config.bench.peak_s)
     settings = Settings.of(plan, request)
     bar = progress_bar(plan, progress and distributed.is_main(dist_env), settings)
-    if writer:  # the matmul peaks: once per run and dtype, before any trial
-        bar.set_postfix_str("matmul peak")
-        book.measure_peaks(techniques.matmul_dtype(r) for r in plan.variants.values())
     budget = (budget or Budget(plan.config.bench.time_budget_s)).cap(request.budget_s)
     if budget.left() < request.min_s:
         budget = Budget(request.min_s, budget.clock)
+    if writer:  # the matmul peaks: once per run and dtype, before any trial, on its clock
+        bar.set_postfix_str("matmul peak")
+        book.measure_peaks((techniques.matmul_dtype(r) for r in plan.variants.values()), budget)
     seed = plan_order_seed(plan, dist_env)
     contexts = [ModelContext(plan, spec, settings, instruments or INSTRUMENTS, dist_env, run_dir,
                              writer, book, bar, seed, comparisons or planned_comparisons(plan))

@@ -1,0 +1,349 @@
+"""Round 5's hostile cases (issue 50) that are not the model's process state
+(test_reliability_isolation.py holds those): a fault in the quality probe is its quality row's
+status, said once (K2); a write that fails on its open descriptor (a full disk) names its file,
+and a run ends in one line naming it (K6); the matmul peaks and the forecast profile's warm-up
+keep the run's clock (K4); a huge lazy data set is never permuted whole (K3).
+
+Each asserts what the code decided and recorded, never how fast the machine was.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import resource
+import signal
+
+import pandas as pd
+import pytest
+from conftest import SMALL_MODELS, TINY, only_run_dir, run_main
+
+from speedbench.results import atomic
+
+TOKENS = "loss: module, batch_size: 4, dataset: {kind: tokens, seq_len: 8, vocab_size: 16}"
+
+
+def _fails_at(how: str, tag: str, at: int = 3) -> str:
+    return f"{{_target_: fault_models.FailsAt, at: {at}, how: {how}, tag: {tag}, {TOKENS}}}"
+
+
+# --- K2: a fault in the quality probe ---------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("how, said", [
+    ("raise", "RuntimeError: fails at call 3"),
+    ("exit", "ModelExit: the model's code called sys.exit(7)"),
+    ("generator_exit", "ModelExit: the model's code raised GeneratorExit (a BaseException)"),
+])
+def test_a_fault_in_the_quality_probe_is_its_quality_rows_status_said_once(how, said, tmp_path):
+    """Call 3 is the probe's first training step (calls 1 and 2 evaluate the fresh model): the
+    probe fails there; the trials after it train."""
+    proc = run_main(*TINY, *SMALL_MODELS, "bench.repeats=1", "bench.explain=false",
+                    f"model={_fails_at(how, f'{how}-{tmp_path.name}')}", "out_dir=results",
+                    cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = only_run_dir(tmp_path / "results")
+    statuses = pd.read_csv(run / "quality.csv")["status"].tolist()
+    assert len(statuses) == 1 and statuses[0].startswith(
+        f"error: the quality probe failed: {said}"), statuses
+    assert proc.stderr.count(statuses[0]) == 1, proc.stderr[-3000:]
+    assert (pd.read_csv(run / "trials.csv")["status"] == "ok").all()
+
+
+# --- K6: a full disk names the file ---------------------------------------------------------------
+@contextlib.contextmanager
+def _file_size_limit(limit: int):
+    """Writes past `limit` bytes fail on their descriptor (EFBIG), as on a full disk (ENOSPC):
+    the kernel's error, with no file name."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (its default ends the process)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+@pytest.mark.parametrize("write", ["write_text", "append_rows", "append_text"])
+def test_a_write_that_fails_on_its_descriptor_names_the_file(write, tmp_path):
+    path = tmp_path / "quality.csv"
+    if write != "write_text":
+        path.write_text("a\n")
+    text = "x" * 20_000 + "\n"
+    with pytest.raises(OSError) as info, _file_size_limit(4096):
+        if write == "write_text":
+            atomic.write_text(path, text)
+        elif write == "append_rows":
+            atomic.append_rows(path, ["a"], [{"a": text}])
+        else:
+            atomic.append_text(path, text)
+    assert info.value.filename == str(path) and info.value.errno == errno.EFBIG, info.value
+    # no temp file left, and no half write: the file as it was (none, or its line)
+    assert [p.name for p in tmp_path.iterdir()] == ([] if write == "write_text"
+                                                    else ["quality.csv"])
+    assert write == "write_text" or path.read_text() == "a\n"
+
+
+@pytest.fixture
+def disk_full_at(monkeypatch):
+    """disk_full_at(name, nth): the nth whole write of the run directory's file `name` fails on
+    its descriptor (every other write as usual)."""
+    left, real = {}, atomic._temp_copy
+
+    def temp_copy(path, data):
+        if path.name in left:
+            left[path.name] -= 1
+            if not left[path.name]:
+                with _file_size_limit(max(1, len(data) // 2)):
+                    return real(path, data)
+        return real(path, data)
+
+    monkeypatch.setattr(atomic, "_temp_copy", temp_copy)
+    return left.__setitem__
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, nth", [("quality.csv", 1), ("forecast.csv", 1),
+                                       ("explain.csv", 1), ("planned.json", 2)])
+def test_a_full_disk_while_a_table_is_written_ends_the_run_in_one_line_naming_it(
+        name, nth, disk_full_at, tmp_path):
+    """(planned.json's second write marks the end of measuring)"""
+    disk_full_at(name, nth)
+    proc = run_main(*TINY, *SMALL_MODELS, "bench.repeats=1", "bench.explain=true",
+                    "+variants={a: {precision: fp32}, b: {precision: fp32}}", "baseline=a",
+                    "model=transformer", "out_dir=results", cwd=tmp_path)
+    run = only_run_dir(tmp_path / "results")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if "speedbench: error:" in line]
+    assert len(said) == 1 and said[0].startswith(
+        f"speedbench: error: out_dir: cannot write {run / name} ("), said
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+# --- K4: every phase keeps the run's clock; the user's data set is built once ------------------
+def test_the_matmul_peaks_take_their_share_of_the_runs_budget(monkeypatch):
+    import math
+
+    import torch
+
+    from speedbench.measure import flops
+    from speedbench.measure.budget import Budget
+
+    asked = []
+    monkeypatch.setattr(flops, "matmul_peak_tflops",
+                        lambda device, precision, duration_s, **kw: asked.append(duration_s) or 1)
+    book = flops.FlopsBook(torch.device("cpu"), peak_s=1e6)  # bench.peak_s far past the budget
+    book.measure_peaks(["fp32", "bf16"], Budget(20.0))
+    share = flops.PEAK_SHARE * 20.0  # the first kind its half, each layout a quarter
+    assert len(asked) == 2 and asked[0] <= share / 4 and asked[1] <= share / 2, asked
+    unbounded = flops.FlopsBook(torch.device("cpu"), peak_s=1.5)
+    unbounded.measure_peaks(["fp32"], Budget(None))  # no budget: bench.peak_s per layout
+    assert asked[-1] == 1.5
+    spent = flops.FlopsBook(torch.device("cpu"), peak_s=1.5)
+    spent.measure_peaks(["fp32"], Budget(0.0))  # nothing left: not measured
+    assert len(asked) == 3 and math.isnan(spent.peaks["fp32"])
+
+
+def test_the_forecast_profiles_warm_up_is_held_as_a_trials_is(monkeypatch):
+    """A step time that never settles: the profile's warm-up past its floor stops at a quarter
+    of bench.max_trial_s, as a trial's, not at the end of the budget."""
+    from conftest import compose_cfg
+
+    from speedbench.config import build_plan
+    from speedbench.measure import explain
+    from speedbench.measure.data import build_dataset
+    from speedbench.measure.trial import context, dataset_length
+
+    held = []
+    monkeypatch.setattr(explain, "warm_up", lambda *a, budget_s=None: held.append(budget_s)
+                        or (1, False))
+    plan = build_plan(compose_cfg(*TINY, *SMALL_MODELS, "model=transformer",
+                                  "bench.max_trial_s=4", "bench.steady_tol=1e-12",
+                                  "bench.warmup_max=100000"), None)
+    spec, recipe = plan.models[0], plan.variants[plan.baseline]
+    data = build_dataset(spec.dataset, dataset_length(plan, spec), seed=0)
+    got = explain.profile_recipe(spec, recipe, context(plan), data, 1, left_s=200.0)
+    assert held == [1.0] and got.steps, held
+    assert explain.warm_up_s(recipe.bench, 0.5) == 0.5
+
+
+def test_the_users_data_set_is_built_once_for_its_check_and_its_study():
+    from conftest import compose_cfg
+    from fault_models import BUILDS
+
+    from speedbench.config import build_plan
+    from speedbench.measure.data import build_dataset
+    from speedbench.measure.trial import check_data, dataset_length
+
+    tag = "built-once"
+    model = ("{_target_: fault_models.Meddler, loss: module, batch_size: 4, dataset: "
+             f"{{_target_: fault_models.counted_tokens, tag: {tag}}}}}")
+    plan = build_plan(compose_cfg(*TINY, f"model={model}"), None)
+    spec = plan.models[0]
+    check_data(plan, spec)
+    data = build_dataset(spec.dataset, dataset_length(plan, spec), seed=0)  # the study's
+    assert BUILDS[tag] == 1 and len(data) == 64
+
+
+# --- K3: a huge lazy data set is never permuted whole ---------------------------------------------
+def test_the_held_out_share_of_a_huge_lazy_data_set_is_drawn_without_listing_it():
+    import torch
+    from fault_models import Tokens
+
+    from speedbench.measure import held_out
+    from speedbench.measure.data import LazyShuffle, build_loader
+
+    class Spec:
+        name, loss, dataset = "huge", "module", {}
+
+    n = 2_000_000_000
+    train, (x, _), _ = held_out.split(Tokens(n), Spec, 0, 128)
+    assert len(train) == n - 128 and not isinstance(train.indices, list)
+    assert x.shape == (128, 8)
+    loader = build_loader(train, 4, None, seed=0)
+    assert isinstance(loader.sampler, LazyShuffle)
+    first = next(iter(loader))[0]
+    assert first.shape == (4, 8) and torch.equal(first, next(iter(build_loader(
+        train, 4, None, seed=0)))[0])  # the same order from the same seed
+    assert held_out.calibration(train, 0, 16)[0].shape == (16, 8)
+
+
+def test_the_indices_kept_are_the_rest_in_order():
+    from speedbench.measure.held_out import _Kept
+
+    held = [3, 0, 7, 19]
+    kept = _Kept(20, held)
+    assert list(kept) == [i for i in range(20) if i not in held]
+    assert kept[-1] == 18 and kept[1:3] == [2, 4]
+    with pytest.raises(IndexError):
+        kept[16]
+
+
+# --- K9: a data set whose length fails ------------------------------------------------------------
+@pytest.mark.parametrize("mode, says", [("raise", "RuntimeError: this data set cannot count"),
+                                        ("negative", "ValueError: "),
+                                        ("float", "TypeError: ")])
+def test_a_data_set_whose_len_fails_is_refused_in_one_line(mode, says):
+    from speedbench.errors import ConfigError
+    from speedbench.measure.own_data import own_dataset
+
+    with pytest.raises(ConfigError) as info:
+        own_dataset({"_target_": "fault_models.Tokens", "len_mode": mode})
+    text = str(info.value)
+    assert text.startswith("data: _target_ fault_models.Tokens: len() failed: " + says), text
+    assert "\n" not in text
+
+
+# --- K12: an option that acts on forecasts says when none is made ---------------------------------
+def test_options_that_need_the_forecasts_say_so_where_none_is_made():
+    from conftest import compose_cfg
+
+    from speedbench.run import forecast_notes
+
+    off = compose_cfg(*TINY, "bench.skip_by_forecast=true", "bench.explain=false")
+    assert forecast_notes(off, None) == [
+        "bench.skip_by_forecast needs the forecasts of bench.explain (bench.explain=false): "
+        "every variant is measured"]
+    assert forecast_notes(compose_cfg(*TINY, "bench.skip_by_forecast=true",
+                                      "bench.explain=true"), None) == []
+    search = compose_cfg(*TINY, "bench.explain=false", experiment="recipe")
+    assert any(n.startswith("recipe.forecasts needs bench.explain") for n in
+               forecast_notes(search, None)) == bool(search.recipe.forecasts)
+
+
+# --- K16: an empty --out ------------------------------------------------------------------------
+def test_the_report_tool_refuses_an_empty_out(tmp_path, capsys):
+    from speedbench.report.__main__ import main
+
+    with pytest.raises(SystemExit) as info:
+        main([str(tmp_path), str(tmp_path), "--out", ""])
+    assert info.value.code == 2 and "--out: empty" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+# --- K10: a hand-edited planned.json nested past Python's limit -------------------------------
+def test_a_planned_json_nested_too_deep_is_read_as_unreadable(tmp_path):
+    from speedbench.results import planned
+
+    (tmp_path / planned.FILE).write_text("[" * 100_000 + "]" * 100_000)
+    assert planned.unfinished(tmp_path, pd.DataFrame()) is None
+
+
+# --- K17: the libraries' warnings stay off the report tool's console --------------------------
+def test_figures_are_drawn_without_the_libraries_warnings():
+    import warnings
+
+    from speedbench.report import plots
+
+    @plots._styled
+    def figure():
+        warnings.warn("Tight layout not applied", UserWarning)
+        warnings.warn("invalid value encountered in subtract", RuntimeWarning)
+        return 1
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert figure() == 1
+    assert not seen, [str(w.message) for w in seen]
+
+
+# --- K15: a stale TORCHELASTIC_RUN_ID does not name a sweep's folder --------------------------
+def test_a_run_id_left_in_the_shell_does_not_name_the_sweep_folder(monkeypatch):
+    from speedbench.config.schema import TORCHRUN_WORKER, sweep_id
+
+    for name in TORCHRUN_WORKER:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "stale")
+    assert sweep_id("2026-12-04_21-00-00") == "2026-12-04_21-00-00"
+    for name, value in zip(TORCHRUN_WORKER, ("0", "1", "1", "2")):
+        monkeypatch.setenv(name, value)
+    assert sweep_id("2026-12-04_21-00-00") == "stale"  # torchrun's worker: its job's id
+
+
+def test_the_host_out_of_memory_while_data_is_read_is_not_blamed_on_the_model():
+    from conftest import compose_cfg
+
+    from speedbench.config import build_plan
+    from speedbench.measure.data import build_dataset
+    from speedbench.measure.trial import dataset_length, measure_trial
+
+    model = ("{_target_: fault_models.Meddler, loss: module, batch_size: 4, dataset: "
+             "{_target_: fault_models.Tokens, item_mode: memory}}")
+    plan = build_plan(compose_cfg(*TINY, "bench.repeats=1", f"model={model}"), None)
+    spec = plan.models[0]
+    data = build_dataset(spec.dataset, dataset_length(plan, spec), seed=0)
+    record = measure_trial(plan, spec, plan.baseline, plan.variants[plan.baseline], 0, data)
+    assert record["status"] == "oom (reading the data, not the model)", record["status"]
+
+
+# --- K8: hand-edited explain.csv values ----------------------------------------------------------
+def _explain_csv(path, edit=None):
+    from speedbench.results.schema import EXPLAIN_CATEGORIES
+
+    rows = [{"experiment": "e", "model": "m", "variant": v, "is_baseline": v == "a",
+             "stage": "paired", "category": c, "steps": 3, "mean_ms": 1.0, "sd_ms": 0.1,
+             "per_step": 4, "status": "ok"}
+            for v in ("a", "b") for c in (*EXPLAIN_CATEGORIES, "step")]
+    frame = pd.DataFrame(rows)
+    if edit:
+        frame = edit(frame)
+    frame.to_csv(path / "explain.csv", index=False)
+
+
+@pytest.mark.parametrize("case, edit", [
+    ("inf", lambda f: f.assign(mean_ms=f["mean_ms"].where(f.index != 3, float("inf")))),
+    ("huge", lambda f: f.assign(sd_ms=1e308)),
+    ("text", lambda f: f.assign(mean_ms=f["mean_ms"].astype(object).where(f.index != 2, "x"))),
+    ("per_step_0", lambda f: f.assign(per_step=0)),
+    ("unknown", lambda f: f.assign(category=f["category"].replace("matmul", "gemm"))),
+    ("dropped", lambda f: f.drop(index=[0])),
+])
+def test_an_explain_csv_with_unusable_values_is_left_out_with_a_note(case, edit, tmp_path):
+    from speedbench.results import runs
+
+    _explain_csv(tmp_path)
+    assert runs._explain_table(tmp_path / "explain.csv", []) is not None  # as written: used
+    _explain_csv(tmp_path, edit)
+    notes = []
+    assert runs._explain_table(tmp_path / "explain.csv", notes) is None
+    assert len(notes) == 1 and notes[0].startswith("explain.csv left out: "), notes
