@@ -153,3 +153,72 @@ class Interrupts(Slow):
         if any(frame.function == "measure_trial" for frame in inspect.stack()):
             raise KeyboardInterrupt
         super().__init__(num_classes)
+
+
+# --- batches of other structures: two views, a dict, a string ----------------------------------
+class TwoViews(torch.utils.data.Dataset):
+    """Items ((view1, view2), y): two noisy views of a small 3-channel picture (user trial 5's
+    siamese data, tiny)."""
+
+    def __init__(self, n: int = 64, size: int = 8, classes: int = 3, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.y = torch.randint(0, classes, (n,), generator=g)
+        self.base = self.y.float().view(-1, 1, 1, 1) + 0.3 * torch.randn(n, 3, size, size,
+                                                                          generator=g)
+        self.noise = 0.1 * torch.randn(2, n, 3, size, size, generator=g)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return (self.base[i] + self.noise[0, i], self.base[i] + self.noise[1, i]), self.y[i]
+
+
+class Siamese(nn.Module):
+    """forward(views, y) with views a pair of picture batches: a contrastive loss plus an
+    auxiliary classification loss, in a dict."""
+
+    def __init__(self, width: int = 8, classes: int = 3):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width),
+                                     nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.proj = nn.Linear(width, width)
+        self.cls = nn.Linear(width, classes)
+
+    def forward(self, views, y):
+        a, b = views
+        ha, hb = self.encoder(a), self.encoder(b)
+        za, zb = F.normalize(self.proj(ha), dim=1), F.normalize(self.proj(hb), dim=1)
+        logits = (za @ zb.t() / 0.1).float()
+        target = torch.arange(len(za), device=za.device)
+        contrastive = 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target))
+        return {"loss": contrastive + 0.5 * F.cross_entropy(self.cls(ha).float(), y)}
+
+
+class DictViews(TwoViews):
+    """Items ({"a": view1, "b": {"b": view2}}, y): a nested dict."""
+
+    def __getitem__(self, i):
+        (a, b), y = super().__getitem__(i)
+        return {"a": a, "more": {"b": b}}, y
+
+
+class DictSiamese(Siamese):
+    def forward(self, x, y):
+        return super().forward((x["a"], x["more"]["b"]), y)
+
+
+class PairCounted(Siamese):
+    """Counts a sample as a pair of views: two per row."""
+
+    def speedbench_samples(self, batch) -> int:
+        (a, _), _ = batch
+        return 2 * len(a)
+
+
+class Captioned(TwoViews):
+    """Items ((view, caption), y): a caption is a str, which no device takes."""
+
+    def __getitem__(self, i):
+        (a, _), y = super().__getitem__(i)
+        return (a, f"picture {i}"), y
