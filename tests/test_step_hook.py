@@ -122,3 +122,19 @@ def test_the_amp_experiment_measures_the_users_step_and_probes_its_loss(tmp_path
     assert (trials["status"] == "ok").any()
     assert own_models.CALLS["held_out"] >= 1  # the probe's held-out loss: the model's own
     assert set(own_models.CALLS["autocast"]) == {True, False}  # bf16's steps and fp32's
+
+
+def test_only_speedbenchs_and_the_techniques_wrappers_are_opened_to_find_the_step():
+    from speedbench.measure.step_hook import step_hook
+    from speedbench.measure.train import KeywordInputs, user_model
+
+    class Holder(torch.nn.Module):  # a user's module with a `module` of its own
+        def __init__(self):
+            super().__init__()
+            self.module = own_models.HookedSiamese()
+
+    held = Holder()
+    assert user_model(held) is held and step_hook(held) is None
+    inner = own_models.HookedSiamese()
+    assert user_model(KeywordInputs(torch.nn.DataParallel(inner), ["x"])) is inner
+    assert step_hook(torch.nn.DataParallel(inner)).__self__ is inner

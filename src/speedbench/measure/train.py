@@ -47,13 +47,17 @@ class KeywordInputs(nn.Module):
         return self.inner(**dict(zip(self.names, (x, y))))
 
 
+WRAPPERS = {"KeywordInputs": "inner", "DataParallel": "module",
+            "DistributedDataParallel": "module", "OptimizedModule": "_orig_mod"}
+
+
 def user_model(model: nn.Module) -> nn.Module:
     """The user's own module inside speedbench's and the techniques' wrappers (KeywordInputs,
-    DDP/DataParallel's `.module`, torch.compile's `._orig_mod`): where its methods are."""
+    DataParallel and DDP's `.module`, torch.compile's `._orig_mod`): where its methods are.
+    Only those wrappers are opened, never a user's module that has a `module` of its own."""
     for _ in range(8):
-        inner = next((m for m in (model.__dict__.get("_modules", {}).get(a)
-                                  for a in ("inner", "module", "_orig_mod")) if m is not None),
-                     None)
+        attr = WRAPPERS.get(type(model).__name__)
+        inner = model.__dict__.get("_modules", {}).get(attr) if attr else None
         if inner is None:
             return model
         model = inner
