@@ -190,6 +190,9 @@ EXAMPLES = {  # the example's heading -> the package it needs (None: speedbench'
     "A Hugging Face causal LM (GPT-2, 2 layers)": ("transformers", "gpt2"),
     "A Hugging Face sequence classifier (BERT, 2 layers)": ("transformers", "bert"),
     "Your own module on your own Dataset (1-channel pictures, in memory)": (None, "mynet"),
+    "A siamese model: two views in a tuple": (None, "siamese"),
+    "Your own training step: clipping, a cosine schedule, EMA": (None, "stepped"),
+    "A GAN: two optimizers, two losses": (None, "gan"),
 }
 
 

@@ -318,3 +318,16 @@ def test_the_rerun_command_of_a_torchrun_search_starts_with_torchrun(monkeypatch
         monkeypatch.delenv(name)
     assert driver.rerun_command("resnet", ["precision=bf16"]) == (
         "speedbench model=resnet precision=bf16")
+
+
+@pytest.mark.parametrize("model", ["waves", "[waves]"])
+def test_the_search_takes_an_own_model_whose_name_differs_from_its_config_key(model):
+    """User trial 5, M3: `+models@models.waves=waves model=waves` with `model_name: wavenet1d`
+    was refused (`recipe.candidates: model: 'wavenet1d' is not a known model`)."""
+    cfg = compose_cfg(*TINY, "+models.waves={_target_: own_models.Siamese, loss: module, "
+                      "model_name: wavenet1d, dataset: {_target_: own_models.TwoViews, n: 32}}",
+                      f"model={model}", experiment="recipe")
+    plan = build_plan(cfg, "recipe")
+    assert plan.models[0].name == "wavenet1d"
+    assert recipe.model_entry(cfg, plan.models[0]) == "waves"
+    assert recipe.check(cfg, plan, None)  # the candidates' plans are built on that entry

@@ -38,6 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from speedbench import distributed, techniques
 from speedbench.config import ModelSpec
+from speedbench.measure.batches import to_device
 from speedbench.measure.data import loader_functions
 from speedbench.measure.timing import synchronize
 from speedbench.measure.train import compute_loss
@@ -100,7 +101,7 @@ def step_flops(model: torch.nn.Module, loss_kind: str, batch: tuple, micro_batch
     autocast; NaN when they cannot be counted. The model's gradients are dropped afterwards."""
     was_training = model.training
     try:
-        x, y = (t.to(device) for t in batch)
+        x, y = to_device(tuple(batch), device)
         model.eval()
         with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
             loss = compute_loss(model, loss_kind, x, y)

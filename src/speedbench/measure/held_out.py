@@ -29,9 +29,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset, default_collate
 
+from speedbench.measure.batches import samples_of, take, to_device
 from speedbench.measure.data import LAZY_FROM, JpegImages, MarkovTokens, build_dataset, \
     loader_functions, seeded_sample
-from speedbench.measure.train import compute_loss
+from speedbench.measure.train import compute_loss, user_model
 
 EVAL_CHUNK = 64  # held-out samples per forward pass
 HELD_OUT_INDEX = 1 << 40  # the synthetic tokens' held-out sequences start at this index
@@ -224,12 +225,10 @@ def recalibrate(model, spec, xy, device) -> None:
         m.reset_running_stats()
         m.momentum = None  # the cumulative average of the batches' statistics
         m.train()
-    x, y = xy
     try:
         with torch.no_grad():
-            for i in range(0, len(x), EVAL_CHUNK):
-                compute_loss(model, spec.loss, x[i:i + EVAL_CHUNK].to(device),
-                             y[i:i + EVAL_CHUNK].to(device))
+            for i in range(0, samples_of(xy), EVAL_CHUNK):
+                held_out_loss(model, spec, to_device(take(xy, i, i + EVAL_CHUNK), device))
     finally:
         for m, momentum in zip(layers, momenta):
             m.momentum = momentum
@@ -242,11 +241,24 @@ def evaluate(model, spec, xy, device, train=None, seed: int = 0) -> float:
     given)."""
     if train is not None and has_running_stats(model):
         recalibrate(model, spec, calibration(train, seed), device)
-    x, y = xy
+    n = samples_of(xy)
     model.eval()
     total = 0.0
     with torch.no_grad():
-        for i in range(0, len(x), EVAL_CHUNK):
-            xb, yb = x[i:i + EVAL_CHUNK].to(device), y[i:i + EVAL_CHUNK].to(device)
-            total += float(compute_loss(model, spec.loss, xb, yb)) * len(xb)
-    return total / len(x)
+        for i in range(0, n, EVAL_CHUNK):
+            batch = to_device(take(xy, i, i + EVAL_CHUNK), device)
+            total += float(held_out_loss(model, spec, batch)) * samples_of(batch)
+    return total / n
+
+
+LOSS_HOOK = "speedbench_loss"  # a model method (batch) -> loss: the user's own loss
+
+
+def held_out_loss(model, spec, batch):
+    """The loss of one held-out batch: the model's own `speedbench_loss(batch)` where it has
+    one (a step hook's model), else the model config's `loss`."""
+    own = getattr(user_model(model), LOSS_HOOK, None)
+    if callable(own):
+        return own(batch)
+    x, y = batch
+    return compute_loss(model, spec.loss, x, y)

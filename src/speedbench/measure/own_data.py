@@ -18,9 +18,10 @@ import sys
 from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, \
-    RandomSampler, SequentialSampler
+    RandomSampler, SequentialSampler, default_collate
 
 from speedbench import techniques
+from speedbench.measure import batches
 from speedbench.errors import ConfigError
 
 _SAID: set[str] = set()  # the targets whose replaced settings were said (once per process)
@@ -135,7 +136,29 @@ def _check_items(name: str, ds: Dataset) -> None:
                           f"{type(exc).__name__}: {_first_line(exc)}") from None
     if not (isinstance(item, (tuple, list)) and len(item) == 2):
         raise ConfigError(f"data: _target_ {name}'s items are {_what(item)}; speedbench trains "
-                          "on (x, y) pairs: return (input, label) from __getitem__")
+                          f"on (x, y) pairs, x and y each {batches.FORMS}: return (input, "
+                          "label) from __getitem__")
+    _check_batch(name, ds, item)
+
+
+def _check_batch(name: str, ds: Dataset, item) -> None:
+    """A batch of two items, collated as the loader will, holds only what speedbench can move
+    to the device (batches.py); else one line naming the place and the forms."""
+    collate = getattr(ds, "loader_functions", {}).get("collate_fn") or default_collate
+    try:
+        got = collate([item, ds[min(1, len(ds) - 1)]])
+    except Exception as exc:
+        raise ConfigError(f"data: _target_ {name}: two items do not make a batch: "
+                          f"{type(exc).__name__}: {_first_line(exc)}; x and y are each "
+                          f"{batches.FORMS}") from None
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        raise ConfigError(f"data: _target_ {name}: its collate_fn makes {_what(got)}; "
+                          f"speedbench trains on (x, y) pairs, x and y each {batches.FORMS}")
+    x, y = got
+    found = batches.unsupported(x, "x") or batches.unsupported(y, "y")
+    if found:
+        raise ConfigError(f"data: _target_ {name}: a batch's {found}, which speedbench cannot "
+                          f"move to the device; x and y are each {batches.FORMS}")
 
 
 def _value(value: Any) -> str:

@@ -42,6 +42,7 @@ from speedbench import techniques
 from speedbench.measure.diagnosis import TrialProfile
 from speedbench.results import atomic
 from speedbench.results.schema import PHASES
+from speedbench.measure import batches
 from speedbench.models.per_step import PerStepTensors
 from speedbench.measure.timing import PhaseClock, synchronize, timed_steps
 
@@ -260,7 +261,7 @@ def profile_trial(trainer, recipe, device: torch.device, steps: int,
         batch = next(trainer.batches)  # what the loader really hands over
     finally:
         trainer.clock = clock
-    tensors = [t for t in batch if isinstance(t, torch.Tensor)]
+    tensors = batches.tensors(batch)
     tp.batch_pinned = all(t.is_pinned() for t in tensors)
     tp.batch_mb = sum(t.nbytes for t in tensors) * trainer.micro_steps / 2**20
     return {"profile": recipe.profile, "reference_step_ms": 1000 * plain_s,

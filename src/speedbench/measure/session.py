@@ -17,12 +17,11 @@ from typing import Iterator
 from speedbench import techniques
 from speedbench.measure import isolation
 from speedbench.measure.data import build_loader
+from speedbench.measure.step_hook import HookTrainer, NotApplicable, step_hook
 from speedbench.measure.train import Trainer, build_model
 from speedbench.techniques import Context
 
-
-class NotApplicable(Exception):
-    """A technique cannot act on this model here; the message is the row's `n/a: ...` status."""
+__all__ = ["Batching", "NotApplicable", "applied", "batching"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,8 @@ def applied(spec, recipe, ctx: Context, dataset=None, *, loader=None, sampler=No
                                       techniques.loader_options(recipe, ctx),
                                       seed=recipe.bench.seed, sampler=sampler)
             model = techniques.prepare_model(ctx.model.to(ctx.device), recipe, ctx)
-            trainer = Trainer(spec, recipe, ctx.device, loader, clock=clock, model=model, ctx=ctx)
+            own = HookTrainer if step_hook(ctx.model) else Trainer  # the user's step, or ours
+            trainer = own(spec, recipe, ctx.device, loader, clock=clock, model=model, ctx=ctx)
             ctx.trainer = trainer
             yield trainer
         finally:

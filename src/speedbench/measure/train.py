@@ -21,6 +21,7 @@ from hydra.utils import instantiate
 from speedbench import techniques
 from speedbench.config import ModelSpec
 from speedbench.techniques import Context
+from speedbench.measure.batches import samples_of, to_device
 from speedbench.measure.timing import NullClock
 
 
@@ -49,6 +50,23 @@ class KeywordInputs(nn.Module):
 class DataOutOfMemory(Exception):
     """The host ran out of memory while a batch was read (the data set, its loader): the row
     says so, rather than blame the model's step."""
+
+
+WRAPPERS = {"KeywordInputs": "inner", "DataParallel": "module",
+            "DistributedDataParallel": "module", "OptimizedModule": "_orig_mod"}
+
+
+def user_model(model: nn.Module) -> nn.Module:
+    """The user's own module inside speedbench's and the techniques' wrappers (KeywordInputs,
+    DataParallel and DDP's `.module`, torch.compile's `._orig_mod`): where its methods are.
+    Only those wrappers are opened, never a user's module that has a `module` of its own."""
+    for _ in range(8):
+        attr = WRAPPERS.get(type(model).__name__)
+        inner = model.__dict__.get("_modules", {}).get(attr) if attr else None
+        if inner is None:
+            return model
+        model = inner
+    return model
 
 
 def forever(loader) -> Iterator:
@@ -156,6 +174,8 @@ class Trainer:
         self.loader = loader
         self.batches = forever(loader)
         self.optimizer_steps = 0
+        self.samples = 0  # counted as the batches come (batches.samples_of)
+        self.count_model = user_model(self.ctx.model or model)
         self.ctx.trainer = self  # the after-step hooks reach the optimizer through it
 
     def step(self) -> None:
@@ -168,7 +188,7 @@ class Trainer:
             with clock("data"):
                 batch = next(self.batches)
             with clock("h2d"):
-                x, y = (t.to(self.device, **self.copy_options) for t in batch)
+                x, y = self._to_device(batch)
             # Under DDP only the last micro-batch all-reduces: forward and backward of the
             # others run inside no_sync().
             skip_sync = i < k - 1 and hasattr(self.model, "no_sync")
@@ -202,12 +222,27 @@ class Trainer:
             with clock("data"):
                 batch = next(self.batches)
             with clock("h2d"):
-                x, y = (t.to(self.device, **self.copy_options) for t in batch)
+                x, y = self._to_device(batch)
             with clock("forward"), self._step_context():
                 loss = compute_loss(self.model, self.spec.loss, x, y)
             with clock("other"):
                 self.meter.add(loss)
         self.optimizer_steps += 1
+
+    def _to_device(self, batch) -> tuple:
+        """The batch's (x, y) on the device, each of any structure (batches.py), its samples
+        counted; anything but an (x, y) pair is one line naming the forms."""
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise TypeError(f"a batch is {type(batch).__name__}"
+                            f"{f' of {len(batch)}' if isinstance(batch, (tuple, list)) else ''}"
+                            "; speedbench trains on (x, y) pairs, each a tensor or a tuple, "
+                            "list or dict (nested) of tensors")
+        self.samples += samples_of(batch, self.count_model)
+        x, y = batch
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):  # the usual batch
+            return x.to(self.device, **self.copy_options), y.to(self.device, **self.copy_options)
+        return (to_device(x, self.device, **self.copy_options),
+                to_device(y, self.device, **self.copy_options))
 
     def _step_context(self):
         """The techniques' contexts around a forward pass (none: nothing entered per step)."""

@@ -262,7 +262,8 @@ def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profil
         "peak_mem_mb": dev_peak if dev_peak is not None else math.nan,
         "rss_growth_mb": rss.main_mb - rss.start_mb if ctx.dist_env is not None else math.nan,
         "host_rss_mb": rss.total_mb, "host_rss_main_mb": rss.main_mb,
-        "final_loss": loss, "window_loss": loss, "samples": got["steps"] * b.per_step,
+        "final_loss": loss, "window_loss": loss,
+        "samples": got.get("samples") or got["steps"] * b.per_step,
         "noise_threshold": recipe.bench.noise_threshold,
     })
     got.update(rates(got))
@@ -298,7 +299,9 @@ def timed_window(trainer: Trainer, b, ctx: Context, run: Budget) -> dict:
     trainer.clock.reset()
     trainer.meter.reset()
     times = StepTimes(device, window)  # each step's time: a stalled window stands out
+    before = trainer.samples
     elapsed, steps = timed_steps(trainer.step, window, device, budget_s=budget, step_times=times)
     return {"warmup_steps": warm, "warmup_steady": steady, "elapsed_s": elapsed, "steps": steps,
+            "samples": trainer.samples - before,  # counted by batches.samples_of
             "loss": trainer.meter.mean(), "host_reads": trainer.meter.host_reads,
             "stall_ms": stall_ms(times.seconds()), "step_s": times.seconds()}

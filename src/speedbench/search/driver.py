@@ -126,14 +126,25 @@ def check(cfg: DictConfig, plan: Plan, dist_env) -> list[selection.Group]:
 def model_entry(cfg: DictConfig, spec: ModelSpec) -> Any:
     """The `model` entry that names this spec (a reference name or a `_target_` mapping)."""
     entry = cfg.model
-    if entry is None or isinstance(entry, str):
+    if entry is None:
         return spec.name
     entries = list(entry) if OmegaConf.is_list(entry) else [entry]
     for e in entries:
-        if (isinstance(e, str) and e == spec.name) or (
+        if (isinstance(e, str) and spec.name in _registry_names(cfg, e)) or (
                 not isinstance(e, str) and spec.name == inline_name(e)):
             return e if isinstance(e, str) else OmegaConf.to_container(e)
     return spec.name
+
+
+def _registry_names(cfg: DictConfig, key: str) -> set[str]:
+    """The names a model given by its config key may have in the tables: the key, and its
+    `model_name` (as given, or for a scale), which the tables use where there is one."""
+    node = (cfg.get("models") or {}).get(key)
+    if node is None:
+        return {key}
+    names = {key, node.get("model_name")}
+    names |= {(node.get(s) or {}).get("model_name") for s in ("small", "full")}
+    return {str(n) for n in names if n}
 
 
 # --- the measurer: a search step as an ordinary plan ----------------------------------------------

@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from speedbench import results, techniques
 from speedbench.results.schema import CAPACITY_LIMIT_FACTOR, OK, na
+from speedbench.measure.batches import map_tensors
 from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.measure.timing import device_peak_mb, reset_device_peak
 from speedbench.techniques import Context
@@ -75,7 +76,7 @@ def _peak_at(spec, recipe, ctx: Context, sample: tuple, n: int) -> Optional[floa
     None when it ran out of memory."""
     device = ctx.device
     try:
-        batch = tuple(_grow(t, n, device) for t in sample)
+        batch = tuple(map_tensors(lambda t: _grow(t, n, device), part) for part in sample)
         with applied(spec, recipe, ctx, loader=[batch]) as trainer:
             reset_device_peak(device)
             trainer.step()

@@ -13,11 +13,24 @@ def has_conv2d(model: nn.Module) -> bool:
     return any(isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)) for m in model.modules())
 
 
+def _channels_last(obj):
+    """Every 4-D tensor in `obj` (a tensor, or a tuple, list or dict of them, nested) in
+    channels_last; the rest as it is."""
+    if isinstance(obj, torch.Tensor):
+        return obj.contiguous(memory_format=torch.channels_last) if obj.dim() == 4 else obj
+    if isinstance(obj, (tuple, list)) and not hasattr(obj, "_fields"):
+        return type(obj)(_channels_last(v) for v in obj)
+    if isinstance(obj, dict):
+        return {k: _channels_last(v) for k, v in obj.items()}
+    return obj
+
+
 def _inputs_channels_last(module: nn.Module, args: tuple) -> tuple:
-    """Forward pre-hook: the image batch (first argument, 4-D) in channels_last, as the
-    tutorial does with `input = input.to(memory_format=torch.channels_last)`."""
-    if args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4:
-        return (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
+    """Forward pre-hook: the image batch (first argument: a 4-D tensor, or each 4-D tensor of
+    a tuple, list or dict of them) in channels_last, as the tutorial does with
+    `input = input.to(memory_format=torch.channels_last)`."""
+    if args:
+        return (_channels_last(args[0]), *args[1:])
     return args
 
 
