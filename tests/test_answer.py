@@ -56,7 +56,8 @@ def test_bench_threads_sets_the_runs_threads_records_them_and_puts_them_back(tmp
                       "+variants={a:{}}", "baseline=a")
     run_dir = run(cfg, None, progress=False)
     machine = json.loads((run_dir / "env.json").read_text())
-    assert machine["bench_threads"] == {"setting": "1", "others_busy_cores": None, "threads": 1}
+    assert machine["bench_threads"] == {"setting": "1", "others_busy_cores": None,
+                                        "torch_threads": 1}
     assert machine["torch_threads"] == 1
     assert torch.get_num_threads() == before
 

@@ -202,7 +202,7 @@ def fit_threads(setting, dist_env) -> dict:
         print(textwrap.fill(said, width=100), file=sys.stderr)
     if threads is not None:
         torch.set_num_threads(threads)
-    return {"setting": setting, "others_busy_cores": busy, "threads": torch.get_num_threads()}
+    return {"setting": setting, "others_busy_cores": busy, "torch_threads": torch.get_num_threads()}
 
 
 def _open_run_dir(cfg: DictConfig, experiment: str | None, plans: list[Plan], resolved: dict,

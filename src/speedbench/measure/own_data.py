@@ -147,6 +147,8 @@ def _check_batch(name: str, ds: Dataset, item) -> None:
     collate = getattr(ds, "loader_functions", {}).get("collate_fn") or default_collate
     try:
         got = collate([item, ds[min(1, len(ds) - 1)]])
+    except MemoryError:  # the host, not the data's form: the trial records it (oom, reading)
+        return
     except Exception as exc:
         raise ConfigError(f"data: _target_ {name}: two items do not make a batch: "
                           f"{type(exc).__name__}: {_first_line(exc)}; x and y are each "

@@ -140,8 +140,8 @@ def console_lines(run_dir: Path, summary: pd.DataFrame) -> list[str]:
         out += [_item(explain.sentence(r)) for _, r in rows.iterrows()]
     if forecast is not None and len(forecast):
         table = forecast_table(forecast, summary)
-        out += ["Forecasts (the most each could gain, before measuring; one marked 'not a "
-                "bound' covers part of the step only) beside the measured:"]
+        out += ["Forecasts (the most each could gain, before measuring; 'not a bound': part of",
+                "the step only) beside the measured:"]
         out += [_item(f"{r['model']} {r['variant']}: forecast {r['forecast']}, measured "
                       f"{r['measured [CI]']} {r['verdict']}; {r['why']}")
                 for _, r in table.iterrows()]

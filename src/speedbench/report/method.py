@@ -34,10 +34,9 @@ FAMILIES = ("Three families, each with a family-wise error of at most "
             f"{100 * FAMILY_LEVEL:g} % over its own comparisons (Bonferroni): the speed calls "
             "(the rounds' faster, slower and equivalent, and the quality probes' early stops, "
             "slower (stopped early), which spend part of the same error), the quality verdicts "
-            "(non-inferior, worse), and the time-to-target verdicts (faster, slower and "
-            "equivalent, each from its interval; a missed target, AlgoPerf's infinite time, has "
-            "none and is reported apart, outside the family). The chance of any false call among all three is at most "
-            f"{300 * FAMILY_LEVEL:g} %.")
+            "(non-inferior, worse), and the time-to-target verdicts (faster, slower, "
+            "equivalent; a missed target has no interval, reported outside the family). Any "
+            f"false call among all three: at most {300 * FAMILY_LEVEL:g} %.")
 
 
 def family_text(summary: pd.DataFrame) -> str:

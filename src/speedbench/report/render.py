@@ -140,7 +140,7 @@ def _fewer_threads(env: dict) -> str:
     threads = env.get("bench_threads") or {}
     busy, cores = threads.get("others_busy_cores"), env.get("cpu_affinity") or env.get("cpu_count")
     if threads.get("setting") == "auto":
-        return f"give fewer threads than this run's {threads.get('threads')} (bench.threads=N)"
+        return f"give fewer threads than this run's {threads.get('torch_threads')} (bench.threads=N)"
     if isinstance(busy, (int, float)) and isinstance(cores, int):
         fit = max(1, min(cores, math.floor(cores - busy + 0.5)))
         return (f"with bench.threads=auto ({fit} thread(s) here: the cores other processes "
