@@ -103,6 +103,9 @@ def test_recipe_run_end_to_end(tmp_path):
     assert out.stdout.strip().splitlines()[-1].endswith(f"report: {(run_dir / 'report.html').resolve()}")
     # recipe.yaml's overrides are accepted back by speedbench
     final = yaml.safe_load((run_dir / "recipe.yaml").read_text())["transformer"]
+    if not final["decided"]:  # an option left open by noisy rounds: said, no recipe offered
+        assert final["reason"].startswith("not decided: ") and "overrides" not in final
+        return
     assert final["overrides"]["precision"] in ("fp32", "bf16", "fp16")
     args = [f"{k}={'null' if v is None else str(v).lower() if isinstance(v, bool) else v}"
             for k, v in final["overrides"].items()]  # as a user types them back
