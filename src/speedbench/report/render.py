@@ -296,11 +296,14 @@ def console_table(summary: pd.DataFrame, width: Optional[int] = None) -> str:
 def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
                      overrides: Optional[list[str]] = None,
                      width: Optional[int] = None, repeats: Optional[int] = None,
-                     program: Optional[list[str]] = None, busy: bool = False) -> list[str]:
+                     program: Optional[list[str]] = None, busy: bool = False,
+                     budget_s: Optional[float] = None) -> list[str]:
     """Noise warnings, short, each with a command to paste that measures again with more
-    rounds (the same command line, more repeats: see _more_repeats; `repeats` is the run's
-    bench.repeats; `program`, the words that started the run: `speedbench`, or torchrun's;
-    `busy`: env.json's machine_load said the machine was busy, method.load_cause)."""
+    rounds: the same command line with the budget the recommendation gives (`budget_s`, the
+    run's bench.time_budget_s: see more_budget), or, with none, more repeats (_more_repeats;
+    `repeats` is the run's bench.repeats); `program`, the words that started the run:
+    `speedbench`, or torchrun's; `busy`: env.json's machine_load said the machine was busy,
+    method.load_cause)."""
     width = width or console_width()
     noisy = [n.split(" sd ")[0] for n in method.noisy_rows(summary)]
     unsteady = [f"{r.model}/{r.variant}" for r in summary.itertuples()
@@ -309,14 +312,17 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
         return []
     # run_dir= would name the directory this run already filled
     kept = [o for o in overrides or [] if not o.lstrip("+").startswith((
-        "bench.repeats=", "bench.target_ci=", "bench.warmup_max=", "run_dir="))]
-    more = _more_repeats(summary, repeats)
+        "bench.repeats=", "bench.target_ci=", "bench.warmup_max=", "run_dir=")
+        + (("bench.time_budget_s=",) if budget_s else ()))]
+    more = f"bench.time_budget_s={recommend.more_budget(summary, budget_s):g}" if budget_s else (
+        f"bench.repeats={_more_repeats(summary, repeats)}" if _more_repeats(summary, repeats)
+        else None)
     lines, extra = [], []
     if noisy:
         lines.append("warning: the paired per-round speed-ups vary more than on a quiet "
                      f"machine (sd over {method.QUIET_ROUND_SD:.2f}) for " + _listing(noisy)
                      + "; " + method.load_cause(summary, busy))
-        extra += [f"bench.repeats={more}"] if more else []
+        extra += [more] if more else []
     if unsteady:
         lines.append("warning: some trials were timed before their step time was steady: "
                      + _listing(unsteady))
@@ -363,13 +369,13 @@ def _listing(items: list[str], most: int = 4) -> str:
 def console_lines(summary: pd.DataFrame, experiment: Optional[str] = None,
                   overrides: Optional[list[str]] = None, table: bool = True,
                   repeats: Optional[int] = None, program: Optional[list[str]] = None,
-                  busy: bool = False) -> list[str]:
+                  busy: bool = False, budget_s: Optional[float] = None) -> list[str]:
     """What a run prints at its end, before the path of its report: the table and the
     warnings, each line within the terminal's width (at most 100 columns). A recipe search
     prints no table: its recommendation, which follows, gives the search's own figures."""
     return ([console_table(summary)] if table else []) + \
         console_warnings(summary, experiment, overrides, repeats=repeats, program=program,
-                         busy=busy)
+                         busy=busy, budget_s=budget_s)
 
 
 def report_line(run_dir: Path, trials: int, seconds: float) -> str:
