@@ -10,6 +10,9 @@ import torch
 import torch.nn as nn
 
 
+POOLS = []  # kept, as a library keeps its pool
+
+
 class Tiny(nn.Module):
     """A small image classifier without BatchNorm: forward(x) returns logits."""
 
@@ -28,6 +31,10 @@ class Tiny(nn.Module):
         if self.fail == "leaves_a_thread" and not any(
                 t.name == "left-behind" for t in threading.enumerate()):
             threading.Thread(target=time.sleep, args=(3600,), name="left-behind").start()
+            # and a library's idle worker pool, never shut down (torch.compile's, say)
+            from concurrent.futures import ThreadPoolExecutor
+            POOLS.append(ThreadPoolExecutor(1))
+            POOLS[-1].submit(int)
         self.calls += 1
         late = self.calls > self.sleep_after  # the first `sleep_after` calls do not sleep
         if half and late and self.fail == "sleeps_in_autocast":

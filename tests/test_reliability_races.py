@@ -468,6 +468,8 @@ def test_an_ascii_locale_reads_runs_as_utf8_and_prints_what_it_can(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_ends_after_its_report_though_the_model_left_a_thread_running(tmp_path):
+    """The model's thread is said; a library's idle worker pool (ThreadPoolExecutor-N_M) is
+    not news, and not counted."""
     model = ("model={_target_: fault_models.Tiny, fail: leaves_a_thread, "
              "dataset: {kind: images, image_size: 16, num_classes: 10}}")
     proc = subprocess.run([sys.executable, "-m", "speedbench", *TINY, "bench.repeats=1", model,

@@ -434,16 +434,22 @@ def cli() -> None:
     sys.exit(code)
 
 
+LIBRARY_POOLS = ("ThreadPoolExecutor-",)  # concurrent.futures' worker names
+
+
 def _leave_despite_threads(code: int) -> None:
     import threading
 
-    left = [t.name for t in threading.enumerate()
-            if t.is_alive() and not t.daemon and t is not threading.main_thread()]
+    alive = [t.name for t in threading.enumerate()
+             if t.is_alive() and not t.daemon and t is not threading.main_thread()]
+    # a library's worker pool (torch.compile's, say) is not news to the user; other threads,
+    # the model's own, are said
+    left = [name for name in alive if not name.startswith(LIBRARY_POOLS)]
     if left:
-        # the model's code, or a library it ran (torch.compile's compile workers, say)
         print(f"speedbench: {len(left)} thread(s) the run started are still running "
               f"({', '.join(left[:3])}: the model's code or a library it used); exiting "
               "without waiting for them", file=sys.stderr)
+    if alive:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
