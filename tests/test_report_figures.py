@@ -252,6 +252,24 @@ def test_load_average_at_the_end_is_added_to_env_json(tmp_path):
     assert data["device"] == "cpu" and len(data["load_average_end"]) == 3
 
 
+def test_bar_panels_come_in_the_summarys_order_not_the_first_rounds():
+    """Trials come in the random order of the rounds; every bar figure shows the models and
+    variants in the summary's order (the table's and the speed-up plot's)."""
+    trials = trials_frame()
+    summary = summarise(trials)
+    shuffled = trials.sample(frac=1.0, random_state=3)
+    assert list(dict.fromkeys(shuffled["model"])) != ["resnet", "vae"] or list(
+        dict.fromkeys(shuffled.loc[shuffled["model"] == "resnet", "variant"])) != [
+        "fp32", "fp16", "bf16"]  # the draw is out of order
+    figures = plots.figures_for(shuffled, summary)
+    for name in ("throughput", "memory"):
+        axes = figures[name][1].axes
+        assert [ax.get_title() for ax in axes] == ["resnet", "vae"], name
+        for ax in axes:
+            assert [t.get_text() for t in ax.get_xticklabels()] == ["fp32", "fp16", "bf16"]
+    plt.close("all")
+
+
 def test_noise_warnings_are_short_and_end_with_a_command_to_paste(tmp_path):
     from speedbench.report.render import console_warnings, report_line
 
