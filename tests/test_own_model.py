@@ -271,3 +271,16 @@ def test_a_model_file_in_a_config_folder_is_found_by_its_name_and_one_nearby_is_
     (tmp_path / "conf" / "models" / "bad.yaml").write_text("_target_: [unclosed\n")
     with pytest.raises(ConfigError, match="model bad: .*bad.yaml"):
         model_node("bad", "bad", registry, (tmp_path / "conf",))
+
+
+def test_torchvisions_operator_error_names_the_likely_cause():
+    """User trial 5, m17: 'operator torchvision::nms does not exist' with a torchvision built
+    for another torch; the one line now says so and names the pair to install."""
+    import torch
+
+    from speedbench.config.models import torchvision_mismatch
+
+    hint = torchvision_mismatch("operator torchvision::nms does not exist")
+    minor = int(torch.__version__.split(".")[1])
+    assert "built for another torch" in hint and f"torchvision==0.{minor + 15}.*" in hint
+    assert torchvision_mismatch("No module named 'waves'") == ""

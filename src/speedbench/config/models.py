@@ -282,7 +282,8 @@ def check_importable(name: str, target: str) -> Any:
                                   f"'{exc.name}'{_import_fix(exc.name)}") from None
         except Exception as exc:
             raise ConfigError(f"model {name}: _target_ {target}: importing {module} failed: "
-                              f"{type(exc).__name__}: {first_line(exc)}") from None
+                              f"{type(exc).__name__}: {first_line(exc)}"
+                              f"{torchvision_mismatch(str(exc))}") from None
     else:
         raise ConfigError(f"model {name}: _target_ {target}: give module.callable, "
                           f"e.g. mynet.build")
@@ -291,6 +292,25 @@ def check_importable(name: str, target: str) -> Any:
             raise ConfigError(f"model {name}: _target_ {target}: {obj.__name__} has no {attr}")
         obj = getattr(obj, attr)
     return obj
+
+
+def torchvision_mismatch(message: str) -> str:
+    """The likely cause of torchvision's failed import, where its message names one of its
+    operators: a torchvision built for another torch (torchvision 0.N goes with torch 2.(N-15))."""
+    if "torchvision::" not in message:
+        return ""
+    from importlib import metadata
+
+    import torch
+
+    try:
+        vision = metadata.version("torchvision")
+    except metadata.PackageNotFoundError:
+        return ""
+    release = torch.__version__.split("+")[0]
+    minor = int(release.split(".")[1])
+    return (f"; torchvision {vision} was likely built for another torch than {torch.__version__}"
+            f": install the pair, e.g. pip install torch=={release} torchvision==0.{minor + 15}.*")
 
 
 def _import_fix(module: str) -> str:
