@@ -91,6 +91,9 @@ def test_a_model_with_nothing_measured_says_so_not_use_nothing():
     (advice,) = recommend.advise(summary)
     assert recommend.lines(advice)[0] == ("use: nothing was measured for this model (see could "
                                           "not test here)")
+    console = recommend.console_lines(summary)  # the same words, not "use nothing was ..."
+    assert console[1].strip() == "m: use: nothing was measured for this model (see could not " \
+        "test here)", console
     only_undecided = pd.DataFrame([_row("fp32", "", 1.0, 1.0, 1.0, baseline=True),
                                    _row("bf16", "inconclusive", 1.2, 0.9, 1.6)])
     (advice,) = recommend.advise(only_undecided)

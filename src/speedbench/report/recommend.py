@@ -373,9 +373,9 @@ def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3) -> list[s
     out = []
     runs = load_to_target(run_dir) if run_dir is not None else None
     for a in advise(summary, load_recipe(run_dir)):
-        use = "; ".join(f"{i.technique} {i.effect}" for i in a.use if not i.part) or \
-            nothing_used(a).removeprefix("use: ")
-        out.append(f"{a.model}: {a.undecided}" if a.undecided else f"{a.model}: use {use}")
+        use = "; ".join(f"{i.technique} {i.effect}" for i in a.use if not i.part)
+        out.append(f"{a.model}: {a.undecided}" if a.undecided else
+                   f"{a.model}: use {use}" if use else f"{a.model}: {nothing_used(a)}")
         target = recipe_line(runs, a.model) if a.searched else verdict_line(runs, a.model)
         if target:
             out.append(f"  {target}")
