@@ -131,16 +131,21 @@ def busy_note(env: dict) -> Optional[str]:
     said = "; ".join(d for d in details if d)
     return (f"The machine was busy: load {load.get('load_highest')} on {load.get('cores')} "
             f"cores{f' ({said})' if said else ''}; figures are noisy and speed-ups may come out "
-            f"inconclusive. Measure again on a quiet machine, or {_fewer_threads(env)}.")
+            f"inconclusive. Measure again on a quiet machine"
+            + (f", or {_fewer_threads(env)}." if _fewer_threads(env) else "."))
 
 
 def _fewer_threads(env: dict) -> str:
     """What to give speedbench on a busy machine: bench.threads=auto, with the threads it set
-    or would set here (env.json's bench_threads: the cores other processes kept busy)."""
+    or would set here (env.json's bench_threads: the cores other processes kept busy); '' where
+    the run had one thread already."""
     threads = env.get("bench_threads") or {}
     busy, cores = threads.get("others_busy_cores"), env.get("cpu_affinity") or env.get("cpu_count")
     if threads.get("setting") == "auto":
-        return f"give fewer threads than this run's {threads.get('torch_threads')} (bench.threads=N)"
+        ran = threads.get("torch_threads")
+        if isinstance(ran, int) and ran <= 1:  # fewer than one: none to give
+            return ""
+        return f"give fewer threads than this run's {ran} (bench.threads=N)"
     if isinstance(busy, (int, float)) and isinstance(cores, int):
         fit = max(1, min(cores, math.floor(cores - busy + 0.5)))
         return (f"with bench.threads=auto ({fit} thread(s) here: the cores other processes "
@@ -463,9 +468,11 @@ def at_a_glance(summary: pd.DataFrame) -> str:
     counts = rows["verdict"].value_counts()
     called = (intervals.FASTER, intervals.SLOWER, intervals.EQUIVALENT, intervals.INCONCLUSIVE)
     parts = [f"{counts.get(v, 0)} {v}" for v in called if counts.get(v, 0)]
-    others = len(rows) - sum(counts.get(v, 0) for v in called)
-    if others:
-        parts.append(f"{others} not measured")
+    # the rest by their own word (no CI, stopped early, n/a ...), not all "not measured"
+    rest = rows.loc[~rows["verdict"].isin(called), "verdict"].fillna("").astype(str)
+    words = rest.str.split(" [", regex=False).str[0].str.split(":").str[0].str.strip()
+    for word, n in words.replace("", "not measured").value_counts().items():
+        parts.append(f"{n} {word}")
     text = f"Of {len(rows)} (model, variant) pairs: {', '.join(parts)}."
     # Only a significant result is crowned (verdict faster / slower, family-wise controlled).
     faster = rows[rows["verdict"] == intervals.FASTER]
