@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import TINY, compose_cfg
@@ -136,3 +137,26 @@ def test_the_console_says_when_a_run_overran_its_budget():
     assert overrun_line(109.0, 60.0).startswith("speedbench: the run took 109 s, 49 s over its "
                                                 "bench.time_budget_s of 60 s")
     assert overrun_line(500.0, None) is None
+
+
+def test_a_far_slower_stop_is_rechecked_against_a_fresh_probe_of_the_baseline():
+    """Measurement round 5: a load episode that covered a variant's whole probe could stop an
+    identical variant. The stop now holds only where the baseline's fresh steps, taken right
+    after, confirm it: slowed by the same episode, they withdraw it."""
+    from speedbench.studies import probes, stopping
+    from speedbench.results import schema
+
+    rng = np.random.default_rng(0)
+    fast = list(0.1 * np.exp(0.05 * rng.standard_normal(6)))
+    slow = list(1.0 * np.exp(0.05 * rng.standard_normal(6)))  # 10x: past the factor 4
+    ref = stopping.Reference(fast, 32, 4.0, stopping.stop_level(2))
+    assert stopping.far_slower(slow, 32, ref) is not None  # the unpaired test stops it
+    assert probes.confirmed(slow, 32, ref, fresh_base_s=list(np.array(fast) * 1.02))
+    assert not probes.confirmed(slow, 32, ref, fresh_base_s=list(np.array(slow) * 0.98))
+    assert probes.confirmed(slow, 32, ref, fresh_base_s=[])  # no fresh steps: it stands
+
+    found = probes.ProbeResult()
+    found.keep("b", {"status": "too slow: 10x slower ...", "probe_step_s": slow})
+    assert "b" in found.status
+    found.withdraw_stop("b")
+    assert "b" not in found.status and schema.parse_status(found.no_loss["b"]).kind == schema.NA

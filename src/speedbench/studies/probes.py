@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from speedbench import distributed
 from speedbench.studies import costs, quality, stopping
@@ -74,6 +74,30 @@ class ProbeResult:
         self.records[name] = got
         return got
 
+    def withdraw_stop(self, name: str) -> None:
+        """A far-slower stop the baseline's fresh steps did not confirm: the variant goes on to
+        its rounds; its probe stopped before its held-out loss, and says why."""
+        self.status.pop(name, None)
+        self.no_loss[name] = schema.na(
+            "no held-out loss: its probe stopped at a far-slower look that a fresh probe of the "
+            "baseline, right after it, did not confirm (a load, not the variant)")
+
+
+def _stopped(found: ProbeResult, name: str) -> bool:
+    return schema.parse_status(found.status.get(name, "")).kind == schema.TOO_SLOW
+
+
+def confirmed(steady_s: list[float], per_step: int, ref: stopping.Reference,
+              fresh_base_s: list[float]) -> bool:
+    """Whether a far-slower stop holds against the baseline's fresh steps too, taken right
+    after the variant's probe: the test of stopping.far_slower with them as the reference. A
+    load episode that slowed the variant's probe alone slows these as well, and the stop is
+    withdrawn; without fresh steps (the baseline's probe failed) it stands."""
+    if len(fresh_base_s) < 2:
+        return True
+    return stopping.far_slower(steady_s, per_step, replace(ref, step_s=list(fresh_base_s))) \
+        is not None
+
 
 def probe_steps(quality_steps: int, base_per_step: int, per_step: int) -> int:
     """Optimizer steps that see as many samples as `quality_steps` steps of the baseline."""
@@ -106,6 +130,11 @@ def run_probes(mc, prepared, status: dict[str, str], budget: Budget) -> ProbeRes
     ref = reference(mc, found.steps.get(base, []), prepared.per_step[base], budget)
     for name in others:
         found.keep(name, probe(name, ref))
+        if _stopped(found, name) and not skipped(base) and base in probed:
+            # paired: a load that covered this probe covers the baseline's fresh steps too
+            fresh = (probe(base, None, steps=0) or {}).get("probe_step_s", [])
+            if not confirmed(found.steps.get(name, []), prepared.per_step[name], ref, fresh):
+                found.withdraw_stop(name)
     if rate_first and not skipped(base) and any(
             n in found.records and not skipped(n) for n in others):
         got = found.keep(base, probe(base, None))
