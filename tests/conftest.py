@@ -150,3 +150,18 @@ def default_sigint() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real single-node SLURM cluster (tests/slurm_cluster.py) for the session; skipped with
+    the reason where SLURM cannot start here; its daemons ended by PID afterwards."""
+    import slurm_cluster
+
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher",
+                        reason="needs hydra-submitit-launcher (pip install -e '.[test]')")
+    cluster = slurm_cluster.start()
+    if isinstance(cluster, str):
+        pytest.skip(cluster)
+    yield cluster
+    slurm_cluster.stop(cluster)
