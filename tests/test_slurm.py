@@ -54,3 +54,35 @@ def test_a_two_job_sweep_says_each_jobs_outcome(slurm_cluster, tmp_path):
                                "outcome.txt is in ") for line in lines), err
     names = {n for n, _ in slurm_states(slurm_cluster).values()}
     assert {"speedbench-amp-vae", "speedbench-amp-transformer"} <= names, names
+
+
+@pytest.mark.slow
+def test_a_failed_job_is_said_and_the_exit_status_counts_it(slurm_cluster, tmp_path):
+    # job 1 is refused inside its SLURM job (no CUDA here): a failure only its outcome.txt knew
+    proc = sweep(slurm_cluster, tmp_path, "+experiment=amp", "model=transformer",
+                 "precision=fp32", "device=cpu,cuda")
+    err = proc.stderr
+    assert proc.returncode == 1, err
+    got = outcomes(tmp_path)
+    assert got["0"].startswith("ok: ") and got["1"].startswith("failed (exit status 2): device:")
+    lines = err.splitlines()
+    said = [line for line in lines if line.startswith("speedbench: job 1 ")]
+    assert len(said) == 1 and ": failed (exit status 2): device:" in said[0], err
+    assert any(line.startswith("speedbench: sweep: 1 of 2 jobs did not succeed (job 1 failed); "
+                               "each job's outcome.txt is in ") for line in lines), err
+    assert "Traceback" not in err
+    assert all(len(line) <= 100 for line in lines if line.startswith(("speedbench: job", "  ")))
+
+
+@pytest.mark.slow
+def test_a_refused_submission_is_one_line_naming_the_setting(slurm_cluster, tmp_path):
+    # the ready GPU config on a node without GPUs: sbatch refuses the job
+    proc = run_cli("-m", "hydra/launcher=slurm", "+experiment=amp", *QUICK, f"out_dir={tmp_path}",
+                   cwd=tmp_path, env=slurm_cluster.env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("speedbench: error")]
+    assert errors == [errors[0]] and "hydra.launcher.gpus_per_node=null" in errors[0] \
+        and "sbatch: Invalid generic resource" in errors[0], proc.stderr
+    assert slurm_states(slurm_cluster) == {} or all(
+        "amp" not in n or s != "RUNNING" for n, s in slurm_states(slurm_cluster).values())

@@ -344,7 +344,7 @@ def _slurm_sweep_end(outcomes: list, sweep_dir: Path) -> int:
     import textwrap
 
     for o in outcomes:
-        line = f"speedbench: job {o.num} (SLURM job {o.slurm_id}): {o.kind}: {o.reason}"
+        line = f"speedbench: job {o.num} (SLURM job {o.slurm_id}): {o.said}"
         print("\n".join(textwrap.wrap(line, 100, subsequent_indent="  ",
                                       break_long_words=False, break_on_hyphens=False)),
               file=sys.stderr)

@@ -33,7 +33,7 @@ class JobOutcome:
     num: int  # the sweep's job number (its folder under the sweep directory)
     slurm_id: str
     kind: str  # OK, FAILED, CANCELLED or TIMED_OUT
-    reason: str  # the job's outcome.txt, or what SLURM said where the job wrote none
+    said: str  # its kind, then the job's outcome.txt, or SLURM's state where it wrote none
 
 
 # The last sweep's outcomes and its folder, for __main__ to say (the launcher runs inside
@@ -56,8 +56,8 @@ class SweepLauncher(SlurmLauncher):
                 jobs.append((num, executor.submit(
                     self, list(overrides), "hydra.sweep.dir", num, f"job_id_for_{num}",
                     Singleton.get_state())))
-                print(f"  job {num}: SLURM job {jobs[-1][1].job_id}: "
-                      + " ".join(filter_overrides(overrides)), file=sys.stderr, flush=True)
+                print(f"  job {num}: SLURM job {jobs[-1][1].job_id}"
+                      + _varying(list(overrides), job_overrides), file=sys.stderr, flush=True)
             _wait([job for _, job in jobs])
         except KeyboardInterrupt as stop:
             _cancel_and_say(jobs, sweep_dir, stop)
@@ -115,6 +115,14 @@ def job_name(overrides: list[str], config) -> str:
     return "-".join(p for p in ("speedbench", experiment, model) if p)
 
 
+def _varying(overrides: list[str], every: Sequence[Sequence[str]]) -> str:
+    """The job's overrides that tell it from the sweep's other jobs (within the console's
+    width: the rest are the same for every job and on the command line)."""
+    own = [o for o in filter_overrides(overrides) if not all(o in other for other in every)]
+    text = " ".join(own)
+    return f": {text}" if len(text) <= 70 else f": {text[:67]}..." if text else ""
+
+
 def _wait(jobs: list) -> None:
     while not all(job.done() for job in jobs):
         time.sleep(POLL_S)
@@ -161,19 +169,22 @@ def _outcome_text(folder: Path) -> str | None:
 
 def read_outcome(num: int, slurm_id: str, text: str | None, state: str) -> JobOutcome:
     """One job's outcome from its outcome.txt (`text`, None if it wrote none) and SLURM's
-    state of it (COMPLETED, CANCELLED by 0, TIMEOUT, FAILED, OUT_OF_MEMORY, ...)."""
+    state of it (COMPLETED, CANCELLED by 0, TIMEOUT, FAILED, OUT_OF_MEMORY, ...); `said`
+    starts with the kind: "ok: <run dir>", "failed (exit status 2): <its reason>",
+    "cancelled: interrupted (SIGTERM ...): kept 3 finished trials in ...", ...."""
     if text and text.split(":")[0].strip() == OK:
-        return JobOutcome(num, slurm_id, OK, text.partition(":")[2].strip())
+        return JobOutcome(num, slurm_id, OK, text)
     timed_out = state.startswith("TIMEOUT")
     if text and text.startswith("interrupted"):
-        kind = TIMED_OUT if timed_out or "time limit" in text else CANCELLED
-        return JobOutcome(num, slurm_id, kind, text)
+        kind = TIMED_OUT if timed_out or "time limit is near" in text else CANCELLED
+        return JobOutcome(num, slurm_id, kind, f"{kind}: {text}")
     if text:
-        return JobOutcome(num, slurm_id, FAILED, text.removeprefix("failed").lstrip(": "))
+        return JobOutcome(num, slurm_id, FAILED, text if text.startswith(FAILED)
+                          else f"{FAILED}: {text}")
     kind = TIMED_OUT if timed_out else CANCELLED if state.startswith("CANCELLED") else FAILED
     return JobOutcome(num, slurm_id, kind,
-                      f"the job wrote no outcome.txt (SLURM state {state}); its log is in the "
-                      f"sweep's .submitit/{slurm_id}/ folder")
+                      f"{kind}: the job wrote no outcome.txt (SLURM state {state}); its log is "
+                      f"in the sweep's .submitit/{slurm_id}/ folder")
 
 
 # sbatch's refusals, and the launcher setting that each one is about
