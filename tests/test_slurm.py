@@ -50,8 +50,9 @@ def test_a_two_job_sweep_says_each_jobs_outcome(slurm_cluster, tmp_path):
         assert (Path(text.split(": ", 1)[1]) / "report.html").is_file()
     lines = err.splitlines()
     assert sum(line.startswith("speedbench: job ") and ": ok:" in line for line in lines) == 2, err
-    assert any(line.startswith("speedbench: sweep: all 2 jobs ended well; each job's "
-                               "outcome.txt is in ") for line in lines), err
+    said = " ".join(line.strip() for line in lines)
+    assert "speedbench: sweep: all 2 jobs ended well; each job's outcome.txt is in " in said, err
+    assert all(len(line) <= 100 for line in lines)
     names = {n for n, _ in slurm_states(slurm_cluster).values()}
     assert {"speedbench-amp-vae", "speedbench-amp-transformer"} <= names, names
 
@@ -68,10 +69,11 @@ def test_a_failed_job_is_said_and_the_exit_status_counts_it(slurm_cluster, tmp_p
     lines = err.splitlines()
     said = [line for line in lines if line.startswith("speedbench: job 1 ")]
     assert len(said) == 1 and ": failed (exit status 2): device:" in said[0], err
-    assert any(line.startswith("speedbench: sweep: 1 of 2 jobs did not succeed (job 1 failed); "
-                               "each job's outcome.txt is in ") for line in lines), err
+    said = " ".join(line.strip() for line in lines)
+    assert ("speedbench: sweep: 1 of 2 jobs did not succeed (job 1 failed); each job's "
+            "outcome.txt is in ") in said, err
     assert "Traceback" not in err
-    assert all(len(line) <= 100 for line in lines if line.startswith(("speedbench: job", "  ")))
+    assert all(len(line) <= 100 for line in lines)
 
 
 @pytest.mark.slow
@@ -86,3 +88,107 @@ def test_a_refused_submission_is_one_line_naming_the_setting(slurm_cluster, tmp_
         and "sbatch: Invalid generic resource" in errors[0], proc.stderr
     assert slurm_states(slurm_cluster) == {} or all(
         "amp" not in n or s != "RUNNING" for n, s in slurm_states(slurm_cluster).values())
+
+
+# One job that runs long enough to be stopped while it measures (many rounds of a tiny model).
+LONG = ["+experiment=amp", "model=transformer", "bench.repeats=400", "bench.time_budget_s=900"]
+
+
+def start_sweep(cluster, tmp_path: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **cluster.env,
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "speedbench", *SLURM, *QUICK, *args,
+                             f"out_dir={tmp_path}"], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_sigint)
+
+
+def wait_for_trials(tmp_path: Path, proc: subprocess.Popen, rows: int = 2) -> Path:
+    """The job's run directory once its trials.csv has `rows` rows (the job measures)."""
+    end = time.monotonic() + 240
+    while time.monotonic() < end:
+        for trials in tmp_path.glob("amp/*/trials.csv"):
+            if trials.read_text().count("\n") > rows:
+                return trials.parent
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.5)
+    proc.kill()
+    raise AssertionError(f"no trial finished in time: {proc.communicate()}")
+
+
+def wait_until_gone(cluster, timeout: float = 90) -> None:
+    end = time.monotonic() + timeout
+    while any(s in ("RUNNING", "PENDING", "COMPLETING") for _, s in
+              slurm_states(cluster).values()):
+        assert time.monotonic() < end, slurm_states(cluster)
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_scancel_reaches_the_jobs_stop_handling_and_is_said(slurm_cluster, tmp_path):
+    proc = start_sweep(slurm_cluster, tmp_path, *LONG)
+    run_dir = wait_for_trials(tmp_path, proc)
+    ids = [i for i, (n, s) in slurm_states(slurm_cluster).items()
+           if n == "speedbench-amp-transformer" and s == "RUNNING"]
+    assert len(ids) == 1
+    slurm_cluster.run("scancel", ids[0])
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, err
+    outcome = outcomes(tmp_path)["0"]
+    assert outcome.startswith("interrupted (SIGTERM: scancel") and str(run_dir) in outcome
+    kept = int(outcome.split("kept ")[1].split()[0])
+    assert kept >= 2 and (run_dir / "trials.csv").read_text().count("\n") - 1 == kept
+    said = " ".join(line.strip() for line in err.splitlines())
+    assert f"speedbench: job 0 (SLURM job {ids[0]}): cancelled: interrupted (SIGTERM" in said, err
+    assert "speedbench: sweep: 1 of 1 jobs did not succeed (job 0 cancelled)" in said
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_the_submitting_command_cancels_the_jobs_and_says_so(slurm_cluster, tmp_path):
+    proc = start_sweep(slurm_cluster, tmp_path, *LONG)
+    wait_for_trials(tmp_path, proc, rows=1)
+    ids = [i for i, (n, s) in slurm_states(slurm_cluster).items() if s == "RUNNING"]
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    said = " ".join(line.strip() for line in err.splitlines())
+    assert (f"speedbench: interrupted; cancelled the sweep's SLURM job still "
+                           f"queued or running ({ids[0]}); a running job keeps its finished "
+                           "trials and says so in its outcome.txt in ") in said, err
+    assert "before the run started" not in err and "Traceback" not in err
+    wait_until_gone(slurm_cluster)
+    assert outcomes(tmp_path)["0"].startswith("interrupted (SIGTERM")
+
+
+@pytest.mark.slow
+def test_the_docs_torchrun_script_runs_as_two_tasks(slurm_cluster, tmp_path):
+    # docs/distributed.md's sbatch script, with 2 tasks of 1 CPU standing in for 2 nodes
+    script = tmp_path / "speedbench.sbatch"
+    overrides = " ".join([*QUICK, "bench.repeats=2"])
+    script.write_text(f"""#!/bin/bash
+#SBATCH --ntasks=2 --cpus-per-task=1 --mem=4G --output={tmp_path}/slurm-%j.out
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun torchrun --nnodes="$SLURM_NTASKS" --nproc_per_node=1 \\
+    --rdzv_backend=c10d --rdzv_endpoint="$head:29511" --rdzv_id="$SLURM_JOB_ID" \\
+    -m speedbench +experiment=sync model=transformer {overrides} out_dir="{tmp_path}/results"
+""")
+    env = {**os.environ, **slurm_cluster.env, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(["sbatch", "--wait", "--parsable", str(script)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=400)
+    job = proc.stdout.strip().split(";")[0]
+    log = "\n".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    assert proc.returncode == 0, proc.stderr + log
+    assert slurm_states(slurm_cluster)[job][1] == "COMPLETED"
+    run_dirs = [p.parent for p in (tmp_path / "results").rglob("trials.csv")]
+    assert len(run_dirs) == 1, log  # global rank 0 alone writes
+    import pandas as pd
+
+    rows = pd.read_csv(run_dirs[0] / "trials.csv")
+    assert (rows["world_size"] == 2).all() and (rows["status"] == "ok").all()
+    assert rows["rank_step_ms"].astype(str).str.count(";").eq(1).all()
+    import json
+
+    dist = json.loads((run_dirs[0] / "env.json").read_text())["distributed"]
+    assert dist["nnodes"] == 2 and str(dist["run_id"]) == job

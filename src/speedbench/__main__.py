@@ -341,21 +341,18 @@ def _slurm_sweep_end(outcomes: list, sweep_dir: Path) -> int:
     """A SLURM sweep's end, in the submitting process: each job's outcome, one line each
     (wrapped within the console's 100 columns), then the sweep's line as _sweep_end says it;
     the exit status is the number of jobs that did not succeed (at most 100)."""
-    import textwrap
+    from speedbench.slurm import say
 
     for o in outcomes:
-        line = f"speedbench: job {o.num} (SLURM job {o.slurm_id}): {o.said}"
-        print("\n".join(textwrap.wrap(line, 100, subsequent_indent="  ",
-                                      break_long_words=False, break_on_hyphens=False)),
-              file=sys.stderr)
+        say(f"speedbench: job {o.num} (SLURM job {o.slurm_id}): {o.said}")
     bad = [o for o in outcomes if o.kind != "ok"]
     where = f"; each job's outcome.txt is in {sweep_dir}"
     if bad:
         kinds = ", ".join(f"job {o.num} {o.kind}" for o in bad)
-        print(f"speedbench: sweep: {len(bad)} of {len(outcomes)} jobs did not succeed "
-              f"({kinds}){where}", file=sys.stderr)
+        say(f"speedbench: sweep: {len(bad)} of {len(outcomes)} jobs did not succeed "
+            f"({kinds}){where}")
     else:
-        print(f"speedbench: sweep: all {len(outcomes)} jobs ended well{where}", file=sys.stderr)
+        say(f"speedbench: sweep: all {len(outcomes)} jobs ended well{where}")
     return min(len(bad), 100)
 
 

@@ -46,8 +46,9 @@ class SweepLauncher(SlurmLauncher):
                initial_job_idx: int) -> Sequence[JobReturn]:
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        print(f"speedbench: sweep of {len(job_overrides)} SLURM jobs; each job's outcome.txt "
-              f"and log will be in {sweep_dir}", file=sys.stderr, flush=True)
+        say(f"speedbench: sweep of {len(job_overrides)} SLURM job"
+            f"{'s' * (len(job_overrides) > 1)}; each job's outcome.txt and log will be in "
+            f"{sweep_dir}")
         executor = self._executor()
         jobs: list = []
         try:
@@ -120,7 +121,17 @@ def _varying(overrides: list[str], every: Sequence[Sequence[str]]) -> str:
     width: the rest are the same for every job and on the command line)."""
     own = [o for o in filter_overrides(overrides) if not all(o in other for other in every)]
     text = " ".join(own)
-    return f": {text}" if len(text) <= 70 else f": {text[:67]}..." if text else ""
+    if not text:
+        return ""
+    return f": {text}" if len(text) <= 70 else f": {text[:67]}..."
+
+
+def say(line: str) -> None:
+    """A console line within 100 columns (continued indented; paths are not broken)."""
+    import textwrap
+
+    print("\n".join(textwrap.wrap(line, 100, subsequent_indent="  ", break_long_words=False,
+                                  break_on_hyphens=False)), file=sys.stderr, flush=True)
 
 
 def _wait(jobs: list) -> None:
@@ -149,7 +160,8 @@ def _cancel_and_say(jobs: list, sweep_dir: Path, stop: KeyboardInterrupt) -> Non
                 f"and says so in its outcome.txt in {sweep_dir}")
     else:
         what = f"no SLURM job was still running; each job's outcome.txt is in {sweep_dir}"
-    print(f"\nspeedbench: interrupted; {what}", file=sys.stderr)
+    print(file=sys.stderr)
+    say(f"speedbench: interrupted; {what}")
     raise SystemExit(128 + getattr(stop, "signum", 2))
 
 
