@@ -192,3 +192,38 @@ srun torchrun --nnodes="$SLURM_NTASKS" --nproc_per_node=1 \\
 
     dist = json.loads((run_dirs[0] / "env.json").read_text())["distributed"]
     assert dist["nnodes"] == 2 and str(dist["run_id"]) == job
+
+
+def test_measure_again_inside_a_slurm_torchrun_job_is_srun_without_the_old_job_id(monkeypatch):
+    from speedbench.distributed import DistEnv, launcher
+
+    env = DistEnv(rank=0, world_size=2, local_rank=0, local_world_size=1, run_id="12")
+    parent = ["/v/bin/python3", "/v/bin/torchrun", "--nnodes=2", "--nproc_per_node=1",
+              "--rdzv_backend=c10d", "--rdzv_endpoint=vm:29501", "--rdzv_id=12", "-m",
+              "speedbench", "+experiment=sync"]
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert launcher(env, parent)[0] == "torchrun" and "--rdzv_id=12" in launcher(env, parent)
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    assert launcher(env, parent) == ["srun", "torchrun", "--nnodes=2", "--nproc_per_node=1",
+                                     "--rdzv_backend=c10d", "--rdzv_endpoint=vm:29501", "-m",
+                                     "speedbench"]
+
+
+def test_measure_again_inside_a_sweeps_slurm_job_submits_again(monkeypatch):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from speedbench.config import config_dir, register_schema
+    from speedbench.distributed import launcher
+
+    register_schema()
+    given = ["hydra/launcher=slurm_cpu", "hydra.launcher.cpus_per_task=1"]
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*given, "+experiment=amp"],
+                      return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    monkeypatch.delenv("SUBMITIT_FOLDER", raising=False)
+    assert launcher(None) == ["speedbench"]  # not in a SLURM job: runs here
+    monkeypatch.setenv("SUBMITIT_FOLDER", "/x/.submitit/3")
+    assert launcher(None) == ["speedbench", "-m", *given]
