@@ -227,3 +227,38 @@ def test_measure_again_inside_a_sweeps_slurm_job_submits_again(monkeypatch):
     assert launcher(None) == ["speedbench"]  # not in a SLURM job: runs here
     monkeypatch.setenv("SUBMITIT_FOLDER", "/x/.submitit/3")
     assert launcher(None) == ["speedbench", "-m", *given]
+
+
+# --- a SLURM job's CPU mask (task/affinity, cgroups, taskset) -----------------------------
+def test_under_a_cpu_mask_the_cpu_shares_are_of_the_cores_the_run_may_use():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 usable cores to pin a process to one of them")
+    code = """
+import os
+from pathlib import Path
+from speedbench.measure import env
+os.sched_setaffinity(0, {0})
+def cpu(name):
+    line = next(l for l in Path("/proc/stat").read_text().splitlines() if l.split()[0] == name)
+    return sum(int(x) for x in line.split()[1:9])
+before, machine = cpu("cpu0"), cpu("cpu")
+ours = env._cpu_jiffies()[1]
+after = cpu("cpu0")
+print(before <= ours <= after, ours < 0.75 * machine)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=120)
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr
+
+
+def test_the_busy_line_under_a_cpu_mask_names_the_machines_cores_and_the_runs():
+    from speedbench.report.render import busy_note
+
+    load = {"busy": True, "cores": 1, "machine_cores": 2, "load_highest": 14.43,
+            "own_cpu_share": 0.31, "others_cpu_share": 0.6}
+    assert busy_note({"machine_load": load}).startswith(
+        "The machine was busy: load 14.43 on the machine's 2 cores, of which this run may use "
+        "1 (this run got 31 % of them; other processes 60 %)")
+    load.update(cores=2)  # no mask: as before
+    assert busy_note({"machine_load": load}).startswith(
+        "The machine was busy: load 14.43 on 2 cores (this run got 31 % of them; other")
