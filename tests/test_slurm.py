@@ -46,8 +46,9 @@ def test_a_two_job_sweep_says_each_jobs_outcome(slurm_cluster, tmp_path):
     assert proc.returncode == 0, err + slurm_cluster.logs()
     got = outcomes(tmp_path)
     assert sorted(got) == ["0", "1"] and all(t.startswith("ok: ") for t in got.values()), got
-    for text in got.values():
-        assert (Path(text.split(": ", 1)[1]) / "report.html").is_file()
+    for num, text in got.items():  # the two folders, made in the same second, say their job
+        run_dir = Path(text.split(": ", 1)[1])
+        assert (run_dir / "report.html").is_file() and run_dir.name.endswith(f"_job{num}")
     lines = err.splitlines()
     assert sum(line.startswith("speedbench: job ") and ": ok:" in line for line in lines) == 2, err
     said = " ".join(line.strip() for line in lines)
