@@ -263,3 +263,18 @@ def test_the_busy_line_under_a_cpu_mask_names_the_machines_cores_and_the_runs():
     load.update(cores=2)  # no mask: as before
     assert busy_note({"machine_load": load}).startswith(
         "The machine was busy: load 14.43 on 2 cores (this run got 31 % of them; other")
+
+
+@pytest.mark.slow
+def test_a_job_near_its_time_limit_stops_keeps_its_trials_and_is_said_timed_out(
+        slurm_cluster, tmp_path):
+    # a 1-minute limit, warned 50 s ahead (submitit's --signal=USR2@50): stopped at about 10 s
+    proc = sweep(slurm_cluster, tmp_path, *LONG[:2], "bench.repeats=400",
+                 "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=50")
+    err = proc.stderr
+    assert proc.returncode == 1, err
+    outcome = outcomes(tmp_path)["0"]
+    assert outcome.startswith("interrupted (SIGUSR2: SLURM's time limit is near)"), outcome
+    said = " ".join(line.strip() for line in err.splitlines())
+    assert "speedbench: job 0 (SLURM job " in said and "): timed out: interrupted (SIGUSR2" in said
+    assert "(job 0 timed out)" in said and "Traceback" not in err
