@@ -224,10 +224,13 @@ def test_measure_again_inside_a_sweeps_slurm_job_submits_again(monkeypatch):
         cfg = compose(config_name="config", overrides=[*given, "+experiment=amp"],
                       return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
-    monkeypatch.delenv("SUBMITIT_FOLDER", raising=False)
-    assert launcher(None) == ["speedbench"]  # not in a SLURM job: runs here
-    monkeypatch.setenv("SUBMITIT_FOLDER", "/x/.submitit/3")
-    assert launcher(None) == ["speedbench", "-m", *given]
+    try:
+        monkeypatch.delenv("SUBMITIT_FOLDER", raising=False)
+        assert launcher(None) == ["speedbench"]  # not in a SLURM job: runs here
+        monkeypatch.setenv("SUBMITIT_FOLDER", "/x/.submitit/3")
+        assert launcher(None) == ["speedbench", "-m", *given]
+    finally:
+        HydraConfig.instance().cfg = None  # no Hydra run left behind for the next tests
 
 
 # --- a SLURM job's CPU mask (task/affinity, cgroups, taskset) -----------------------------
