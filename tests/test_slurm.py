@@ -84,9 +84,13 @@ def test_a_refused_submission_is_one_line_naming_the_setting(slurm_cluster, tmp_
                    cwd=tmp_path, env=slurm_cluster.env, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("speedbench: error")]
-    assert errors == [errors[0]] and "hydra.launcher.gpus_per_node=null" in errors[0] \
-        and "sbatch: Invalid generic resource" in errors[0], proc.stderr
+    lines = proc.stderr.splitlines()
+    error = " ".join(line.strip() for line in lines[next(
+        i for i, line in enumerate(lines) if line.startswith("speedbench: error")):])
+    assert "hydra.launcher.gpus_per_node=null" in error \
+        and "sbatch: Invalid generic resource" in error, proc.stderr
+    assert sum("Invalid generic resource" in line for line in lines) == 1, proc.stderr
+    assert all(len(line) <= 100 for line in lines)
     assert slurm_states(slurm_cluster) == {} or all(
         "amp" not in n or s != "RUNNING" for n, s in slurm_states(slurm_cluster).values())
 
@@ -281,3 +285,21 @@ def test_a_job_near_its_time_limit_stops_keeps_its_trials_and_is_said_timed_out(
     said = " ".join(line.strip() for line in err.splitlines())
     assert "speedbench: job 0 (SLURM job " in said and "): timed out: interrupted (SIGUSR2" in said
     assert "(job 0 timed out)" in said and "Traceback" not in err
+
+
+@pytest.mark.parametrize("sbatch, setting", [
+    ("sbatch: error: Invalid generic resource (gres) specification",
+     "hydra.launcher.gpus_per_node=null"),
+    ("sbatch: error: Batch job submission failed: Requested node configuration is not available",
+     "hydra.launcher.cpus_per_task and hydra.launcher.mem_gb"),
+    ("sbatch: error: invalid partition specified: gpu", "hydra.launcher.partition"),
+    ("sbatch: error: Batch job submission failed: Requested time limit is invalid",
+     "hydra.launcher.timeout_min"),
+])
+def test_each_refusal_names_the_launcher_setting_to_change(sbatch, setting):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from speedbench.slurm import refusal_line
+
+    line = refusal_line(sbatch + "\n")
+    assert line.startswith("SLURM refused the sweep's job (sbatch: ") and setting in line
+    assert "\n" not in line

@@ -12,6 +12,8 @@ succeed. Imported only where the launcher is selected (the plugin must be instal
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 import time
 from dataclasses import dataclass
@@ -54,9 +56,11 @@ class SweepLauncher(SlurmLauncher):
         try:
             for num, overrides in enumerate(job_overrides, start=initial_job_idx):
                 executor.update_parameters(name=job_name(list(overrides), self.config))
-                jobs.append((num, executor.submit(
-                    self, list(overrides), "hydra.sweep.dir", num, f"job_id_for_{num}",
-                    Singleton.get_state())))
+                # submitit prints a refusing sbatch's stderr, then raises it: said once, below
+                with contextlib.redirect_stderr(io.StringIO()):
+                    jobs.append((num, executor.submit(
+                        self, list(overrides), "hydra.sweep.dir", num, f"job_id_for_{num}",
+                        Singleton.get_state())))
                 print(f"  job {num}: SLURM job {jobs[-1][1].job_id}"
                       + _varying(list(overrides), job_overrides), file=sys.stderr, flush=True)
             _wait([job for _, job in jobs])
@@ -67,7 +71,7 @@ class SweepLauncher(SlurmLauncher):
             if not isinstance(exc, FailedJobError):
                 raise
             _cancel([job for _, job in jobs])
-            print(f"speedbench: error: {refusal_line(str(exc))}", file=sys.stderr)
+            say(f"speedbench: error: {refusal_line(str(exc))}")
             raise SystemExit(2) from None
         finished.update(dir=sweep_dir, outcomes=[
             read_outcome(num, job.job_id, _outcome_text(self._job_dir(sweep_dir, num)),
