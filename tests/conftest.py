@@ -161,3 +161,17 @@ def said_lines(text: str) -> list[str]:
     return [ln for ln in text.splitlines()
             if ln.startswith("speedbench:") and not ln.startswith(BUSY_NOTE)]
 
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real single-node SLURM cluster (tests/slurm_cluster.py) for the session; skipped with
+    the reason where SLURM cannot start here; its daemons ended by PID afterwards."""
+    import slurm_cluster
+
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher",
+                        reason="needs hydra-submitit-launcher (pip install -e '.[test]')")
+    cluster = slurm_cluster.start()
+    if isinstance(cluster, str):
+        pytest.skip(cluster)
+    yield cluster
+    slurm_cluster.stop(cluster)

@@ -8,7 +8,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 SETUP_RUN = "pip install -e . && python -m speedbench +experiment=amp"
-SETUP_TEST = 'pip install -e ".[test]" && python -m pytest -q --slow'  # every test, slow tier too
+# every test, slow tier too, with what they exercise installed (Debian's packages, as root)
+SETUP_TEST = ('scripts/install-test-deps.sh && pip install -e ".[test]" && '
+              'python -m pytest -q --slow')
 
 
 def _first_commands(text: str) -> list[str]:

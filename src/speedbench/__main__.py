@@ -269,15 +269,17 @@ def _sweep_job(cfg: DictConfig) -> None:
     _SWEEP["dir"] = Path(hc.sweep.dir)
     from speedbench.results.schema import OK
 
+    in_slurm = _in_submitit_job()
     try:
         run_dir, code = _job(cfg), 0
         outcome = f"{OK}: {run_dir}" if run_dir else OK
     except SystemExit as end:
         code = end.code if isinstance(end.code, int) else 1
-        if code >= 128:  # interrupted: the sweep stops with this job
+        if code >= 128 and not in_slurm:  # interrupted: the sweep stops with this job
             raise
         why = _LAST_ERROR[0] if _LAST_ERROR else "no trial succeeded (see its trials.csv)"
-        outcome = f"failed (exit status {code}): {why}"
+        outcome = _interrupted_outcome(code) if code >= 128 else \
+            f"failed (exit status {code}): {why}"
     except Exception as exc:  # a fault of speedbench's own: its traceback, then the next job
         import traceback
 
@@ -293,10 +295,37 @@ def _sweep_job(cfg: DictConfig) -> None:
         pass  # (an unwritable out_dir: its refusal was said on the console)
 
 
+def _in_submitit_job() -> bool:
+    """Whether this sweep job runs inside a SLURM job of the submitit launcher (set by submitit
+    in the job's process). There submitit's handlers ignore SIGTERM (scancel, preemption, the
+    time limit's end) and take SIGUSR2 (the time limit near, `--signal=USR2@...`): speedbench's
+    own handling takes both back, so that the job stops as at Ctrl-C and keeps what it
+    measured."""
+    if not os.environ.get("SUBMITIT_FOLDER"):
+        return False
+    errors.clear_stop()
+    _first_stop.clear()
+    for sig in STOPPING + tuple(getattr(signal, n) for n in ("SIGUSR2",) if hasattr(signal, n)):
+        signal.signal(sig, _on_signal)
+    return True
+
+
+def _interrupted_outcome(code: int) -> str:
+    """A SLURM job's outcome.txt line after a stop: which signal, and what was kept."""
+    why = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM: scancel, preemption or the end "
+           "of SLURM's time limit", getattr(signal, "SIGUSR2", -1): "SIGUSR2: SLURM's time "
+           "limit is near"}.get(code - 128, f"signal {code - 128}")
+    kept = _LAST_ERROR[0].removeprefix("speedbench: interrupted") if _LAST_ERROR else ""
+    return f"interrupted ({why}){kept or '; nothing was written'}"
+
+
 def _sweep_end() -> int:
     """After a sweep: one line saying how many of its jobs failed; the exit status is that
     number (at most 100)."""
     jobs, failed = _SWEEP["jobs"], _SWEEP["failed"]
+    slurm = sys.modules.get("speedbench.slurm")  # the jobs ran as SLURM jobs: their outcomes
+    if not jobs and slurm is not None and slurm.finished["outcomes"]:
+        return _slurm_sweep_end(slurm.finished["outcomes"], slurm.finished["dir"])
     if not jobs:
         return 0
     where = f"; each job's outcome.txt is in {_SWEEP['dir']}" if _SWEEP["dir"] else ""
@@ -306,6 +335,25 @@ def _sweep_end() -> int:
     else:
         print(f"speedbench: sweep: all {jobs} jobs ended well{where}", file=sys.stderr)
     return min(len(failed), 100)
+
+
+def _slurm_sweep_end(outcomes: list, sweep_dir: Path) -> int:
+    """A SLURM sweep's end, in the submitting process: each job's outcome, one line each
+    (wrapped within the console's 100 columns), then the sweep's line as _sweep_end says it;
+    the exit status is the number of jobs that did not succeed (at most 100)."""
+    from speedbench.slurm import say
+
+    for o in outcomes:
+        say(f"speedbench: job {o.num} (SLURM job {o.slurm_id}): {o.said}")
+    bad = [o for o in outcomes if o.kind != "ok"]
+    where = f"; each job's outcome.txt is in {sweep_dir}"
+    if bad:
+        kinds = ", ".join(f"job {o.num} {o.kind}" for o in bad)
+        say(f"speedbench: sweep: {len(bad)} of {len(outcomes)} jobs did not succeed "
+            f"({kinds}){where}")
+    else:
+        say(f"speedbench: sweep: all {len(outcomes)} jobs ended well{where}")
+    return min(len(bad), 100)
 
 
 _LAST_ERROR: list[str] = []  # the last job's one-line error, for its outcome.txt
@@ -345,8 +393,10 @@ def _job(cfg: DictConfig):
         sys.stderr.flush()
         os._exit(1)
     except KeyboardInterrupt as exc:
+        line = interrupted_line(getattr(exc, "run_dir", None))
+        _LAST_ERROR.append(line)
         if os.environ.get("RANK", "0") == "0":
-            print("\n" + interrupted_line(getattr(exc, "run_dir", None)), file=sys.stderr)
+            print("\n" + line, file=sys.stderr)
         sys.exit(_exit_status(exc))
 
 
@@ -390,6 +440,8 @@ def main() -> None:
     console_never_fails()
     import_from_here()
     _SWEEP.update(jobs=0, failed=[], dir=None)
+    if "speedbench.slurm" in sys.modules:  # an earlier SLURM sweep of this process
+        sys.modules["speedbench.slurm"].finished.update(outcomes=[], dir=None)
     try:
         problem = command_line_problem(sys.argv[1:])
         if problem:

@@ -111,7 +111,7 @@ def launcher(env: Optional[DistEnv], parent: Optional[list[str]] = None) -> list
     (the parent process's command line, `parent` in tests), through `-m speedbench`, else
     `torchrun --nproc_per_node=N [--nnodes=M] -m speedbench` from the job's variables."""
     if env is None:
-        return ["speedbench"]
+        return ["speedbench"] + _sweep_launcher_words()
     if parent is None:
         try:
             import psutil
@@ -121,10 +121,42 @@ def launcher(env: Optional[DistEnv], parent: Optional[list[str]] = None) -> list
             parent = []
     words = _launcher_words(parent)
     if words:
-        return words
+        return _in_slurm_job(words)
     nodes = env.world_size // max(1, env.local_world_size)
     return (["torchrun", f"--nproc_per_node={env.local_world_size}"]
             + ([f"--nnodes={nodes}"] if nodes > 1 else []) + ["-m", "speedbench"])
+
+
+def _sweep_launcher_words() -> list[str]:
+    """Inside a SLURM job of a `-m hydra/launcher=slurm...` sweep (submitit sets
+    SUBMITIT_FOLDER in the job): `-m` and the sweep's launcher overrides, so that the printed
+    command submits again rather than running on the login node; [] elsewhere."""
+    if not os.environ.get("SUBMITIT_FOLDER"):
+        return []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        given = list(HydraConfig.get().overrides.hydra)
+    except Exception:  # no Hydra run here (a test, the report tool)
+        return []
+    words = [o for o in given if o.startswith(("hydra/launcher=", "hydra.launcher."))]
+    return ["-m", *words] if words else []
+
+
+def _in_slurm_job(words: list[str]) -> list[str]:
+    """torchrun's words inside a SLURM job (`srun torchrun ...`): as `srun torchrun ...`, and
+    without this job's `--rdzv_id` (a finished job's id; pasted in another job's script,
+    torchrun's default id serves); unchanged outside SLURM."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return words
+    kept: list[str] = []
+    for i, w in enumerate(words):
+        if w == f"--rdzv_id={job}" or (w == job and words[i - 1:i] == ["--rdzv_id"]) or \
+                (w == "--rdzv_id" and words[i + 1:i + 2] == [job]):
+            continue
+        kept.append(w)
+    return ["srun", *kept]
 
 
 def _launcher_words(cmdline: list[str]) -> list[str]:

@@ -205,10 +205,24 @@ def fit_threads(setting, dist_env) -> dict:
     return {"setting": setting, "others_busy_cores": busy, "torch_threads": torch.get_num_threads()}
 
 
+def _sweep_tag() -> str:
+    """`_job<N>` in a -m sweep: its jobs, started in the same second (SLURM runs them side by
+    side), get run directories that say which job each is; "" in a single run."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        return f"_job{hc.job.num}" if hc.mode == RunMode.MULTIRUN else ""
+    except Exception:  # no Hydra run (run() called from Python)
+        return ""
+
+
 def _open_run_dir(cfg: DictConfig, experiment: str | None, plans: list[Plan], resolved: dict,
                   dist_env, device, threads: dict | None = None) -> Path:
     """A new run directory with the config (each suite member's too) and env.json."""
-    run_dir = results.new_run_dir(cfg.out_dir, experiment or plans[0].experiment, cfg.run_dir)
+    run_dir = results.new_run_dir(cfg.out_dir, experiment or plans[0].experiment, cfg.run_dir,
+                                  tag=_sweep_tag())
     try:
         if suite.is_suite(cfg):
             (run_dir / "members").mkdir()

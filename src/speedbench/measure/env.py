@@ -133,7 +133,8 @@ class _LoadWatch:
         seen = [x for x in (self.highest, end and end[0], self.first and self.first[0])
                 if x is not None]
         highest = max(seen, default=None)
-        return {"cores": cores, "load_start": self.first and self.first[0],
+        return {"cores": cores, "machine_cores": os.cpu_count() or cores,
+                "load_start": self.first and self.first[0],
                 "load_highest": highest, "load_end": end and end[0], "cpu_steal": steal,
                 "own_cpu_share": round(own_s / wall / cores, 3), "others_cpu_share": others,
                 "busy": is_busy(highest, cores, steal, others)}
@@ -174,12 +175,22 @@ class CpuWindow:
 
 
 def _cpu_jiffies() -> tuple[int, int, int] | None:
-    """(steal, total, idle incl. I/O wait) CPU time of the whole machine from /proc/stat, in
-    clock ticks; None elsewhere."""
+    """(steal, total, idle incl. I/O wait) CPU time of the cores this process may use (its
+    affinity: a SLURM job's, taskset's) from /proc/stat, in clock ticks; the whole machine's
+    where it may use them all; None elsewhere. Other processes' share is then of the same
+    cores as the run's own, so that the two add up to at most the whole."""
     try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        lines = Path("/proc/stat").read_text().split("\n")
+        usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        per_cpu = {line.split()[0][3:]: line for line in lines
+                   if line.startswith("cpu") and line[3:4].isdigit()}
+        if usable and len(usable) < len(per_cpu) and all(str(c) in per_cpu for c in usable):
+            rows = [[int(x) for x in per_cpu[str(c)].split()[1:]] for c in usable]
+        else:
+            rows = [[int(x) for x in lines[0].split()[1:]]]
     except (OSError, ValueError):
         return None
+    fields = [sum(col) for col in zip(*rows)]
     return (fields[7] if len(fields) > 7 else 0), sum(fields[:8]), sum(fields[3:5])
 
 

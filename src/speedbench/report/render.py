@@ -129,8 +129,12 @@ def busy_note(env: dict) -> Optional[str]:
                f"other processes {100 * others:.0f} %" if isinstance(others, (int, float))
                else None]
     said = "; ".join(d for d in details if d)
-    return (f"The machine was busy: load {load.get('load_highest')} on {load.get('cores')} "
-            f"cores{f' ({said})' if said else ''}; figures are noisy and speed-ups may come out "
+    cores, machine = load.get("cores"), load.get("machine_cores")
+    # the load average is the machine's; the shares are of the cores this run may use
+    where = f"{cores} cores" if not machine or machine == cores else \
+        f"the machine's {machine} cores, of which this run may use {cores}"
+    return (f"The machine was busy: load {load.get('load_highest')} on {where}"
+            f"{f' ({said})' if said else ''}; figures are noisy and speed-ups may come out "
             f"inconclusive. Measure again on a quiet machine"
             + (f", or {_fewer_threads(env)}." if _fewer_threads(env) else "."))
 

@@ -33,7 +33,8 @@ class OutputError(ConfigError):
     place, exit status 2, like a bad setting of out_dir."""
 
 
-def new_run_dir(out_dir: str, experiment: str, explicit: Optional[str] = None) -> Path:
+def new_run_dir(out_dir: str, experiment: str, explicit: Optional[str] = None,
+                tag: str = "") -> Path:
     """`<out_dir>/<experiment>/<timestamp>`, made unique; or the explicit path given, which
     must be new or an empty folder: a run never writes over files it did not make. The path
     returned is absolute, so that a model's os.chdir() cannot move the run's files.
@@ -43,15 +44,16 @@ def new_run_dir(out_dir: str, experiment: str, explicit: Optional[str] = None) -
     file, and the report tool refuses to rebuild a report while its run is still going."""
     if explicit:  # an absolute path: the model's code may change the working directory
         return _claim(Path(os.path.abspath(explicit)), explicit)
-    path = fresh_dir(Path(os.path.abspath(out_dir)) / experiment)
+    path = fresh_dir(Path(os.path.abspath(out_dir)) / experiment, tag=tag)
     _lock(path)
     return path
 
 
-def fresh_dir(base: Path, key: str = "out_dir") -> Path:
-    """`<base>/<timestamp>`, or `<timestamp>-1`, `-2`, ... : a new folder, made with a mkdir
-    that fails if it exists, so that two processes started in the same second never share one."""
-    stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+def fresh_dir(base: Path, key: str = "out_dir", tag: str = "") -> Path:
+    """`<base>/<timestamp><tag>`, or `...-1`, `-2`, ... : a new folder, made with a mkdir that
+    fails if it exists, so that two processes started in the same second never share one (`tag`:
+    a sweep job's `_job<N>`, which says which of a sweep's folders is which)."""
+    stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S") + tag
     for n in range(1000):
         path = base / (stamp if n == 0 else f"{stamp}-{n}")
         try:
