@@ -251,6 +251,18 @@ def pair_key(trials: pd.DataFrame) -> str:
     return "trial"
 
 
+def reference_rows(group: pd.DataFrame, rows: pd.DataFrame, base: pd.DataFrame
+                   ) -> pd.DataFrame:
+    """What a variant's `rows` are compared with, in one model's `group`: the rows of the
+    variant its `reference` column names (an A/B's arms: config/arms.py), else `base`, the
+    baseline's."""
+    ref = str(rows["reference"].iloc[0]) if "reference" in rows and len(rows) else ""
+    if ref in ("", "nan", "None"):
+        return base
+    named = group[group["variant"] == ref]
+    return named[named["status"] == OK] if "status" in named else named
+
+
 def paired(variant: pd.DataFrame, base: pd.DataFrame, metric: str, key: str):
     """(variant values, baseline values) of `metric`, aligned on the rounds both measured."""
     a = variant.groupby(key)[metric].median()
