@@ -326,6 +326,9 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
     print("\n".join(console_lines(summary, experiment, overrides, table=table,
                                    repeats=repeats, program=program,
                                    busy=bool(isinstance(load, dict) and load.get("busy")))))
+    from speedbench.report import ab_section
+    for line in ab_section.console_lines(summary):  # an A/B of environments (arms)
+        print(textwrap.fill(line, width=100, subsequent_indent="  "))
     if profiled:
         from speedbench.report.profile_section import console_text
         print("\n" + console_text(run_dir))

@@ -93,8 +93,10 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
 
 def _arm_of(g: pd.DataFrame) -> dict:
     """An A/B's `arm` and `reference` of a variant (config/arms.py); nothing without."""
-    return {c: str(g[c].iloc[0]) for c in ("arm", "reference")
-            if c in g and pd.notna(g[c].iloc[0]) and str(g[c].iloc[0])}
+    if "arm" not in g or not g["arm"].notna().any():
+        return {}
+    return {c: str(g[c].iloc[0]) if c in g and pd.notna(g[c].iloc[0]) else ""
+            for c in ("arm", "reference")}
 
 
 def _schedule(per_model: pd.DataFrame) -> tuple[int, int, int]:

@@ -51,10 +51,21 @@ def facts() -> dict:
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
         "onednn": onednn.group(1) if onednn else None,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "build": _build(shown),
         "numpy": _version("numpy"), "torchvision": _version("torchvision"),
         "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
         "torch_config": shown,
     }
+
+
+BUILD_KEYS = ("BLAS_INFO", "USE_CUDA", "CUDA_VERSION", "USE_CUDNN", "CUDNN_VERSION",
+              "USE_MKLDNN", "USE_OPENMP")
+
+
+def _build(shown: str) -> str:
+    """The build settings that change kernels, from torch.__config__.show()."""
+    settings = dict(re.findall(r"\b([A-Z_]+)=([^,\s]*)", shown))
+    return ", ".join(f"{k}={settings[k]}" for k in BUILD_KEYS if k in settings)
 
 
 def _version(dist: str) -> str | None:
