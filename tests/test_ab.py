@@ -139,4 +139,5 @@ def test_a_and_a_through_the_cli_make_no_false_call_and_report_the_ab(tmp_path):
     assert "A/B: transformer: b over a:" in proc.stdout
     report = (run_dir / "report.md").read_text()
     assert "## A/B of environments" in report and "What cannot differ" in report
-    assert all(len(line) <= 100 for line in proc.stdout.splitlines())
+    wide = [line for line in proc.stdout.splitlines() if len(line) > 100]
+    assert not wide, wide

@@ -299,7 +299,7 @@ class SpeedbenchConfig:
                                        "name -> {python: interpreter path, env: {NAME: value}}; "
                                        "every variant runs under every arm; {}: this process",
                                    values="{a: {python: PATH, env: {}}, b: ...}",
-                                   factory=dict, per_variant=False)
+                                   factory=dict)
     claims: list[Any] = setting(doc="set by experiment files: the articles' claims this "
                                     "experiment checks", factory=list)
     suite: SuiteConfig = field(default_factory=SuiteConfig)

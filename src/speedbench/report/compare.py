@@ -247,6 +247,19 @@ def experiment_figures(runs: list[Run], keys: list[tuple], rows: pd.DataFrame, e
     return out
 
 
+def method_text(runs: list[Run], keys: list[tuple]) -> str:
+    """How runs are compared: the interval, its level and the family."""
+    return ("Rows are aligned by (experiment, model, variant). For each, the ratio of the "
+            "geometric mean throughput of a run to that of the reference (the first run "
+            "given), with Welch's t interval on the logs of both runs' trials (simulated, it "
+            "holds its level from 3 trials a side and at adjusted levels, where the bootstrap "
+            "of medians used before covered 0.89 of a nominal 0.95 at 3 trials), at "
+            f"{compared_level(runs, keys):.2%} each: the family's 5% shared by the "
+            f"{len(keys) * (len(runs) - 1)} comparisons (Bonferroni). 'faster' or 'slower' only "
+            "when the CI excludes 1. A run's speed-up over its own baseline shows whether a tip "
+            "pays off on each machine.")
+
+
 def build_document(runs: list[Run], out_dir: Path) -> Document:
     keys, notes = align(runs)
     rows = comparison_rows(runs, keys)
@@ -295,15 +308,7 @@ def build_document(runs: list[Run], out_dir: Path) -> Document:
         doc.table(comparison_table(runs, ex_keys, rows))
         doc.figures(experiment_figures(runs, keys, rows, experiment, out_dir))
     doc.heading("How runs are compared")
-    doc.para("Rows are aligned by (experiment, model, variant). For each, the ratio of the "
-             "geometric mean throughput of a run to that of the reference (the first run "
-             "given), with Welch's t interval on the logs of both runs' trials (simulated, it "
-             "holds its level from 3 trials a side and at adjusted levels, where the bootstrap "
-             "of medians used before covered 0.89 of a nominal 0.95 at 3 trials), at "
-             f"{compared_level(runs, keys):.2%} each: the family's 5% shared by the "
-             f"{len(keys) * (len(runs) - 1)} comparisons (Bonferroni). 'faster' or 'slower' only "
-             "when the CI excludes 1. A run's speed-up over its own baseline shows whether a tip "
-             "pays off on each machine.")
+    doc.para(method_text(runs, keys))
     if notes:
         doc.heading("What could not be compared", 3)
         doc.bullets(notes)

@@ -123,11 +123,11 @@ CALLS = {"trial": _trial, "probe": _probe, "more_seeds": _more_seeds}
 
 
 def run_job(job: dict) -> dict:
-    """One call of a job: the plan rebuilt, torch's threads as the parent's, the data built,
-    then the call."""
+    """One call of a job: the plan rebuilt, torch's intra-op parallelism as the parent's, the
+    data built, then the call."""
     plan, spec = plan_of(job["plan"])
-    if job.get("threads"):
-        torch.set_num_threads(int(job["threads"]))
+    if job.get("intra_op"):
+        torch.set_num_threads(int(job["intra_op"]))
     return CALLS[job["call"]](plan, spec, job["variant"], job["args"], _dataset(plan, spec))
 
 

@@ -107,7 +107,7 @@ def call(mc, name: str, what: str, args: dict, limit_s: float | None) -> dict:
     {"status": why it failed} (`limit_s`: the call's own limit, START_S added)."""
     arm = mc.plan.arms[name]
     job = {"call": what, "plan": job_data(mc.plan, mc.spec), "variant": name, "args": args,
-           "threads": torch.get_num_threads()}  # the parent's threads (bench.threads)
+           "intra_op": torch.get_num_threads()}  # the parent's, as bench.threads set it
     with tempfile.TemporaryDirectory(prefix="speedbench-arm-") as tmp:
         job_file, out = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_file.write_text(json.dumps(job, default=str))
