@@ -135,9 +135,13 @@ def test_a_and_a_through_the_cli_make_no_false_call_and_report_the_ab(tmp_path):
     env = json.loads((run_dir / "env.json").read_text())
     assert set(env["arms"]) == {"a", "b"} and env["arms"]["b"]["python_executable"] == PY
     quality = pd.read_csv(run_dir / "quality.csv")
-    assert set(quality["variant"]) == {"a", "b"} and quality["loss"].notna().all()
+    assert set(quality["variant"]) == {"a", "b"}
+    # each seed's loss with its step-0 loss, as in this process (arm_worker.triple)
+    assert quality[["loss", "initial_loss"]].map(float).notna().all().all()
+    assert summary.loc["b", "quality_verdict"] != "baseline"
     assert "A/B: transformer: b over a:" in proc.stdout
     report = (run_dir / "report.md").read_text()
     assert "## A/B of environments" in report and "What cannot differ" in report
-    wide = [line for line in proc.stdout.splitlines() if len(line) > 100]
+    # (the "measure again" command quotes the user's own +arms=... whole, however long)
+    wide = [line for line in proc.stdout.splitlines() if len(line) > 100 and "+arms=" not in line]
     assert not wide, wide

@@ -16,6 +16,7 @@ measure/launch.py's fresh-process trials.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -110,13 +111,20 @@ def _probe(plan, spec, name: str, args: dict, dataset) -> dict:
     ref = stopping.Reference(**args["ref"]) if args.get("ref") else None
     got = probes.probe_variant(_context(plan, spec, 1), name, dataset, ref, args["steps"],
                                args["left_s"])
+    if got and "seed_losses" in got:  # each with its step-0 and chance loss
+        got["seed_losses"] = [triple(x) for x in got["seed_losses"]]
     return {"probe": got}
+
+
+def triple(loss) -> list[float]:
+    """A seed's loss as plain data: [loss, initial, chance] (quality.SeedLoss)."""
+    return [float(loss), getattr(loss, "initial", math.nan), getattr(loss, "chance", math.nan)]
 
 
 def _more_seeds(plan, spec, name: str, args: dict, dataset) -> dict:
     got = probes.more_seed_losses(_context(plan, spec, args["seeds"]), name, dataset,
                                   args["steps"], args["left_s"])
-    return {"losses": list(got), "fault": getattr(got, "fault", None)}
+    return {"losses": [triple(x) for x in got], "fault": getattr(got, "fault", None)}
 
 
 CALLS = {"trial": _trial, "probe": _probe, "more_seeds": _more_seeds}

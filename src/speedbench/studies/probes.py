@@ -215,7 +215,12 @@ def arm_probe(mc, name: str, ref: stopping.Reference | None, steps: int,
         plain["rounds_s"] = _finite(ref.rounds_left())
     got = arms.call(mc, name, "probe", {"ref": plain, "steps": steps, "left_s": _finite(left_s)},
                     _finite(left_s))
-    return got["probe"] if "probe" in got else {FAULT: got["status"]}
+    if "probe" not in got:
+        return {FAULT: got["status"]}
+    probe = got["probe"]
+    if probe and "seed_losses" in probe:  # [loss, initial, chance]: arm_worker.triple
+        probe["seed_losses"] = [quality.SeedLoss(*x) for x in probe["seed_losses"]]
+    return probe
 
 
 def _finite(x: float | None) -> float | None:
@@ -229,7 +234,7 @@ def more_seed_losses(mc, name: str, dataset, steps: int, left_s: float) -> list[
     if name in mc.plan.arms:  # in its arm's interpreter
         got = arms.call(mc, name, "more_seeds", {"steps": steps, "seeds": mc.settings.quality_seeds,
                                                  "left_s": _finite(left_s)}, _finite(left_s))
-        losses = Losses(got.get("losses", []))
+        losses = Losses(quality.SeedLoss(*x) for x in got.get("losses", []))
         losses.fault = got.get("fault") or got.get("status")
         return losses
     try:
