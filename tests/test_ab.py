@@ -87,6 +87,39 @@ def test_a_technique_under_an_arm_is_compared_with_that_arm_s_baseline():
     assert versions["verdict"].tolist() == [intervals.SLOWER]
 
 
+def test_an_arm_s_worker_gets_its_variables_speedbench_and_a_compiler_cache_of_its_own():
+    from speedbench.studies import arms
+    a = arms.environment(Arm("a", PY))
+    b = arms.environment(Arm("b", PY, {"OMP_NUM_THREADS": "1"}))
+    src = str(Path(arms.__file__).resolve().parents[2])
+    assert b["OMP_NUM_THREADS"] == "1"
+    assert a["PYTHONPATH"].split(":")[0] == src == b["PYTHONPATH"].split(":")[0]
+    assert a["TORCHINDUCTOR_CACHE_DIR"] != b["TORCHINDUCTOR_CACHE_DIR"]
+    own = arms.environment(Arm("c", PY, {"TORCHINDUCTOR_CACHE_DIR": "/x"}))
+    assert own["TORCHINDUCTOR_CACHE_DIR"] == "/x"
+
+
+@pytest.mark.parametrize("output, says", [
+    ("ModuleNotFoundError: No module named 'hydra'", "cannot import hydra: install it there "
+                                                    f"({PY} -m pip install hydra-core)"),
+    ("RuntimeError: operator torchvision::nms does not exist",
+     "cannot run speedbench's worker: RuntimeError: operator torchvision::nms does not exist"),
+])
+def test_an_arm_that_cannot_run_the_worker_is_told_what_to_do_in_one_line(output, says):
+    from speedbench.studies import arms
+    line = arms.missing_line(Arm("b", PY), "Traceback (most recent call last):\n" + output)
+    assert line.startswith("arms.b: ") and says in line and "\n" not in line
+
+
+def test_arms_refuse_what_runs_in_this_process_only():
+    from conftest import compose_cfg
+    from speedbench.config import build_plan
+    from speedbench.run import check_arms
+    cfg = compose_cfg(*TINY, "model=transformer", "target.enabled=true", _arms())
+    with pytest.raises(ConfigError, match=r"^arms: .* cannot run with target.enabled=true"):
+        check_arms(cfg, [build_plan(cfg, None)], None)
+
+
 # --- the run-to-run comparison ------------------------------------------------------------------
 def test_welch_interval_holds_its_level_where_the_bootstrap_of_medians_does_not():
     # measured (seeded, 1000 runs): at 3 trials a side the percentile bootstrap of medians

@@ -102,9 +102,12 @@ def _plain(node) -> dict:
     return OmegaConf.to_container(node, resolve=True)
 
 
-def call(mc, name: str, what: str, args: dict, limit_s: float | None) -> dict:
+def call(mc, name: str, what: str, args: dict, limit_s: float | None,
+         extra_env: dict | None = None) -> dict:
     """One call (arm_worker.CALLS) of variant `name` in its arm's worker: its result, or
-    {"status": why it failed} (`limit_s`: the call's own limit, START_S added)."""
+    {"status": why it failed} (`limit_s`: the call's own limit, START_S added). `extra_env`:
+    what the variant's techniques set at a process's start (LD_PRELOAD, OMP_*), over the
+    arm's."""
     arm = mc.plan.arms[name]
     job = {"call": what, "plan": job_data(mc.plan, mc.spec), "variant": name, "args": args,
            "intra_op": torch.get_num_threads()}  # the parent's, as bench.threads set it
@@ -112,7 +115,8 @@ def call(mc, name: str, what: str, args: dict, limit_s: float | None) -> dict:
         job_file, out = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_file.write_text(json.dumps(job, default=str))
         proc = subprocess.Popen([arm.python, "-m", WORKER, str(job_file), str(out)],
-                                env=environment(arm), stdout=subprocess.PIPE,
+                                env={**environment(arm), **(extra_env or {})},
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         launch._LIVE[proc.pid] = Path(tmp)  # a second Ctrl-C kills it (launch.abandon)
         try:

@@ -230,10 +230,13 @@ def arm_trial(mc: ModelContext, name: str, round_: int, position: int, probe: di
               budget: Budget) -> dict:
     """One trial in a worker of the variant's arm: its record, or the header and why the
     worker failed; the arm and the variant it is compared with added."""
-    left = budget.left()
+    left, recipe, ctx = budget.left(), mc.plan.variants[name], context(mc.plan, mc.dist_env)
+    if techniques.processes(recipe, ctx):
+        return {**trial_header(mc, name, round_, position), "status": schema.na(
+            "a variant over several processes (torchrun) does not run in an arm")}
     got = arms.call(mc, name, "trial", {"round": round_, "position": position, "probe": probe,
                                         "left_s": left if left < math.inf else None},
-                    launch.launch_timeout_s(mc.plan.variants[name]))
+                    launch.launch_timeout_s(recipe), techniques.environment(recipe, ctx))
     record = got if "experiment" in got else {**trial_header(mc, name, round_, position), **got}
     record.update(arm_columns(mc.plan, name))
     return mc.book.annotate(record) if mc.book is not None else record
