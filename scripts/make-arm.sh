@@ -4,10 +4,11 @@
 # speedbench's worker imports (hydra-core, pandas, psutil, tqdm). speedbench itself comes from
 # the running checkout (the worker runs with its source on PYTHONPATH), so it is not installed.
 # uv where it is installed, else python -m venv and pip. Extra arguments go to the installer:
-# torchvision for the ResNet and the VAE (a version that matches torch), --index-url ...
+# torchvision and pillow for the ResNet and the VAE (their synthetic images; a torchvision
+# built for that torch: the same index and CUDA/CPU build), --index-url ...
 #
 #   scripts/make-arm.sh /tmp/arm213 2.13.0
-#   scripts/make-arm.sh /tmp/arm213 2.13.0 torchvision==0.28.0
+#   scripts/make-arm.sh /tmp/arm215 2.15.0 torchvision pillow   # pip picks the matching one
 #   python -m speedbench '+arms={a: {python: python3}, b: {python: /tmp/arm213/bin/python}}'
 set -euo pipefail
 if [ $# -lt 2 ]; then

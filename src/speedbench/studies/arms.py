@@ -32,7 +32,9 @@ WORKER = "speedbench.studies.arm_worker"
 FACTS_TIMEOUT_S = 300.0  # torch's import on a cold disk, twice over
 START_S = 120.0  # a worker's start, torch's import and the data, beside the call's own limit
 # the pip package of a module an arm's interpreter may lack
-PACKAGES = {"hydra": "hydra-core", "omegaconf": "hydra-core", "yaml": "pyyaml"}
+PACKAGES = {"hydra": "hydra-core", "omegaconf": "hydra-core", "yaml": "pyyaml", "PIL": "pillow"}
+# what the synthetic image data imports (measure/data.py: JPEG pool, augmentation)
+IMAGE_MODULES = ("PIL.Image", "torchvision.transforms.v2.functional")
 _JOBS: dict[int, dict] = {}  # id(plan) -> its plain data (built once per plan)
 
 
@@ -62,7 +64,9 @@ def missing_line(arm: Arm, output: str) -> str:
     lines = [ln.strip() for ln in output.splitlines() if re.match(r"^\w+(Error|Exception)", ln)]
     lines = lines or [ln.strip() for ln in output.splitlines() if ln.strip()]
     detail = lines[-1][:120] if lines else "no output"
-    return f"arms.{arm.name}: {arm.python} cannot run speedbench's worker: {detail}"
+    hint = "; install a torchvision built for the arm's torch there" \
+        if "torchvision" in output else ""
+    return f"arms.{arm.name}: {arm.python} cannot run speedbench's worker: {detail}{hint}"
 
 
 def check(plan) -> dict[str, dict]:
@@ -71,6 +75,8 @@ def check(plan) -> dict[str, dict]:
     what to install, for an arm that cannot."""
     modules = sorted({s.target["_target_"].rsplit(".", 1)[0] for s in plan.models
                       if isinstance(s.target, dict) and "." in str(s.target.get("_target_", ""))})
+    if any(s.dataset.get("kind") == "images" for s in plan.models):
+        modules += IMAGE_MODULES
     found = {}
     for arm in {a.name: a for a in plan.arms.values()}.values():
         try:
