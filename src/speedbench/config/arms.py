@@ -64,7 +64,8 @@ def _arm(name: str, spec: Any) -> Arm:
         spec = {"python": spec}
     if not isinstance(spec, dict) or set(spec) - set(ARM_KEYS) or "python" not in spec:
         raise ConfigError(f"{where}: a mapping with `python` (an interpreter's path) and "
-                          f"optionally `env` ({{NAME: value}}); allowed keys: {', '.join(ARM_KEYS)}")
+                          "optionally `env` ({NAME: value}); allowed keys: "
+                          + ", ".join(ARM_KEYS))
     python = os.path.expanduser(str(spec["python"]))
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         raise ConfigError(f"{where}.python: '{python}' is not an executable file; give a "

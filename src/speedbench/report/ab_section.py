@@ -25,7 +25,8 @@ FIXED = ("What cannot differ between the arms on one machine: the GPU driver, th
          "not the driver's.")
 FACTS = (("torch", "torch"), ("torch git", "torch_git_version"), ("python", "python"),
          ("interpreter", "python_executable"), ("CUDA runtime (wheel)", "torch_cuda_runtime"),
-         ("cuDNN", "cudnn"), ("oneDNN", "onednn"), ("CPU capability", "cpu_capability"), ("build", "build"),
+         ("cuDNN", "cudnn"), ("oneDNN", "onednn"), ("CPU capability", "cpu_capability"),
+         ("build", "build"),
          ("numpy", "numpy"), ("torchvision", "torchvision"), ("environment", "env"))
 SEPARATE_RUNS = ("Two separate runs confound the version with the day (the machine's load, "
                  "clock and thermal state); a paired A/B interleaves both in every round: "
@@ -73,21 +74,31 @@ def technique_rows(summary: pd.DataFrame) -> pd.DataFrame:
     if not len(rows):
         return pd.DataFrame()
     table = rows.assign(technique=rows["variant"].str.rsplit(SEPARATOR, n=1).str[0],
-                        cell=[f"{_ratio(r)} {r['verdict']}" for r in rows.to_dict("records")])
+                        cell=[_cell(r) for r in rows.to_dict("records")])
     wide = table.pivot_table(index=["model", "technique"], columns="arm", values="cell",
                              aggfunc="first", sort=False)
     return wide.reset_index().rename_axis(columns=None)
 
 
+def _cell(row: dict) -> str:
+    """'1.31x [1.20, 1.43] faster', or the verdict alone where there is no speed-up."""
+    ratio = _ratio(row)
+    return row["verdict"] if ratio == "-" else f"{ratio} {row['verdict']}"
+
+
 def technique_sentences(summary: pd.DataFrame) -> list[str]:
-    """'transformer: bf16 was 1.31x under a, 1.12x under b.'"""
-    wide = technique_rows(summary)
-    if not len(wide):
+    """'transformer: bf16 was 1.31x under a, 1.12x under b' (the verdict where no speed-up)."""
+    if not has_arms(summary):
         return []
-    arms = [c for c in wide.columns if c not in ("model", "technique")]
-    return [f"{r['model']}: {r['technique']} was " + ", ".join(
-        f"{str(r[a]).split(' [')[0].split(' ')[0]} under {a}" for a in arms if _text(r[a]))
-        for r in wide.to_dict("records")]
+    summary = _armed(summary)
+    rows = summary[summary["reference"].ne("")]
+    rows = rows.assign(technique=rows["variant"].str.rsplit(SEPARATOR, n=1).str[0])
+    lines = []
+    for (model, technique), group in rows.groupby(["model", "technique"], sort=False):
+        said = [(f"{r['speedup']:.2f}x" if _ratio(r) != "-" else r["verdict"])
+                + f" under {r['arm']}" for r in group.to_dict("records")]
+        lines.append(f"{model}: {technique} was " + ", ".join(said))
+    return lines
 
 
 def facts_table(env: dict) -> pd.DataFrame:

@@ -224,7 +224,8 @@ def experiment_figures(runs: list[Run], keys: list[tuple], rows: pd.DataFrame, e
     ratios["label"] = ratios["variant"] + (" · " + ratios["run"] if many else "")
     figures.append((f"Throughput relative to {ref.label}",
                     plots.forest(ratios, f"throughput relative to {ref.label} (x, log scale)",
-                                 f"Each run's throughput over {ref.label}'s: geometric-mean ratio, adjusted Welch CI",
+                                 f"Each run's throughput over {ref.label}'s: geometric-mean "
+                                 "ratio, adjusted Welch CI",
                                  label="label")))
     summary = _stacked(runs, keys, "summary")
     speed = summary[~summary["is_baseline"]].rename(
