@@ -15,6 +15,7 @@ B over A:
   comparison) and, for reference, the bootstrap of medians it replaced.
 
     python benchmarks/ab_sim.py RUN_DIR [--runs 1000] [--rounds 5] [--day-factor 1]
+    python benchmarks/ab_sim.py RUN_DIR --trial-sd 0.083 --round-sd 0.050   # a quiet machine
 """
 from __future__ import annotations
 
@@ -94,9 +95,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--day-factor", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trial-sd", type=float, help="instead of RUN_DIR's fit (e.g. 0.083, the "
+                   "quiet reference machine's: benchmarks/README.md)")
+    p.add_argument("--round-sd", type=float, help="likewise (e.g. 0.050)")
     args = p.parse_args()
-    trials = pd.read_csv(f"{args.run_dir}/trials.csv")
+    trials = pd.read_csv(f"{args.run_dir}/trials.csv", dtype={"reference": str})
     trial_sd, round_sd = fitted_noise(trials)
+    trial_sd = args.trial_sd if args.trial_sd is not None else trial_sd
+    round_sd = args.round_sd if args.round_sd is not None else round_sd
     print(f"fitted: per-trial sd {trial_sd:.3f}, round-effect sd {round_sd:.3f} (log units); "
           f"day sd = {args.day_factor:g} x the round effect's")
     table = [simulate(trial_sd, round_sd, r, args.rounds, args.runs, args.day_factor,
