@@ -266,9 +266,10 @@ def test_comparison_ratio_uses_the_trials_of_both_runs(tmp_path):
     keys = [("amp", "resnet", "fp32"), ("amp", "vae", "bf16")]
     rows = comparison_rows([a, b], keys)
     assert list(rows["verdict"]) == [intervals.FASTER, intervals.FASTER]
-    expected = intervals.unpaired_ratio_ci(
+    expected = intervals.welch_ratio_ci(
         b.trials.query("model == 'resnet' and variant == 'fp32'")["samples_per_s"],
-        a.trials.query("model == 'resnet' and variant == 'fp32'")["samples_per_s"])
+        a.trials.query("model == 'resnet' and variant == 'fp32'")["samples_per_s"],
+        intervals.comparison_level(len(keys)))
     assert rows.iloc[0][["ratio", "lo", "hi"]].tolist() == pytest.approx(list(expected))
     assert 1.9 < rows.iloc[0]["ratio"] < 2.1
 
@@ -300,7 +301,7 @@ def test_compare_two_runs_with_missing_trials_and_an_unknown_column(capsys, tmp_
     rc, err = report_cli(capsys, a, b, "--out", out)
     assert rc == 0, err
     md = (out / "report.md").read_text()
-    assert "machine-b / machine-a [95% CI]" in md
+    assert "machine-b / machine-a [adj. CI]" in md
     assert "device_name" in md and "Other CPU" in md  # the environment difference
     assert "1 rows of machine-a are not in machine-b: amp/vae/bf16" in md
     assert "interrupted" in md

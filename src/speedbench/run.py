@@ -22,9 +22,9 @@ from speedbench import distributed, errors, results, techniques
 from speedbench.analysis import intervals
 from speedbench.analysis import to_target as target_stats
 from speedbench.analysis.summary import summary_of
-from speedbench.config import Plan, build_plan, suite
+from speedbench.config import ConfigError, Plan, build_plan, suite
 from speedbench.measure import diagnosis, env, isolation
-from speedbench.studies import to_target
+from speedbench.studies import arms, to_target
 from speedbench.measure.budget import Budget, run_start
 from speedbench.measure.flops import FlopsBook
 from speedbench.measure.timing import settled_heap
@@ -46,6 +46,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     the command line's, handed on to every member.
     """
     plans = _plans(cfg, experiment, overrides)  # every plan validated before anything is written
+    arm_facts = check_arms(cfg, plans, distributed.from_environ())  # each arm can run a trial
     isolation.clear_notes()  # a sweep's jobs each say their own models' changes
     dist_env = distributed.from_environ()
     groups = driver.check(cfg, plans[0], dist_env) if driver.is_recipe(cfg) else None
@@ -62,8 +63,8 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if suite.is_suite(cfg):
         resolved["claims"] = suite.combined_claims(plans)
-    run_dir = _open_run_dir(cfg, experiment, plans, resolved, dist_env, device, threads) \
-        if distributed.is_main(dist_env) else None
+    run_dir = _open_run_dir(cfg, experiment, plans, resolved, dist_env, device, threads,
+                            arm_facts) if distributed.is_main(dist_env) else None
     try:
         with settled_heap():
             return _conduct(cfg, plans, groups, run_dir, resolved, dist_env, device, progress,
@@ -218,8 +219,25 @@ def _sweep_tag() -> str:
         return ""
 
 
+def check_arms(cfg: DictConfig, plans: list[Plan], dist_env) -> dict:
+    """An A/B's arms (config/arms.py), before anything is written: what they cannot be
+    combined with, and each arm's interpreter asked to run a trial's imports (studies/arms.py;
+    one line saying what to install where it cannot). arm -> its facts, for env.json."""
+    if not any(p.arms for p in plans):
+        return {}
+    what = "torchrun" if dist_env is not None else "+experiment=recipe" \
+        if driver.is_recipe(cfg) else "target.enabled=true" if cfg.target.enabled else None
+    if what:
+        raise ConfigError(f"arms: an A/B of environments cannot run with {what}; drop one")
+    facts = {}
+    for plan in plans:
+        facts.update(arms.check(plan))
+    return facts
+
+
 def _open_run_dir(cfg: DictConfig, experiment: str | None, plans: list[Plan], resolved: dict,
-                  dist_env, device, threads: dict | None = None) -> Path:
+                  dist_env, device, threads: dict | None = None,
+                  arm_facts: dict | None = None) -> Path:
     """A new run directory with the config (each suite member's too) and env.json."""
     run_dir = results.new_run_dir(cfg.out_dir, experiment or plans[0].experiment, cfg.run_dir,
                                   tag=_sweep_tag())
@@ -237,6 +255,8 @@ def _open_run_dir(cfg: DictConfig, experiment: str | None, plans: list[Plan], re
         machine = env.collect(plans[0].device)
         machine["distributed"] = distributed.describe(dist_env, device)
         machine["bench_threads"] = threads or {}
+        if arm_facts:  # each arm's software, side by side in the report's A/B section
+            machine["arms"] = arm_facts
         results.write_env(machine, run_dir)
         results.write_json(techniques.metadata(), run_dir / "techniques.json")
     except OSError as exc:  # nothing measured yet: leave no folder behind
@@ -320,6 +340,9 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
     print("\n".join(console_lines(summary, experiment, overrides, table=table,
                                    repeats=repeats, program=program, budget_s=budget_s,
                                    busy=bool(isinstance(load, dict) and load.get("busy")))))
+    from speedbench.report import ab_section
+    for line in ab_section.console_lines(summary):  # an A/B of environments (arms)
+        print(textwrap.fill(line, width=100, subsequent_indent="  "))
     if profiled:
         from speedbench.report.profile_section import console_text
         print("\n" + console_text(run_dir))

@@ -251,6 +251,18 @@ def pair_key(trials: pd.DataFrame) -> str:
     return "trial"
 
 
+def reference_rows(group: pd.DataFrame, rows: pd.DataFrame, base: pd.DataFrame
+                   ) -> pd.DataFrame:
+    """What a variant's `rows` are compared with, in one model's `group`: the rows of the
+    variant its `reference` column names (an A/B's arms: config/arms.py), else `base`, the
+    baseline's."""
+    ref = str(rows["reference"].iloc[0]) if "reference" in rows and len(rows) else ""
+    if ref in ("", "nan", "None"):
+        return base
+    named = group[group["variant"] == ref]
+    return named[named["status"] == OK] if "status" in named else named
+
+
 def paired(variant: pd.DataFrame, base: pd.DataFrame, metric: str, key: str):
     """(variant values, baseline values) of `metric`, aligned on the rounds both measured."""
     a = variant.groupby(key)[metric].median()
@@ -261,6 +273,26 @@ def paired(variant: pd.DataFrame, base: pd.DataFrame, metric: str, key: str):
 
 
 # ---- the older unpaired tools (two runs compared; plots) ----
+
+def welch_ratio_ci(num, den, level: float = 0.95) -> tuple[float, float, float]:
+    """Ratio of the geometric means num/den with Welch's t interval on the logs: two
+    separate runs' trials (no pairing), which holds its level at 5-10 trials a side where a
+    bootstrap of medians does not; (ratio, nan, nan) below two trials on a side."""
+    a = np.log(np.asarray(num, float))
+    b = np.log(np.asarray(den, float))
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if not len(a) or not len(b):
+        return math.nan, math.nan, math.nan
+    centre = float(a.mean() - b.mean())
+    if len(a) < 2 or len(b) < 2:
+        return math.exp(centre), math.nan, math.nan
+    va, vb = float(a.var(ddof=1)) / len(a), float(b.var(ddof=1)) / len(b)
+    if va + vb == 0:
+        return math.exp(centre), math.exp(centre), math.exp(centre)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = t_quantile(level, max(1, int(df))) * math.sqrt(va + vb)  # df rounded down
+    return math.exp(centre), math.exp(centre - half), math.exp(min(centre + half, MAX_LOG))
+
 
 def unpaired_ratio_ci(num: np.ndarray, den: np.ndarray, level: float = 0.95,
                        resamples: int = 4000, seed: int = 0) -> tuple[float, float, float]:

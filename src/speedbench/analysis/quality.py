@@ -81,8 +81,10 @@ def summarise(quality: pd.DataFrame, tolerance: float,
         base = _ok(group[group["is_baseline"].astype(bool)])
         learned = learned_guard(base)
         for variant, rows in group.groupby("variant", sort=False):
+            ref = intervals.reference_rows(group, rows, base)  # an A/B's arm's baseline
             out.append({"experiment": exp, "model": model, "variant": variant,
-                        **_judged(rows, base, level, tolerance, learned)})
+                        **_judged(rows, ref, level, tolerance,
+                                  learned if ref is base else learned_guard(ref))})
     return pd.DataFrame(out, columns=COLUMNS)
 
 

@@ -20,7 +20,8 @@ import pandas as pd
 from speedbench.analysis import quality
 from speedbench.analysis.intervals import (
     BASELINE, FAMILY_LEVEL, INCONCLUSIVE, NO_CI, SCREENING, Looks, classify, count_comparisons,
-    min_detectable, pair_key, paired, paired_log_ratios, paired_ratio_ci, relative_halfwidth,
+    min_detectable, pair_key, paired, paired_log_ratios, paired_ratio_ci, reference_rows,
+    relative_halfwidth,
     stopped_early, t_quantile, threshold_of)
 from speedbench.results.schema import NOT_MEASURED, OK, STOPPED_SLOWER, parse_status
 
@@ -74,11 +75,13 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
             ok = g[g["status"] == OK]
             row = {"experiment": experiment, "model": model, "variant": variant,
                    "is_baseline": bool(g["is_baseline"].iloc[0]), "status": status_of(g["status"]),
-                   "trials": len(ok), **_medians(g, ok)}
-            level = fixed if fixed is not None else plan.level(_rounds_paired(ok, base_rows, key))
-            row.update(_mem_ratio(ok, base_rows, key, level))
-            row["loss_delta"] = row["final_loss"] - base_loss
-            row.update(_speedup(row, ok, base_rows, key, level, threshold_of(g),
+                   "trials": len(ok), **_medians(g, ok), **_arm_of(g)}
+            ref = reference_rows(per_model, g, base_rows)  # the baseline, or its arm's
+            level = fixed if fixed is not None else plan.level(_rounds_paired(ok, ref, key))
+            row.update(_mem_ratio(ok, ref, key, level))
+            row["loss_delta"] = row["final_loss"] - (
+                ref["final_loss"].median() if ref is not base_rows and len(ref) else base_loss)
+            row.update(_speedup(row, ok, ref, key, level, threshold_of(g),
                                 floor if fixed is not None else None))
             row["comparisons"], row["family_level"], row["ci_level"] = comparisons, family, level
             row["family_scope"] = "allotted" if (experiment, model) in levels else \
@@ -86,6 +89,14 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
             row.update(_flops(ok, row["step_ms"]))
             rows.append({**row, **position})
     return pd.DataFrame(rows)
+
+
+def _arm_of(g: pd.DataFrame) -> dict:
+    """An A/B's `arm` and `reference` of a variant (config/arms.py); nothing without."""
+    if "arm" not in g or not g["arm"].notna().any():
+        return {}
+    return {c: str(g[c].iloc[0]) if c in g and pd.notna(g[c].iloc[0]) else ""
+            for c in ("arm", "reference")}
 
 
 def _schedule(per_model: pd.DataFrame) -> tuple[int, int, int]:

@@ -15,7 +15,7 @@ from speedbench.config.schema import Schema
 from speedbench.errors import ConfigError
 
 # Free-form nodes: their keys are names (models, variants) or claim fields, not schema keys.
-FREE_FORM = ("model", "models", "variants", "claims", "recipe.candidates", "data.kwargs")
+FREE_FORM = ("model", "models", "variants", "arms", "claims", "recipe.candidates", "data.kwargs")
 
 
 def check_known_keys(cfg: DictConfig, schema: Optional[DictConfig] = None, prefix: str = "") -> None:

@@ -8,7 +8,7 @@ import dataclasses
 import math
 import re
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -16,6 +16,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from speedbench import distributed, techniques
+from speedbench.config.arms import Arm, cross, parse_arms
 from speedbench.config.keys import check_known_keys
 from speedbench.config.models import (ModelSpec, check_choice, check_dataset_sizes,
                                       check_path_fits, config_dirs, first_line, inline_name,
@@ -24,7 +25,7 @@ from speedbench.config.schema import DEVICES, SCALES, SpeedbenchConfig
 from speedbench.errors import ConfigError
 
 # Keys a variant may not change: they define the experiment, not a recipe.
-NOT_PER_VARIANT = ("model", "models", "variants", "baseline", "claims", "experiment", "out_dir",
+NOT_PER_VARIANT = ("model", "models", "variants", "arms", "baseline", "claims", "experiment", "out_dir",
                    "suite", "recipe", "target")
 # bench.mode=quick: one round of fixed windows, no quality probe (so no early stop), no interval
 QUICK = {"repeats": 1, "target_ci": None, "steady_tol": None, "quality_steps": 0,
@@ -40,6 +41,10 @@ class Plan:
     variants: dict[str, DictConfig]  # name -> merged recipe, baseline first
     baseline: str
     config: DictConfig = MISSING
+    # with `arms` (config/arms.py): each variant's environment, and the variant each is
+    # compared with ('' or absent: the baseline)
+    arms: dict[str, Arm] = field(default_factory=dict)
+    references: dict[str, str] = field(default_factory=dict)
 
 
 def resolve_device(name: str) -> str:
@@ -216,8 +221,13 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     if cfg.bench.mode == "quick":  # the run's own keys too: the studies read them from here
         config = cfg.copy()
         config.bench.update(QUICK)
+    arms = parse_arms(OmegaConf.select(cfg, "arms"))
+    crossed = cross(variants, baseline, arms) if arms else None
     plan = Plan(experiment=experiment or "default", device=device, scale=scale, models=models,
-                variants=variants, baseline=baseline, config=config)
+                variants=crossed.variants if arms else variants,
+                baseline=crossed.baseline if arms else baseline, config=config,
+                arms=crossed.arm_of if arms else {},
+                references=crossed.reference if arms else {})
     check_plan(plan, distributed.from_environ())
     return plan
 

@@ -294,6 +294,12 @@ class SpeedbenchConfig:
                                            "the recipe", factory=dict)
     baseline: Optional[str] = setting(None, "the variant the others are compared with; null: the "
                                             "first")
+    # config/arms.py, studies/arms.py: a paired A/B of Python environments (docs/outputs.md)
+    arms: dict[str, Any] = setting(doc="Python environments to compare, paired in every round: "
+                                       "name -> {python: interpreter path, env: {NAME: value}}; "
+                                       "every variant runs under every arm; {}: this process",
+                                   values="{a: {python: PATH, env: {}}, b: ...}",
+                                   factory=dict)
     claims: list[Any] = setting(doc="set by experiment files: the articles' claims this "
                                     "experiment checks", factory=list)
     suite: SuiteConfig = field(default_factory=SuiteConfig)

@@ -22,7 +22,7 @@ from speedbench.analysis import claims as claims_mod
 from speedbench.analysis import intervals
 from speedbench.analysis.numbers import AUTO, ratio_text
 from speedbench.analysis.summary import summarised
-from speedbench.report import (capacity_section, explain_section, host_sweep, memory_section,
+from speedbench.report import (ab_section, capacity_section, explain_section, host_sweep, memory_section,
                                method, plots, profile_section, recipe_section, recommend,
                                settings, to_target_section, unfinished)
 from speedbench.report.document import Document, shortened, slug, write
@@ -624,6 +624,7 @@ def build_document(run: Run, out_dir: Path) -> Document:
     for change in model_change_notes(run.env):  # a model's code changed the process
         doc.note(change[:1].upper() + change[1:])
     recommendation_section(doc, run, out_dir)
+    ab_section.add(doc, run.summary, run.env)  # an A/B of environments (arms)
     for experiment in experiments:
         experiment_section(doc, run, experiment, out_dir)
     _remove_stale_figures(out_dir, {p for b in doc.blocks if b[0] == "figures" for _, p in b[1]})

@@ -37,16 +37,16 @@ KEYS = ["experiment", "model", "variant"]
 # finite number is read as missing (and noted). A run writes `nan` for a figure it did not
 # measure, which keep_default_na=False would otherwise keep as text.
 TRIAL_TEXT = ("experiment", "model", "variant", "is_baseline", "status", "device", "profile",
-              "rank_step_ms", "peak_kind", "peak_phase")
+              "rank_step_ms", "peak_kind", "peak_phase", "arm", "reference")
 TRIAL_NUMERIC = tuple(c for c in TRIAL_COLUMNS if c not in TRIAL_TEXT)
 SUMMARY_TEXT = ("experiment", "model", "variant", "is_baseline", "status", "verdict",
-                "family_scope", "peak_phase", "quality_verdict")
+                "family_scope", "peak_phase", "quality_verdict", "arm", "reference")
 SUMMARY_NUMERIC = tuple(c for c in SUMMARY_COLUMNS if c not in SUMMARY_TEXT) + (
     "mem_ratio_lo", "mem_ratio_hi", "scaling_efficiency", "scaling_efficiency_lo",
     "scaling_efficiency_hi")
 # env.json entries the report reads, with the type each must have to be used.
 ENV_TYPES = {"versions": dict, "env": dict, "distributed": dict, "cuda_devices": list,
-             "cpu_flags": list, "machine_load": dict, "model_changes": list}
+             "cpu_flags": list, "machine_load": dict, "model_changes": list, "arms": dict}
 # config.yaml entries the report reads, with their types (claims: checked one by one).
 CONFIG_TYPES = {"bench": dict}
 # A run's JSON and YAML files stay far below this; a deeper nesting is not a run's, and

@@ -76,6 +76,9 @@ TRIAL_COLUMNS = [
     # the rounds between two later looks of the group-sequential rounds (intervals.look_spacing:
     # bench.repeats, or more where the model's budget fits more rounds)
     "look_every",
+    # an A/B of environments (config/arms.py): the variant's arm, and the variant it is
+    # compared with (empty: the baseline)
+    "arm", "reference",
 ]
 # The contract: every trials.csv has these (experiment ... final_loss); a reader notes the ones
 # an older run lacks.
@@ -104,6 +107,8 @@ SUMMARY_COLUMNS = [
     "quality_loss", "quality_seeds", "loss_ratio", "learned_nats", "learning_lost",
     "learning_lost_lo", "learning_lost_hi", "quality_level", "quality_tolerance",
     "quality_tolerance_nats", "quality_verdict",
+    # an A/B of environments: the variant's arm and what it is compared with (trials.csv's)
+    "arm", "reference",
 ]
 # The parts of one optimizer step the phase clock times (train.Trainer.step), in step order.
 PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
@@ -126,7 +131,7 @@ REQUIRED_TO_TARGET_COLUMNS = TO_TARGET_COLUMNS[:-1]  # cap_s: a run written befo
 # quality.csv: the quality probe's held-out loss per model, variant and seed (studies/quality.py)
 # initial_loss: the same model's before its first step; chance_loss: a uniform guess's (nats)
 QUALITY_COLUMNS = ["experiment", "model", "variant", "is_baseline", "seed", "steps", "samples",
-                   "loss", "status", "initial_loss", "chance_loss"]
+                   "loss", "status", "initial_loss", "chance_loss", "reference"]
 REQUIRED_QUALITY_COLUMNS = QUALITY_COLUMNS[:9]  # a run written before the step-0 loss
 # steps.csv: each timed step of each trial (measure/trial.py), in ms
 STEP_COLUMNS = ["experiment", "model", "variant", "round", "position", "step", "step_ms"]

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from speedbench import distributed
-from speedbench.studies import costs, quality, stopping
+from speedbench.studies import arms, costs, quality, stopping
 from speedbench.measure.budget import Budget
 from speedbench.measure.trial import context
 from speedbench.results import atomic, schema
@@ -189,7 +189,7 @@ def quality_rows(mc, name: str, found: ProbeResult, status: dict[str, str], prep
     """quality.csv's rows of a variant: a loss per seed, or one row saying why it has none."""
     plan = mc.plan
     head = {"experiment": plan.experiment, "model": mc.spec.name, "variant": name,
-            "is_baseline": name == plan.baseline}
+            "is_baseline": name == plan.baseline, "reference": plan.references.get(name, "")}
     got, seed = found.records.get(name, {}), plan.variants[name].bench.seed
     losses = found.seed_losses.get(name)
     if losses:
@@ -223,6 +223,8 @@ def probe_variant(mc, name: str, dataset, ref: stopping.Reference | None, steps:
     """One variant's quality probe, held to `ref` (the baseline's, the budget's); `steps` 0:
     its throughput alone, no loss. On a fault (the model's exception, its sys.exit()), {FAULT:
     its one-line status}: quality.csv's row says it, and the variant's trials go on."""
+    if name in mc.plan.arms:  # in its arm's interpreter
+        return arm_probe(mc, name, ref, steps, left_s)
     try:
         return quality.quality_probe(
             mc.spec, mc.plan.variants[name], context(mc.plan, mc.dist_env), dataset, steps,
@@ -231,9 +233,39 @@ def probe_variant(mc, name: str, dataset, ref: stopping.Reference | None, steps:
         return {FAULT: fault_status(exc)}
 
 
+def arm_probe(mc, name: str, ref: stopping.Reference | None, steps: int,
+              left_s: float) -> dict | None:
+    """probe_variant in the variant's arm (arms.call): the same probe, held to the same
+    reference (its seconds left as of now), or {FAULT: why its worker failed}."""
+    plain = None
+    if ref is not None:
+        plain = {k: _finite(v) if isinstance(v, float) else v
+                 for k, v in asdict(ref).items() if k != "left"}
+        plain["rounds_s"] = _finite(ref.rounds_left())
+    got = arms.call(mc, name, "probe", {"ref": plain, "steps": steps, "left_s": _finite(left_s)},
+                    _finite(left_s))
+    if "probe" not in got:
+        return {FAULT: got["status"]}
+    probe = got["probe"]
+    if probe and "seed_losses" in probe:  # [loss, initial, chance]: arm_worker.triple
+        probe["seed_losses"] = [quality.SeedLoss(*x) for x in probe["seed_losses"]]
+    return probe
+
+
+def _finite(x: float | None) -> float | None:
+    """JSON's number, or None for no limit (inf)."""
+    return None if x is None or math.isinf(x) else x
+
+
 def more_seed_losses(mc, name: str, dataset, steps: int, left_s: float) -> list[float]:
     """The held-out losses of the probe's other seeds (quality.more_seeds), within `left_s`;
     on a fault none, and the fault (Losses.fault) that quality.csv's row says."""
+    if name in mc.plan.arms:  # in its arm's interpreter
+        got = arms.call(mc, name, "more_seeds", {"steps": steps, "seeds": mc.settings.quality_seeds,
+                                                 "left_s": _finite(left_s)}, _finite(left_s))
+        losses = Losses(quality.SeedLoss(*x) for x in got.get("losses", []))
+        losses.fault = got.get("fault") or got.get("status")
+        return losses
     try:
         return quality.more_seeds(mc.spec, mc.plan.variants[name],
                                   context(mc.plan, mc.dist_env), dataset, steps,

@@ -38,7 +38,7 @@ from speedbench import distributed, techniques
 from speedbench.config import ModelSpec, Plan
 from speedbench.errors import ConfigError
 from speedbench.measure import isolation, launch
-from speedbench.studies import capacity, costs, explain_phases, probes, rounds
+from speedbench.studies import arms, capacity, costs, explain_phases, probes, rounds
 from speedbench.measure.budget import Budget
 from speedbench.measure.data import DataOutOfTime, build_dataset
 from speedbench.measure.flops import FlopsBook
@@ -113,9 +113,11 @@ class Settings:
             quality_steps=min(bench.quality_steps, SCREEN_PROBE_STEPS) if screen
             else bench.quality_steps,
             quality_seeds=1 if screen else bench.quality_seeds,
-            explain=bool(bench.explain and request.explain),
+            # the forecasts, the profile and the largest batch run in this process: not an
+            # arm's (config/arms.py)
+            explain=bool(bench.explain and request.explain and not plan.arms),
             skip_by_forecast=bool(bench.skip_by_forecast),
-            find_largest_batch=bool(bench.find_largest_batch),
+            find_largest_batch=bool(bench.find_largest_batch and not plan.arms),
             too_slow_factor=bench.too_slow_factor, time_budget_s=bench.time_budget_s,
             noise_threshold=base.noise_threshold, seed=base.seed, rounds=request.rounds)
 
@@ -212,6 +214,8 @@ def run_trial(mc: ModelContext, name: str, round_: int, position: int, dataset,
               probe: dict | None, budget: Budget) -> dict:
     """One trial's record: in this process, or in processes of its own through torchrun."""
     plan, spec, recipe = mc.plan, mc.spec, mc.plan.variants[name]
+    if name in plan.arms:  # in its arm's interpreter (arms.py)
+        return arm_trial(mc, name, round_, position, probe, budget)
     ctx = context(plan, mc.dist_env)
     nproc = techniques.processes(recipe, ctx)
     env = techniques.environment(recipe, ctx)
@@ -222,8 +226,31 @@ def run_trial(mc: ModelContext, name: str, round_: int, position: int, dataset,
                          position=position, probe=probe, book=mc.book, budget=budget)
 
 
+def arm_trial(mc: ModelContext, name: str, round_: int, position: int, probe: dict | None,
+              budget: Budget) -> dict:
+    """One trial in a worker of the variant's arm: its record, or the header and why the
+    worker failed; the arm and the variant it is compared with added."""
+    left, recipe, ctx = budget.left(), mc.plan.variants[name], context(mc.plan, mc.dist_env)
+    if techniques.processes(recipe, ctx):
+        return {**trial_header(mc, name, round_, position), "status": schema.na(
+            "a variant over several processes (torchrun) does not run in an arm")}
+    got = arms.call(mc, name, "trial", {"round": round_, "position": position, "probe": probe,
+                                        "left_s": left if left < math.inf else None},
+                    launch.launch_timeout_s(recipe), techniques.environment(recipe, ctx))
+    record = got if "experiment" in got else {**trial_header(mc, name, round_, position), **got}
+    record.update(arm_columns(mc.plan, name))
+    return mc.book.annotate(record) if mc.book is not None else record
+
+
+def arm_columns(plan: Plan, name: str) -> dict:
+    """trials.csv's `arm` and `reference` of a variant (empty without arms)."""
+    arm = plan.arms.get(name)
+    return {"arm": arm.name if arm else "", "reference": plan.references.get(name, "")}
+
+
 def trial_header(mc: ModelContext, name: str, round_: int, position: int) -> dict:
-    return header(mc.plan, mc.spec, name, mc.plan.variants[name], round_, mc.dist_env, position)
+    return {**header(mc.plan, mc.spec, name, mc.plan.variants[name], round_, mc.dist_env,
+                     position), **arm_columns(mc.plan, name)}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,151 @@
+"""Running a variant's trials and probes in its arm's interpreter (config/arms.py): a worker
+process (studies/arm_worker.py) per call, fed the call as plain JSON and read back as JSON;
+and the up-front check that every arm's interpreter can run one.
+
+Each call is a fresh process of the arm's python, started with the arm's environment
+variables on top of ours and speedbench's source on PYTHONPATH (the same speedbench in every
+arm). Its start, torch's import and the data's building are outside the timed window. A
+compiler cache of its own per arm (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR), unless the arm
+sets one: two torch versions must not share compiled kernels.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from speedbench.config.arms import Arm
+from speedbench.errors import ConfigError
+from speedbench.measure import launch
+from speedbench.results import schema
+
+WORKER = "speedbench.studies.arm_worker"
+FACTS_TIMEOUT_S = 300.0  # torch's import on a cold disk, twice over
+START_S = 120.0  # a worker's start, torch's import and the data, beside the call's own limit
+# the pip package of a module an arm's interpreter may lack
+PACKAGES = {"hydra": "hydra-core", "omegaconf": "hydra-core", "yaml": "pyyaml", "PIL": "pillow"}
+# what the synthetic image data imports (measure/data.py: JPEG pool, augmentation)
+IMAGE_MODULES = ("PIL.Image", "torchvision.transforms.v2.functional")
+_JOBS: dict[int, dict] = {}  # id(plan) -> its plain data (built once per plan)
+
+
+def environment(arm: Arm) -> dict[str, str]:
+    """The worker's environment: ours, the arm's variables, speedbench's source first on
+    PYTHONPATH, and a compiler cache per arm."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, **arm.env, launch.PARENT_PID: str(os.getpid())}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, arm.env.get(
+        "PYTHONPATH", os.environ.get("PYTHONPATH"))) if p)
+    cache = Path(tempfile.gettempdir()) / f"speedbench-arm-{os.getuid()}-{arm.name}"
+    for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+        if var not in arm.env:
+            env[var] = str(cache / sub)
+    return env
+
+
+def missing_line(arm: Arm, output: str) -> str:
+    """One line for an arm whose worker cannot start: what to install there."""
+    missing = re.findall(r"No module named '([^']+)'", output)
+    if missing:
+        module = missing[-1].split(".")[0]
+        package = PACKAGES.get(module, module)
+        return (f"arms.{arm.name}: {arm.python} cannot import {module}: install it there "
+                f"({arm.python} -m pip install {package}), or make the arm with "
+                "scripts/make-arm.sh")
+    lines = [ln.strip() for ln in output.splitlines() if re.match(r"^\w+(Error|Exception)", ln)]
+    lines = lines or [ln.strip() for ln in output.splitlines() if ln.strip()]
+    detail = lines[-1][:120] if lines else "no output"
+    hint = "; install a torchvision built for the arm's torch there" \
+        if "torchvision" in output else ""
+    return f"arms.{arm.name}: {arm.python} cannot run speedbench's worker: {detail}{hint}"
+
+
+def check(plan) -> dict[str, dict]:
+    """arm name -> its facts (arm_worker.facts), each arm's interpreter asked once, before any
+    trial, to import what a trial and the plan's models import. ConfigError, one line saying
+    what to install, for an arm that cannot."""
+    modules = sorted({s.target["_target_"].rsplit(".", 1)[0] for s in plan.models
+                      if isinstance(s.target, dict) and "." in str(s.target.get("_target_", ""))})
+    if any(s.dataset.get("kind") == "images" for s in plan.models):
+        modules += IMAGE_MODULES
+    found = {}
+    for arm in {a.name: a for a in plan.arms.values()}.values():
+        try:
+            done = subprocess.run([arm.python, "-m", WORKER, "--facts", *modules],
+                                  env=environment(arm), capture_output=True, text=True,
+                                  timeout=FACTS_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ConfigError(f"arms.{arm.name}: {arm.python} did not start: {exc}") from None
+        if done.returncode != 0:
+            raise ConfigError(missing_line(arm, done.stdout + done.stderr))
+        found[arm.name] = {**json.loads(done.stdout.strip().splitlines()[-1]),
+                           "env": dict(arm.env)}
+    return found
+
+
+def job_data(plan, spec) -> dict:
+    """The plan and one model as plain data (arm_worker.plan_of rebuilds them)."""
+    key = id(plan)
+    if key not in _JOBS:
+        _JOBS.clear()  # one plan at a time
+        _JOBS[key] = {
+            "experiment": plan.experiment, "device": plan.device, "scale": plan.scale,
+            "baseline": plan.baseline, "config": _plain(plan.config),
+            "variants": {n: _plain(r) for n, r in plan.variants.items()}}
+    return {**_JOBS[key], "spec": asdict(spec)}
+
+
+def _plain(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True)
+
+
+def call(mc, name: str, what: str, args: dict, limit_s: float | None,
+         extra_env: dict | None = None) -> dict:
+    """One call (arm_worker.CALLS) of variant `name` in its arm's worker: its result, or
+    {"status": why it failed} (`limit_s`: the call's own limit, START_S added). `extra_env`:
+    what the variant's techniques set at a process's start (LD_PRELOAD, OMP_*), over the
+    arm's."""
+    arm = mc.plan.arms[name]
+    job = {"call": what, "plan": job_data(mc.plan, mc.spec), "variant": name, "args": args,
+           "intra_op": torch.get_num_threads()}  # the parent's, as bench.threads set it
+    with tempfile.TemporaryDirectory(prefix="speedbench-arm-") as tmp:
+        job_file, out = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job_file.write_text(json.dumps(job, default=str))
+        proc = subprocess.Popen([arm.python, "-m", WORKER, str(job_file), str(out)],
+                                env={**environment(arm), **(extra_env or {})},
+                                stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        launch._LIVE[proc.pid] = Path(tmp)  # a second Ctrl-C kills it (launch.abandon)
+        try:
+            output, _ = proc.communicate(timeout=None if limit_s is None else limit_s + START_S)
+        except subprocess.TimeoutExpired:
+            return {"status": schema.format_status(
+                schema.ERROR, f"arm {arm.name}'s worker did not end within "
+                f"{limit_s + START_S:.0f} s")}
+        finally:
+            launch._LIVE.pop(proc.pid, None)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if os.environ.get("SPEEDBENCH_DEBUG"):
+            print(output, file=sys.stderr)
+        if proc.returncode == 0 and out.exists():
+            return json.loads(out.read_text())
+        return {"status": _failure(arm, proc.returncode, output)}
+
+
+def _failure(arm: Arm, returncode: int, output: str) -> str:
+    lines = [ln.strip() for ln in output.splitlines()
+             if re.match(r"^\s*\w+(Error|Exception)\b.*:", ln)]
+    detail = lines[-1][:160] if lines else "no message (SPEEDBENCH_DEBUG=1 shows its output)"
+    return schema.format_status(schema.ERROR, f"arm {arm.name}'s worker exited with status "
+                                              f"{returncode}: {detail}")
