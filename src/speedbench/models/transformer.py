@@ -61,6 +61,7 @@ CAUSAL_MODES = ("mask", "is_causal")
 
 class TransformerLM(nn.Module, PerStepTensors):
     checkpoint_blocks: bool = False  # recompute each block's activations in backward
+    checkpoint_options: dict = {}  # checkpoint()'s keywords (selective: context_fn); per instance
     causal: str = "mask"  # how attention is made causal: see CAUSAL_MODES and the docstring
 
     def __init__(self, vocab_size: int = 256, seq_len: int = 64, dim: int = 128, layers: int = 2,
@@ -92,7 +93,8 @@ class TransformerLM(nn.Module, PerStepTensors):
         h = self.tok(x) + self.pos(pos)
         recompute = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            h = checkpoint(block, h, mask, use_reentrant=False) if recompute else block(h, mask)
+            h = checkpoint(block, h, mask, use_reentrant=False, **self.checkpoint_options) \
+                if recompute else block(h, mask)
         logits = self.head(self.ln(h))
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
 
