@@ -147,6 +147,9 @@ EFFECTS: dict[str, Callable[[Trial, Trial], bool]] = {
     "checkpointing": lambda ex, de: ex.record["activation_mem_mb"]
     < de.record["activation_mem_mb"],
     "attention": lambda ex, de: "sdp.flash" in ex.flags_set,
+    # the loss in slices: the model trained with them (the logits forecast in its column)
+    "chunked_ce": lambda ex, de: ex.trainer.model.loss_chunks == 4 > de.trainer.model.loss_chunks
+    and ex.record["logits_mb"] > 0,
     "matmul_precision": lambda ex, de: "float32_matmul_precision" in ex.flags_set,
     "optimizer": lambda ex, de: ex.trainer.optimizer.defaults.get("fused") is True
     and not de.trainer.optimizer.defaults.get("fused"),
