@@ -76,6 +76,9 @@ TRIAL_COLUMNS = [
     # the rounds between two later looks of the group-sequential rounds (intervals.look_spacing:
     # bench.repeats, or more where the model's budget fits more rounds)
     "look_every",
+    # the timed window's energy from a hardware counter (measure/energy.py: NVML, RAPL), per
+    # sample, and `ok` or `n/a: no energy counter here (<reason>)`: never an estimate
+    "energy_j", "energy_per_sample_j", "energy_status",
 ]
 # The contract: every trials.csv has these (experiment ... final_loss); a reader notes the ones
 # an older run lacks.
