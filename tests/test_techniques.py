@@ -169,6 +169,9 @@ EFFECTS: dict[str, Callable[[Trial, Trial], bool]] = {
     # CUDA only (not run on a machine without CUDA devices)
     "tensor_creation": lambda ex, de: host_creations(ex.trainer.model) > 0,
     "empty_cache": lambda ex, de: ex.counters.get("empty_cache_calls", 0) > 0,
+    # the trial's own process started with the allocator setting
+    "expandable_segments": lambda ex, de: "expandable_segments:True" in ex.record[
+        "cuda_alloc_conf"] and "expandable_segments:True" not in str(de.record["cuda_alloc_conf"]),
     "cudnn_benchmark": lambda ex, de: "cudnn.benchmark" in ex.flags_set,
     "ddp_tuning": lambda ex, de: getattr(ex.trainer.model, "static_graph", False),
     "parallel": lambda ex, de: bool(ex.counters.get("data_parallel")),

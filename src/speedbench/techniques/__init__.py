@@ -20,7 +20,7 @@ from speedbench.techniques import (attention, checkpointing, compile, cudnn_benc
                                    matmul_precision, memory_format, optimizer)
 from speedbench.techniques import allocator, batch_scale, ddp_tuning, openmp, threads
 from speedbench.techniques import conv_bias, debug_apis, eval_mode, onednn_precision, zero_grad
-from speedbench.techniques import chunked_ce, packing
+from speedbench.techniques import chunked_ce, expandable_segments, packing
 from speedbench.techniques.base import (GLOBAL_FLAGS, Bound, ConfigError, Context, Field,
                                         Finding, Technique, get_key, global_snapshot,
                                         joined_preload, restored_global_state)
@@ -45,6 +45,7 @@ _ALL: list[Technique] = [
     optimizer.Optimizer(),
     threads.Threads(),
     allocator.Allocator(),
+    expandable_segments.ExpandableSegments(),
     openmp.OpenMP(),
     ddp_tuning.DdpTuning(),
     zero_grad.ZeroGrad(),
