@@ -84,3 +84,14 @@ def test_a_model_without_checkpoint_options_is_na(mode):
     recipe = type("R", (), {"checkpointing": mode})()
     why = Checkpointing().not_applicable(recipe, Context(torch.device("cpu"), model=Own()))
     assert why.startswith("n/a: selective checkpointing") and "checkpoint_options" in why
+
+
+def test_the_vae_is_na_for_selective():
+    """Its stages go through checkpoint_sequential, which takes no context_fn (a trial of it
+    failed with "Unexpected keyword arguments: context_fn"): it has no checkpoint_options."""
+    from speedbench.models.vae import build as build_vae
+
+    recipe = type("R", (), {"checkpointing": "selective"})()
+    why = Checkpointing().not_applicable(recipe, Context(torch.device("cpu"),
+                                                         model=build_vae(32, 8, 8)))
+    assert why.startswith("n/a: selective checkpointing")

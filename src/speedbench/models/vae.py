@@ -22,7 +22,6 @@ STAGES = 4
 
 class ConvVAE(nn.Module, PerStepTensors):
     checkpoint_blocks: bool = False  # recompute each stage's activations in backward
-    checkpoint_options: dict = {}  # checkpoint()'s keywords (selective: context_fn); per instance
 
     def __init__(self, image_size: int = 64, width: int = 32, latent: int = 64, kl_weight: float = 1e-3):
         super().__init__()
@@ -50,8 +49,7 @@ class ConvVAE(nn.Module, PerStepTensors):
 
     def _run(self, stages: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
         if self.checkpoint_blocks and self.training and torch.is_grad_enabled():
-            return checkpoint_sequential(stages, STAGES, x, use_reentrant=False,
-                                         **self.checkpoint_options)
+            return checkpoint_sequential(stages, STAGES, x, use_reentrant=False)
         return stages(x)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:

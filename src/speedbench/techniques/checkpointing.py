@@ -9,7 +9,8 @@ the keywords in their `checkpoint_options`.
 same per-block checkpoint with a policy (torch.utils.checkpoint.create_selective_checkpoint_
 contexts) that keeps the outputs of the compute-heavy ops (matrix products, convolutions,
 attention) and recomputes only the cheap ones (element-wise, normalisation) in backward: less
-memory saved than `blocks`, far less time lost.
+memory saved than `blocks`, less time lost. The VAE's stages go through checkpoint_sequential,
+which takes no policy: selective is n/a there.
 """
 from __future__ import annotations
 
