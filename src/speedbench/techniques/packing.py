@@ -14,6 +14,8 @@ documents per step. It changes the numerics (`pack` trains documents at position
 model never sees at their start), so the held-out loss of the quality probe judges it beside
 the speed. FlexAttention's block masks would skip the masked blocks' arithmetic; the SDPA mask
 here computes them and throws them away, so its gain comes from the padding removed.
+FlexAttention is not used on a CPU: torch 2.14.1 raises "FlexAttention does not support
+backward on CPU" (eager and compiled alike), so training there needs the SDPA mask.
 """
 from __future__ import annotations
 
