@@ -15,12 +15,14 @@ from conftest import compose_cfg
 from speedbench import techniques
 from speedbench.config import build_plan
 from speedbench.measure import launch, trial
+from speedbench.measure.batches import first_tensor
 from speedbench.measure.data import build_dataset
 from speedbench.measure.profile import host_creations
 from speedbench.measure.train import Trainer, build_model
 from speedbench.measure.trial import dataset_length, measure_trial
 from speedbench.techniques import REGISTRY, Context, Technique
 from speedbench.techniques.base import ActsOn, global_snapshot
+from speedbench.techniques.packing import pack_documents
 
 IDS = [t.name for t in REGISTRY]
 CUDA_ONLY = "cuda"
@@ -89,7 +91,8 @@ def _watched(seen: Trial) -> Callable:
         def counted():
             try:
                 for batch in batches:
-                    drawn.append((len(batch[0]), batch[0].is_shared()))
+                    x = first_tensor(batch[0])  # packed documents: (tokens, ids, positions)
+                    drawn.append((len(x), x.is_shared()))
                     yield batch
             finally:
                 batches.close()
@@ -133,6 +136,9 @@ EFFECTS: dict[str, Callable[[Trial, Trial], bool]] = {
     "accumulation": lambda ex, de: ex.batches_per_step == 2 * de.batches_per_step == 2,
     "batch_scale": lambda ex, de: ex.samples_per_batch == {2 * n for n in de.samples_per_batch},
     "loader": lambda ex, de: ex.shared_batches and not de.shared_batches,
+    # the loader packs documents: x comes as (tokens, document ids, positions)
+    "packing": lambda ex, de: getattr(ex.trainer.loader.collate_fn, "func", None)
+    is pack_documents and not hasattr(de.trainer.loader.collate_fn, "func"),
     "sync": lambda ex, de: ex.record["host_reads"] > de.record["host_reads"],
     "conv_bias": lambda ex, de: ex.record["conv_bias_convs"] > de.record["conv_bias_convs"] == 0,
     "memory_format": lambda ex, de: channels_last(ex.trainer.model)
@@ -141,6 +147,9 @@ EFFECTS: dict[str, Callable[[Trial, Trial], bool]] = {
     "checkpointing": lambda ex, de: ex.record["activation_mem_mb"]
     < de.record["activation_mem_mb"],
     "attention": lambda ex, de: "sdp.flash" in ex.flags_set,
+    # the loss in slices: the model trained with them (the logits forecast in its column)
+    "chunked_ce": lambda ex, de: ex.trainer.model.loss_chunks == 4 > de.trainer.model.loss_chunks
+    and ex.record["logits_mb"] > 0,
     "matmul_precision": lambda ex, de: "float32_matmul_precision" in ex.flags_set,
     "optimizer": lambda ex, de: ex.trainer.optimizer.defaults.get("fused") is True
     and not de.trainer.optimizer.defaults.get("fused"),
@@ -160,6 +169,9 @@ EFFECTS: dict[str, Callable[[Trial, Trial], bool]] = {
     # CUDA only (not run on a machine without CUDA devices)
     "tensor_creation": lambda ex, de: host_creations(ex.trainer.model) > 0,
     "empty_cache": lambda ex, de: ex.counters.get("empty_cache_calls", 0) > 0,
+    # the trial's own process started with the allocator setting
+    "expandable_segments": lambda ex, de: "expandable_segments:True" in ex.record[
+        "cuda_alloc_conf"] and "expandable_segments:True" not in str(de.record["cuda_alloc_conf"]),
     "cudnn_benchmark": lambda ex, de: "cudnn.benchmark" in ex.flags_set,
     "ddp_tuning": lambda ex, de: getattr(ex.trainer.model, "static_graph", False),
     "parallel": lambda ex, de: bool(ex.counters.get("data_parallel")),

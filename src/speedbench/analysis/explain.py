@@ -41,6 +41,7 @@ class Breakdown:
 
     steps: list[dict] = field(default_factory=list)
     overhead_ms: float = math.nan  # the profiler's own cost taken out of each step (CPU)
+    counters: dict = field(default_factory=dict)  # the techniques' (profile_counters)
 
     def values(self, category: str) -> np.ndarray:
         if category == "step":

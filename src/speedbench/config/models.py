@@ -172,7 +172,20 @@ def check_dataset(name: str, dataset: Any) -> dict:
                               f"{', '.join(NEEDS[kind] + TASK_NEEDS.get(task, ('num_classes',)))})")
     if kind == "images":
         check_choice(f"model {name}: dataset.channels", dataset.get("channels", 3), (1, 3))
+    if dataset.get("documents") is not None:
+        _check_documents(name, dataset, task)
     return {**dataset, "task": task}
+
+
+def _check_documents(name: str, dataset: dict, task: str) -> None:
+    """`documents` (a median document length; lengths are cut to seq_len): next-token tokens
+    only, an integer >= 2."""
+    value = dataset["documents"]
+    if dataset.get("kind") != "tokens" or task != "next_token" or isinstance(value, bool) \
+            or not isinstance(value, int) or value < 2:
+        raise ConfigError(f"model {name}: dataset.documents: {value!r}; give the median "
+                          "document length in tokens, an integer >= 2 (cut to seq_len), for "
+                          "tokens with task next_token")
 
 
 def by_name(name: str, spec: dict, dataset: dict) -> dict:

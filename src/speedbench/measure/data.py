@@ -5,7 +5,8 @@
   DataLoader workers have something to do. Each class has its own colour and stripe pattern,
   so the loss falls.
 - tokens: sequences from a fixed sparse Markov chain (each token has a few likely successors),
-  so a language model can learn it.
+  so a language model can learn it; with `dataset.documents` (a median length in tokens),
+  documents of varying length (log-normal, cut to 2..seq_len), each batch padded to its longest.
 - tabular: feature vectors with a class (or regression targets) from a fixed random map.
 - the tasks beyond the default (`dataset.task`): one label per token sequence, a label per
   token, masked tokens to fill in (tokens); regression targets (images, tabular); 1-channel
@@ -164,6 +165,43 @@ class MarkovTokens(Dataset):
         return seq[:-1], seq[1:]
 
 
+DOC_SIGMA = 0.8  # of the log document length: web text's lengths spread over an order of size
+
+
+def pad_to_longest(items: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """Variable-length (x, y) token documents as one batch padded to its longest: x with
+    token 0 after each document's end (the causal mask keeps it from the document), y with
+    IGNORE there, so the padded positions cost compute but no loss."""
+    longest = max(len(x) for x, _ in items)
+    xs = torch.zeros(len(items), longest, dtype=torch.long)
+    ys = torch.full((len(items), longest), IGNORE, dtype=torch.long)
+    for row, (x, y) in enumerate(items):
+        xs[row, :len(x)], ys[row, :len(y)] = x, y
+    return xs, ys
+
+
+class Documents(MarkovTokens):
+    """The chain's sequences cut into documents of varying length, as real text comes: item i's
+    length is drawn from (seed, i), log-normal around `median` tokens, cut to 2..seq_len.
+    Batches are padded to their longest (pad_to_longest, its collate_fn), so the padding costs
+    what it costs in real training."""
+
+    def __init__(self, length: int, seq_len: int, vocab_size: int, median: int, seed: int = 0):
+        super().__init__(length, seq_len, vocab_size, seed=seed)
+        self.median = median
+        self.loader_functions = {"collate_fn": pad_to_longest}
+
+    def doc_length(self, index: int) -> int:
+        rng = random.Random(-(self.seed * 1_000_003 + index) - 1)  # not the tokens' stream
+        drawn = round(rng.lognormvariate(math.log(self.median), DOC_SIGMA))
+        return min(self.seq_len, max(2, drawn))
+
+    def __getitem__(self, index: int):
+        x, y = super().__getitem__(index)
+        n = self.doc_length(index)
+        return x[:n], y[:n]
+
+
 class TextBytes(Dataset):
     """A text file as bytes, cut into windows of seq_len + 1."""
 
@@ -249,6 +287,9 @@ def build_dataset(dataset: dict, length: int, path: Optional[str] = None, seed: 
             raise ConfigError(f"data.path: a text file needs vocab_size >= 256, the model has "
                               f"{dataset['vocab_size']}")
         tokens = TextBytes(path, dataset["seq_len"])
+    elif dataset.get("documents"):
+        tokens = Documents(length, dataset["seq_len"], dataset["vocab_size"],
+                           dataset["documents"], seed=seed)
     else:
         tokens = MarkovTokens(length, dataset["seq_len"], dataset["vocab_size"], seed=seed)
     task = dataset.get("task", "next_token")
@@ -390,12 +431,12 @@ def build_loader(ds: Dataset, batch_size: int, options: Optional[dict], seed: in
     """A DataLoader with the techniques' options (`techniques.loader_options(recipe, ctx)`:
     num_workers, pin_memory, ...); shuffled from `seed` unless a sampler shards the data (past
     LAZY_FROM samples, in an order drawn as it is read). A user's DataLoader's collate_fn and
-    worker_init_fn are kept (loader_functions)."""
+    worker_init_fn are kept (loader_functions), unless the techniques' options replace them."""
     if sampler is None and len(ds) > LAZY_FROM:
         sampler = LazyShuffle(len(ds), torch.Generator().manual_seed(seed))
     loader = DataLoader(ds, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
                         drop_last=True, generator=torch.Generator().manual_seed(seed),
-                        **loader_functions(ds), **(options or {}))
+                        **{**loader_functions(ds), **(options or {})})
     if len(loader) == 0:  # drop_last and too few samples: a step would wait forever for a batch
         raise ValueError(f"the data set yields no full batch: {len(sampler or ds)} samples, "
                          f"batches of {batch_size}")

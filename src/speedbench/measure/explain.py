@@ -240,7 +240,8 @@ def profile_steps(trainer, device: torch.device, steps: int,
     """`steps` steps of `trainer` under torch.profiler (CPU activity; CUDA's too on a GPU),
     each in a STEP span that ends with the device synchronised, the phases labelled; stops
     between steps once `left_s` seconds have passed (one step at least). `plain_ms`: an
-    unprofiled step of the same trainer, to take the profiler's cost out (split)."""
+    unprofiled step of the same trainer, to take the profiler's cost out (split). The
+    techniques' counters of the window go with it (Breakdown.counters)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -252,17 +253,20 @@ def profile_steps(trainer, device: torch.device, steps: int,
     with kineto_quiet():
         prof.start()
     try:
-        for i in range(steps):
-            if i and left_s is not None and time.perf_counter() - started >= left_s:
-                break
-            with torch.profiler.record_function(STEP):
-                trainer.step()
-                synchronize(device)
+        with techniques.profile_counters(trainer, trainer.ctx) as counters:
+            for i in range(steps):
+                if i and left_s is not None and time.perf_counter() - started >= left_s:
+                    break
+                with torch.profiler.record_function(STEP):
+                    trainer.step()
+                    synchronize(device)
     finally:
         trainer.clock = clock
         with kineto_quiet():
             prof.stop()
-    return split(prof.events(), device, plain_ms)
+    parts = split(prof.events(), device, plain_ms)
+    parts.counters = counters  # what the techniques' bounds may read (packing's padding)
+    return parts
 
 
 # libkineto's own log lines ("USDT:2026-12-03 13:24:12 23983:23983 SyncActivityProfilerHandler

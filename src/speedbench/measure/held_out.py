@@ -30,8 +30,8 @@ import torch
 from torch.utils.data import Dataset, Subset, default_collate
 
 from speedbench.measure.batches import samples_of, take, to_device
-from speedbench.measure.data import LAZY_FROM, JpegImages, MarkovTokens, build_dataset, \
-    loader_functions, seeded_sample
+from speedbench.measure.data import LAZY_FROM, Documents, JpegImages, MarkovTokens, \
+    build_dataset, loader_functions, seeded_sample
 from speedbench.measure.train import compute_loss, user_model
 
 EVAL_CHUNK = 64  # held-out samples per forward pass
@@ -108,6 +108,8 @@ def _held_out(train, spec, seed: int, n_eval: int):
     """(indices of `train` kept for training, or None for all; held-out (x, y); floor)."""
     if isinstance(train, MarkovTokens):  # the same chain, sequences never trained on
         items = [train[HELD_OUT_INDEX + i] for i in range(n_eval)]
+        if isinstance(train, Documents):  # padded; the floor is for whole sequences
+            return None, _collate(train)(items), None
         return None, default_collate(items), markov_floor(train)
     if isinstance(train, JpegImages):  # new pictures of the same classes
         d = spec.dataset
@@ -164,6 +166,7 @@ class _Prefix(Dataset):
 
     def __init__(self, data, length: int):
         self.data, self.length = data, length
+        self.loader_functions = loader_functions(data)  # variable-length documents' padding
 
     def __len__(self) -> int:
         return self.length

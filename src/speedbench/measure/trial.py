@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig
 
 from speedbench import distributed, techniques
-from speedbench.measure import flops, profile, watchdog
+from speedbench.measure import energy, flops, profile, watchdog
 from speedbench.results import file_name, schema
 from speedbench.config import ModelSpec, Plan
 from speedbench.measure.budget import Budget
@@ -32,7 +32,7 @@ from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.errors import ConfigError
 from speedbench.techniques import Context
 from speedbench.measure.timing import PeakRss, PhaseClock, StepTimes, device_peak_mb, \
-    release_host_memory, reset_device_peak, stall_ms, step_memory, timed_steps, \
+    release_host_memory, reset_device_peak, stall_ms, step_memory, synchronize, timed_steps, \
     typical_step_s, warm_up
 from speedbench.measure.train import DataOutOfMemory, Trainer
 
@@ -300,8 +300,15 @@ def timed_window(trainer: Trainer, b, ctx: Context, run: Budget) -> dict:
     trainer.meter.reset()
     times = StepTimes(device, window)  # each step's time: a stalled window stands out
     before = trainer.samples
+    counter = energy.counter_for(device)
+    if not isinstance(counter, str):
+        synchronize(device)  # the warm-up's work done before the counter's first read
+    joules_before = energy.read(counter)
     elapsed, steps = timed_steps(trainer.step, window, device, budget_s=budget, step_times=times)
+    samples = trainer.samples - before  # counted by batches.samples_of
     return {"warmup_steps": warm, "warmup_steady": steady, "elapsed_s": elapsed, "steps": steps,
-            "samples": trainer.samples - before,  # counted by batches.samples_of
-            "loss": trainer.meter.mean(), "host_reads": trainer.meter.host_reads,
-            "stall_ms": stall_ms(times.seconds()), "step_s": times.seconds()}
+            "samples": samples, "loss": trainer.meter.mean(),
+            "host_reads": trainer.meter.host_reads,
+            "stall_ms": stall_ms(times.seconds()), "step_s": times.seconds(),
+            **energy.window_energy(counter, joules_before, energy.read(counter), elapsed,
+                                   samples)}

@@ -24,6 +24,7 @@ ARCHS = tuple(ARCH_LAYOUT)
 
 class ResNet(tvm.ResNet):
     checkpoint_blocks: bool = False  # recompute each residual block in backward
+    checkpoint_options: dict = {}  # checkpoint()'s keywords (selective: context_fn); per instance
 
     def _forward_impl(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.checkpoint_blocks and self.training and torch.is_grad_enabled()):
@@ -31,7 +32,7 @@ class ResNet(tvm.ResNet):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
             for block in stage:
-                x = checkpoint(block, x, use_reentrant=False)
+                x = checkpoint(block, x, use_reentrant=False, **self.checkpoint_options)
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 

@@ -9,6 +9,16 @@ such as CUDA's flash attention take no explicit mask: `causal = "is_causal"` (se
 technique) passes is_causal=True instead of the per-step boolean mask (`"mask"`, the default).
 Both give the same result. `checkpoint_blocks = True` (set by the checkpointing technique)
 recomputes each block's activations in the backward pass instead of storing them.
+
+`loss_chunks = k` (set by the chunked_ce technique) computes the loss over k slices of the
+tokens, each slice's logits recomputed in backward, so the B x T x V logits never live whole.
+
+Packed documents: x may be a tuple (tokens, document ids, positions), each (rows, T), as a
+packing collate makes it (several documents per row): attention is then block-diagonal, each
+token seeing only the earlier tokens of its own document (an explicit boolean mask), and the
+positions are the ones given (restarting at each document, or running on across the row). Its
+samples are the documents (`speedbench_samples`), so a packed step and a padded one count the
+same documents.
 """
 from __future__ import annotations
 
@@ -52,9 +62,26 @@ class Block(nn.Module):
 CAUSAL_MODES = ("mask", "is_causal")
 
 
+def _chunk_loss(head: nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(head(h).float(), y, reduction="sum")
+
+
+def chunked_loss(head: nn.Module, h: torch.Tensor, y: torch.Tensor, chunks: int) -> torch.Tensor:
+    """The mean next-token loss computed over `chunks` slices of the tokens, each slice's
+    logits made again in backward (checkpoint) rather than kept: at most one slice's logits
+    (tokens / chunks x vocabulary) live at once, for one more head matmul per step."""
+    flat_h, flat_y = h.reshape(-1, h.shape[-1]), y.reshape(-1)
+    total = flat_h.new_zeros((), dtype=torch.float32)
+    for part_h, part_y in zip(flat_h.chunk(chunks), flat_y.chunk(chunks)):
+        total = total + checkpoint(_chunk_loss, head, part_h, part_y, use_reentrant=False)
+    return total / (flat_y != -100).sum().clamp(min=1)
+
+
 class TransformerLM(nn.Module, PerStepTensors):
     checkpoint_blocks: bool = False  # recompute each block's activations in backward
+    checkpoint_options: dict = {}  # checkpoint()'s keywords (selective: context_fn); per instance
     causal: str = "mask"  # how attention is made causal: see CAUSAL_MODES and the docstring
+    loss_chunks: int = 1  # > 1: the loss in that many chunks of tokens (chunked_loss)
 
     def __init__(self, vocab_size: int = 256, seq_len: int = 64, dim: int = 128, layers: int = 2,
                  heads: int = 4):
@@ -62,6 +89,7 @@ class TransformerLM(nn.Module, PerStepTensors):
         if dim % heads:
             raise ValueError(f"dim: {dim} must be divisible by heads ({heads})")
         self.head_dim = dim // heads  # the attention technique probes kernels with it
+        self.seq_len = seq_len  # the longest row packed documents may fill
         self.tok = nn.Embedding(vocab_size, dim)
         self.pos = nn.Embedding(seq_len, dim)
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
@@ -70,18 +98,34 @@ class TransformerLM(nn.Module, PerStepTensors):
         self.head.weight = self.tok.weight  # weight tying, as in GPT-2
         self.apply(_init)
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def forward(self, x, y: torch.Tensor) -> torch.Tensor:
+        """`x`: tokens (N, T), or packed documents (tokens, document ids, positions)."""
+        x, doc, pos = x if isinstance(x, (tuple, list)) else (x, None, None)
         t = x.shape[1]
-        pos = self.new_tensor(torch.arange, t, device=x.device)
+        if pos is None:
+            pos = self.new_tensor(torch.arange, t, device=x.device)
         mask = None
-        if self.causal == "mask":
+        if self.causal == "mask" or doc is not None:
             mask = self.new_tensor(torch.ones, t, t, device=x.device, dtype=torch.bool).tril()
+        if doc is not None:  # block-diagonal: (N, 1, T, T), the heads broadcast
+            mask = mask & (doc.unsqueeze(-1) == doc.unsqueeze(-2)).unsqueeze(1)
         h = self.tok(x) + self.pos(pos)
         recompute = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            h = checkpoint(block, h, mask, use_reentrant=False) if recompute else block(h, mask)
-        logits = self.head(self.ln(h))
+            h = checkpoint(block, h, mask, use_reentrant=False, **self.checkpoint_options) \
+                if recompute else block(h, mask)
+        h = self.ln(h)
+        if self.loss_chunks > 1 and self.training and torch.is_grad_enabled():
+            return chunked_loss(self.head, h, y, self.loss_chunks)
+        logits = self.head(h)
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+
+    def speedbench_samples(self, batch) -> int:
+        """The documents in a batch: its rows, or the distinct ids of packed documents."""
+        x = batch[0]
+        if isinstance(x, (tuple, list)):
+            return int(torch.unique(x[1][x[1] >= 0]).numel())
+        return int(x.shape[0])
 
 
 def build(vocab_size: int = 256, seq_len: int = 64, dim: int = 128, layers: int = 2,

@@ -79,6 +79,9 @@ TRIAL_COLUMNS = [
     # an A/B of environments (config/arms.py): the variant's arm, and the variant it is
     # compared with (empty: the baseline)
     "arm", "reference",
+    # the timed window's energy from a hardware counter (measure/energy.py: NVML, RAPL), per
+    # sample, and `ok` or `n/a: no energy counter here (<reason>)`: never an estimate
+    "energy_j", "energy_per_sample_j", "energy_status",
 ]
 # The contract: every trials.csv has these (experiment ... final_loss); a reader notes the ones
 # an older run lacks.

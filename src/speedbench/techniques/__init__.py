@@ -20,6 +20,7 @@ from speedbench.techniques import (attention, checkpointing, compile, cudnn_benc
                                    matmul_precision, memory_format, optimizer)
 from speedbench.techniques import allocator, batch_scale, ddp_tuning, openmp, threads
 from speedbench.techniques import conv_bias, debug_apis, eval_mode, onednn_precision, zero_grad
+from speedbench.techniques import chunked_ce, expandable_segments, packing
 from speedbench.techniques.base import (GLOBAL_FLAGS, Bound, ConfigError, Context, Field,
                                         Finding, Technique, get_key, global_snapshot,
                                         joined_preload, restored_global_state)
@@ -30,6 +31,7 @@ _ALL: list[Technique] = [
     accumulation.Accumulation(),
     batch_scale.BatchScale(),  # after accumulation: it scales the micro-batch that leaves
     loader.Loader(),
+    packing.Packing(),
     tensor_creation.TensorCreation(),
     sync.Sync(),
     empty_cache.EmptyCache(),
@@ -37,11 +39,13 @@ _ALL: list[Technique] = [
     memory_format.MemoryFormat(),
     checkpointing.Checkpointing(),
     attention.Attention(),
+    chunked_ce.ChunkedCE(),
     matmul_precision.MatmulPrecision(),
     cudnn_benchmark.CudnnBenchmark(),
     optimizer.Optimizer(),
     threads.Threads(),
     allocator.Allocator(),
+    expandable_segments.ExpandableSegments(),
     openmp.OpenMP(),
     ddp_tuning.DdpTuning(),
     zero_grad.ZeroGrad(),
