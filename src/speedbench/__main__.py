@@ -341,11 +341,12 @@ def _slurm_sweep_end(outcomes: list, sweep_dir: Path) -> int:
     """A SLURM sweep's end, in the submitting process: each job's outcome, one line each
     (wrapped within the console's 100 columns), then the sweep's line as _sweep_end says it;
     the exit status is the number of jobs that did not succeed (at most 100)."""
+    from speedbench.results.schema import OK
     from speedbench.slurm import say
 
     for o in outcomes:
         say(f"speedbench: job {o.num} (SLURM job {o.slurm_id}): {o.said}")
-    bad = [o for o in outcomes if o.kind != "ok"]
+    bad = [o for o in outcomes if o.kind != OK]
     where = f"; each job's outcome.txt is in {sweep_dir}"
     if bad:
         kinds = ", ".join(f"job {o.num} {o.kind}" for o in bad)

@@ -26,7 +26,9 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf, open_dict
 
-OK, FAILED, CANCELLED, TIMED_OUT = "ok", "failed", "cancelled", "timed out"
+from speedbench.results.schema import OK  # a job that succeeded
+
+FAILED, CANCELLED, TIMED_OUT = "failed", "cancelled", "timed out"
 POLL_S = 2.0  # how often the submitting process asks SLURM about its jobs
 
 
