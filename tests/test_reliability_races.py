@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -710,34 +711,84 @@ def test_a_run_whose_model_swallows_the_first_ctrl_c_ends_at_the_second(tmp_path
 
 # --- torchrun: a stop is 'interrupted', not a dead rank (G2), and no wait at exit (G18) -------
 
-@pytest.mark.slow
-@pytest.mark.distributed
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
-def test_a_stopped_torchrun_job_is_interrupted_not_a_failed_rank(tmp_path, sig):
-    out, tmp = tmp_path / "out", tmp_path / "tmp"
+def _torchrun_job(out: Path, tmp: Path, cwd: Path) -> subprocess.Popen:
+    """A 2-rank torchrun job of two identical variants with rounds enough to be running still
+    when a test's signal comes, its console (stdout and stderr) on stdout."""
     tmp.mkdir()
     variants = "+variants={a: {precision: fp32}, b: {precision: fp32}}"
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          "-m", "speedbench", *T, "bench.steps=400", "bench.max_trial_s=60", variants,
-         "bench.repeats=40",  # rounds enough to be running still when the signal comes
-         "bench.order_seed=1", "baseline=a", f"out_dir={out}"], cwd=tmp_path,
+         "bench.repeats=40", "bench.order_seed=1", "baseline=a", f"out_dir={out}"], cwd=cwd,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint,
         env={**os.environ, **DDP_ENV, "TMPDIR": str(tmp)})
+
+
+def _end_job(proc: subprocess.Popen, out: Path) -> str:
+    """The job's console once it ended; what this test started and left is killed."""
     try:
-        assert _wait_for(lambda: any(out.rglob("trials.csv")), proc)
-        time.sleep(3)  # into a trial's window
-        proc.send_signal(sig)  # what `docker stop`, `scancel` or Ctrl-C do to torchrun
         output, _ = _finish(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
         for line in _processes_mentioning(str(out)):  # only what this test started
             os.kill(int(line.split(":")[0]), signal.SIGKILL)
+    return output
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stopped_torchrun_job_is_interrupted_not_a_failed_rank(tmp_path, sig):
+    out = tmp_path / "out"
+    proc = _torchrun_job(out, tmp_path / "tmp", tmp_path)
+    try:
+        assert _wait_for(lambda: any(out.rglob("trials.csv")), proc)
+        time.sleep(3)  # into a trial's window
+        proc.send_signal(sig)  # what `docker stop`, `scancel` or Ctrl-C do to torchrun
+    finally:
+        output = _end_job(proc, out)
     said = [ln for ln in output.splitlines() if ln.startswith("speedbench:")]
     assert said and said[-1].startswith("speedbench: interrupted"), output[-3000:]
     assert not any("failed" in ln for ln in said), said
     assert "_destroy_process_group" not in output and "Exception ignored" not in output, \
         output[-3000:]
+    statuses = list(pd.read_csv(next(out.rglob("trials.csv")))["status"])
+    assert all(s == "ok" for s in statuses), statuses  # no row blames a rank
+
+
+def _rank_pid(rank: int, mentioning: str) -> int:
+    """The pid of torchrun's worker of `rank` among the processes mentioning `mentioning`."""
+    for line in _processes_mentioning(mentioning):
+        pid = int(line.split(":")[0])
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and "torch.distributed.run" not in line:
+            return pid
+    raise AssertionError(f"no rank {rank} among {_processes_mentioning(mentioning)}")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_sigterm_to_torchruns_rank_0_alone_is_a_stop_not_a_failed_peer(tmp_path):
+    """K5: a `kill` of rank 0's worker (not of torchrun) was taken as notice of a peer's
+    failure: lost where the run ended within 20 s, else rank 0 left after 20 s with no word and
+    rank 1 was blamed ("Connection closed by peer"). It is a stop: rank 0 says so, keeps the
+    finished trials and ends with the signal's status (torchrun's summary names it)."""
+    out = tmp_path / "out"
+    proc = _torchrun_job(out, tmp_path / "tmp", tmp_path)
+    try:
+        assert _wait_for(lambda: any(out.rglob("trials.csv")), proc)
+        time.sleep(3)  # into a trial's window
+        os.kill(_rank_pid(0, str(out)), signal.SIGTERM)
+    finally:
+        output = _end_job(proc, out)
+    said = [ln for ln in output.splitlines() if ln.startswith("speedbench:")]
+    assert said and said[-1].startswith("speedbench: interrupted by SIGTERM to rank 0; "), \
+        output[-3000:]
+    assert not any("failed" in ln for ln in said), said
+    assert re.search(r"rank\s*: 0 \(local_rank: 0\)\s*exitcode\s*: 143 ", output), output[-3000:]
     statuses = list(pd.read_csv(next(out.rglob("trials.csv")))["status"])
     assert all(s == "ok" for s in statuses), statuses  # no row blames a rank

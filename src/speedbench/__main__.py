@@ -228,20 +228,22 @@ def _quiet_libraries() -> None:
     logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
 
 
-def interrupted_line(run_dir: Path | None) -> str:
-    """What Ctrl-C left behind in this run's own directory (None: it had not made one)."""
+def interrupted_line(run_dir: Path | None, by: str = "") -> str:
+    """What Ctrl-C left behind in this run's own directory (None: it had not made one); `by`
+    says what stopped it where that is not the user's stop of the whole command."""
+    head = f"speedbench: interrupted{f' by {by}' if by else ''}"
     if run_dir is None or not run_dir.is_dir():
-        return "speedbench: interrupted; nothing was written"
+        return f"{head}; nothing was written"
     run_dir = run_dir.resolve()
     trials = run_dir / "trials.csv"
     rows = max(0, trials.read_bytes().count(b"\n") - 1) if trials.is_file() else 0
     if not rows:
-        return f"speedbench: interrupted; no trial had finished (the run's config is in {run_dir})"
+        return f"{head}; no trial had finished (the run's config is in {run_dir})"
     kept = f"{rows} finished trial{'s' * (rows != 1)}"
     if (run_dir / "summary.csv").is_file():  # stopped while the report was being written
-        return (f"speedbench: interrupted; kept {kept} and summary.csv in {run_dir} (no report: "
+        return (f"{head}; kept {kept} and summary.csv in {run_dir} (no report: "
                 f"python -m speedbench.report {run_dir} builds it)")
-    return (f"speedbench: interrupted; kept {kept} in {run_dir} (no summary: "
+    return (f"{head}; kept {kept} in {run_dir} (no summary: "
             f"python -m speedbench.report {run_dir} builds one from them)")
 
 
@@ -346,8 +348,18 @@ def _job(cfg: DictConfig):
         os._exit(1)
     except KeyboardInterrupt as exc:
         if os.environ.get("RANK", "0") == "0":
-            print("\n" + interrupted_line(getattr(exc, "run_dir", None)), file=sys.stderr)
+            print("\n" + interrupted_line(getattr(exc, "run_dir", None), _stopped_by()),
+                  file=sys.stderr)
         sys.exit(_exit_status(exc))
+
+
+def _stopped_by() -> str:
+    """'SIGTERM to rank 0' where a signal stopped torchrun's rank 0 with no peer's failure (a
+    `kill` of that worker: torchrun then ends the other ranks and names rank 0's exit status in
+    its summary); '' for a stop of the whole command."""
+    dist = sys.modules.get("speedbench.distributed")
+    signum = dist.stopped_alone() if dist is not None else None
+    return f"{signal.Signals(signum).name} to rank 0" if signum else ""
 
 
 def _pipe_closed() -> int:
