@@ -327,24 +327,25 @@ def test_a_signal_to_the_report_tool_gives_one_line_and_no_temp_file(tmp_path, s
 
 
 
-def test_a_signal_inside_an_import_is_still_an_interruption(tmp_path, monkeypatch, capsys):
+def test_a_signal_inside_an_import_is_still_an_interruption(tmp_path, capsys):
     """A stop raised while matplotlib's Agg backend loads comes back as "ImportError:
     initialization failed" (its cause: the stop): still one line and the signal's status."""
     from speedbench import errors
     from speedbench.report import __main__ as tool
 
     def write_interrupted_in_an_import(run_dirs, out):
-        stop = errors.ask_to_stop(tool._Stopped(signal.SIGHUP))  # what the handler does
+        stop = errors.ask_to_stop(tool.Stopped(signal.SIGHUP))  # what the handler does
         raise ImportError("initialization failed") from stop
 
-    monkeypatch.setattr(tool, "_write", write_interrupted_in_an_import)
-    assert report_main([str(make_run(tmp_path / "run", models=("resnet",)))]) == 128 + 1
+    def write_failing_in_an_import(run_dirs, out):
+        raise ImportError("a real one")
+
+    run = str(make_run(tmp_path / "run", models=("resnet",)))
+    assert report_main([run], write=write_interrupted_in_an_import) == 128 + 1
     assert capsys.readouterr().err.strip().startswith("speedbench.report: interrupted")
-    monkeypatch.setattr(tool, "_write", lambda run_dirs, out: (_ for _ in ()).throw(
-        ImportError("a real one")))
     errors.clear_stop()
     with pytest.raises(ImportError, match="a real one"):  # no stop asked: not hidden
-        report_main([str(tmp_path / "run")])
+        report_main([run], write=write_failing_in_an_import)
 
 
 def test_a_signal_inside_the_runs_last_import_is_still_an_interruption(tmp_path, monkeypatch):
@@ -602,32 +603,29 @@ def test_a_stop_signal_during_a_write_waits_for_it_and_leaves_no_temp_file(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]
 
 
-def test_a_second_stop_signal_ends_a_run_whose_first_was_swallowed(monkeypatch):
+def test_a_second_stop_signal_ends_a_run_whose_first_was_swallowed():
     """G17: a signal within CLEANUP_S of the first is part of it; a later one ends the process
-    (here: _stop_now is called with it) whatever became of the first's KeyboardInterrupt."""
+    (here: the handler's stop_now is called with it) whatever became of the first's
+    KeyboardInterrupt."""
     import speedbench.__main__ as cli
 
     ended, clock = [], [100.0]
-    monkeypatch.setattr(cli, "_stop_now", ended.append)
-    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(cli, "_importing", False)
-    cli._first_stop.clear()
+    stops = cli.StopSignals(clock=lambda: clock[0], stop_now=ended.append, importing=False)
     cli.errors.clear_stop()
     try:
         with pytest.raises(KeyboardInterrupt):
-            cli._on_signal(signal.SIGINT, None)
+            stops(signal.SIGINT, None)
         try:  # the model's code swallows it ...
             pass
         except BaseException:
             pass
         clock[0] += cli.CLEANUP_S / 2
-        cli._on_signal(signal.SIGTERM, None)  # a double Ctrl-C: part of the first
+        stops(signal.SIGTERM, None)  # a double Ctrl-C: part of the first
         assert ended == []
         clock[0] += cli.CLEANUP_S
-        cli._on_signal(signal.SIGINT, None)  # ... so a later one ends the run at once
+        stops(signal.SIGINT, None)  # ... so a later one ends the run at once
         assert ended == [signal.SIGINT]
     finally:
-        cli._first_stop.clear()
         cli.errors.clear_stop()
 
 
@@ -665,16 +663,14 @@ def test_a_signal_after_the_report_is_written_changes_nothing(tmp_path, monkeypa
 
     run = make_run(tmp_path / "run", models=("resnet",), repeats=3)
     handlers = {sig: signal.getsignal(sig) for sig in tool.STOPPING}
-    real_done = tool._done
 
-    def done_then_signal():
-        real_done()
+    def say_then_signal(line):
+        print(line)
         os.kill(os.getpid(), signal.SIGTERM)  # as the success line is printed
 
-    monkeypatch.setattr(tool, "_done", done_then_signal)
     monkeypatch.setattr(sys, "argv", ["speedbench.report", str(run)])
     try:
-        rc = tool.main()
+        rc = tool.main(say=say_then_signal)
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)

@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
@@ -25,28 +26,43 @@ STOPPING = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if 
 # service manager's second SIGTERM): ignored, so that they cannot cut the cleanup short. One
 # later than that ends the process at once (_stop_now).
 CLEANUP_S = 1.0
-_first_stop: list[float] = []  # when the first stop signal came (monotonic)
 
 
-def _on_signal(signum, frame):
-    # The first signal raises KeyboardInterrupt (Terminated for SIGTERM and SIGHUP): the run
-    # cleans up on its way out (launched processes killed, temp files removed) and says what
-    # it kept. A later one means the first did not stop the run: the model's code caught it
-    # (a bare `except:` in a retry loop) or the cleanup is stuck. Then it ends now.
-    now = time.monotonic()
-    if _first_stop:
-        if now - _first_stop[0] >= CLEANUP_S:
-            errors.when_free(lambda: _stop_now(signum))  # (after a file being written)
-        return
-    _first_stop.append(now)
-    stop = errors.ask_to_stop(KeyboardInterrupt() if signum == signal.SIGINT
-                              else Terminated(signum))
-    dist = sys.modules.get("speedbench.distributed")
-    if dist is not None:  # a torchrun rank: the others learn it was a stop, not a failure
-        dist.say_stopped(signum)
-    if not _importing:  # an exception raised inside an import can leave a module half-made
-        errors.when_free(_raiser(stop))  # (numpy without `subtract`); the stop is raised once
-                                         # the imports end, and after a file being written
+class StopSignals:
+    """The stop signals' handler. The first signal raises KeyboardInterrupt (Terminated for
+    SIGTERM and SIGHUP): the run cleans up on its way out (launched processes killed, temp files
+    removed) and says what it kept. A later one, CLEANUP_S after it, means the first did not
+    stop the run: the model's code caught it (a bare `except:` in a retry loop) or the cleanup
+    is stuck; then `stop_now` ends the process. Its clock and its ending are arguments, so that
+    a test hands its own rather than patching this module."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 stop_now: Callable[[int], None] | None = None, importing: bool = True):
+        self.clock = clock
+        self.stop_now = stop_now  # None: _stop_now
+        # while speedbench's imports run, a stop is recorded, not raised: an exception raised
+        # inside an import can leave a module half-made (numpy without `subtract`)
+        self.importing = importing
+        self.first: list[float] = []  # when the first stop signal came (`clock`)
+
+    def __call__(self, signum, frame) -> None:
+        now = self.clock()
+        if self.first:
+            if now - self.first[0] >= CLEANUP_S:
+                end = self.stop_now or _stop_now
+                errors.when_free(lambda: end(signum))  # (after a file being written)
+            return
+        self.first.append(now)
+        stop = errors.ask_to_stop(KeyboardInterrupt() if signum == signal.SIGINT
+                                  else Terminated(signum))
+        dist = sys.modules.get("speedbench.distributed")
+        if dist is not None:  # a torchrun rank: the others learn it was a stop, not a failure
+            dist.say_stopped(signum)
+        if not self.importing:  # raised once the imports end, and after a file being written
+            errors.when_free(_raiser(stop))
+
+
+STOPS = StopSignals()  # the command's
 
 
 def _raiser(stop: KeyboardInterrupt):
@@ -76,9 +92,6 @@ def _stop_now(signum: int) -> None:
         os._exit(128 + signum)
 
 
-_importing = True
-
-
 def _quiet_lost_stop(unraisable) -> None:
     # Python prints "Exception ignored in ..." with a traceback when a signal's exception lands
     # in a finalizer; errors.stop_if_asked raises that stop again, so the user sees one line.
@@ -92,8 +105,8 @@ def _exit_status(exc: KeyboardInterrupt) -> int:
 
 def _take_signals() -> None:
     for sig in STOPPING:  # an ignored one stays ignored (nohup's SIGHUP)
-        if signal.getsignal(sig) not in (signal.SIG_IGN, _on_signal):
-            signal.signal(sig, _on_signal)
+        if signal.getsignal(sig) not in (signal.SIG_IGN, STOPS):
+            signal.signal(sig, STOPS)
 
 
 def _before_the_run(exc: KeyboardInterrupt) -> None:
@@ -115,7 +128,7 @@ try:
                                         schema_node)
 
     register_schema()
-    _importing = False
+    STOPS.importing = False
     errors.stop_if_asked()
 except KeyboardInterrupt as exc:
     _before_the_run(exc)
@@ -397,7 +410,7 @@ def console_never_fails() -> None:
 def main() -> None:
     from speedbench import errors
     errors.clear_stop()
-    _first_stop.clear()
+    STOPS.first.clear()
     _take_signals()
     console_never_fails()
     import_from_here()
