@@ -415,6 +415,8 @@ def main() -> None:
     console_never_fails()
     import_from_here()
     _SWEEP.update(jobs=0, failed=[], dir=None)
+    if sys.argv[1:2] == ["runs"]:  # the index of past runs: no config, no Hydra
+        sys.exit(runs_command(sys.argv[2:]))
     try:
         problem = command_line_problem(sys.argv[1:])
         if problem:
@@ -426,6 +428,33 @@ def main() -> None:
     failed = _sweep_end()
     if failed:
         sys.exit(failed)
+
+
+def runs_command(args: list[str]) -> int:
+    """`speedbench runs [FOLDER]`: the runs in FOLDER's index (default: results, out_dir's
+    default), a line each; the exit status."""
+    from speedbench.results import index
+
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        print("speedbench: error: usage: speedbench runs [FOLDER] (FOLDER: a results folder, "
+              "out_dir; default results)", file=sys.stderr)
+        return EXIT_USAGE
+    folder = Path(args[0] if args else "results")
+    if not folder.is_dir():
+        print(f"speedbench: error: runs: {folder} is not a folder (give the out_dir your runs "
+              "went to)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        cards = index.list_runs(folder, say=lambda line: print(line, file=sys.stderr))
+    except OSError as exc:  # the rebuilt index could not be written: listed all the same
+        print(f"speedbench: error: runs: {exc.strerror or exc} ({exc.filename or folder})",
+              file=sys.stderr)
+        return 1
+    for line in index.lines(cards):
+        print(line)
+    if not cards:
+        print(f"speedbench runs: no run in {folder}", file=sys.stderr)
+    return 0
 
 
 def cli() -> None:
