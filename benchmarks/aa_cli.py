@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_BUDGET_S = 600.0  # bench.time_budget_s's default
 VARIANTS = "+variants={a:{},b:{},c:{},d:{},e:{},f:{},g:{}}"
 
 
@@ -44,10 +45,17 @@ def main(argv=None) -> int:
         print(f"{r.variant}: {r.verdict:12s} {r.speedup:.3f}x [{r.speedup_lo:.3f}, "
               f"{r.speedup_hi:.3f}] (+-{r.ci_halfwidth:.1%}, {r.rounds} rounds), "
               f"loss Δ {r.loss_delta:+.6f}")
-    calls = rows["verdict"].isin(["faster", "slower"]).sum()
+    # a call of any kind: faster, slower, and the far-slower stop ("slower (stopped early)")
+    calls = rows["verdict"].astype(str).str.startswith(("faster", "slower")).sum()
+    budget = next((float(o.split("=", 1)[1]) for o in a.overrides
+                   if o.startswith("bench.time_budget_s=")), DEFAULT_BUDGET_S)
+    limit = budget + max(0.05 * budget, 10.0)
     print(f"{len(rows)} comparisons at level {rows['ci_level'].iloc[0]:.4f}; faster/slower "
-          f"calls: {calls}; max |loss Δ|: {rows['loss_delta'].abs().max():.6f}; "
-          f"wall time {wall:.0f} s")
+          f"calls, stops included: {calls}; verdicts: "
+          f"{rows['verdict'].astype(str).value_counts().to_dict()}; max |loss Δ|: "
+          f"{rows['loss_delta'].abs().max():.6f}; wall time {wall:.0f} s of budget {budget:g} s "
+          f"({'kept' if wall <= limit else 'OVERRAN'}: limit {limit:.0f} s); load average "
+          f"{os.getloadavg()[0]:.1f} at the end")
     return 0
 
 

@@ -150,3 +150,14 @@ def default_sigint() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+BUSY_NOTE = "speedbench: other processes keep"  # said first where other processes load the cores
+
+
+def said_lines(text: str) -> list[str]:
+    """speedbench's own lines of a console text, without the busy machine's note (a loaded test
+    machine adds it first: not what a test of another message counts)."""
+    return [ln for ln in text.splitlines()
+            if ln.startswith("speedbench:") and not ln.startswith(BUSY_NOTE)]
+

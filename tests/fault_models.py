@@ -1,13 +1,18 @@
 """Models that fail on purpose, for the fault-handling tests (given to speedbench via _target_)."""
 from __future__ import annotations
 
+import atexit
 import os
+import pathlib
 import signal
 import threading
 import time
 
 import torch
 import torch.nn as nn
+
+
+POOLS = []  # kept, as a library keeps its pool
 
 
 class Tiny(nn.Module):
@@ -28,6 +33,12 @@ class Tiny(nn.Module):
         if self.fail == "leaves_a_thread" and not any(
                 t.name == "left-behind" for t in threading.enumerate()):
             threading.Thread(target=time.sleep, args=(3600,), name="left-behind").start()
+            # and a library's idle worker pool, never shut down (torch.compile's, say)
+            from concurrent.futures import ThreadPoolExecutor
+            POOLS.append(ThreadPoolExecutor(1))
+            POOLS[-1].submit(int)
+            if os.environ.get("ATEXIT_MARKER"):  # a library's clean-up at exit still runs
+                atexit.register(pathlib.Path(os.environ["ATEXIT_MARKER"]).write_text, "ran")
         self.calls += 1
         late = self.calls > self.sleep_after  # the first `sleep_after` calls do not sleep
         if half and late and self.fail == "sleeps_in_autocast":

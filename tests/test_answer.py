@@ -91,6 +91,9 @@ def test_a_model_with_nothing_measured_says_so_not_use_nothing():
     (advice,) = recommend.advise(summary)
     assert recommend.lines(advice)[0] == ("use: nothing was measured for this model (see could "
                                           "not test here)")
+    console = recommend.console_lines(summary)  # the same words, not "use nothing was ..."
+    assert console[1].strip() == "m: use: nothing was measured for this model (see could not " \
+        "test here)", console
     only_undecided = pd.DataFrame([_row("fp32", "", 1.0, 1.0, 1.0, baseline=True),
                                    _row("bf16", "inconclusive", 1.2, 0.9, 1.6)])
     (advice,) = recommend.advise(only_undecided)
@@ -147,3 +150,29 @@ def test_an_open_confirmation_is_measured_again_and_else_the_search_is_not_decid
         assert all(c.label in r.undecided for c in open_), r.undecided
         assert "measured faster in its confirmation but not settled in 3 rounds" in r.undecided
     assert again >= 1 and undecided >= 1  # the noise makes some of the 40 end each way
+
+
+def test_the_busy_note_never_asks_for_fewer_than_one_thread():
+    """User trial, after round 5: with bench.threads=auto at 1 thread the report said 'give
+    fewer threads than this run's 1'."""
+    from speedbench.report.render import busy_note
+
+    load = {"busy": True, "load_highest": 9.9, "cores": 2, "own_cpu_share": 0.16}
+    one = busy_note({"machine_load": load,
+                     "bench_threads": {"setting": "auto", "torch_threads": 1}})
+    assert one.endswith("Measure again on a quiet machine.") and "fewer" not in one
+    two = busy_note({"machine_load": load,
+                     "bench_threads": {"setting": "auto", "torch_threads": 2}})
+    assert "give fewer threads than this run's 2 (bench.threads=N)" in two
+
+
+def test_the_headline_counts_each_unsettled_row_by_its_own_word():
+    """m1: rows with one round (`no CI`) were counted as `not measured`."""
+    from speedbench.report.render import at_a_glance
+
+    summary = pd.DataFrame([_row("fp32", "", 1.0, 1.0, 1.0, baseline=True),
+                            _row("bf16", "no CI", 1.21, None, None, rounds=1),
+                            _row("fp16", "not measured [1]", float("nan"), None, None),
+                            _row("tf32", "inconclusive", 1.1, 0.9, 1.3)])
+    assert at_a_glance(summary).startswith(
+        "Of 3 (model, variant) pairs: 1 inconclusive, 1 no CI, 1 not measured.")

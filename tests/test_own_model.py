@@ -90,8 +90,8 @@ def _console_command(tmp_path: Path) -> list[str]:
 
 
 def test_console_command_runs_own_models_and_configs_from_the_users_folder(tmp_path):
-    """From a project folder: the module next to the user, a model config in ./conf given with
-    --config-dir, a dict-returning model taking model(**batch), a logits model returning a
+    """From a project folder: the module next to the user, a model config in ./conf/models given
+    with --config-dir alone (no +models@models.hf=hf), a dict-returning model taking model(**batch), a logits model returning a
     ModelOutput; +experiment=amp gives ok rows, and config.yaml names both models."""
     project = tmp_path / "myproj"
     (project / "conf" / "models").mkdir(parents=True)
@@ -102,7 +102,6 @@ def test_console_command_runs_own_models_and_configs_from_the_users_folder(tmp_p
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [*_console_command(tmp_path), "--config-dir", "conf", "+experiment=amp",
-         "+models@models.hf=hf",
          "model=[hf, {_target_: mynet.TinyLM, returns: output, inputs: [input_ids], "
          "model_name: logits_lm, dataset: {kind: tokens, seq_len: 8, vocab_size: 32}}]",
          # fp16 on a CPU may be 4x slower or more: the far-slower rule (tested elsewhere)
@@ -252,3 +251,39 @@ def test_the_docs_worked_example_runs_as_written(tmp_path, title):
     assert set(trials["model"]) == {name}
     assert (trials.loc[trials["variant"] == "fp32", "status"] == "ok").all()
     assert not trials["status"].str.startswith(("error", "oom", "diverged")).any(), trials
+
+
+def test_a_model_file_in_a_config_folder_is_found_by_its_name_and_one_nearby_is_pointed_to(
+        tmp_path, monkeypatch):
+    """User trial 5, m14: `model=waves` found conf/models/waves.yaml only with
+    `+models@models.waves=waves` too, and without --config-dir said nothing of the file."""
+    from omegaconf import OmegaConf
+
+    from speedbench.config.models import model_node
+    from speedbench.errors import ConfigError
+
+    (tmp_path / "conf" / "models").mkdir(parents=True)
+    (tmp_path / "conf" / "models" / "waves.yaml").write_text("_target_: waves.Net\nwidth: 3\n")
+    registry = OmegaConf.create({"resnet": {"_target_": "x.Y"}})
+    name, node = model_node("waves", "waves", registry, (tmp_path / "conf",))
+    assert name == "waves" and node.width == 3
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        model_node("waves", "waves", registry, ())
+    assert "conf/models/waves.yaml is here: give --config-dir conf" in str(refused.value)
+    (tmp_path / "conf" / "models" / "bad.yaml").write_text("_target_: [unclosed\n")
+    with pytest.raises(ConfigError, match="model bad: .*bad.yaml"):
+        model_node("bad", "bad", registry, (tmp_path / "conf",))
+
+
+def test_torchvisions_operator_error_names_the_likely_cause():
+    """User trial 5, m17: 'operator torchvision::nms does not exist' with a torchvision built
+    for another torch; the one line now says so and names the pair to install."""
+    import torch
+
+    from speedbench.config.models import torchvision_mismatch
+
+    hint = torchvision_mismatch("operator torchvision::nms does not exist")
+    minor = int(torch.__version__.split(".")[1])
+    assert "built for another torch" in hint and f"torchvision==0.{minor + 15}.*" in hint
+    assert torchvision_mismatch("No module named 'waves'") == ""

@@ -28,7 +28,7 @@ import pytest
 import torch
 import yaml
 from conftest import (SMALL_MODELS, TINY, compose_cfg, default_sigint, run_cli, run_main,
-                      usable_cores)
+                      said_lines, usable_cores)
 from test_report import make_run
 
 from speedbench.report.__main__ import main as report_main
@@ -627,7 +627,7 @@ def test_a_run_whose_output_pipe_closes_says_so_in_one_line(tmp_path):
     os.close(w)
     assert proc.returncode == 128 + signal.SIGPIPE, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
-    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("speedbench:")]
+    said = said_lines(proc.stderr)
     assert said == ["speedbench: the output pipe was closed (its reader ended); stopped"], said
 
 
@@ -676,7 +676,7 @@ def test_a_full_disk_while_quality_csv_is_written_is_one_line(tmp_path, monkeypa
     monkeypatch.setattr(atomic, "append_rows", full)
     proc = run_main(*T, f"out_dir={tmp_path / 'out'}", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("speedbench:")]
+    said = said_lines(proc.stderr)
     assert "Traceback" not in proc.stderr and len(said) == 1, proc.stderr[-3000:]
     assert said[0].startswith("speedbench: error: out_dir: cannot write ") and \
         "quality.csv (No space left on device)" in said[0] and \

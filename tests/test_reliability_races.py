@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import SMALL_MODELS, TINY, default_sigint, run_main
+from conftest import SMALL_MODELS, TINY, default_sigint, run_main, said_lines
 from test_reliability import DDP_ENV, _leftovers, _processes_mentioning, snapshot
 from test_report import make_run
 
@@ -115,8 +116,9 @@ def test_a_second_run_into_a_taken_run_dir_is_refused_in_one_line(tmp_path):
     finally:
         results.release_run_dir(held)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert proc.stderr.strip() == f"speedbench: error: run_dir: '{target}' already holds a run; " \
-                                  "choose another"
+    said = proc.stderr.strip().splitlines()  # a busy machine's note may come first
+    assert said[-1] == f"speedbench: error: run_dir: '{target}' already holds a run; " \
+                       "choose another" and "Traceback" not in proc.stderr
     assert not any(target.iterdir())
 
 
@@ -267,7 +269,7 @@ def _check_stopped(result: dict, phase: str, sig: int) -> None:
     err, run = result["err"], result["run"]
     assert result["rc"] == 128 + sig, err[-3000:]
     assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
-    said = [ln for ln in err.splitlines() if ln.startswith("speedbench:")]
+    said = said_lines(err)
     assert len(said) == 1 and said[0].startswith("speedbench: interrupted"), err[-3000:]
     last = said[0]  # (the progress bar may redraw its last state after it)
     assert result["ranks_gone"], _processes_mentioning(str(result["tmp"]))
@@ -306,7 +308,7 @@ def test_a_second_signal_during_the_cleanup_is_ignored(tmp_path):
         time.sleep(0.02)
     _, err = _finish(proc, timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    said = [ln for ln in err.splitlines() if ln.startswith("speedbench:")]
+    said = said_lines(err)
     assert "Traceback" not in err and len(said) == 1 and said[0].startswith(
         "speedbench: interrupted"), err[-3000:]
 
@@ -363,7 +365,7 @@ def test_a_signal_inside_the_runs_last_import_is_still_an_interruption(tmp_path,
     finally:
         errors.clear_stop()
     assert got.returncode == 128 + signal.SIGTERM, got.stderr[-3000:]
-    said = [ln for ln in got.stderr.splitlines() if ln.startswith("speedbench:")]
+    said = said_lines(got.stderr)
     assert "Traceback" not in got.stderr and len(said) == 1, got.stderr[-3000:]
     assert said[0].startswith("speedbench: interrupted") and "out" in said[0], said
 
@@ -470,11 +472,17 @@ def test_an_ascii_locale_reads_runs_as_utf8_and_prints_what_it_can(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_ends_after_its_report_though_the_model_left_a_thread_running(tmp_path):
+    """The model's thread is said; a library's idle worker pool (ThreadPoolExecutor-N_M) is
+    not news, and not counted; atexit's handlers (a library's clean-up) still run though the
+    interpreter's finalization is skipped."""
     model = ("model={_target_: fault_models.Tiny, fail: leaves_a_thread, "
              "dataset: {kind: images, image_size: 16, num_classes: 10}}")
+    marker = tmp_path / "atexit-ran"
     proc = subprocess.run([sys.executable, "-m", "speedbench", *TINY, "bench.repeats=1", model,
                            f"out_dir={tmp_path / 'out'}"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, **DDP_ENV})
+                          text=True, timeout=600,
+                          env={**os.environ, **DDP_ENV, "ATEXIT_MARKER": str(marker)})
+    assert marker.read_text() == "ran"
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         "speedbench: 1 thread(s) the run started are still running (left-behind: the model's "
@@ -506,13 +514,19 @@ def test_other_processes_cpu_time_is_told_apart_from_the_runs_own():
     spin = "import time\nt = time.time()\nwhile time.time() - t < 5: pass"
 
     def watched(start):
+        """The watch's summary over a spinner's life, and the spinner's own share of the
+        machine's CPU meanwhile (what a loaded machine left it: the figure to compare with)."""
         watch = env._LoadWatch()
         watch.thread = True  # no sampler thread: the load average is not what this test reads
+        began = time.monotonic()
         watch.start()
         pid = start()
         try:
             time.sleep(1.5)
-            return watch.summary()
+            got = watch.summary()
+            fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            spun_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            return got, spun_s / ((time.monotonic() - began) * os.cpu_count())
         finally:
             os.kill(pid, signal.SIGKILL)
 
@@ -524,11 +538,13 @@ def test_other_processes_cpu_time_is_told_apart_from_the_runs_own():
     def child() -> int:
         return subprocess.Popen([sys.executable, "-c", spin]).pid
 
-    got = watched(other)
-    assert got["others_cpu_share"] > 0.5 / os.cpu_count(), got  # one core of os.cpu_count()
+    # the spinner's share is whatever the machine's other load left it: compared with that
+    got, spun = watched(other)
+    assert spun > 0.01, "the spinner got no CPU at all: nothing to tell apart"
+    assert got["others_cpu_share"] >= 0.6 * spun, (got, spun)
     assert got["own_cpu_share"] < 0.2, got  # this process slept
-    got = watched(child)
-    assert got["own_cpu_share"] > 0.5 / os.cpu_count(), got  # the live child is the run's
+    got, spun = watched(child)
+    assert got["own_cpu_share"] >= 0.6 * spun, (got, spun)  # the live child is the run's
 
 
 def test_a_busy_machine_is_said_first_and_no_share_of_peak_exceeds_100(tmp_path):
@@ -699,7 +715,7 @@ def test_a_run_whose_model_swallows_the_first_ctrl_c_ends_at_the_second(tmp_path
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err[-3000:]
-    said = [ln for ln in err.splitlines() if ln.startswith("speedbench:")]
+    said = said_lines(err)
     assert "Traceback" not in err and len(said) == 1, err[-3000:]
     assert said[0].startswith("speedbench: interrupted at a second signal"), said
     assert not [p for p in (tmp_path / "out").rglob("*") if p.name.endswith(".tmp")]
@@ -744,7 +760,7 @@ def test_a_stopped_torchrun_job_is_interrupted_not_a_failed_rank(tmp_path, sig):
         proc.send_signal(sig)  # what `docker stop`, `scancel` or Ctrl-C do to torchrun
     finally:
         output = _end_job(proc, out)
-    said = [ln for ln in output.splitlines() if ln.startswith("speedbench:")]
+    said = said_lines(output)
     assert said and said[-1].startswith("speedbench: interrupted"), output[-3000:]
     assert not any("failed" in ln for ln in said), said
     assert "_destroy_process_group" not in output and "Exception ignored" not in output, \
@@ -781,7 +797,7 @@ def test_a_sigterm_to_torchruns_rank_0_alone_is_a_stop_not_a_failed_peer(tmp_pat
         os.kill(_rank_pid(0, str(out)), signal.SIGTERM)
     finally:
         output = _end_job(proc, out)
-    said = [ln for ln in output.splitlines() if ln.startswith("speedbench:")]
+    said = said_lines(output)
     assert said and said[-1].startswith("speedbench: interrupted by SIGTERM to rank 0; "), \
         output[-3000:]
     assert not any("failed" in ln for ln in said), said

@@ -252,6 +252,24 @@ def test_load_average_at_the_end_is_added_to_env_json(tmp_path):
     assert data["device"] == "cpu" and len(data["load_average_end"]) == 3
 
 
+def test_bar_panels_come_in_the_summarys_order_not_the_first_rounds():
+    """Trials come in the random order of the rounds; every bar figure shows the models and
+    variants in the summary's order (the table's and the speed-up plot's)."""
+    trials = trials_frame()
+    summary = summarise(trials)
+    shuffled = trials.sample(frac=1.0, random_state=3)
+    assert list(dict.fromkeys(shuffled["model"])) != ["resnet", "vae"] or list(
+        dict.fromkeys(shuffled.loc[shuffled["model"] == "resnet", "variant"])) != [
+        "fp32", "fp16", "bf16"]  # the draw is out of order
+    figures = plots.figures_for(shuffled, summary)
+    for name in ("throughput", "memory"):
+        axes = figures[name][1].axes
+        assert [ax.get_title() for ax in axes] == ["resnet", "vae"], name
+        for ax in axes:
+            assert [t.get_text() for t in ax.get_xticklabels()] == ["fp32", "fp16", "bf16"]
+    plt.close("all")
+
+
 def test_noise_warnings_are_short_and_end_with_a_command_to_paste(tmp_path):
     from speedbench.report.render import console_warnings, report_line
 
@@ -287,6 +305,34 @@ def test_the_command_to_measure_again_doubles_the_rounds_of_the_data_or_of_the_c
     no_count = summary.drop(columns="trials")
     assert "bench.repeats=10" in command(no_count, repeats=5)
     assert not any(w.startswith("bench.repeats=") for w in command(no_count))
+
+
+def test_the_command_to_measure_again_gives_the_budget_the_recommendation_gives():
+    """With the run's budget known, the command raises bench.time_budget_s (the run's budget
+    holds its rounds; more repeats would not fit) by the factor the recommendation's "measure
+    longer" names for the least settled comparison, at least twice; the old value is dropped."""
+    from speedbench.report import recommend
+    from speedbench.report.render import console_warnings
+
+    summary = summarise(trials_frame()).assign(round_sd=0.9, unsteady=0)
+    words = console_warnings(summary, "amp", ["bench.time_budget_s=150"], width=300,
+                             budget_s=150)[-1].split()
+    given = [w for w in words if w.startswith("bench.time_budget_s=")]
+    factors = [recommend.budget_factor(r) for r in summary.to_dict("records")
+               if not r["is_baseline"]]
+    expected = 150 * max([2.0] + [f for f in factors if f is not None])
+    assert given == [f"bench.time_budget_s={float(f'{expected:.2g}'):g}"]
+    assert not any(w.startswith("bench.repeats=") for w in words)
+    wide = summary.copy()  # an unsettled 1.1x: many more rounds than twice
+    wide.loc[wide["variant"] == "bf16", ["speedup", "speedup_lo", "speedup_hi"]] = [1.1, 0.6, 2.0]
+    factor = max(f for f in map(recommend.budget_factor, wide.to_dict("records")) if f)
+    assert factor > 2
+    assert f"bench.time_budget_s={float(f'{150 * factor:.2g}'):g}" in console_warnings(
+        wide, "amp", [], width=300, budget_s=150)[-1].split()
+    for row in wide.to_dict("records"):  # the recommendation's text names the same factor
+        if recommend.budget_factor(row):
+            assert f"about {recommend.budget_factor(row):g}x this run's" in \
+                recommend.measure_longer(row)
 
 
 # --- the run's settings columns and the views its techniques ask for ---------------------------

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import TINY, compose_cfg
+from conftest import TINY, compose_cfg, said_lines
 from speedbench.measure import timing, watchdog
 from speedbench.measure.watchdog import StepOverrun, deadline
 
@@ -310,7 +310,7 @@ def test_a_step_stuck_outside_python_ends_the_process_with_one_line(tmp_path):
     assert proc.returncode == watchdog.EXIT_STUCK, err[-2000:]
     assert "the trial returned" not in out
     assert took < 20, took  # deadline 1 s + grace 1 s (and start-up), not the 60 s sleep
-    lines = [ln for ln in err.splitlines() if ln.startswith("speedbench:")]
+    lines = said_lines(err)
     assert len(lines) == 1, err[-2000:]
     assert lines[0].startswith("speedbench: model Tiny, variant ")
     assert "hard limit of 1 s (2 x bench.max_trial_s = 0.5 s) and 1 s of grace" in lines[0]

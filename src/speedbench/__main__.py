@@ -482,25 +482,40 @@ def cli() -> None:
         distributed.leave_now(code)  # a rank that stopped or failed: its peers may be gone
     except KeyboardInterrupt:  # a stop as the job ends: its work is done and written
         distributed.leave_now(code, joined=True)
-    _leave_despite_threads(code)
-    for sig in STOPPING:  # Python puts the default handlers back as it ends: a signal then
-        signal.signal(sig, signal.SIG_IGN)  # would kill it (-15), its line already said
-    sys.exit(code)
+    _leave(code)
 
 
-def _leave_despite_threads(code: int) -> None:
+LIBRARY_POOLS = ("ThreadPoolExecutor-",)  # concurrent.futures' worker names
+
+
+def _leave(code: int) -> None:
+    """Exit with `code` once the run's files are written and its lines said: atexit's handlers
+    run (a library's clean-up, temporary folders), then the process ends without the
+    interpreter's finalization, which freed every module and tensor for 5-6 s after the last
+    line on a loaded 2-core machine, outside any budget, and would wait forever for threads the
+    model's code left running (those are said)."""
+    import atexit
     import threading
 
-    left = [t.name for t in threading.enumerate()
-            if t.is_alive() and not t.daemon and t is not threading.main_thread()]
+    alive = [t.name for t in threading.enumerate()
+             if t.is_alive() and not t.daemon and t is not threading.main_thread()]
+    # a library's worker pool (torch.compile's, say) is not news to the user; other threads,
+    # the model's own, are said
+    left = [name for name in alive if not name.startswith(LIBRARY_POOLS)]
     if left:
-        # the model's code, or a library it ran (torch.compile's compile workers, say)
         print(f"speedbench: {len(left)} thread(s) the run started are still running "
               f"({', '.join(left[:3])}: the model's code or a library it used); exiting "
               "without waiting for them", file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    for sig in STOPPING:  # a stop now finds the work done: its default handler would kill
+        signal.signal(sig, signal.SIG_IGN)  # the process (-15) with its line already said
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a pipe closed meanwhile: nothing more can be said
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

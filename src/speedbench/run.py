@@ -319,7 +319,7 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
     for note in method.trial_notes(writer.frame()):  # stalled windows, trials others slowed
         print(textwrap.fill(note, width=100) + "\n")
     print("\n".join(console_lines(summary, experiment, overrides, table=table,
-                                   repeats=repeats, program=program,
+                                   repeats=repeats, program=program, budget_s=budget_s,
                                    busy=bool(isinstance(load, dict) and load.get("busy")))))
     if profiled:
         from speedbench.report.profile_section import console_text

@@ -6,8 +6,10 @@ checks of a model's data against the run's (`data.path`, the synthetic sizes).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -56,8 +58,10 @@ def first_line(exc: Exception) -> str:
 
 
 def resolve_model(name: str, raw: Any, registry: DictConfig, scale: str,
-                  batch_size: Optional[int], data: Optional[dict] = None) -> ModelSpec:
-    """Turn a model name or a model config into a ModelSpec for one scale.
+                  batch_size: Optional[int], data: Optional[dict] = None,
+                  dirs: tuple[Path, ...] = ()) -> ModelSpec:
+    """Turn a model name (in `registry`, or a models/NAME.yaml in one of the config folders
+    `dirs`) or a model config into a ModelSpec for one scale.
 
     A model config holds `_target_` (or a model by name: `timm`, `torchvision`, `hf`) and the
     constructor's kwargs, plus speedbench's keys (MODEL_KEYS): `dataset` (what data it eats;
@@ -66,7 +70,7 @@ def resolve_model(name: str, raw: Any, registry: DictConfig, scale: str,
     and y), `model_name`, `batch_size`; `kwargs` (the constructor's own, where a name is also
     one of speedbench's keys), and `small:`/`full:` blocks merged on top per scale.
     """
-    name, node = _model_node(name, raw, registry)
+    name, node = model_node(name, raw, registry, dirs)
     node = OmegaConf.create(OmegaConf.to_container(node, resolve=False))
     per_scale = {s: node.pop(s, None) for s in ("small", "full")}
     if per_scale[scale] is not None:
@@ -90,18 +94,49 @@ def resolve_model(name: str, raw: Any, registry: DictConfig, scale: str,
                      batch_size=batch_size or default_batch, inputs=inputs)
 
 
-def _model_node(name: str, raw: Any, registry: DictConfig) -> tuple[str, Any]:
-    """(name, config node) of a model given by its name in `models`, or inline."""
+def model_node(name: str, raw: Any, registry: DictConfig, dirs: tuple[Path, ...] = ()
+               ) -> tuple[str, Any]:
+    """(name, config node) of a model given by its name in `models`, by its file
+    `models/NAME.yaml` in a config folder (`dirs`: Hydra's, --config-dir's among them), or
+    inline."""
     if isinstance(raw, str):
-        if raw not in registry:
+        if raw in registry:
+            return raw, registry[raw]
+        found = next((d / "models" / f"{raw}.yaml" for d in dirs
+                      if (d / "models" / f"{raw}.yaml").is_file()), None)
+        if found is None:
             raise ConfigError(f"model: '{raw}' is not a known model; choose from "
                               f"{', '.join(registry.keys())}, a list of them, or a config with "
-                              "_target_ (or timm, torchvision, hf)")
-        return raw, registry[raw]
+                              "_target_ (or timm, torchvision, hf)" + _nearby_hint(raw))
+        try:
+            return raw, OmegaConf.load(found)
+        except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
+            raise ConfigError(f"model {raw}: {found}: {first_line(exc)}") from None
     if is_inline(raw):
         return name, OmegaConf.create(raw) if isinstance(raw, dict) else raw
     raise ConfigError(f"model: {raw!r} is neither a model name ({', '.join(registry.keys())}) "
                       "nor a config with _target_ (or timm, torchvision, hf)")
+
+
+def _nearby_hint(name: str) -> str:
+    """Where a models/NAME.yaml sits in the current folder or a usual config folder of it, the
+    flag that makes it known."""
+    for folder in (".", "conf", "configs", "config"):
+        if (Path(folder) / "models" / f"{name}.yaml").is_file():
+            return (f"; {Path(folder) / 'models' / (name + '.yaml')} is here: give "
+                    f"--config-dir {folder} (before the overrides) to use it")
+    return ""
+
+
+def config_dirs() -> tuple[Path, ...]:
+    """The folders of Hydra's config search path (--config-dir, hydra.searchpath, the
+    package's), where a run is under Hydra; none otherwise."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return ()
+    return tuple(Path(source.path) for source in HydraConfig.get().runtime.config_sources
+                 if source.schema == "file")
 
 
 def is_inline(raw: Any) -> bool:
@@ -247,7 +282,8 @@ def check_importable(name: str, target: str) -> Any:
                                   f"'{exc.name}'{_import_fix(exc.name)}") from None
         except Exception as exc:
             raise ConfigError(f"model {name}: _target_ {target}: importing {module} failed: "
-                              f"{type(exc).__name__}: {first_line(exc)}") from None
+                              f"{type(exc).__name__}: {first_line(exc)}"
+                              f"{torchvision_mismatch(str(exc))}") from None
     else:
         raise ConfigError(f"model {name}: _target_ {target}: give module.callable, "
                           f"e.g. mynet.build")
@@ -256,6 +292,25 @@ def check_importable(name: str, target: str) -> Any:
             raise ConfigError(f"model {name}: _target_ {target}: {obj.__name__} has no {attr}")
         obj = getattr(obj, attr)
     return obj
+
+
+def torchvision_mismatch(message: str) -> str:
+    """The likely cause of torchvision's failed import, where its message names one of its
+    operators: a torchvision built for another torch (torchvision 0.N goes with torch 2.(N-15))."""
+    if "torchvision::" not in message:
+        return ""
+    from importlib import metadata
+
+    import torch
+
+    try:
+        vision = metadata.version("torchvision")
+    except metadata.PackageNotFoundError:
+        return ""
+    release = torch.__version__.split("+")[0]
+    minor = int(release.split(".")[1])
+    return (f"; torchvision {vision} was likely built for another torch than {torch.__version__}"
+            f": install the pair, e.g. pip install torch=={release} torchvision==0.{minor + 15}.*")
 
 
 def _import_fix(module: str) -> str:

@@ -18,8 +18,8 @@ from omegaconf.errors import OmegaConfBaseException
 from speedbench import distributed, techniques
 from speedbench.config.keys import check_known_keys
 from speedbench.config.models import (ModelSpec, check_choice, check_dataset_sizes,
-                                      check_path_fits, first_line, inline_name, is_inline,
-                                      model_entries, own_data, resolve_model)
+                                      check_path_fits, config_dirs, first_line, inline_name,
+                                      is_inline, model_entries, own_data, resolve_model)
 from speedbench.config.schema import DEVICES, SCALES, SpeedbenchConfig
 from speedbench.errors import ConfigError
 
@@ -187,9 +187,10 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     entries = model_entries(cfg.model)
     models = []
     data = own_data(cfg)
+    dirs = config_dirs()  # --config-dir's models/NAME.yaml needs no +models@models.NAME=NAME
     for raw in entries:
         name = inline_name(raw) if is_inline(raw) else raw
-        models.append(resolve_model(name, raw, cfg.models, scale, cfg.batch_size, data))
+        models.append(resolve_model(name, raw, cfg.models, scale, cfg.batch_size, data, dirs))
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise ConfigError(f"model: {names} names a model twice (an inline model's name is its "

@@ -72,6 +72,18 @@ def _order(values) -> list:
     return list(dict.fromkeys(values))
 
 
+def in_summary_order(trials: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """The trials in the summary's order of models and variants (the config's, baseline first),
+    so that every figure's panels and bars come in the order of the speed-up plot and the table,
+    not in the random order of the first round; pairs the summary lacks go last."""
+    rank = {pair: i for i, pair in enumerate(zip(summary["model"], summary["variant"]))}
+    models = {m: i for i, m in enumerate(_order(summary["model"]))}
+    keys = [(models.get(m, len(models)), rank.get((m, v), len(rank)))
+            for m, v in zip(trials["model"], trials["variant"])]
+    order = sorted(range(len(trials)), key=keys.__getitem__)
+    return trials.iloc[order]
+
+
 def _panels(n: int, width_each: float, height: float = 3.4):
     """One row of n panels; at most 12 inches wide, so that a page shows it unshrunk."""
     width_each = min(width_each, max(3.2, 12.0 / max(1, n)))
@@ -366,6 +378,7 @@ def figures_for(trials: pd.DataFrame, summary: pd.DataFrame,
     when their data is present. `settings`: the run's settings columns → axis label
     (report.settings.columns); each that takes many values gets a sweep figure."""
     out = {}
+    trials = in_summary_order(trials, summary)
     if summary.loc[~summary["is_baseline"], "speedup"].notna().any():
         out["speedup"] = ("Each variant's speed-up over the baseline: the dot is the geometric mean of its per-round "
                           "ratios, the bar its CI adjusted for the run's comparisons, the colour the verdict; "

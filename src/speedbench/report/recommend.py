@@ -129,21 +129,49 @@ def _classify(row: dict) -> tuple[str, str]:
         "no interval; measure longer"
 
 
-def measure_longer(row: dict) -> str:
-    """What would settle an undecided comparison: the rounds that call its measured effect in
-    most runs (power.rounds_for, with the per-round sd its interval implies)."""
+def rounds_needed(row: dict) -> tuple[int, int | None] | None:
+    """(rounds this comparison had, rounds that would call its measured effect in most runs:
+    power.rounds_for with the per-round sd its interval implies; None where no budget here
+    would); None where its row has no interval to judge from."""
     rounds, lo, hi = _get(row, "rounds"), _get(row, "speedup_lo"), _get(row, "speedup_hi")
     point, level = _get(row, "speedup"), _get(row, "ci_level", 0.95)
     if not (rounds >= 2 and 0 < lo < hi and math.isfinite(point) and 0 < level < 1):
-        return "measure longer (a larger bench.time_budget_s)"
+        return None
     sd = power.sd_from_interval(lo, hi, int(rounds), level)
     effect = max(point, 1 / point)
-    need = power.rounds_for(effect, sd, level) if effect > 1.005 else None
+    return int(rounds), power.rounds_for(effect, sd, level) if effect > 1.005 else None
+
+
+def budget_factor(row: dict) -> float | None:
+    """How many times this run's bench.time_budget_s would settle the row's effect (the figure
+    measure_longer gives, and the console's "measure again" command uses); None: unknown."""
+    rounds = rounds_needed(row)
+    return None if rounds is None or rounds[1] is None else float(f"{rounds[1] / rounds[0]:.2g}")
+
+
+def more_budget(summary: pd.DataFrame, budget_s: float) -> float:
+    """bench.time_budget_s for measuring a run again: the run's `budget_s` times the largest
+    factor budget_factor gives a comparison, at least twice the run's (twice the rounds), in
+    two significant figures."""
+    factors = [budget_factor(row) for row in summary.to_dict("records")
+               if not _truthy(row.get("is_baseline"))]
+    return float(f"{budget_s * max([2.0] + [f for f in factors if f is not None]):.2g}")
+
+
+def measure_longer(row: dict) -> str:
+    """What would settle an undecided comparison: the rounds that call its measured effect in
+    most runs, and the budget that holds them."""
+    rounds = rounds_needed(row)
+    if rounds is None:
+        return "measure longer (a larger bench.time_budget_s)"
+    had, need = rounds
     if need is None:
-        return (f"measure longer: this run had {int(rounds)} rounds; an effect this small "
+        return (f"measure longer: this run had {had} rounds; an effect this small "
                 "needs more than any budget here gives")
-    return (f"measure longer: about {need} rounds would settle {ratio_text(effect)}, this run "
-            f"had {int(rounds)} (give bench.time_budget_s about {need / rounds:.2g}x this run's)")
+    point = _get(row, "speedup")
+    return (f"measure longer: about {need} rounds would settle {ratio_text(max(point, 1 / point))}"
+            f", this run had {had} (give bench.time_budget_s about {budget_factor(row):g}x this "
+            "run's)")
 
 
 def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None) -> list[Advice]:
@@ -345,9 +373,9 @@ def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3) -> list[s
     out = []
     runs = load_to_target(run_dir) if run_dir is not None else None
     for a in advise(summary, load_recipe(run_dir)):
-        use = "; ".join(f"{i.technique} {i.effect}" for i in a.use if not i.part) or \
-            nothing_used(a).removeprefix("use: ")
-        out.append(f"{a.model}: {a.undecided}" if a.undecided else f"{a.model}: use {use}")
+        use = "; ".join(f"{i.technique} {i.effect}" for i in a.use if not i.part)
+        out.append(f"{a.model}: {a.undecided}" if a.undecided else
+                   f"{a.model}: use {use}" if use else f"{a.model}: {nothing_used(a)}")
         target = recipe_line(runs, a.model) if a.searched else verdict_line(runs, a.model)
         if target:
             out.append(f"  {target}")

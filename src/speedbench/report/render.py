@@ -131,16 +131,21 @@ def busy_note(env: dict) -> Optional[str]:
     said = "; ".join(d for d in details if d)
     return (f"The machine was busy: load {load.get('load_highest')} on {load.get('cores')} "
             f"cores{f' ({said})' if said else ''}; figures are noisy and speed-ups may come out "
-            f"inconclusive. Measure again on a quiet machine, or {_fewer_threads(env)}.")
+            f"inconclusive. Measure again on a quiet machine"
+            + (f", or {_fewer_threads(env)}." if _fewer_threads(env) else "."))
 
 
 def _fewer_threads(env: dict) -> str:
     """What to give speedbench on a busy machine: bench.threads=auto, with the threads it set
-    or would set here (env.json's bench_threads: the cores other processes kept busy)."""
+    or would set here (env.json's bench_threads: the cores other processes kept busy); '' where
+    the run had one thread already."""
     threads = env.get("bench_threads") or {}
     busy, cores = threads.get("others_busy_cores"), env.get("cpu_affinity") or env.get("cpu_count")
     if threads.get("setting") == "auto":
-        return f"give fewer threads than this run's {threads.get('torch_threads')} (bench.threads=N)"
+        ran = threads.get("torch_threads")
+        if isinstance(ran, int) and ran <= 1:  # fewer than one: none to give
+            return ""
+        return f"give fewer threads than this run's {ran} (bench.threads=N)"
     if isinstance(busy, (int, float)) and isinstance(cores, int):
         fit = max(1, min(cores, math.floor(cores - busy + 0.5)))
         return (f"with bench.threads=auto ({fit} thread(s) here: the cores other processes "
@@ -296,11 +301,14 @@ def console_table(summary: pd.DataFrame, width: Optional[int] = None) -> str:
 def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
                      overrides: Optional[list[str]] = None,
                      width: Optional[int] = None, repeats: Optional[int] = None,
-                     program: Optional[list[str]] = None, busy: bool = False) -> list[str]:
+                     program: Optional[list[str]] = None, busy: bool = False,
+                     budget_s: Optional[float] = None) -> list[str]:
     """Noise warnings, short, each with a command to paste that measures again with more
-    rounds (the same command line, more repeats: see _more_repeats; `repeats` is the run's
-    bench.repeats; `program`, the words that started the run: `speedbench`, or torchrun's;
-    `busy`: env.json's machine_load said the machine was busy, method.load_cause)."""
+    rounds: the same command line with the budget the recommendation gives (`budget_s`, the
+    run's bench.time_budget_s: see more_budget), or, with none, more repeats (_more_repeats;
+    `repeats` is the run's bench.repeats); `program`, the words that started the run:
+    `speedbench`, or torchrun's; `busy`: env.json's machine_load said the machine was busy,
+    method.load_cause)."""
     width = width or console_width()
     noisy = [n.split(" sd ")[0] for n in method.noisy_rows(summary)]
     unsteady = [f"{r.model}/{r.variant}" for r in summary.itertuples()
@@ -309,14 +317,17 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
         return []
     # run_dir= would name the directory this run already filled
     kept = [o for o in overrides or [] if not o.lstrip("+").startswith((
-        "bench.repeats=", "bench.target_ci=", "bench.warmup_max=", "run_dir="))]
-    more = _more_repeats(summary, repeats)
+        "bench.repeats=", "bench.target_ci=", "bench.warmup_max=", "run_dir=")
+        + (("bench.time_budget_s=",) if budget_s else ()))]
+    more = f"bench.time_budget_s={recommend.more_budget(summary, budget_s):g}" if budget_s else (
+        f"bench.repeats={_more_repeats(summary, repeats)}" if _more_repeats(summary, repeats)
+        else None)
     lines, extra = [], []
     if noisy:
         lines.append("warning: the paired per-round speed-ups vary more than on a quiet "
                      f"machine (sd over {method.QUIET_ROUND_SD:.2f}) for " + _listing(noisy)
                      + "; " + method.load_cause(summary, busy))
-        extra += [f"bench.repeats={more}"] if more else []
+        extra += [more] if more else []
     if unsteady:
         lines.append("warning: some trials were timed before their step time was steady: "
                      + _listing(unsteady))
@@ -363,13 +374,13 @@ def _listing(items: list[str], most: int = 4) -> str:
 def console_lines(summary: pd.DataFrame, experiment: Optional[str] = None,
                   overrides: Optional[list[str]] = None, table: bool = True,
                   repeats: Optional[int] = None, program: Optional[list[str]] = None,
-                  busy: bool = False) -> list[str]:
+                  busy: bool = False, budget_s: Optional[float] = None) -> list[str]:
     """What a run prints at its end, before the path of its report: the table and the
     warnings, each line within the terminal's width (at most 100 columns). A recipe search
     prints no table: its recommendation, which follows, gives the search's own figures."""
     return ([console_table(summary)] if table else []) + \
         console_warnings(summary, experiment, overrides, repeats=repeats, program=program,
-                         busy=busy)
+                         busy=busy, budget_s=budget_s)
 
 
 def report_line(run_dir: Path, trials: int, seconds: float) -> str:
@@ -457,9 +468,11 @@ def at_a_glance(summary: pd.DataFrame) -> str:
     counts = rows["verdict"].value_counts()
     called = (intervals.FASTER, intervals.SLOWER, intervals.EQUIVALENT, intervals.INCONCLUSIVE)
     parts = [f"{counts.get(v, 0)} {v}" for v in called if counts.get(v, 0)]
-    others = len(rows) - sum(counts.get(v, 0) for v in called)
-    if others:
-        parts.append(f"{others} not measured")
+    # the rest by their own word (no CI, stopped early, n/a ...), not all "not measured"
+    rest = rows.loc[~rows["verdict"].isin(called), "verdict"].fillna("").astype(str)
+    words = rest.str.split(" [", regex=False).str[0].str.split(":").str[0].str.strip()
+    for word, n in words.replace("", "not measured").value_counts().items():
+        parts.append(f"{n} {word}")
     text = f"Of {len(rows)} (model, variant) pairs: {', '.join(parts)}."
     # Only a significant result is crowned (verdict faster / slower, family-wise controlled).
     faster = rows[rows["verdict"] == intervals.FASTER]

@@ -12,7 +12,7 @@ Who calls what, in this order (each hook is called in registry order: see `Techn
   config              fields -> the Hydra schema; resolvers() -> OmegaConf's resolvers
   config.build_plan   validate(); check(); normalise(); check_plan()
   run (start)         metadata()         card, fields, columns, snippets -> techniques.json
-  measure.rounds      not_applicable()   asked once per model before the rounds; the first
+  studies (prepare)   not_applicable()   asked once per model before the rounds; the first
                                          reason makes the variant's row `n/a: <reason>`
                       processes()        a number: the trial runs under torchrun (launch.py)
                       environment()      variables a fresh process must start with: the trial
