@@ -220,6 +220,44 @@ def test_torchrun_cli_writes_one_run_dir_with_world_size_2(tmp_path):
     assert (run_dir / "summary.csv").exists() and (run_dir / "report.md").exists()
 
 
+HUGE_DATA = ("+models.huge={_target_:dist_models.TinyLM,loss:cross_entropy,batch_size:4,"
+             "dataset:{_target_:fault_models.Tokens,n:1000000000}}")  # items made, not stored
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_lazy_data_set_of_a_billion_items_is_sharded_without_listing_it(tmp_path):
+    """Each rank reads its shard in an order drawn as it is read: DistributedSampler's
+    permutation of 10^9 indices would take 8 GB a rank (and its list far more)."""
+    out = torchrun(*FAST, HUGE_DATA, "model=huge", "bench.quality_steps=0",
+                   f"out_dir={tmp_path}", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    df = trials(only_run_dir(tmp_path))
+    assert (df["status"] == "ok").all() and (df["world_size"] == 2).all(), df["status"]
+    assert (df["host_rss_mb"] < 2000).all(), df["host_rss_mb"]  # the largest rank's
+
+
+def test_the_ranks_shards_of_a_huge_data_set_are_disjoint_and_drawn_alike():
+    import torch
+    from fault_models import Tokens
+
+    from speedbench.distributed import DistEnv
+    from speedbench.measure.data import LazyShuffle, rank_sampler
+
+    shards = [list(LazyShuffle(100, torch.Generator().manual_seed(3), r, 3)) for r in range(3)]
+    assert [len(s) for s in shards] == [33] * 3 and len(set(sum(shards, []))) == 99
+    whole = list(LazyShuffle(100, torch.Generator().manual_seed(3)))  # one process's order
+    assert [i for trio in zip(*shards) for i in trio] == whole[:99]  # dealt out in turn
+    envs = [DistEnv(rank=r, world_size=2, local_rank=r, local_world_size=2, run_id="x")
+            for r in (0, 1)]
+    huge = [rank_sampler(Tokens(10**9), env, seed=0) for env in envs]
+    assert all(isinstance(s, LazyShuffle) and len(s) == 5 * 10**8 for s in huge)
+    firsts = [[i for i, _ in zip(s, range(1000))] for s in huge]
+    assert not set(firsts[0]) & set(firsts[1])
+    assert type(rank_sampler(Tokens(64), envs[0], seed=0)).__name__ == "DistributedSampler"
+    assert rank_sampler(Tokens(10**9), None, seed=0) is None  # on its own: build_loader's
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_ddp_matches_one_process_and_skips_allreduce_when_accumulating(tmp_path):

@@ -192,6 +192,9 @@ EXAMPLES = {  # the example's heading -> the package it needs (None: speedbench'
     "A siamese model: two views in a tuple": (None, "siamese"),
     "Your own training step: clipping, a cosine schedule, EMA": (None, "stepped"),
     "A GAN: two optimizers, two losses": (None, "gan"),
+    "A LightningModule's own training_step": ("lightning", "litnet"),
+    "A Hugging Face model's own loss (BERT, as its Trainer trains it)": ("transformers",
+                                                                         "bert_loss"),
 }
 
 
@@ -228,7 +231,7 @@ def test_the_docs_worked_example_runs_as_written(tmp_path, title):
     gives it, plus tiny sizes: the baseline measured, no variant failed."""
     package, name = EXAMPLES[title]
     if package:
-        pytest.importorskip(package, reason=f"the example needs {package}")
+        pytest.importorskip(package, reason=f"needs {package}")
     project = tmp_path / "proj"
     project.mkdir()
     files, commands = doc_example(title)

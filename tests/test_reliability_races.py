@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -328,24 +329,25 @@ def test_a_signal_to_the_report_tool_gives_one_line_and_no_temp_file(tmp_path, s
 
 
 
-def test_a_signal_inside_an_import_is_still_an_interruption(tmp_path, monkeypatch, capsys):
+def test_a_signal_inside_an_import_is_still_an_interruption(tmp_path, capsys):
     """A stop raised while matplotlib's Agg backend loads comes back as "ImportError:
     initialization failed" (its cause: the stop): still one line and the signal's status."""
     from speedbench import errors
     from speedbench.report import __main__ as tool
 
     def write_interrupted_in_an_import(run_dirs, out):
-        stop = errors.ask_to_stop(tool._Stopped(signal.SIGHUP))  # what the handler does
+        stop = errors.ask_to_stop(tool.Stopped(signal.SIGHUP))  # what the handler does
         raise ImportError("initialization failed") from stop
 
-    monkeypatch.setattr(tool, "_write", write_interrupted_in_an_import)
-    assert report_main([str(make_run(tmp_path / "run", models=("resnet",)))]) == 128 + 1
+    def write_failing_in_an_import(run_dirs, out):
+        raise ImportError("a real one")
+
+    run = str(make_run(tmp_path / "run", models=("resnet",)))
+    assert report_main([run], write=write_interrupted_in_an_import) == 128 + 1
     assert capsys.readouterr().err.strip().startswith("speedbench.report: interrupted")
-    monkeypatch.setattr(tool, "_write", lambda run_dirs, out: (_ for _ in ()).throw(
-        ImportError("a real one")))
     errors.clear_stop()
     with pytest.raises(ImportError, match="a real one"):  # no stop asked: not hidden
-        report_main([str(tmp_path / "run")])
+        report_main([run], write=write_failing_in_an_import)
 
 
 def test_a_signal_inside_the_runs_last_import_is_still_an_interruption(tmp_path, monkeypatch):
@@ -617,32 +619,29 @@ def test_a_stop_signal_during_a_write_waits_for_it_and_leaves_no_temp_file(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]
 
 
-def test_a_second_stop_signal_ends_a_run_whose_first_was_swallowed(monkeypatch):
+def test_a_second_stop_signal_ends_a_run_whose_first_was_swallowed():
     """G17: a signal within CLEANUP_S of the first is part of it; a later one ends the process
-    (here: _stop_now is called with it) whatever became of the first's KeyboardInterrupt."""
+    (here: the handler's stop_now is called with it) whatever became of the first's
+    KeyboardInterrupt."""
     import speedbench.__main__ as cli
 
     ended, clock = [], [100.0]
-    monkeypatch.setattr(cli, "_stop_now", ended.append)
-    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(cli, "_importing", False)
-    cli._first_stop.clear()
+    stops = cli.StopSignals(clock=lambda: clock[0], stop_now=ended.append, importing=False)
     cli.errors.clear_stop()
     try:
         with pytest.raises(KeyboardInterrupt):
-            cli._on_signal(signal.SIGINT, None)
+            stops(signal.SIGINT, None)
         try:  # the model's code swallows it ...
             pass
         except BaseException:
             pass
         clock[0] += cli.CLEANUP_S / 2
-        cli._on_signal(signal.SIGTERM, None)  # a double Ctrl-C: part of the first
+        stops(signal.SIGTERM, None)  # a double Ctrl-C: part of the first
         assert ended == []
         clock[0] += cli.CLEANUP_S
-        cli._on_signal(signal.SIGINT, None)  # ... so a later one ends the run at once
+        stops(signal.SIGINT, None)  # ... so a later one ends the run at once
         assert ended == [signal.SIGINT]
     finally:
-        cli._first_stop.clear()
         cli.errors.clear_stop()
 
 
@@ -680,16 +679,14 @@ def test_a_signal_after_the_report_is_written_changes_nothing(tmp_path, monkeypa
 
     run = make_run(tmp_path / "run", models=("resnet",), repeats=3)
     handlers = {sig: signal.getsignal(sig) for sig in tool.STOPPING}
-    real_done = tool._done
 
-    def done_then_signal():
-        real_done()
+    def say_then_signal(line):
+        print(line)
         os.kill(os.getpid(), signal.SIGTERM)  # as the success line is printed
 
-    monkeypatch.setattr(tool, "_done", done_then_signal)
     monkeypatch.setattr(sys, "argv", ["speedbench.report", str(run)])
     try:
-        rc = tool.main()
+        rc = tool.main(say=say_then_signal)
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
@@ -726,34 +723,84 @@ def test_a_run_whose_model_swallows_the_first_ctrl_c_ends_at_the_second(tmp_path
 
 # --- torchrun: a stop is 'interrupted', not a dead rank (G2), and no wait at exit (G18) -------
 
-@pytest.mark.slow
-@pytest.mark.distributed
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
-def test_a_stopped_torchrun_job_is_interrupted_not_a_failed_rank(tmp_path, sig):
-    out, tmp = tmp_path / "out", tmp_path / "tmp"
+def _torchrun_job(out: Path, tmp: Path, cwd: Path) -> subprocess.Popen:
+    """A 2-rank torchrun job of two identical variants with rounds enough to be running still
+    when a test's signal comes, its console (stdout and stderr) on stdout."""
     tmp.mkdir()
     variants = "+variants={a: {precision: fp32}, b: {precision: fp32}}"
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          "-m", "speedbench", *T, "bench.steps=400", "bench.max_trial_s=60", variants,
-         "bench.repeats=40",  # rounds enough to be running still when the signal comes
-         "bench.order_seed=1", "baseline=a", f"out_dir={out}"], cwd=tmp_path,
+         "bench.repeats=40", "bench.order_seed=1", "baseline=a", f"out_dir={out}"], cwd=cwd,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint,
         env={**os.environ, **DDP_ENV, "TMPDIR": str(tmp)})
+
+
+def _end_job(proc: subprocess.Popen, out: Path) -> str:
+    """The job's console once it ended; what this test started and left is killed."""
     try:
-        assert _wait_for(lambda: any(out.rglob("trials.csv")), proc)
-        time.sleep(3)  # into a trial's window
-        proc.send_signal(sig)  # what `docker stop`, `scancel` or Ctrl-C do to torchrun
         output, _ = _finish(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
         for line in _processes_mentioning(str(out)):  # only what this test started
             os.kill(int(line.split(":")[0]), signal.SIGKILL)
+    return output
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stopped_torchrun_job_is_interrupted_not_a_failed_rank(tmp_path, sig):
+    out = tmp_path / "out"
+    proc = _torchrun_job(out, tmp_path / "tmp", tmp_path)
+    try:
+        assert _wait_for(lambda: any(out.rglob("trials.csv")), proc)
+        time.sleep(3)  # into a trial's window
+        proc.send_signal(sig)  # what `docker stop`, `scancel` or Ctrl-C do to torchrun
+    finally:
+        output = _end_job(proc, out)
     said = said_lines(output)
     assert said and said[-1].startswith("speedbench: interrupted"), output[-3000:]
     assert not any("failed" in ln for ln in said), said
     assert "_destroy_process_group" not in output and "Exception ignored" not in output, \
         output[-3000:]
+    statuses = list(pd.read_csv(next(out.rglob("trials.csv")))["status"])
+    assert all(s == "ok" for s in statuses), statuses  # no row blames a rank
+
+
+def _rank_pid(rank: int, mentioning: str) -> int:
+    """The pid of torchrun's worker of `rank` among the processes mentioning `mentioning`."""
+    for line in _processes_mentioning(mentioning):
+        pid = int(line.split(":")[0])
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and "torch.distributed.run" not in line:
+            return pid
+    raise AssertionError(f"no rank {rank} among {_processes_mentioning(mentioning)}")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_sigterm_to_torchruns_rank_0_alone_is_a_stop_not_a_failed_peer(tmp_path):
+    """K5: a `kill` of rank 0's worker (not of torchrun) was taken as notice of a peer's
+    failure: lost where the run ended within 20 s, else rank 0 left after 20 s with no word and
+    rank 1 was blamed ("Connection closed by peer"). It is a stop: rank 0 says so, keeps the
+    finished trials and ends with the signal's status (torchrun's summary names it)."""
+    out = tmp_path / "out"
+    proc = _torchrun_job(out, tmp_path / "tmp", tmp_path)
+    try:
+        assert _wait_for(lambda: any(out.rglob("trials.csv")), proc)
+        time.sleep(3)  # into a trial's window
+        os.kill(_rank_pid(0, str(out)), signal.SIGTERM)
+    finally:
+        output = _end_job(proc, out)
+    said = said_lines(output)
+    assert said and said[-1].startswith("speedbench: interrupted by SIGTERM to rank 0; "), \
+        output[-3000:]
+    assert not any("failed" in ln for ln in said), said
+    assert re.search(r"rank\s*: 0 \(local_rank: 0\)\s*exitcode\s*: 143 ", output), output[-3000:]
     statuses = list(pd.read_csv(next(out.rglob("trials.csv")))["status"])
     assert all(s == "ok" for s in statuses), statuses  # no row blames a rank

@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
@@ -25,28 +26,43 @@ STOPPING = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if 
 # service manager's second SIGTERM): ignored, so that they cannot cut the cleanup short. One
 # later than that ends the process at once (_stop_now).
 CLEANUP_S = 1.0
-_first_stop: list[float] = []  # when the first stop signal came (monotonic)
 
 
-def _on_signal(signum, frame):
-    # The first signal raises KeyboardInterrupt (Terminated for SIGTERM and SIGHUP): the run
-    # cleans up on its way out (launched processes killed, temp files removed) and says what
-    # it kept. A later one means the first did not stop the run: the model's code caught it
-    # (a bare `except:` in a retry loop) or the cleanup is stuck. Then it ends now.
-    now = time.monotonic()
-    if _first_stop:
-        if now - _first_stop[0] >= CLEANUP_S:
-            errors.when_free(lambda: _stop_now(signum))  # (after a file being written)
-        return
-    _first_stop.append(now)
-    stop = errors.ask_to_stop(KeyboardInterrupt() if signum == signal.SIGINT
-                              else Terminated(signum))
-    dist = sys.modules.get("speedbench.distributed")
-    if dist is not None:  # a torchrun rank: the others learn it was a stop, not a failure
-        dist.say_stopped(signum)
-    if not _importing:  # an exception raised inside an import can leave a module half-made
-        errors.when_free(_raiser(stop))  # (numpy without `subtract`); the stop is raised once
-                                         # the imports end, and after a file being written
+class StopSignals:
+    """The stop signals' handler. The first signal raises KeyboardInterrupt (Terminated for
+    SIGTERM and SIGHUP): the run cleans up on its way out (launched processes killed, temp files
+    removed) and says what it kept. A later one, CLEANUP_S after it, means the first did not
+    stop the run: the model's code caught it (a bare `except:` in a retry loop) or the cleanup
+    is stuck; then `stop_now` ends the process. Its clock and its ending are arguments, so that
+    a test hands its own rather than patching this module."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 stop_now: Callable[[int], None] | None = None, importing: bool = True):
+        self.clock = clock
+        self.stop_now = stop_now  # None: _stop_now
+        # while speedbench's imports run, a stop is recorded, not raised: an exception raised
+        # inside an import can leave a module half-made (numpy without `subtract`)
+        self.importing = importing
+        self.first: list[float] = []  # when the first stop signal came (`clock`)
+
+    def __call__(self, signum, frame) -> None:
+        now = self.clock()
+        if self.first:
+            if now - self.first[0] >= CLEANUP_S:
+                end = self.stop_now or _stop_now
+                errors.when_free(lambda: end(signum))  # (after a file being written)
+            return
+        self.first.append(now)
+        stop = errors.ask_to_stop(KeyboardInterrupt() if signum == signal.SIGINT
+                                  else Terminated(signum))
+        dist = sys.modules.get("speedbench.distributed")
+        if dist is not None:  # a torchrun rank: the others learn it was a stop, not a failure
+            dist.say_stopped(signum)
+        if not self.importing:  # raised once the imports end, and after a file being written
+            errors.when_free(_raiser(stop))
+
+
+STOPS = StopSignals()  # the command's
 
 
 def _raiser(stop: KeyboardInterrupt):
@@ -76,9 +92,6 @@ def _stop_now(signum: int) -> None:
         os._exit(128 + signum)
 
 
-_importing = True
-
-
 def _quiet_lost_stop(unraisable) -> None:
     # Python prints "Exception ignored in ..." with a traceback when a signal's exception lands
     # in a finalizer; errors.stop_if_asked raises that stop again, so the user sees one line.
@@ -92,8 +105,8 @@ def _exit_status(exc: KeyboardInterrupt) -> int:
 
 def _take_signals() -> None:
     for sig in STOPPING:  # an ignored one stays ignored (nohup's SIGHUP)
-        if signal.getsignal(sig) not in (signal.SIG_IGN, _on_signal):
-            signal.signal(sig, _on_signal)
+        if signal.getsignal(sig) not in (signal.SIG_IGN, STOPS):
+            signal.signal(sig, STOPS)
 
 
 def _before_the_run(exc: KeyboardInterrupt) -> None:
@@ -115,7 +128,7 @@ try:
                                         schema_node)
 
     register_schema()
-    _importing = False
+    STOPS.importing = False
     errors.stop_if_asked()
 except KeyboardInterrupt as exc:
     _before_the_run(exc)
@@ -228,20 +241,22 @@ def _quiet_libraries() -> None:
     logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
 
 
-def interrupted_line(run_dir: Path | None) -> str:
-    """What Ctrl-C left behind in this run's own directory (None: it had not made one)."""
+def interrupted_line(run_dir: Path | None, by: str = "") -> str:
+    """What Ctrl-C left behind in this run's own directory (None: it had not made one); `by`
+    says what stopped it where that is not the user's stop of the whole command."""
+    head = f"speedbench: interrupted{f' by {by}' if by else ''}"
     if run_dir is None or not run_dir.is_dir():
-        return "speedbench: interrupted; nothing was written"
+        return f"{head}; nothing was written"
     run_dir = run_dir.resolve()
     trials = run_dir / "trials.csv"
     rows = max(0, trials.read_bytes().count(b"\n") - 1) if trials.is_file() else 0
     if not rows:
-        return f"speedbench: interrupted; no trial had finished (the run's config is in {run_dir})"
+        return f"{head}; no trial had finished (the run's config is in {run_dir})"
     kept = f"{rows} finished trial{'s' * (rows != 1)}"
     if (run_dir / "summary.csv").is_file():  # stopped while the report was being written
-        return (f"speedbench: interrupted; kept {kept} and summary.csv in {run_dir} (no report: "
+        return (f"{head}; kept {kept} and summary.csv in {run_dir} (no report: "
                 f"python -m speedbench.report {run_dir} builds it)")
-    return (f"speedbench: interrupted; kept {kept} in {run_dir} (no summary: "
+    return (f"{head}; kept {kept} in {run_dir} (no summary: "
             f"python -m speedbench.report {run_dir} builds one from them)")
 
 
@@ -394,11 +409,20 @@ def _job(cfg: DictConfig):
         sys.stderr.flush()
         os._exit(1)
     except KeyboardInterrupt as exc:
-        line = interrupted_line(getattr(exc, "run_dir", None))
+        line = interrupted_line(getattr(exc, "run_dir", None), _stopped_by())
         _LAST_ERROR.append(line)
         if os.environ.get("RANK", "0") == "0":
             print("\n" + line, file=sys.stderr)
         sys.exit(_exit_status(exc))
+
+
+def _stopped_by() -> str:
+    """'SIGTERM to rank 0' where a signal stopped torchrun's rank 0 with no peer's failure (a
+    `kill` of that worker: torchrun then ends the other ranks and names rank 0's exit status in
+    its summary); '' for a stop of the whole command."""
+    dist = sys.modules.get("speedbench.distributed")
+    signum = dist.stopped_alone() if dist is not None else None
+    return f"{signal.Signals(signum).name} to rank 0" if signum else ""
 
 
 def _pipe_closed() -> int:
@@ -436,13 +460,15 @@ def console_never_fails() -> None:
 def main() -> None:
     from speedbench import errors
     errors.clear_stop()
-    _first_stop.clear()
+    STOPS.first.clear()
     _take_signals()
     console_never_fails()
     import_from_here()
     _SWEEP.update(jobs=0, failed=[], dir=None)
     if "speedbench.slurm" in sys.modules:  # an earlier SLURM sweep of this process
         sys.modules["speedbench.slurm"].finished.update(outcomes=[], dir=None)
+    if sys.argv[1:2] == ["runs"]:  # the index of past runs: no config, no Hydra
+        sys.exit(runs_command(sys.argv[2:]))
     try:
         problem = command_line_problem(sys.argv[1:])
         if problem:
@@ -454,6 +480,33 @@ def main() -> None:
     failed = _sweep_end()
     if failed:
         sys.exit(failed)
+
+
+def runs_command(args: list[str]) -> int:
+    """`speedbench runs [FOLDER]`: the runs in FOLDER's index (default: results, out_dir's
+    default), a line each; the exit status."""
+    from speedbench.results import index
+
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        print("speedbench: error: usage: speedbench runs [FOLDER] (FOLDER: a results folder, "
+              "out_dir; default results)", file=sys.stderr)
+        return EXIT_USAGE
+    folder = Path(args[0] if args else "results")
+    if not folder.is_dir():
+        print(f"speedbench: error: runs: {folder} is not a folder (give the out_dir your runs "
+              "went to)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        cards = index.list_runs(folder, say=lambda line: print(line, file=sys.stderr))
+    except OSError as exc:  # the rebuilt index could not be written: listed all the same
+        print(f"speedbench: error: runs: {exc.strerror or exc} ({exc.filename or folder})",
+              file=sys.stderr)
+        return 1
+    for line in index.lines(cards):
+        print(line)
+    if not cards:
+        print(f"speedbench runs: no run in {folder}", file=sys.stderr)
+    return 0
 
 
 def cli() -> None:

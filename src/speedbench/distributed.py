@@ -240,26 +240,92 @@ TERM_GRACE_S = 20  # under torchrun's 30 s between its SIGTERM and its SIGKILL
 
 
 def outlive_peer_failure(env: Optional[DistEnv]) -> None:
-    """Let the writing rank record a peer's failure before torchrun stops it.
+    """Let the writing rank record a peer's failure before torchrun stops it, and stop at once
+    when the SIGTERM is a stop.
 
     When a rank fails, torchrun sends SIGTERM to the others at once (about 0.1 s later), often
     before rank 0 has reached the collective where it would see that failure and write its row.
-    So rank 0 takes SIGTERM as notice, not as the end: it carries on into that collective, which
-    fails fast once the peer is gone, writes the row and exits; a timer ends it after
-    TERM_GRACE_S in any case, and a second SIGTERM ends it at once.
+    So where a peer failed (peer_failed), rank 0 takes SIGTERM as notice, not as the end: it
+    carries on into that collective, which fails fast once the peer is gone, writes the row and
+    exits; a timer ends it after TERM_GRACE_S in any case, and a second SIGTERM ends it at once.
+    Where no peer failed, the SIGTERM is a stop (a user's `kill` of this worker, a cluster's
+    stop of the job): it is taken by the handler that was there before, as Ctrl-C is.
     """
     if env is None or not is_main(env) or threading.current_thread() is not threading.main_thread():
         return
+    before = signal.getsignal(signal.SIGTERM)
+    before = getattr(before, "taken_from", before)  # a sweep's next job: the command's own
 
     def on_term(signum, frame):
         if _termed:  # a second SIGTERM: at once
             os._exit(128 + signum)
+        if not peer_failed(env):
+            _stopped_alone[:] = [signum]
+            signal.signal(signal.SIGTERM, before)  # a second one: the stop's own handling
+            return _stop(before, signum, frame)
         _termed.append(signum)
         timer = threading.Timer(TERM_GRACE_S, os._exit, args=(128 + signum,))
         timer.daemon = True
         timer.start()
 
+    on_term.taken_from = before
     signal.signal(signal.SIGTERM, on_term)
+
+
+def _stop(handler, signum: int, frame) -> None:
+    """A stop signal taken as the handler before outlive_peer_failure's would (the command's:
+    interrupted, what was kept, the signal's exit status), or as a Terminated stop."""
+    if callable(handler):
+        handler(signum, frame)
+        return
+    say_stopped(signum)
+    raise errors.ask_to_stop(errors.Terminated(signum))
+
+
+def peer_failed(env: DistEnv) -> bool:
+    """Whether a SIGTERM to this rank is torchrun's notice of a peer's failure: a rank left its
+    failure in the job's store (report_failure), or one of this node's ranks is gone. With ranks
+    on other nodes, whose processes cannot be seen from here, it is taken as notice too.
+    Otherwise every peer is alive and none failed: the signal was a stop."""
+    if env.world_size > env.local_world_size:
+        return True
+    failed: list[bool] = []
+
+    def ask():  # bounded: a store that does not answer within 1 s is not waited for
+        failed.append(bool(_failed_keys(env)))
+
+    asker = threading.Thread(target=ask, name="speedbench-peers", daemon=True)
+    asker.start()
+    asker.join(1.0)
+    return failed != [False] or _local_peers_alive() < env.local_world_size - 1
+
+
+def _local_peers_alive() -> int:
+    """This node's other ranks still running: the launcher's children that run this rank's
+    command line (torchrun starts every local rank so), zombies not counted; -1 when the
+    processes cannot be read."""
+    try:
+        import psutil
+
+        me = psutil.Process()
+        command = me.cmdline()
+        alive = 0
+        for peer in psutil.Process(me.ppid()).children():
+            try:
+                if peer.pid != me.pid and peer.cmdline() == command \
+                        and peer.status() != psutil.STATUS_ZOMBIE:
+                    alive += 1
+            except psutil.Error:  # it ended as it was read
+                continue
+        return alive
+    except Exception:  # no psutil, or the launcher is not ours to read
+        return -1
+
+
+def stopped_alone() -> Optional[int]:
+    """The signal that stopped this rank without any peer's failure (outlive_peer_failure):
+    one aimed at this worker (or at the whole job); None when there was none."""
+    return _stopped_alone[0] if _stopped_alone else None
 
 
 def leave_now(code: int, joined: bool = False) -> None:
@@ -338,6 +404,7 @@ def exit_cleanly() -> None:
 
 
 _termed: list[int] = []  # rank 0's SIGTERM, taken as notice (outlive_peer_failure)
+_stopped_alone: list[int] = []  # rank 0's SIGTERM, taken as a stop (outlive_peer_failure)
 
 
 def _destroy_process_group() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sqlite3
 import sys
 import textwrap
 import time
@@ -33,6 +34,7 @@ from speedbench.studies.study import measure_plan, planned_comparisons
 from speedbench.measure.trial import check_data
 from speedbench.report import method
 from speedbench.results import atomic, planned, schema
+from speedbench.results import index as run_index
 from speedbench.results.runs import load_quality, load_to_target
 from speedbench.search import check_findings, driver
 
@@ -155,7 +157,20 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
             time.perf_counter() - started, load, cfg.bench.noise_threshold,
             max(int(p.variants[p.baseline].bench.repeats) for p in plans),
             distributed.launcher(dist_env), _budget_s(plans))
+    index_run(Path(os.path.abspath(cfg.out_dir)), run_dir)
     return run_dir
+
+
+def index_run(folder: Path, run_dir: Path) -> None:
+    """The run added to its results folder's index (results/index.py) where it is in that
+    folder; an index that cannot be written is said in one line, the run is not failed."""
+    if not run_dir.resolve().is_relative_to(folder.resolve()):
+        return  # an explicit run_dir elsewhere: no out_dir is made for an index
+    try:
+        run_index.record(folder, run_dir)
+    except (OSError, sqlite3.Error) as exc:
+        print(f"speedbench: note: the index of runs {folder / run_index.FILE} was not updated "
+              f"({exc}); `speedbench runs {folder}` rebuilds it", file=sys.stderr)
 
 
 def _budget_s(plans: list[Plan]) -> float | None:

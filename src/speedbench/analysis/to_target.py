@@ -235,8 +235,8 @@ def recipe_line(runs: pd.DataFrame | None, model: str,
     if "final" not in rows.index or "naive" not in rows.index:
         return ""
     final, naive = rows.loc["final"], rows.loc["naive"]
-    head = (f"time to target (held-out loss {final['target_loss']:.4g}, {int(final['seeds'])} "
-            f"seeds): the final recipe ")
+    head = (f"time to target (held-out loss {loss_text(final['target_loss'])}, "
+            f"{int(final['seeds'])} seeds): the final recipe ")
     if not math.isfinite(final["speedup_lo"]):
         bound = f"{final['speedup_bound']} {ratio_text(final['speedup'])}, " \
             if math.isfinite(final["speedup"]) else ""
@@ -291,7 +291,25 @@ def verdict_line(runs: pd.DataFrame | None, model: str,
     if base.empty:
         return ""
     head = base.iloc[0]
+    if parse_status(head["status"]).na:  # (under torchrun, say): no time, no target to say
+        return f"time to target: {head['status']}"
     said = "; ".join(f"{k}: {', '.join(v)}" for k, v in parts.items() if v)
-    return (f"time to target (held-out loss {head['target_loss']:.4g}, {int(head['seeds'])} "
-            f"seeds, against {head['variant']} at {head['time_to_target_s']:.3g} s): "
+    return (f"time to target (held-out loss {loss_text(head['target_loss'])}, "
+            f"{int(head['seeds'])} seeds, against {head['variant']}{_at(head)}): "
             f"{said or 'no variant'}")
+
+
+def loss_text(loss) -> str:
+    """A held-out loss as the report prints it; `unknown` where it is no number (a to_target.csv
+    edited by hand)."""
+    try:
+        return f"{float(loss):.4g}" if math.isfinite(float(loss)) else "unknown"
+    except (TypeError, ValueError):
+        return "unknown"
+
+
+def _at(base) -> str:
+    """` at 8.86 s`, the baseline's time to target; where it has none (no seed's time is a
+    number), `, which has no time to target`."""
+    t = base["time_to_target_s"]
+    return f" at {t:.3g} s" if math.isfinite(t) else ", which has no time to target"

@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
+from speedbench import distributed
 from speedbench.errors import ConfigError
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
@@ -408,10 +409,15 @@ def seeded_sample(length: int, n: int, seed: int) -> list[int]:
 
 class LazyShuffle(Sampler):
     """A seeded random order of range(length), drawn as it is read (each epoch its own, from
-    `generator`, as DataLoader's shuffle): memory for the samples read, not the data set."""
+    `generator`, as DataLoader's shuffle): memory for the samples read, not the data set.
+    Under torchrun each of `ranks` ranks reads its own shard, as DistributedSampler with
+    drop_last: every rank draws the same order (the same seed) and takes the positions `rank`,
+    `rank + ranks`, ... of its first `length // ranks * ranks` distinct indices."""
 
-    def __init__(self, length: int, generator: torch.Generator):
-        self.length, self.generator = length, generator
+    def __init__(self, length: int, generator: torch.Generator, rank: int = 0, ranks: int = 1):
+        self.total, self.generator = length, generator
+        self.rank, self.ranks = rank, ranks
+        self.length = length // ranks  # this rank's share
 
     def __len__(self) -> int:
         return self.length
@@ -419,11 +425,23 @@ class LazyShuffle(Sampler):
     def __iter__(self):
         rng = random.Random(int(torch.randint(1 << 62, (), generator=self.generator)))
         seen: set[int] = set()
-        while len(seen) < self.length:
-            index = rng.randrange(self.length)
+        drawn = self.length * self.ranks  # every rank's share, the rest dropped
+        while len(seen) < drawn:
+            index = rng.randrange(self.total)
             if index not in seen:
+                if len(seen) % self.ranks == self.rank:
+                    yield index
                 seen.add(index)
-                yield index
+
+
+def rank_sampler(dataset: Dataset, env, seed: int) -> Optional[Sampler]:
+    """This torchrun rank's shard of `dataset` (None on its own): DistributedSampler
+    (distributed.sampler), or past LAZY_FROM samples a LazyShuffle of its share, which lists
+    no index it does not read (DistributedSampler permutes every index on every rank)."""
+    if env is None or len(dataset) <= LAZY_FROM:
+        return distributed.sampler(dataset, env, seed)
+    return LazyShuffle(len(dataset), torch.Generator().manual_seed(seed), env.rank,
+                       env.world_size)
 
 
 def build_loader(ds: Dataset, batch_size: int, options: Optional[dict], seed: int,

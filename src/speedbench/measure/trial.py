@@ -26,7 +26,7 @@ from speedbench.measure import energy, flops, profile, watchdog
 from speedbench.results import file_name, schema
 from speedbench.config import ModelSpec, Plan
 from speedbench.measure.budget import Budget
-from speedbench.measure.data import build_dataset
+from speedbench.measure.data import build_dataset, rank_sampler
 from speedbench.measure.flops import FlopsBook
 from speedbench.measure.session import NotApplicable, applied, batching
 from speedbench.errors import ConfigError
@@ -226,7 +226,7 @@ def _measured(spec: ModelSpec, recipe: DictConfig, ctx: Context, dataset, profil
     under the trial's hard cap (trial_limit_s): StepOverrun once it passes."""
     device, b = ctx.device, batching(spec, recipe, ctx)
     clock = PhaseClock(device)
-    sampler = distributed.sampler(dataset, ctx.dist_env, recipe.bench.seed)
+    sampler = rank_sampler(dataset, ctx.dist_env, recipe.bench.seed)
     release_host_memory()
     reset_device_peak(device)
     with contextlib.ExitStack() as session:  # outlives the memory watch: profiling is not in it

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Callable, Optional
 
 from speedbench import errors, results
 from speedbench.results.runs import ReportError
@@ -19,7 +20,7 @@ from speedbench.results.runs import ReportError
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class _Stopped(KeyboardInterrupt):
+class Stopped(KeyboardInterrupt):
     """A signal, taken like Ctrl-C: the temp file being written is removed on the way out."""
 
     def __init__(self, signum: int):
@@ -32,7 +33,7 @@ def _on_signal(signum, frame):
         signal.signal(sig, signal.SIG_IGN)
     # recorded too: raised inside a module's import (matplotlib's backend, loaded on the first
     # figure) it comes back as "ImportError: initialization failed" with the stop as its cause
-    errors.when_free(_raiser(errors.ask_to_stop(_Stopped(signum))))  # after the file written
+    errors.when_free(_raiser(errors.ask_to_stop(Stopped(signum))))  # after the file written
 
 
 def _raiser(stop: KeyboardInterrupt):
@@ -57,7 +58,14 @@ def _out_dir(text: str) -> Path:
     return Path(text)
 
 
-def main(argv=None) -> int:
+def _line(text: str) -> None:
+    print(text, flush=True)
+
+
+def main(argv=None, write: Callable[[list[Path], Optional[Path]], Path] | None = None,
+         say: Callable[[str], None] = _line) -> int:
+    """The command: its exit status. `write` builds the reports (write_reports: a test hands
+    its own), `say` prints the line naming them once they are written."""
     parser = argparse.ArgumentParser(
         prog="python -m speedbench.report",
         description="Rebuild the report of one speedbench run, or compare several runs "
@@ -81,7 +89,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     try:
-        md = _write(args.run_dirs, args.out)
+        md = (write or write_reports)(args.run_dirs, args.out)
         _done()
     except (ReportError, errors.ConfigError) as exc:  # (ConfigError: the default --out folder)
         print(f"speedbench.report: error: {exc}", file=sys.stderr)
@@ -101,7 +109,7 @@ def main(argv=None) -> int:
             raise
         return _interrupted(errors.stopping())
     try:
-        print(f"report: {md.with_suffix('.html')} (and {md.name} beside it)", flush=True)
+        say(f"report: {md.with_suffix('.html')} (and {md.name} beside it)")
     except BrokenPipeError:  # `| head -0`: the report is written all the same
         return _pipe_closed()
     return 0
@@ -110,7 +118,7 @@ def main(argv=None) -> int:
 def _interrupted(exc: KeyboardInterrupt) -> int:
     print("\nspeedbench.report: interrupted; no file was left half-written (run it again "
           "for the whole report)", file=sys.stderr)
-    return 128 + (exc.signum if isinstance(exc, _Stopped) else signal.SIGINT)
+    return 128 + (exc.signum if isinstance(exc, Stopped) else signal.SIGINT)
 
 
 def _pipe_closed() -> int:
@@ -123,7 +131,9 @@ def _pipe_closed() -> int:
     return 128 + signal.SIGPIPE
 
 
-def _write(run_dirs: list[Path], out: Path | None) -> Path:
+def write_reports(run_dirs: list[Path], out: Path | None) -> Path:
+    """One run's report rebuilt (in place or in `out`), or several runs compared (in `out`):
+    report.md's path."""
     from speedbench.report.compare import compare_runs
     from speedbench.report.render import write_report
 

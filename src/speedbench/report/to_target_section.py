@@ -81,7 +81,8 @@ def target_text(summary: pd.DataFrame) -> str:
         r = rows.iloc[0]
         floor = r["entropy_floor"]
         reached = rows["reached_loss"].dropna()
-        text = f"{model}: target held-out loss {r['target_loss']:.4g} ({r['target_source']})"
+        text = (f"{model}: target held-out loss {to_target.loss_text(r['target_loss'])} "
+                f"({r['target_source']})")
         if isinstance(floor, float) and math.isfinite(floor):
             text += (f"; the lowest loss any model can reach on this data (the chain's entropy "
                      f"rate) is {floor:.4g}")

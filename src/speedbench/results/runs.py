@@ -134,7 +134,7 @@ def _numbers(df: pd.DataFrame, columns, what: str, notes: list[str]) -> int:
     for c in columns:
         if c not in df.columns:
             continue
-        values = pd.to_numeric(df[c], errors="coerce").astype(float)
+        values = _floats(df[c])
         values = values.where(np.isfinite(values))
         if c in NON_NEGATIVE:
             values = values.where(~(values < 0))
@@ -233,6 +233,44 @@ def _technique(entry: dict) -> dict:
     return {**entry, "fields": fields, "host_sweep": view}
 
 
+def _floats(col: pd.Series) -> pd.Series:
+    """`col` as floats, a cell that is no number NaN; an integer too large for a float (a
+    400-digit seed, which pandas cannot convert) is infinite, so not a finite number."""
+    try:
+        return pd.to_numeric(col, errors="coerce").astype(float)
+    except OverflowError:
+        return col.map(_float)
+
+
+def _float(cell) -> float:
+    try:
+        return float(str(cell))  # a decimal string past a float's range: inf, no error
+    except ValueError:
+        return math.nan
+
+
+# A text cell of a run's table (a status, a reason) stays far below this; a longer one is cut
+# where it is read: one 5 MB reason must not make a 10 MB report.
+MAX_TEXT = 2000
+
+
+def _long_texts(df: pd.DataFrame, what: str, notes: list[str]) -> None:
+    """Text cells over MAX_TEXT characters cut, in place, saying how long they were (names are
+    _names's, which keeps two long ones apart); a note counts them."""
+    cut = 0
+    for c in df.columns:
+        if c in KEYS or pd.api.types.is_numeric_dtype(df[c]):  # (bools too)
+            continue
+        long = df[c].map(lambda v: isinstance(v, str) and len(v) > MAX_TEXT)
+        if long.any():
+            cut += int(long.sum())
+            df.loc[long, c] = df.loc[long, c].map(
+                lambda v: f"{v[:MAX_TEXT - 40]}… ({len(v):,} characters)")
+    if cut:
+        notes.append(f"{what}: {cut} text cell(s) over {MAX_TEXT:,} characters, more than a run "
+                     "writes, shortened")
+
+
 def _regular(path: Path) -> bool:
     """A regular file (through links): a FIFO or a device would block or never end."""
     return path.is_file()
@@ -277,6 +315,7 @@ def _optional_table(path: Path, columns: tuple[str, ...],
         return None
     for c in KEYS:
         df[c] = _names(df[c])
+    _long_texts(df, path.name, notes)
     return df
 
 
@@ -386,6 +425,7 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
     version = format_version(env)
     trials, missing = _trials(path / "trials.csv", version, notes)
     notes += env_notes
+    _planned_file(path / "planned.json", notes)
     if cfg is None:
         cfg = _config_file(path / "config.yaml", notes)
     cfg = _config(cfg, notes) if isinstance(cfg, dict) else {}
@@ -395,9 +435,7 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
                phases=_optional_table(path / "phases.csv", PHASE_COLUMNS, notes),
                findings=_optional_table(path / "findings.csv", FINDING_COLUMNS, notes),
                capacity=_optional_table(path / "capacity.csv", REQUIRED_CAPACITY_COLUMNS, notes),
-               to_target=_optional_table(path / "to_target.csv", REQUIRED_TO_TARGET_COLUMNS,
-                                         notes),
-               curves=_optional_table(path / "curves.csv", CURVE_COLUMNS, notes),
+               to_target=_to_target_table(path, notes), curves=_curves_table(path, notes),
                quality=_optional_table(path / "quality.csv", REQUIRED_QUALITY_COLUMNS, notes),
                explain=_explain_table(path / "explain.csv", notes),
                forecast=_optional_table(path / "forecast.csv", FORECAST_COLUMNS, notes),
@@ -419,7 +457,43 @@ def load_quality(run_dir) -> Optional[pd.DataFrame]:
 
 def load_to_target(run_dir) -> Optional[pd.DataFrame]:
     """to_target.csv of a run (None without one, or unreadable)."""
-    return _optional_table(Path(run_dir) / "to_target.csv", REQUIRED_TO_TARGET_COLUMNS, [])
+    return _to_target_table(Path(run_dir), [])
+
+
+TO_TARGET_TEXT = ("experiment", "model", "variant", "is_baseline", "status", "target_source")
+
+
+def _to_target_table(run_dir: Path, notes: list[str]) -> Optional[pd.DataFrame]:
+    """to_target.csv with its figures read as numbers (a `nan` target loss is missing, text
+    where a number belongs is noted), None without one or unreadable."""
+    df = _optional_table(run_dir / "to_target.csv", REQUIRED_TO_TARGET_COLUMNS, notes)
+    if df is not None:
+        _numbers(df, [c for c in df.columns if c not in TO_TARGET_TEXT], "to_target.csv", notes)
+    return df
+
+
+# A held-out loss curve a run writes has target.max_steps / target.eval_every points, far
+# below this; a figure of millions takes minutes and gigabytes to draw.
+MAX_CURVE_POINTS = 2000
+
+
+def _curves_table(run_dir: Path, notes: list[str]) -> Optional[pd.DataFrame]:
+    """curves.csv with its figures read as numbers, each curve (a variant's seed) thinned to
+    at most MAX_CURVE_POINTS evenly spread points, its last kept (noted)."""
+    df = _optional_table(run_dir / "curves.csv", CURVE_COLUMNS, notes)
+    if df is None:
+        return None
+    _numbers(df, ("steps", "samples", "train_s", "loss"), "curves.csv", notes)
+    curve = ["experiment", "model", "variant", "seed"]
+    groups = df.groupby(curve, sort=False, dropna=False)
+    size, place = groups["loss"].transform("size"), groups.cumcount()
+    keep = (place % np.ceil(size / MAX_CURVE_POINTS) == 0) | (place == size - 1)
+    if not keep.all():
+        long = len(df.loc[size > MAX_CURVE_POINTS, curve].drop_duplicates())
+        notes.append(f"curves.csv: {long} curve(s) of more than {MAX_CURVE_POINTS:,} points, "
+                     f"more than a run writes, thinned to about {MAX_CURVE_POINTS:,} each")
+        df = df[keep].reset_index(drop=True)
+    return df
 
 
 def load_trials(run_dir, notes: Optional[list[str]] = None) -> pd.DataFrame:
@@ -467,6 +541,7 @@ def _trials(file: Path, version: int,
     trials["status"] = trials["status"].astype(object).where(
         trials["status"].notna(), "error: no status").map(str)
     _numbers(trials, TRIAL_NUMERIC, "trials.csv", notes)
+    _long_texts(trials, "trials.csv", notes)
     # a measurement is a positive, finite throughput: any other ok row is not one
     unusable = (trials["status"] == OK) & ~(trials["samples_per_s"] > 0)
     if unusable.any():
@@ -495,16 +570,34 @@ def _env_file(file: Path, notes: list[str]) -> dict:
     if not _regular(file):
         notes.append("no env.json: environment unknown")
         return {}
+    data = _json_or_note(file, "environment unknown", notes)
+    return {} if data is None else _env(data, notes)
+
+
+def _planned_file(file: Path, notes: list[str]) -> None:
+    """planned.json only checked here (report/unfinished.py reads it): one that cannot be read
+    is noted, since whether the run got to its end is then unknown."""
+    if file.exists() or file.is_symlink():
+        if not _regular(file):
+            notes.append(f"{file.name} is not a regular file: whether the run got to its end "
+                         "is unknown")
+            return
+        _json_or_note(file, "whether the run got to its end is unknown", notes)
+
+
+def _json_or_note(file: Path, unknown: str, notes: list[str]):
+    """A JSON file of the run, parsed (_json); None after a note saying why it is unusable and
+    what is therefore `unknown`."""
     try:
-        return _env(_json(file), notes)
+        return _json(file)
     except TooLarge as exc:
-        notes.append(f"env.json {exc}: environment unknown")
+        notes.append(f"{file.name} {exc}: {unknown}")
     except RecursionError:  # the parser's own stack: deeper than MAX_DEPTH by far
-        notes.append(f"env.json nests deeper than {MAX_DEPTH} levels, deeper than a run writes: "
-                     "environment unknown")
+        notes.append(f"{file.name} nests deeper than {MAX_DEPTH} levels, deeper than a run "
+                     f"writes: {unknown}")
     except (ValueError, UnicodeDecodeError, OSError):
-        notes.append("env.json is not valid JSON: environment unknown")
-    return {}
+        notes.append(f"{file.name} is not valid JSON: {unknown}")
+    return None
 
 
 def _config_file(file: Path, notes: list[str]) -> dict:
