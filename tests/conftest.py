@@ -155,6 +155,19 @@ def default_sigint() -> None:
 BUSY_NOTE = "speedbench: other processes keep"  # said first where other processes load the cores
 
 
+def without_busy_note(text: str) -> str:
+    """A console text without the busy machine's note (its lines, wrapped, up to the one that
+    ends it), which a loaded test machine adds before what a test checks."""
+    lines, out, inside = text.splitlines(), [], False
+    for line in lines:
+        inside = inside or line.startswith(BUSY_NOTE)
+        if not inside:
+            out.append(line)
+        elif line.rstrip().endswith("fits the free cores."):
+            inside = False
+    return "\n".join(out)
+
+
 def said_lines(text: str) -> list[str]:
     """speedbench's own lines of a console text, without the busy machine's note (a loaded test
     machine adds it first: not what a test of another message counts)."""

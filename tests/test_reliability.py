@@ -28,7 +28,7 @@ import pytest
 import torch
 import yaml
 from conftest import (SMALL_MODELS, TINY, compose_cfg, default_sigint, run_cli, run_main,
-                      said_lines, usable_cores)
+                      said_lines, usable_cores, without_busy_note)
 from test_report import make_run
 
 from speedbench.report.__main__ import main as report_main
@@ -216,7 +216,7 @@ def cli_results(tmp_path_factory):
 
 def _refused_cleanly(row, result) -> None:
     proc = result["proc"]
-    err = proc.stderr.strip()
+    err = without_busy_note(proc.stderr).strip()
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
     assert result["after"] == result["before"], "the command wrote or changed files"
     if row[2] == "config" or proc.returncode == 2:
