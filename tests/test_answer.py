@@ -89,15 +89,16 @@ def test_a_model_with_nothing_measured_says_so_not_use_nothing():
                             _row("bf16", "", float("nan"), None, None,
                                  status="not measured: the run's bench.time_budget_s ran out")])
     (advice,) = recommend.advise(summary)
-    assert recommend.lines(advice)[0] == ("use: nothing was measured for this model (see could "
-                                          "not test here)")
+    assert recommend.lines(advice)[0] == ("nothing measured: no technique could be measured for "
+                                          "this model (see could not test here)")
     console = recommend.console_lines(summary)  # the same words, not "use nothing was ..."
-    assert console[1].strip() == "m: use: nothing was measured for this model (see could not " \
-        "test here)", console
+    said = " ".join(line.strip() for line in console[1:])  # wrapped to the terminal's width
+    assert said.startswith("m: nothing measured: no technique could be measured for this model "
+                           "(see could not test here)"), console
     only_undecided = pd.DataFrame([_row("fp32", "", 1.0, 1.0, 1.0, baseline=True),
                                    _row("bf16", "inconclusive", 1.2, 0.9, 1.6)])
     (advice,) = recommend.advise(only_undecided)
-    assert recommend.lines(advice)[0] == ("use: nothing yet: what was measured is undecided "
+    assert recommend.lines(advice)[0] == ("nothing settled yet: what was measured is undecided "
                                           "against plain PyTorch")
 
 

@@ -37,14 +37,21 @@ def test_knobs_without_compile_or_blocks_are_na():
     assert why.startswith("n/a: ") and "compile=off" in why
 
 
-def test_regional_compile_compiles_the_blocks_only_and_keeps_the_loss(monkeypatch):
+def eager_and_compiled(monkeypatch, *overrides) -> tuple[dict, dict]:
+    """An eager trial and one with `overrides` (on the aot_eager backend: no C++ compiler), the
+    process's global state as it was; the compiled one ok and at the eager one's loss."""
     monkeypatch.setattr(compile_technique, "BACKEND", "aot_eager")
     before = global_snapshot()
     eager = trial(*TWO_LAYERS)
-    regional = trial("compile=default", "compile_scope=blocks", *TWO_LAYERS)
+    compiled = trial(*overrides, *TWO_LAYERS)
     assert global_snapshot() == before
-    assert regional["status"] == "ok", regional["status"]
-    assert regional["final_loss"] == pytest.approx(eager["final_loss"], rel=1e-4)
+    assert compiled["status"] == "ok", compiled["status"]
+    assert compiled["final_loss"] == pytest.approx(eager["final_loss"], rel=1e-4)
+    return eager, compiled
+
+
+def test_regional_compile_compiles_the_blocks_only_and_keeps_the_loss(monkeypatch):
+    _, regional = eager_and_compiled(monkeypatch, "compile=default", "compile_scope=blocks")
     assert regional["compile_s"] > 0 and regional["recompiles"] == 0
     assert regional["compile_scope"] == "blocks"
     model = tiny_models()["transformer"]
@@ -59,13 +66,7 @@ def test_regional_compile_compiles_the_blocks_only_and_keeps_the_loss(monkeypatc
 
 
 def test_compiled_autograd_captures_the_backward(monkeypatch):
-    monkeypatch.setattr(compile_technique, "BACKEND", "aot_eager")
-    before = global_snapshot()
-    eager = trial(*TWO_LAYERS)
-    got = trial("compile=default", "compile_autograd=true", *TWO_LAYERS)
-    assert global_snapshot() == before
-    assert got["status"] == "ok", got["status"]
-    assert got["final_loss"] == pytest.approx(eager["final_loss"], rel=1e-4)
+    eager, got = eager_and_compiled(monkeypatch, "compile=default", "compile_autograd=true")
     assert got["compiled_autograd_captures"] > 0
     assert math.isnan(eager["compiled_autograd_captures"])
     assert not torch._dynamo.compiled_autograd.compiled_autograd_enabled  # left as found

@@ -260,7 +260,7 @@ def test_use_only_for_a_significant_contribution():
     (advice,) = recommend.advise(summ, _search("inconclusive", "inconclusive"))
     text = "\n".join(recommend.lines(advice))
     assert advice.use == []
-    assert "use: nothing yet: what was measured is undecided against the naive recipe" in text
+    assert "nothing settled yet: what was measured is undecided against the naive recipe" in text
     assert "undecided: the recipe optimizer=fused, 1.16x [1.00, 1.35] over naive" in text
     assert "when added (conditional on its selection)" in text
     for line in text.splitlines():

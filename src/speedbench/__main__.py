@@ -319,9 +319,9 @@ def _in_submitit_job() -> bool:
     if not os.environ.get("SUBMITIT_FOLDER"):
         return False
     errors.clear_stop()
-    _first_stop.clear()
+    STOPS.first.clear()
     for sig in STOPPING + tuple(getattr(signal, n) for n in ("SIGUSR2",) if hasattr(signal, n)):
-        signal.signal(sig, _on_signal)
+        signal.signal(sig, STOPS)
     return True
 
 

@@ -339,13 +339,14 @@ def lines(advice: Advice) -> list[str]:
 
 
 def nothing_used(advice: Advice) -> str:
-    """The `use` line of a model with nothing to use: nothing measured at all, nothing settled,
-    or nothing faster."""
+    """The first line of a model with nothing to use: nothing measured at all, nothing settled
+    (neither is advice to use nothing, so neither says `use:`), or nothing faster."""
     against = "the naive recipe" if advice.searched else "plain PyTorch"
     if not (advice.skip or advice.unsettled):
-        return "use: nothing was measured for this model (see could not test here)"
+        return "nothing measured: no technique could be measured for this model (see could not " \
+            "test here)"
     if advice.unsettled and not advice.skip:
-        return f"use: nothing yet: what was measured is undecided against {against}"
+        return f"nothing settled yet: what was measured is undecided against {against}"
     return f"use: nothing measured here was significantly faster than {against}"
 
 
