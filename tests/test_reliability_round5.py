@@ -88,7 +88,7 @@ def test_a_write_that_fails_on_its_descriptor_names_the_file(write, tmp_path):
 def disk_full_at(monkeypatch):
     """disk_full_at(name, nth): the nth whole write of the run directory's file `name` fails on
     its descriptor (every other write as usual)."""
-    left, real = {}, atomic._temp_copy
+    left, real = {}, atomic.temp_copy_of
 
     def temp_copy(path, data):
         if path.name in left:
@@ -98,7 +98,7 @@ def disk_full_at(monkeypatch):
                     return real(path, data)
         return real(path, data)
 
-    monkeypatch.setattr(atomic, "_temp_copy", temp_copy)
+    monkeypatch.setattr(atomic, "temp_copy_of", temp_copy)  # every write's temp file
     return left.__setitem__
 
 

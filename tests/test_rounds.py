@@ -50,12 +50,15 @@ def test_a_peer_lost_while_agreeing_on_the_order_fails_the_job_in_one_line(monke
     def lost(value, env):
         raise RuntimeError("Connection closed by peer [127.0.0.1]:23424")
 
-    monkeypatch.setattr(distributed, "_failed", False)  # restored after the test
     monkeypatch.setattr(distributed, "same_on_every_rank", lost)
     env = distributed.DistEnv(rank=0, world_size=2, local_rank=0, local_world_size=2, run_id="x")
-    with pytest.raises(RuntimeError):
-        design.fresh_order_seed(env)
-    assert distributed.failed()  # so the CLI exits 1 without Hydra's traceback
+    distributed.clear_failure()
+    try:
+        with pytest.raises(RuntimeError):
+            design.fresh_order_seed(env)
+        assert distributed.failed()  # so the CLI exits 1 without Hydra's traceback
+    finally:
+        distributed.clear_failure()  # the next test starts without it
     err = capsys.readouterr().err
     assert "rank 0 of 2 failed in agreeing on the round order" in err, err
 

@@ -113,7 +113,7 @@ def test_onednn_precision_is_set_inside_and_restored_after():
             row = by_name("onednn_precision").columns(trainer.recipe, trainer.ctx)
     except NotApplicable as why:  # this CPU changes none of the transformer's matmuls
         assert "changes none of this model's matmul ops" in str(why)
-        effects = next(e for key, e in onednn_precision._EFFECTS.items() if key[0] == "bf16")
+        effects = next(e for key, e in onednn_precision.MEASURED.items() if key[0] == "bf16")
         assert effects["matmul"].math == "unchanged"
     else:
         assert effects["matmul"].math != "unchanged"  # else it would have been n/a
@@ -176,7 +176,7 @@ def test_onednn_rows_and_n_a_follow_the_measured_effects(monkeypatch, effects, n
             for name, (err, changed) in effects.items()}
     monkeypatch.setattr(onednn_precision, "measured_effects", 
                         lambda set_value: (set_value(), fake)[1])
-    monkeypatch.setattr(onednn_precision, "_EFFECTS", {})
+    monkeypatch.setattr(onednn_precision, "MEASURED", {})  # its per-process cache, empty
     tech = by_name("onednn_precision")
     plan = build_plan(compose_cfg(*SMALL, "onednn_precision=bf16"), None)
     ctx = Context(torch.device("cpu"))

@@ -461,6 +461,8 @@ def main() -> None:
     from speedbench import errors
     errors.clear_stop()
     STOPS.first.clear()
+    if "speedbench.distributed" in sys.modules:  # an earlier command of this process
+        sys.modules["speedbench.distributed"].clear_failure()
     _take_signals()
     console_never_fails()
     import_from_here()

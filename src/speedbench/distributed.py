@@ -560,6 +560,13 @@ def blame(status: str, rank: int, reported: set, world_size: int,
     return with_rank(status, rank)
 
 
+def clear_failure() -> None:
+    """Forget an earlier command's failed trial (a process that runs several: the CLI called
+    in-process, a sweep's jobs)."""
+    global _failed
+    _failed = False
+
+
 def failed() -> bool:
     """Whether a trial of this rank failed (report_failure has said so in one line)."""
     return _failed

@@ -39,7 +39,7 @@ def naming(path):
         raise OSError(exc.errno, exc.strerror or str(exc), os.fspath(path)) from exc
 
 
-def _temp_copy(path: Path, data: bytes) -> Path:
+def temp_copy_of(path: Path, data: bytes) -> Path:
     """`data` in a synced temp file in path's directory; removed again if anything fails."""
     with naming(path):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -75,7 +75,7 @@ def write_files(contents: dict) -> None:
     with signals_held():
         try:
             for path, data in contents.items():
-                temps[Path(path)] = _temp_copy(Path(path), data)
+                temps[Path(path)] = temp_copy_of(Path(path), data)
             for path, tmp in temps.items():
                 with naming(path):
                     os.replace(tmp, path)

@@ -93,7 +93,7 @@ def op_effect(before: torch.Tensor, after: torch.Tensor, ref: torch.Tensor) -> O
     return OpEffect(_rel_err(after, ref), not torch.equal(before, after))
 
 
-_EFFECTS: dict = {}  # (value, the state it was set from) -> {op family: OpEffect}; per process
+MEASURED: dict = {}  # (value, the state it was set from) -> {op family: OpEffect}; per process
 
 
 def measured_effects(set_value) -> dict[str, OpEffect]:
@@ -194,11 +194,11 @@ def _precision(value: str, ctx: Context):
 
     key = (value, matmul, *saved.values())
     try:
-        if key in _EFFECTS:
+        if key in MEASURED:
             set_value()
         else:
-            _EFFECTS[key] = measured_effects(set_value)
-        ctx.extra["onednn_effects"] = _EFFECTS[key]
+            MEASURED[key] = measured_effects(set_value)
+        ctx.extra["onednn_effects"] = MEASURED[key]
         yield
     finally:
         # The children first: torch reads a child's "none" as "follow the backend".
