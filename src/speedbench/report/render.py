@@ -323,9 +323,9 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
     kept = [o for o in overrides or [] if not o.lstrip("+").startswith((
         "bench.repeats=", "bench.target_ci=", "bench.warmup_max=", "run_dir=")
         + (("bench.time_budget_s=",) if budget_s else ()))]
+    repeats_more = None if budget_s else _more_repeats(summary, repeats)
     more = f"bench.time_budget_s={recommend.more_budget(summary, budget_s):g}" if budget_s else (
-        f"bench.repeats={_more_repeats(summary, repeats)}" if _more_repeats(summary, repeats)
-        else None)
+        f"bench.repeats={repeats_more}" if repeats_more else None)
     lines, extra = [], []
     if noisy:
         lines.append("warning: the paired per-round speed-ups vary more than on a quiet "
