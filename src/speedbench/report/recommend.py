@@ -348,6 +348,9 @@ def nothing_used(advice: Advice) -> str:
             "test here)"
     if advice.unsettled and not advice.skip:
         return f"nothing settled yet: what was measured is undecided against {against}"
+    if advice.unsettled:  # a skip beside an undecided one: the undecided may still pay off
+        return (f"nothing settled yet: nothing was significantly faster than {against}; "
+                f"{len(advice.unsettled)} undecided")
     return f"use: nothing measured here was significantly faster than {against}"
 
 
