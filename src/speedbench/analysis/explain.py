@@ -33,6 +33,22 @@ DECIDED = ("faster", "slower", "equivalent")
 PART_LEVEL = 0.95  # each part's interval: a description of the profiled steps, not a call
 SENTENCE_PARTS = 3  # the largest parts a sentence names; the rest are in the table
 UNEXPLAINED_NOTE = 0.15  # a larger unexplained share says whether the profile's noise holds it
+BOUND_LEVEL = 0.99  # one-sided: the share a forecast reads is its upper limit at this level
+
+
+@dataclass(frozen=True)
+class UpperShares:
+    """The most each category can be of a profiled step (Breakdown.upper), `steps` profiled
+    steps at one-sided `level`: what a forecast that is a bound reads (`share`)."""
+
+    shares: dict
+    steps: int
+    level: float
+    step_ms: float
+    counters: dict = field(default_factory=dict)
+
+    def share(self, category: str) -> float:
+        return self.shares.get(category, 0.0)
 
 
 @dataclass
@@ -64,6 +80,22 @@ class Breakdown:
         """The category's share of the mean step, in [0, 1]; 0 without steps."""
         step = self.step_ms
         return self.mean(category) / step if step > 0 else 0.0
+
+    def upper(self, level: float = BOUND_LEVEL) -> UpperShares:
+        """Each category's share at its one-sided `level` upper limit: its profiled time (the
+        profiler only adds time to a category, so this bounds its own; `overhead_ms` undoes
+        the scaling) over the unprofiled step (`step_ms`), Student's t over the profiled
+        steps (their spread, a load's included). With fewer than 2 steps, 1: anything."""
+        n, step = len(self.steps), self.step_ms
+        inflation = 1 + self.overhead_ms / step \
+            if step > 0 and math.isfinite(self.overhead_ms) else 1.0
+        t = intervals.t_quantile(2 * level - 1, n - 1) if n > 1 else math.inf
+        shares = {}
+        for c in EXPLAIN_CATEGORIES:
+            v = self.values(c) * inflation
+            hi = v.mean() + t * v.std(ddof=1) / math.sqrt(n) if n > 1 else math.inf
+            shares[c] = min(1.0, hi / step) if step > 0 else 1.0
+        return UpperShares(shares, n, level, step, dict(self.counters))
 
     def rows(self) -> list[dict]:
         """explain.csv's numbers: each category, the whole step (`step`), and the profiler's

@@ -396,8 +396,8 @@ class Explainer:
             elif name in skip:
                 tech, bound = "", f"no forecast: {skip[name]}"
             else:
-                tech, bound = techniques.bound(recipe, self.plan.variants[self.base], got,
-                                               self.peaks)
+                tech, bound = techniques.forecast(recipe, self.plan.variants[self.base], got,
+                                                  self.peaks)
             out[name] = (tech, bound)
             rows.append({**self._head(name), "technique": tech,
                          **({"forecast": bound.speedup, "share": bound.share,

@@ -12,7 +12,10 @@ each technique comes after the ones its `after` names.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Any, Optional
+
+from speedbench.results.schema import FORECAST_STEPS
 
 from speedbench.techniques import (accumulation, empty_cache, loader, parallel, precision, sync,
                                    tensor_creation)
@@ -335,6 +338,27 @@ def bound(recipe: Any, baseline: Any, profile: Any, peaks: dict) -> tuple[str, A
         return names, f"n/a: the variant changes several techniques ({names})"
     got = techs[0].bound(recipe, baseline, profile, peaks)
     return names, got if got is not None else f"n/a: {names} declares no bound"
+
+
+def forecast(recipe: Any, baseline: Any, profile: Any, peaks: dict) -> tuple[str, Any]:
+    """The forecast the runs and the recipe search act on: `bound` from the profile's upper
+    shares (analysis.explain.Breakdown.upper: the profiler's cost and the spread of the
+    profiled steps counted for the technique), its reason saying how many steps it rests on.
+    From fewer than FORECAST_STEPS profiled steps it is the point forecast, shown but no
+    bound (`sound` false): it sets nothing aside."""
+    n = len(profile.steps)
+    if n < FORECAST_STEPS:
+        names, got = bound(recipe, baseline, profile, peaks)
+        if isinstance(got, Bound):
+            got = replace(got, sound=False, why=f"{got.why} (from {n} profiled step"
+                          f"{'s' if n != 1 else ''}: no bound, {FORECAST_STEPS} make one)")
+        return names, got
+    upper = profile.upper()
+    names, got = bound(recipe, baseline, upper, peaks)
+    if isinstance(got, Bound):
+        got = replace(got, why=f"{got.why} (the share's one-sided {upper.level:.0%} upper "
+                               f"limit over {n} profiled steps)")
+    return names, got
 
 
 def metadata() -> dict:
