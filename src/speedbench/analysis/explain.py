@@ -34,6 +34,12 @@ PART_LEVEL = 0.95  # each part's interval: a description of the profiled steps, 
 SENTENCE_PARTS = 3  # the largest parts a sentence names; the rest are in the table
 UNEXPLAINED_NOTE = 0.15  # a larger unexplained share says whether the profile's noise holds it
 BOUND_LEVEL = 0.99  # one-sided: the share a forecast reads is its upper limit at this level
+# A profile whose steps a load slowed in part is no ground for a bound: the load's time lands
+# on whatever ran and dilutes the other categories' shares. Unsteady where the profiled steps
+# spread over STEADY_SPREAD (max / min), where the unprofiled steps took over PLAIN_OVER of the
+# profiled ones (a profiled step is never faster) or the profiled ones over PROFILED_OVER of
+# the unprofiled (the profiler's own cost is up to 2x, measure/explain.PROFILER_FACTOR).
+STEADY_SPREAD, PLAIN_OVER, PROFILED_OVER = 1.5, 1.2, 3.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,7 @@ class UpperShares:
     level: float
     step_ms: float
     counters: dict = field(default_factory=dict)
+    unsteady: str = ""  # why the steps are no ground for a bound (a load), "" where they are
 
     def share(self, category: str) -> float:
         return self.shares.get(category, 0.0)
@@ -58,6 +65,7 @@ class Breakdown:
     steps: list[dict] = field(default_factory=list)
     overhead_ms: float = math.nan  # the profiler's own cost taken out of each step (CPU)
     counters: dict = field(default_factory=dict)  # the techniques' (profile_counters)
+    plain_ms: float = math.nan  # the same model's unprofiled step (CPU), before the profile
 
     def values(self, category: str) -> np.ndarray:
         if category == "step":
@@ -95,7 +103,22 @@ class Breakdown:
             v = self.values(c) * inflation
             hi = v.mean() + t * v.std(ddof=1) / math.sqrt(n) if n > 1 else math.inf
             shares[c] = min(1.0, hi / step) if step > 0 else 1.0
-        return UpperShares(shares, n, level, step, dict(self.counters))
+        return UpperShares(shares, n, level, step, dict(self.counters), self.unsteady())
+
+    def unsteady(self) -> str:
+        """Why these steps are no ground for a bound (STEADY_SPREAD, PLAIN_OVER, PROFILED_OVER:
+        a load slowed some of them), or ""."""
+        totals = self.values("step")
+        if len(totals) and totals.min() > 0 and totals.max() / totals.min() > STEADY_SPREAD:
+            return (f"the profiled steps took {totals.min():.3g}-{totals.max():.3g} ms "
+                    "(a load in some of them?)")
+        profiled = self.step_ms + (self.overhead_ms if math.isfinite(self.overhead_ms) else 0)
+        plain = self.plain_ms
+        if math.isfinite(plain) and profiled > 0 and not (
+                1 / PLAIN_OVER <= profiled / plain <= PROFILED_OVER):
+            return (f"the profiled steps took {profiled:.3g} ms, the unprofiled ones "
+                    f"{plain:.3g} ms (a load in some of them?)")
+        return ""
 
     def rows(self) -> list[dict]:
         """explain.csv's numbers: each category, the whole step (`step`), and the profiler's

@@ -222,11 +222,17 @@ def split(events, device: torch.device, plain_ms: Optional[float] = None) -> Bre
     if device.type == "cuda" and torch.cuda.is_available():
         kernels = [ev for ev in events if ev.device_type == DeviceType.CUDA]
         return Breakdown([split_cuda(span, cpu, kernels) for span in spans])
-    steps = [split_cpu(span, cpu) for span in spans]
+    return cpu_breakdown([split_cpu(span, cpu) for span in spans], plain_ms)
+
+
+def cpu_breakdown(steps: list[dict], plain_ms: Optional[float]) -> Breakdown:
+    """Profiled CPU steps (category -> ms) as a Breakdown: with `plain_ms` (the same model's
+    unprofiled step) the profiler's own cost taken out (without_overhead) and the unprofiled
+    step kept (the forecasts' steadiness check, Breakdown.upper)."""
     if not steps or plain_ms is None or not math.isfinite(plain_ms):
         return Breakdown(steps)
-    steps, overhead = without_overhead(steps, plain_ms)
-    return Breakdown(steps, overhead_ms=overhead)
+    scaled, overhead = without_overhead(steps, plain_ms)
+    return Breakdown(scaled, overhead_ms=overhead, plain_ms=plain_ms)
 
 
 # --- profiling a trainer -------------------------------------------------------------------
