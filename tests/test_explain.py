@@ -227,6 +227,11 @@ def test_a_forecast_sets_an_option_aside_only_where_it_is_a_bound():
     inflated = stats.Breakdown(scaled, overhead_ms=overhead)
     assert inflated.share("data") == pytest.approx(0.03)
     assert set_aside(options, base, inflated, {}, 0.05) == {}  # before: set aside (1.031x)
+    # unprofiled steps that a load slowed: the profiler's cost cannot be told, no bound
+    slowed = explain.cpu_breakdown(_steps([0.40] * 4, 100.0), 250.0)
+    said = techniques.forecast(more, base, slowed, {})[1]
+    assert not said.sound and "(a load?)" in said.why
+    assert set_aside(options, base, slowed, {}, 0.05) == {}  # before: set aside
     # steps that spread (a load's stall in some): the upper limit, not the mean
     spread = stats.Breakdown(_steps([1.0, 6.0, 0.5, 5.0], 100.0))
     assert spread.share("data") < 0.04 and set_aside(options, base, spread, {}, 0.05) == {}
