@@ -368,9 +368,9 @@ def forecast(recipe: Any, baseline: Any, profile: Any, peaks: dict) -> tuple[str
     """The forecast the runs and the recipe search act on: `bound` from the profile's upper
     shares (analysis.explain.Breakdown.upper: the profiler's cost and the spread of the
     profiled steps counted for the technique), its reason saying how many steps it rests on.
-    From fewer than FORECAST_STEPS profiled steps it is the point forecast, and from steps a
-    load slowed in part (Breakdown.unsteady) it is shown: either is no bound (`sound` false)
-    and sets nothing aside."""
+    From fewer than FORECAST_STEPS profiled steps it is the point forecast, and where a load
+    slowed the unprofiled steps (Breakdown.unsteady: the profiler's cost cannot be told) it is
+    shown: either is no bound (`sound` false) and sets nothing aside."""
     n = len(profile.steps)
     if n < FORECAST_STEPS:
         names, got = bound(recipe, baseline, profile, peaks)
