@@ -32,6 +32,7 @@ tests/test_verdicts_sim.py runs a small version.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass, field
@@ -458,6 +459,7 @@ PROFILER_COST = {"matmul": 1.05, "elementwise": 1.8, "python": 2.0, "other": 1.8
                  "optimizer": 1.6, "host_sync": 1.2, "data": 1.1, "compiled": 1.0}
 PART_SD = 0.15  # a category's own step-to-step log sd beyond the step's (an assumption)
 LUMPS = 4.0  # a load's extra time lands in a few lumps: Dirichlet(LUMPS x the shares)
+QUIET_OTHERS = 0.05  # others' share of the CPU on a quiet machine, at most (uniform)
 
 
 class SimProfile:
@@ -467,8 +469,11 @@ class SimProfile:
     category, the profiler's cost added, a load's slowdown spread in lumps; the Breakdown the
     CLI's split makes of them (explain.without_overhead)."""
 
-    def __init__(self, noise: dict, rng, load: Load | None, step_s: float, data: float):
+    def __init__(self, noise: dict, rng, load: Load | None, step_s: float, data: float,
+                 cpu_window: bool = True):
         self.noise, self.rng, self.load, self.step_s = noise, rng, load, step_s
+        self.cpu_window = cpu_window  # False: the profile as before others' share was read
+        self.others = self.watched = 0.0
         rest = sum(OTHER_SHARES.values())
         self.shares = {**{c: v * (1 - data) / rest for c, v in OTHER_SHARES.items()},
                        "data": data}
@@ -486,7 +491,11 @@ class SimProfile:
             w = self.rng.dirichlet([LUMPS * v for v in self.shares.values()])
             extra = (f - 1) * sum(parts.values())
             parts = {c: p + extra * wc for (c, p), wc in zip(parts.items(), w)}
-        self.now += sum(parts.values())
+        took = sum(parts.values())
+        self.now += took
+        # what env.CpuWindow reads: others held (f - 1) / f of the CPU meanwhile
+        self.others += took * ((1 - 1 / f) if f > 1 else self.rng.uniform(0, QUIET_OTHERS))
+        self.watched += took
         return parts
 
     def profile(self, limit_s: float):
@@ -495,6 +504,7 @@ class SimProfile:
         started = self.now
         for i in range(max(explain.WARMUP, Settings.warmup)):  # the warm-up
             self._step(False)
+        self.others = self.watched = 0.0  # env.CpuWindow, from the unprofiled steps on
         plain = [sum(self._step(False).values()) for _ in range(explain.PLAIN_STEPS)]
         if self.now - started >= limit_s:
             return None  # explain.OutOfTime: this step screens every option
@@ -504,7 +514,9 @@ class SimProfile:
                 break
             steps.append({**dict.fromkeys(explain.CATEGORIES, 0.0),
                           **{c: 1000 * v for c, v in self._step(True).items()}})
-        return explain.cpu_breakdown(steps, 1000 * float(np.mean(plain)))  # as split does
+        got = explain.cpu_breakdown(steps, 1000 * float(np.mean(plain)))  # as split does
+        got.others_cpu = self.others / self.watched if self.cpu_window else math.nan
+        return got
 
 
 def _workers_recipes():
@@ -527,8 +539,9 @@ def forecast_screen(runs: int, noise: dict, truth: float, budget_s: float, load:
     """`runs` forecast screens of the workers option whose true gain is `truth` (it hides the
     whole data wait: amdahl(d) = truth, the case where a bound is tightest), on the current
     recipe's profile with `budget_s` of the search left: how often each rule sets it aside,
-    how often its forecast covers the truth (now: of those that are bounds); before (main until this change: the plug-in's
-    bound on the point shares, whatever the steps) and now (search.forecasts.set_aside)."""
+    how often its forecast covers the truth (now: of those that are bounds); before (the
+    plug-in's bound on the point shares, whatever the steps: main until issue 44), with the
+    upper limits alone (others' CPU share not read) and now (search.forecasts.set_aside)."""
     from speedbench import techniques
     from speedbench.search import forecasts
 
@@ -536,8 +549,8 @@ def forecast_screen(runs: int, noise: dict, truth: float, budget_s: float, load:
     step_s = amp_models()[2].step_s
     limit = min(10 * Settings.max_trial_s, forecasts.PROFILE_SHARE * budget_s)
     rng = np.random.default_rng(seed)
-    got = {"before": 0, "now": 0, "covered_before": 0, "covered_now": 0, "bounds": 0,
-           "profiles": 0, "steps": []}
+    got = {"before": 0, "upper": 0, "now": 0, "covered_before": 0, "covered_now": 0,
+           "bounds": 0, "profiles": 0, "steps": []}
     for _ in range(runs):
         sim = SimProfile(noise, rng, Load(load.per_minute, load.seconds, load.factor)
                          if load else None, step_s, 1 - 1 / truth)
@@ -549,12 +562,15 @@ def forecast_screen(runs: int, noise: dict, truth: float, budget_s: float, load:
         old = techniques.bound(more, base, prof, {})[1]
         now = techniques.forecast(more, base, prof, {})[1]
         got["before"] += bool(old.under(min_gain))
+        unread = dataclasses.replace(prof, others_cpu=math.nan)  # others' share not read
+        got["upper"] += bool(forecasts.set_aside({"w": more}, base, unread, {}, min_gain))
         got["now"] += bool(forecasts.set_aside({"w": more}, base, prof, {}, min_gain))
         got["covered_before"] += old.speedup >= truth
         got["bounds"] += now.sound  # what the screen may act on now: its coverage
         got["covered_now"] += now.sound and now.speedup >= truth
     n = max(got["profiles"], 1)
-    return {**{k: v / n for k, v in got.items() if k in ("before", "now", "covered_before")},
+    return {**{k: v / n for k, v in got.items()
+               if k in ("before", "upper", "now", "covered_before")},
             "covered_now": got["covered_now"] / max(got["bounds"], 1), "bounds": got["bounds"],
             "profiles": got["profiles"], "steps": got["steps"]}
 
@@ -566,7 +582,8 @@ def forecast_table(runs: int, noise: dict, seed: int = 0, load: Load = Load()) -
              f"episodes {load.per_minute:g} a minute, {load.seconds[0]:g}-{load.seconds[1]:g}"
              f" s, {load.factor[0]:g}-{load.factor[1]:g}x; {runs} screens a row.", "",
              "| true gain | search time left | load | profiles (median steps) | set aside: "
-             "before / now | forecast >= truth: before (all) / now (bounds) | bounds now |",
+             "before / upper limits / now | forecast >= truth: before (all) / now (bounds) | "
+             "bounds now |",
              "|---|---|---|---|---|---|---|"]
     for truth in (1.004, 1.06, 1.3):
         for budget in (140, 600):
@@ -575,7 +592,8 @@ def forecast_table(runs: int, noise: dict, seed: int = 0, load: Load = Load()) -
                 steps = f"{np.median(r['steps']):.0f}" if r["steps"] else "-"
                 lines.append(f"| {truth:g}x | {budget} s | "
                              f"{'episodes' if episodes else 'quiet'} | {r['profiles']} "
-                             f"({steps}) | {r['before']:.1%} / {r['now']:.1%} | "
+                             f"({steps}) | {r['before']:.1%} / {r['upper']:.1%} / "
+                             f"{r['now']:.1%} | "
                              f"{r['covered_before']:.1%} / {r['covered_now']:.1%} | "
                              f"{r['bounds'] / max(r['profiles'], 1):.0%} |")
     return lines

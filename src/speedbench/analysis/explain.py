@@ -40,6 +40,11 @@ BOUND_LEVEL = 0.99  # one-sided: the share a forecast reads is its upper limit a
 # (Profiled steps a load slowed in part widen the upper limit, or raise the profiler's cost:
 # the shares' bound stays one.)
 PLAIN_OVER = 1.2
+# Other processes that took over BOUND_OTHERS of the machine's CPU time while the profile ran
+# (measure/env.CpuWindow; BUSY_OTHERS, a busy machine's mark) slowed its steps by a load whose
+# time landed on whatever ran, diluting the shares of the rest, in every step alike where the
+# load lasted the whole profile (the upper limit cannot see that): no bound.
+BOUND_OTHERS = 0.25
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class Breakdown:
     overhead_ms: float = math.nan  # the profiler's own cost taken out of each step (CPU)
     counters: dict = field(default_factory=dict)  # the techniques' (profile_counters)
     plain_ms: float = math.nan  # the same model's unprofiled step (CPU), before the profile
+    others_cpu: float = math.nan  # other processes' share of the CPU while it was profiled
 
     def values(self, category: str) -> np.ndarray:
         if category == "step":
@@ -106,8 +112,11 @@ class Breakdown:
         return UpperShares(shares, n, level, step, dict(self.counters), self.unsteady())
 
     def unsteady(self) -> str:
-        """Why these steps are no ground for a bound (PLAIN_OVER: a load slowed the
-        unprofiled steps), or ""."""
+        """Why these steps are no ground for a bound (BOUND_OTHERS: other processes took the
+        CPU meanwhile; PLAIN_OVER: a load slowed the unprofiled steps), or ""."""
+        if self.others_cpu > BOUND_OTHERS:  # NaN (not known): the other checks only
+            return (f"other processes took {self.others_cpu:.0%} of the CPU while it was "
+                    "profiled (a load)")
         profiled = self.step_ms + (self.overhead_ms if math.isfinite(self.overhead_ms) else 0)
         if math.isfinite(self.plain_ms) and profiled > 0 \
                 and self.plain_ms > PLAIN_OVER * profiled:

@@ -42,7 +42,7 @@ import torch
 
 from speedbench import techniques
 from speedbench.analysis.explain import Breakdown
-from speedbench.measure import watchdog
+from speedbench.measure import env, watchdog
 from speedbench.measure.profile import LabelClock
 from speedbench.measure.session import applied, batching
 from speedbench.measure.timing import synchronize, timed_steps, warm_up
@@ -324,10 +324,13 @@ def profile_recipe(spec, recipe, ctx, dataset, steps: int, left_s: Optional[floa
         warm_up(trainer.step, ctx.device, max(WARMUP, b.warmup) + once,
                 max(WARMUP, b.warmup, b.warmup_max) + once, b.steady_tol,
                 budget_s=warm_up_s(b, left()))
+        window = env.CpuWindow()  # others' share of the CPU meanwhile: a load (Breakdown.upper)
         plain_s, done = timed_steps(trainer.step, PLAIN_STEPS, ctx.device, budget_s=left())
         if left() is not None and left() <= 0:
             raise OutOfTime
-        return profile_steps(trainer, ctx.device, steps, left(), 1000 * plain_s / done)
+        got = profile_steps(trainer, ctx.device, steps, left(), 1000 * plain_s / done)
+        got.others_cpu = window.others()
+        return got
 
 
 def warm_up_s(bench, left_s: Optional[float]) -> Optional[float]:
