@@ -246,7 +246,7 @@ def load_rates(budget_s: float, effects: list[float], steps_sd: float, noise: di
             wrong = False
             for name, r in s.iterrows():
                 truth = effects[ord(name) - ord("a")]
-                verdicts.append(r["verdict"].split(" (")[0])
+                verdicts.append(r["verdict"].split(" (")[0].split(":")[0])
                 call = r["verdict"] in (intervals.FASTER, intervals.SLOWER)
                 wrong |= call and (truth == 1.0 or (r["verdict"] == intervals.SLOWER) !=
                                    (truth < 1.0))
@@ -273,6 +273,7 @@ def load_table(runs: int, budgets: list[float], pace_sd: float, steps_sd: float,
              f"{VARIANTS} variants + baseline, {seeds} seeds, {runs} runs a row.", "",
              "| scenario | budget | load | runs with a false call | CI coverage (CIs) | "
              "true 1.3x found | verdicts |", "|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
     for name, effects, other in SCENARIOS[:2] + (("A/A, other numerics", [1.0] * VARIANTS,
                                                    True),):
         for budget in budgets:
@@ -284,6 +285,7 @@ def load_table(runs: int, budgets: list[float], pace_sd: float, steps_sd: float,
                 lines.append(f"| {name} | {budget:g} s | {'episodes' if episodes else 'quiet'}"
                              f" | {r['false']:.1%} | {r['coverage']:.1%} ({r['cis']}) | "
                              f"{found} | {mix} |")
+                print(lines[-1], flush=True)
     return lines
 
 
@@ -300,8 +302,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.load:
         seeds = args.seeds[0] if args.seeds != [3, 5, 8] else 5  # target.seeds' default
-        print("\n".join(load_table(args.runs, args.budgets, args.pace_sd or 0.054,
-                                   args.steps_sd or 0.028, seeds)))
+        load_table(args.runs, args.budgets, args.pace_sd or 0.054, args.steps_sd or 0.028,
+                   seeds)  # printed row by row
         return
     pace_sd, steps_sd = fitted(args.fit) if args.fit else (0.03, 0.1)
     pace_sd = args.pace_sd if args.pace_sd is not None else pace_sd
