@@ -514,15 +514,18 @@ def test_a_variant_forecast_under_the_threshold_is_not_measured_with_the_reason(
     skipped = set()
     for variant, row in forecast.iterrows():
         rows = trials[trials["variant"] == variant]
-        if row["status"] == "ok" and row["forecast"] < 1.9:
+        if row["status"] == "ok" and row["forecast"] < 1.9 and bool(row["is_bound"]):
             skipped.add(variant)
             assert len(rows) == 1 and rows["status"].iloc[0].startswith(
                 "not measured: by its forecast: ")
             assert "bench.skip_by_forecast=false" in rows["status"].iloc[0]
         else:
             assert (rows["status"] == "ok").any()
-    assert "deferred" in skipped
-    assert "not measured, by their forecasts: " in proc.stderr
+    # on a busy machine the forecast is shown but is no bound (others took the CPU while it
+    # was profiled, analysis.explain.BOUND_OTHERS) and sets nothing aside
+    loaded = "other processes took" in str(forecast.loc["deferred", "reason"])
+    assert ("deferred" in skipped) != loaded
+    assert ("not measured, by their forecasts: " in proc.stderr) == bool(skipped)
 
 
 # --- CUDA (kernels): skipped without a GPU --------------------------------------------------------
