@@ -113,3 +113,19 @@ def test_max_autotunes_tables_go_to_the_runs_log_not_the_console(tmp_path, capfd
         str(log))
     log.write_text("")
     assert techniques.log_lines(tmp_path) == []  # nothing written: no line
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_max_autotune_compile_on_cuda_writes_its_tables_to_the_log(tmp_path, capfd):
+    """On a GPU Inductor autotunes a matrix product against its Triton templates and prints
+    the AUTOTUNE table; compiled inside autotune_tables_to, it lands in the log. (On this
+    project's 2-core CPU a small model autotuned nothing: no table to route.)"""
+    log = tmp_path / "autotune.log"
+    model = torch.nn.Linear(512, 512).cuda()
+    compiled = torch.compile(model, mode="max-autotune")
+    with compile_technique.autotune_tables_to(log):
+        compiled(torch.randn(256, 512, device="cuda")).sum().backward()
+        torch.cuda.synchronize()
+    assert "AUTOTUNE" in log.read_text()
+    assert "AUTOTUNE" not in capfd.readouterr().err
