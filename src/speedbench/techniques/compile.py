@@ -148,7 +148,7 @@ class CompileRecord:
 class Compile(Technique):
     name = "compile"
     after = ("parallel",)  # torch.compile wraps the DDP module, as PyTorch advises
-    logs = {AUTOTUNE_LOG: "max-autotune's AUTOTUNE tables (Inductor's kernel timings)"}
+    logs = {AUTOTUNE_LOG: "Inductor's AUTOTUNE tables"}  # kept short: a path follows
     card = """\
 **What**: `torch.compile(model, mode=...)`: TorchDynamo captures the forward pass (and
 AOTAutograd the backward) as graphs; Inductor fuses them into generated kernels (Triton on
