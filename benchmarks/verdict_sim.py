@@ -25,12 +25,14 @@ The noise is fitted to real measurements:
     python benchmarks/verdict_sim.py              # the tables in benchmarks/README.md
     python benchmarks/verdict_sim.py --runs 200   # quicker, rougher
     python benchmarks/verdict_sim.py --load       # A/A quiet and with load episodes
+    python benchmarks/verdict_sim.py --forecasts  # the recipe search's forecast screen
 
 tests/test_verdicts_sim.py runs a small version.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass, field
@@ -444,6 +446,159 @@ def load_table(runs: int, noise: dict, seed: int = 0, load: Load = Load()) -> li
     return lines
 
 
+# ---- the recipe search's forecast screen, quiet and with load episodes ----
+
+# The current recipe's profile (a transformer step, step_times.csv's fp32 median), by category:
+# an assumption, the order of the shares a default profile of the reference transformer shows
+# (no explain.csv is committed to fit them to); the data wait is the scenario's.
+OTHER_SHARES = {"matmul": 0.45, "elementwise": 0.25, "python": 0.09, "other": 0.08,
+                "optimizer": 0.12, "host_sync": 0.01}
+# The profiler's cost, a category's profiled time over its own: most on the many small ops
+# (an assumption: it makes a profiled step ~1.5x an unprofiled one, PROFILER_FACTOR is 2)
+PROFILER_COST = {"matmul": 1.05, "elementwise": 1.8, "python": 2.0, "other": 1.8,
+                 "optimizer": 1.6, "host_sync": 1.2, "data": 1.1, "compiled": 1.0}
+PART_SD = 0.15  # a category's own step-to-step log sd beyond the step's (an assumption)
+LUMPS = 4.0  # a load's extra time lands in a few lumps: Dirichlet(LUMPS x the shares)
+QUIET_OTHERS = 0.05  # others' share of the CPU on a quiet machine, at most (uniform)
+
+
+class SimProfile:
+    """explain.profile_recipe on a simulated clock: a fresh model (its level), the warm-up,
+    PLAIN_STEPS unprofiled steps, then up to FORECAST_STEPS profiled ones until `limit_s` has
+    passed (one at least), as forecasts.Forecaster asks for them; every step's time split by
+    category, the profiler's cost added, a load's slowdown spread in lumps; the Breakdown the
+    CLI's split makes of them (explain.without_overhead)."""
+
+    def __init__(self, noise: dict, rng, load: Load | None, step_s: float, data: float,
+                 cpu_window: bool = True):
+        self.noise, self.rng, self.load, self.step_s = noise, rng, load, step_s
+        self.cpu_window = cpu_window  # False: the profile as before others' share was read
+        self.others = self.watched = 0.0
+        rest = sum(OTHER_SHARES.values())
+        self.shares = {**{c: v * (1 - data) / rest for c, v in OTHER_SHARES.items()},
+                       "data": data}
+        self.now = float(rng.uniform(0, 600))  # a moment of the load's timeline
+        self.level = rng.normal(0, noise.get("level_sd", 0.0))
+
+    def _step(self, profiled: bool) -> dict:
+        z = self.noise.get("step_residuals")
+        e = self.noise.get("step_sd", STEP_SD) * self.rng.choice(z)
+        quiet = self.step_s * math.exp(self.level + e)
+        parts = {c: quiet * v * math.exp(self.rng.normal(0, PART_SD))
+                 * (PROFILER_COST[c] if profiled else 1.0) for c, v in self.shares.items()}
+        f = self.load.at(self.now, self.rng) if self.load else 1.0
+        if f > 1:  # the load's extra time, in lumps over the categories
+            w = self.rng.dirichlet([LUMPS * v for v in self.shares.values()])
+            extra = (f - 1) * sum(parts.values())
+            parts = {c: p + extra * wc for (c, p), wc in zip(parts.items(), w)}
+        took = sum(parts.values())
+        self.now += took
+        # what env.CpuWindow reads: others held (f - 1) / f of the CPU meanwhile
+        self.others += took * ((1 - 1 / f) if f > 1 else self.rng.uniform(0, QUIET_OTHERS))
+        self.watched += took
+        return parts
+
+    def profile(self, limit_s: float):
+        from speedbench.measure import explain
+
+        started = self.now
+        for i in range(max(explain.WARMUP, Settings.warmup)):  # the warm-up
+            self._step(False)
+        self.others = self.watched = 0.0  # env.CpuWindow, from the unprofiled steps on
+        plain = [sum(self._step(False).values()) for _ in range(explain.PLAIN_STEPS)]
+        if self.now - started >= limit_s:
+            return None  # explain.OutOfTime: this step screens every option
+        steps = []
+        for i in range(explain.FORECAST_STEPS):
+            if i and self.now - started >= limit_s:
+                break
+            steps.append({**dict.fromkeys(explain.CATEGORIES, 0.0),
+                          **{c: 1000 * v for c, v in self._step(True).items()}})
+        got = explain.cpu_breakdown(steps, 1000 * float(np.mean(plain)))  # as split does
+        got.others_cpu = self.others / self.watched if self.cpu_window else math.nan
+        return got
+
+
+def _workers_recipes():
+    """The CLI's recipes: the naive transformer and the same with data workers."""
+    from hydra import compose, initialize_config_dir
+
+    from speedbench.config import build_plan, config_dir, register_schema
+
+    register_schema()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "model=transformer", "device=cpu", "+experiment=workers"])
+    plan = build_plan(cfg, None)
+    base = plan.variants[plan.baseline]
+    return base, next(r for r in plan.variants.values() if r.data.num_workers > 0)
+
+
+def forecast_screen(runs: int, noise: dict, truth: float, budget_s: float, load: Load | None,
+                    seed: int = 0, min_gain: float = 0.05) -> dict:
+    """`runs` forecast screens of the workers option whose true gain is `truth` (it hides the
+    whole data wait: amdahl(d) = truth, the case where a bound is tightest), on the current
+    recipe's profile with `budget_s` of the search left: how often each rule sets it aside,
+    how often its forecast covers the truth (now: of those that are bounds); before (the
+    plug-in's bound on the point shares, whatever the steps: main until issue 44), with the
+    upper limits alone (others' CPU share not read) and now (search.forecasts.set_aside)."""
+    from speedbench import techniques
+    from speedbench.search import forecasts
+
+    base, more = _workers_recipes()
+    step_s = amp_models()[2].step_s
+    limit = min(10 * Settings.max_trial_s, forecasts.PROFILE_SHARE * budget_s)
+    rng = np.random.default_rng(seed)
+    got = {"before": 0, "upper": 0, "now": 0, "covered_before": 0, "covered_now": 0,
+           "bounds": 0, "profiles": 0, "steps": []}
+    for _ in range(runs):
+        sim = SimProfile(noise, rng, Load(load.per_minute, load.seconds, load.factor)
+                         if load else None, step_s, 1 - 1 / truth)
+        prof = sim.profile(limit)
+        if prof is None:
+            continue
+        got["profiles"] += 1
+        got["steps"].append(len(prof.steps))
+        old = techniques.bound(more, base, prof, {})[1]
+        now = techniques.forecast(more, base, prof, {})[1]
+        got["before"] += bool(old.under(min_gain))
+        unread = dataclasses.replace(prof, others_cpu=math.nan)  # others' share not read
+        got["upper"] += bool(forecasts.set_aside({"w": more}, base, unread, {}, min_gain))
+        got["now"] += bool(forecasts.set_aside({"w": more}, base, prof, {}, min_gain))
+        got["covered_before"] += old.speedup >= truth
+        got["bounds"] += now.sound  # what the screen may act on now: its coverage
+        got["covered_now"] += now.sound and now.speedup >= truth
+    n = max(got["profiles"], 1)
+    return {**{k: v / n for k, v in got.items()
+               if k in ("before", "upper", "now", "covered_before")},
+            "covered_now": got["covered_now"] / max(got["bounds"], 1), "bounds": got["bounds"],
+            "profiles": got["profiles"], "steps": got["steps"]}
+
+
+def forecast_table(runs: int, noise: dict, seed: int = 0, load: Load = Load()) -> list[str]:
+    lines = [f"The workers option's forecast on the transformer's current recipe "
+             f"({1000 * amp_models()[2].step_s:.0f} ms step; fresh-model level sd "
+             f"{noise.get('level_sd', 0):.3f}, steps resampled from step_times.csv); load "
+             f"episodes {load.per_minute:g} a minute, {load.seconds[0]:g}-{load.seconds[1]:g}"
+             f" s, {load.factor[0]:g}-{load.factor[1]:g}x; {runs} screens a row.", "",
+             "| true gain | search time left | load | profiles (median steps) | set aside: "
+             "before / upper limits / now | forecast >= truth: before (all) / now (bounds) | "
+             "bounds now |",
+             "|---|---|---|---|---|---|---|"]
+    for truth in (1.004, 1.06, 1.3):
+        for budget in (140, 600):
+            for episodes in (None, load):
+                r = forecast_screen(runs, noise, truth, budget, episodes, seed)
+                steps = f"{np.median(r['steps']):.0f}" if r["steps"] else "-"
+                lines.append(f"| {truth:g}x | {budget} s | "
+                             f"{'episodes' if episodes else 'quiet'} | {r['profiles']} "
+                             f"({steps}) | {r['before']:.1%} / {r['upper']:.1%} / "
+                             f"{r['now']:.1%} | "
+                             f"{r['covered_before']:.1%} / {r['covered_now']:.1%} | "
+                             f"{r['bounds'] / max(r['profiles'], 1):.0%} |")
+    return lines
+
+
 def _mix(verdicts: list[str]) -> str:
     counts = pd.Series(verdicts).value_counts(normalize=True)
     return ", ".join(f"{w} {p:.0%}" for w, p in counts.items())
@@ -455,8 +610,11 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--load", action="store_true", help="the A/A rows quiet and with load "
                    "episodes (Load) instead of the usual tables")
+    p.add_argument("--forecasts", action="store_true", help="the recipe search's forecast "
+                   "screen, quiet and with load episodes, before and after its rule changed")
     a = p.parse_args(argv)
-    print("\n".join((load_table if a.load else table)(a.runs, fit(), a.seed)))
+    rows = forecast_table if a.forecasts else load_table if a.load else table
+    print("\n".join(rows(a.runs, fit(), a.seed)))
 
 
 if __name__ == "__main__":

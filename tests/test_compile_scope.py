@@ -85,3 +85,47 @@ def test_the_experiment_file_sets_each_variant_and_runs_alone():
     assert "compile_regional" not in suite.members(tips, "tips")
     vae = Context(torch.device("cpu"), model=tiny_models()["vae"])
     assert Compile().not_applicable(plan.variants["regional"], vae).startswith("n/a: ")
+
+
+def test_max_autotunes_tables_go_to_the_runs_log_not_the_console(tmp_path, capfd):
+    """Inductor's max-autotune writes its AUTOTUNE tables with sys.stderr.write from
+    select_algorithm.py: in a run they go to <run dir>/autotune.log (Technique.logs), named in
+    one line at the run's end, and the console keeps every other line."""
+    import sys
+
+    from torch._inductor import select_algorithm
+
+    from speedbench import techniques
+
+    with techniques.logs_into(tmp_path):
+        log = techniques.base.log_path(compile_technique.AUTOTUNE_LOG)
+        assert log == tmp_path / "autotune.log"
+        with compile_technique.autotune_tables_to(log):
+            select_algorithm.sys.stderr.write("AUTOTUNE mm(4x8, 8x16)\n")  # as Inductor does
+            sys.stderr.write("a line of speedbench's own\n")
+        assert select_algorithm.sys is sys  # restored
+    assert techniques.base.log_path(compile_technique.AUTOTUNE_LOG) is None  # outside a run
+    err = capfd.readouterr().err
+    assert "AUTOTUNE" not in err and "a line of speedbench's own" in err
+    assert log.read_text() == "AUTOTUNE mm(4x8, 8x16)\n"
+    [line] = techniques.log_lines(tmp_path)
+    assert line.endswith(f": {log}") and "AUTOTUNE tables" in line and len(line) < 100 + len(
+        str(log))
+    log.write_text("")
+    assert techniques.log_lines(tmp_path) == []  # nothing written: no line
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_max_autotune_compile_on_cuda_writes_its_tables_to_the_log(tmp_path, capfd):
+    """On a GPU Inductor autotunes a matrix product against its Triton templates and prints
+    the AUTOTUNE table; compiled inside autotune_tables_to, it lands in the log. (On this
+    project's 2-core CPU a small model autotuned nothing: no table to route.)"""
+    log = tmp_path / "autotune.log"
+    model = torch.nn.Linear(512, 512).cuda()
+    compiled = torch.compile(model, mode="max-autotune")
+    with compile_technique.autotune_tables_to(log):
+        compiled(torch.randn(256, 512, device="cuda")).sum().backward()
+        torch.cuda.synchronize()
+    assert "AUTOTUNE" in log.read_text()
+    assert "AUTOTUNE" not in capfd.readouterr().err

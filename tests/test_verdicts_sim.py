@@ -151,3 +151,28 @@ def test_the_simulation_learns_a_fresh_models_level_and_load_episodes():
     summary, took = sim.simulate_run(sim.identical(3, models=1), NOISE, rng,
                                      sim.Settings(time_budget_s=60.0), load=load)
     assert len(summary) == 3 and took <= 60.0 + 30.0
+
+
+def test_the_forecast_screen_is_simulated_through_the_searchs_rule():
+    """The recipe search's forecast screen (verdict_sim --forecasts): a simulated profile made
+    into the CLI's Breakdown (measure.explain.cpu_breakdown), judged by search.forecasts
+    .set_aside; an option that cannot gain is set aside, one that gains 1.3x is screened."""
+    none = sim.forecast_screen(20, NOISE, 1.004, 600, None)
+    real = sim.forecast_screen(20, NOISE, 1.3, 600, sim.Load())
+    assert none["profiles"] == 20 and none["now"] > 0.5 and real["now"] == 0.0
+    assert min(none["steps"]) >= 1 and real["covered_now"] >= 0.9
+
+
+def test_time_to_target_stages_are_simulated_through_the_clis_stage():
+    """to_target_sim --load: whole stages through studies.to_target.ToTarget on a simulated
+    clock; at 140 s the stage's share cannot hold a run (not measured, no call)."""
+    _tt = importlib.util.spec_from_file_location(
+        "to_target_sim", Path(__file__).resolve().parents[1] / "benchmarks" / "to_target_sim.py")
+    tts = importlib.util.module_from_spec(_tt)
+    _tt.loader.exec_module(tts)
+    tight = tts.load_rates(140, [1.0] * 5, 0.0, NOISE, 0.054, None, runs=1, seeds=5)
+    assert tight["false"] == 0 and tight["cis"] == 0
+    assert all(v.startswith("not measured") for v in tight["mix"].index)
+    roomy = tts.load_rates(3000, [1.0, 1.3, 1.0, 1.0, 1.0], 0.0, NOISE, 0.054, None, runs=2,
+                           seeds=5)
+    assert roomy["cis"] > 0 and roomy["false"] == 0

@@ -68,7 +68,7 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
     run_dir = _open_run_dir(cfg, experiment, plans, resolved, dist_env, device, threads,
                             arm_facts) if distributed.is_main(dist_env) else None
     try:
-        with settled_heap():
+        with settled_heap(), techniques.logs_into(run_dir):  # tools' own output: off the console
             return _conduct(cfg, plans, groups, run_dir, resolved, dist_env, device, progress,
                             experiment, overrides)
     except KeyboardInterrupt as exc:
@@ -370,6 +370,8 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
         from speedbench.report.to_target_section import console_lines as target_lines
         print("\n" + "\n".join(target_lines(runs, threshold)))
     print("\n" + "\n".join(recommend.console_lines(summary, run_dir)))
+    for line in techniques.log_lines(run_dir):  # what a tool wrote aside, and where
+        print(line)
     print("\n" + report_line(run_dir, sum(map(trained, writer.rows)), took_s))
     over = overrun_line(took_s, budget_s)
     if over:

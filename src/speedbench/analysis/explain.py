@@ -33,6 +33,34 @@ DECIDED = ("faster", "slower", "equivalent")
 PART_LEVEL = 0.95  # each part's interval: a description of the profiled steps, not a call
 SENTENCE_PARTS = 3  # the largest parts a sentence names; the rest are in the table
 UNEXPLAINED_NOTE = 0.15  # a larger unexplained share says whether the profile's noise holds it
+BOUND_LEVEL = 0.99  # one-sided: the share a forecast reads is its upper limit at this level
+# The profiler only adds time, so a profiled step is never faster than an unprofiled one of the
+# same model; unprofiled steps over PLAIN_OVER of the profiled ones were slowed (a load), and
+# the profiler's cost, which the upper shares count for the technique, cannot be told: no bound.
+# (Profiled steps a load slowed in part widen the upper limit, or raise the profiler's cost:
+# the shares' bound stays one.)
+PLAIN_OVER = 1.2
+# Other processes that took over BOUND_OTHERS of the machine's CPU time while the profile ran
+# (measure/env.CpuWindow; BUSY_OTHERS, a busy machine's mark) slowed its steps by a load whose
+# time landed on whatever ran, diluting the shares of the rest, in every step alike where the
+# load lasted the whole profile (the upper limit cannot see that): no bound.
+BOUND_OTHERS = 0.25
+
+
+@dataclass(frozen=True)
+class UpperShares:
+    """The most each category can be of a profiled step (Breakdown.upper), `steps` profiled
+    steps at one-sided `level`: what a forecast that is a bound reads (`share`)."""
+
+    shares: dict
+    steps: int
+    level: float
+    step_ms: float
+    counters: dict = field(default_factory=dict)
+    unsteady: str = ""  # why the steps are no ground for a bound (a load), "" where they are
+
+    def share(self, category: str) -> float:
+        return self.shares.get(category, 0.0)
 
 
 @dataclass
@@ -42,6 +70,8 @@ class Breakdown:
     steps: list[dict] = field(default_factory=list)
     overhead_ms: float = math.nan  # the profiler's own cost taken out of each step (CPU)
     counters: dict = field(default_factory=dict)  # the techniques' (profile_counters)
+    plain_ms: float = math.nan  # the same model's unprofiled step (CPU), before the profile
+    others_cpu: float = math.nan  # other processes' share of the CPU while it was profiled
 
     def values(self, category: str) -> np.ndarray:
         if category == "step":
@@ -64,6 +94,35 @@ class Breakdown:
         """The category's share of the mean step, in [0, 1]; 0 without steps."""
         step = self.step_ms
         return self.mean(category) / step if step > 0 else 0.0
+
+    def upper(self, level: float = BOUND_LEVEL) -> UpperShares:
+        """Each category's share at its one-sided `level` upper limit: its profiled time (the
+        profiler only adds time to a category, so this bounds its own; `overhead_ms` undoes
+        the scaling) over the unprofiled step (`step_ms`), Student's t over the profiled
+        steps (their spread, a load's included). With fewer than 2 steps, 1: anything."""
+        n, step = len(self.steps), self.step_ms
+        inflation = 1 + self.overhead_ms / step \
+            if step > 0 and math.isfinite(self.overhead_ms) else 1.0
+        t = intervals.t_quantile(2 * level - 1, n - 1) if n > 1 else math.inf
+        shares = {}
+        for c in EXPLAIN_CATEGORIES:
+            v = self.values(c) * inflation
+            hi = v.mean() + t * v.std(ddof=1) / math.sqrt(n) if n > 1 else math.inf
+            shares[c] = min(1.0, hi / step) if step > 0 else 1.0
+        return UpperShares(shares, n, level, step, dict(self.counters), self.unsteady())
+
+    def unsteady(self) -> str:
+        """Why these steps are no ground for a bound (BOUND_OTHERS: other processes took the
+        CPU meanwhile; PLAIN_OVER: a load slowed the unprofiled steps), or ""."""
+        if self.others_cpu > BOUND_OTHERS:  # NaN (not known): the other checks only
+            return (f"other processes took {self.others_cpu:.0%} of the CPU while it was "
+                    "profiled (a load)")
+        profiled = self.step_ms + (self.overhead_ms if math.isfinite(self.overhead_ms) else 0)
+        if math.isfinite(self.plain_ms) and profiled > 0 \
+                and self.plain_ms > PLAIN_OVER * profiled:
+            return (f"its unprofiled steps took {self.plain_ms:.3g} ms, the profiled ones "
+                    f"{profiled:.3g} ms (a load?)")
+        return ""
 
     def rows(self) -> list[dict]:
         """explain.csv's numbers: each category, the whole step (`step`), and the profiler's

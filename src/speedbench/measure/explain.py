@@ -42,7 +42,7 @@ import torch
 
 from speedbench import techniques
 from speedbench.analysis.explain import Breakdown
-from speedbench.measure import watchdog
+from speedbench.measure import env, watchdog
 from speedbench.measure.profile import LabelClock
 from speedbench.measure.session import applied, batching
 from speedbench.measure.timing import synchronize, timed_steps, warm_up
@@ -222,11 +222,17 @@ def split(events, device: torch.device, plain_ms: Optional[float] = None) -> Bre
     if device.type == "cuda" and torch.cuda.is_available():
         kernels = [ev for ev in events if ev.device_type == DeviceType.CUDA]
         return Breakdown([split_cuda(span, cpu, kernels) for span in spans])
-    steps = [split_cpu(span, cpu) for span in spans]
+    return cpu_breakdown([split_cpu(span, cpu) for span in spans], plain_ms)
+
+
+def cpu_breakdown(steps: list[dict], plain_ms: Optional[float]) -> Breakdown:
+    """Profiled CPU steps (category -> ms) as a Breakdown: with `plain_ms` (the same model's
+    unprofiled step) the profiler's own cost taken out (without_overhead) and the unprofiled
+    step kept (the forecasts' steadiness check, Breakdown.upper)."""
     if not steps or plain_ms is None or not math.isfinite(plain_ms):
         return Breakdown(steps)
-    steps, overhead = without_overhead(steps, plain_ms)
-    return Breakdown(steps, overhead_ms=overhead)
+    scaled, overhead = without_overhead(steps, plain_ms)
+    return Breakdown(scaled, overhead_ms=overhead, plain_ms=plain_ms)
 
 
 # --- profiling a trainer -------------------------------------------------------------------
@@ -318,10 +324,13 @@ def profile_recipe(spec, recipe, ctx, dataset, steps: int, left_s: Optional[floa
         warm_up(trainer.step, ctx.device, max(WARMUP, b.warmup) + once,
                 max(WARMUP, b.warmup, b.warmup_max) + once, b.steady_tol,
                 budget_s=warm_up_s(b, left()))
+        window = env.CpuWindow()  # others' share of the CPU meanwhile: a load (Breakdown.upper)
         plain_s, done = timed_steps(trainer.step, PLAIN_STEPS, ctx.device, budget_s=left())
         if left() is not None and left() <= 0:
             raise OutOfTime
-        return profile_steps(trainer, ctx.device, steps, left(), 1000 * plain_s / done)
+        got = profile_steps(trainer, ctx.device, steps, left(), 1000 * plain_s / done)
+        got.others_cpu = window.others()
+        return got
 
 
 def warm_up_s(bench, left_s: Optional[float]) -> Optional[float]:
@@ -396,8 +405,8 @@ class Explainer:
             elif name in skip:
                 tech, bound = "", f"no forecast: {skip[name]}"
             else:
-                tech, bound = techniques.bound(recipe, self.plan.variants[self.base], got,
-                                               self.peaks)
+                tech, bound = techniques.forecast(recipe, self.plan.variants[self.base], got,
+                                                  self.peaks)
             out[name] = (tech, bound)
             rows.append({**self._head(name), "technique": tech,
                          **({"forecast": bound.speedup, "share": bound.share,

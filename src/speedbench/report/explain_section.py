@@ -31,7 +31,9 @@ METHOD = ("After the rounds, fresh models of the baseline, before, between and (
           "side's profiled step beside its timed one.")
 FORECAST = ("Forecast: before the rounds, each technique declared the most it could gain here "
             f"from {FORECAST_STEPS} profiled baseline steps (Amdahl on the share of the step it "
-            "acts on). A measured CI wholly above a forecast that is a bound is flagged: the "
+            "acts on, at that share's 99 % upper limit over the steps profiled; each reason "
+            f"says how many: fewer than {FORECAST_STEPS} make no bound). A measured CI wholly "
+            "above a forecast that is a bound is flagged: the "
             "forecast or the measurement is wrong. amp's is not a bound: it applies the "
             "16-bit/fp32 matmul peak ratio (measured in alternated windows; none where their "
             "ratios disagreed) to the matrix products alone, while autocast also runs "

@@ -86,13 +86,8 @@ class Forecaster:
                                          explain.FORECAST_STEPS, limit)
         screen_s = self.cfg.recipe.screen_rounds * costs.trial_seconds(
             profile.step_ms / 1000, base.bench)
-        aside = {}
-        for label, recipe in recipes.items():
-            bound = techniques.bound(recipe, base, profile, peaks)[1]
-            why = bound.under(self.min_gain) if isinstance(bound, techniques.Bound) else ""
-            if why:
-                aside[label] = f"{why} (on the current recipe's {profile.step_ms:.3g} ms step)"
-                self.spared_s += screen_s
+        aside = set_aside(recipes, base, profile, peaks, self.min_gain)
+        self.spared_s += screen_s * len(aside)
         self.set_aside += len(aside)
         return aside
 
@@ -103,3 +98,16 @@ class Forecaster:
         return (f"forecasts: {self.set_aside} option screens set aside, about "
                 f"{self.spared_s:.0f} s of screening spared; the profiles took "
                 f"{self.profiled_s:.0f} s")
+
+
+def set_aside(recipes: dict, base, profile, peaks: dict, min_gain: float) -> dict[str, str]:
+    """label -> why, for the options (`recipes`: label -> recipe) whose forecast on the current
+    recipe's profile (`base`, `profile`) is a bound under 1 + `min_gain` (techniques.forecast:
+    the shares' upper limits, enough profiled steps); the rest are screened."""
+    aside = {}
+    for label, recipe in recipes.items():
+        bound = techniques.forecast(recipe, base, profile, peaks)[1]
+        why = bound.under(min_gain) if isinstance(bound, techniques.Bound) else ""
+        if why:
+            aside[label] = f"{why} (on the current recipe's {profile.step_ms:.3g} ms step)"
+    return aside

@@ -45,6 +45,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -74,8 +75,8 @@ class Caps:
     samples: int
     seconds: float | None
     budget: bool = False
-    # the time.perf_counter() by which the run ends, its set-up and evaluations included: its
-    # share of bench.time_budget_s as wall time (None: no budget)
+    # the time on the budget's clock (time.perf_counter in a run) by which the run ends, its
+    # set-up and evaluations included: its share of bench.time_budget_s (None: no budget)
     deadline: float | None = None
 
 
@@ -189,9 +190,14 @@ class ToTarget:
     """The time-to-target stage of one plan: every model, variant and seed."""
 
     def __init__(self, plan: Plan, run_dir: Path, speed_rows: list[dict], progress: bool,
-                 order_seed: int, budget: Budget | None = None):
+                 order_seed: int, budget: Budget | None = None, *,
+                 train: Callable | None = None, data: Callable | None = None):
         self.plan, self.run_dir, self.order_seed = plan, run_dir, order_seed
         self.budget = budget or Budget(None)  # the run's clock: each run caps at its share
+        # the instruments, train_to_target and held_out: benchmarks/to_target_sim.py hands in
+        # simulated ones on a simulated clock (the budget's), all else stays the CLI's
+        self.train_run = train or train_to_target
+        self.data = data or held_out
         self.first = plan.variants[plan.baseline]
         self.cfg = plan.config.target
         self.speed_rows = [r for r in speed_rows if r.get("experiment") == plan.experiment]
@@ -210,7 +216,7 @@ class ToTarget:
     def _model(self, spec, stream: int) -> None:
         cfg, first = self.cfg, self.first
         base_step = batching(spec, first, self.ctx).per_step
-        train, xy, floor = held_out(spec, first, cfg.max_steps * base_step, cfg.eval_samples)
+        train, xy, floor = self.data(spec, first, cfg.max_steps * base_step, cfg.eval_samples)
         skip = self._not_trained(spec)
         target, source = fixed_target(cfg, floor)
         if target is None:  # baseline reruns set it; the timed seeds are others
@@ -226,7 +232,7 @@ class ToTarget:
                     record, curve = over, []
                 else:
                     self.bar.set_postfix_str(f"{spec.name} {name} seed {s}")
-                    record, curve = train_to_target(
+                    record, curve = self.train_run(
                         spec, seeded(self.plan.variants[name], s), self.ctx, train, xy,
                         target, self._caps(base_step, cfg.max_steps))
                 self._done()
@@ -243,7 +249,7 @@ class ToTarget:
         self.bar.total += reruns
         for s in range(cfg.seeds, cfg.seeds + reruns):
             self.bar.set_postfix_str(f"{spec.name} {self.plan.baseline} rerun {s} (target)")
-            record = self._over() or train_to_target(
+            record = self._over() or self.train_run(
                 spec, seeded(self.first, s), self.ctx, train, xy, None,
                 self._caps(base_step, cfg.steps))[0]
             self._done()
@@ -263,7 +269,7 @@ class ToTarget:
         cap = self.cfg.max_s if share >= (self.cfg.max_s or math.inf) else max(0.1, share)
         return Caps(self.cfg.eval_every * base_step, steps * base_step, cap,
                     budget=cap is not None and cap != self.cfg.max_s,
-                    deadline=time.perf_counter() + share if math.isfinite(share) else None)
+                    deadline=self.budget.clock() + share if math.isfinite(share) else None)
 
     def _over(self) -> dict | None:
         """The record of a run that does not start: the run's budget is spent."""

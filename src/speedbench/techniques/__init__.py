@@ -12,7 +12,12 @@ each technique comes after the ones its `after` names.
 from __future__ import annotations
 
 import contextlib
+import os
+from dataclasses import replace
+from pathlib import Path
 from typing import Any, Optional
+
+from speedbench.results.schema import FORECAST_STEPS
 
 from speedbench.techniques import (accumulation, empty_cache, loader, parallel, precision, sync,
                                    tensor_creation)
@@ -21,8 +26,8 @@ from speedbench.techniques import (attention, checkpointing, compile, cudnn_benc
 from speedbench.techniques import allocator, batch_scale, ddp_tuning, openmp, threads
 from speedbench.techniques import conv_bias, debug_apis, eval_mode, onednn_precision, zero_grad
 from speedbench.techniques import chunked_ce, expandable_segments, packing
-from speedbench.techniques.base import (GLOBAL_FLAGS, Bound, ConfigError, Context, Field,
-                                        Finding, Technique, get_key, global_snapshot,
+from speedbench.techniques.base import (GLOBAL_FLAGS, LOG_DIR_ENV, Bound, ConfigError, Context,
+                                        Field, Finding, Technique, get_key, global_snapshot,
                                         joined_preload, restored_global_state)
 
 # Registration order; it also breaks ties where no `after` relation decides.
@@ -335,6 +340,52 @@ def bound(recipe: Any, baseline: Any, profile: Any, peaks: dict) -> tuple[str, A
         return names, f"n/a: the variant changes several techniques ({names})"
     got = techs[0].bound(recipe, baseline, profile, peaks)
     return names, got if got is not None else f"n/a: {names} declares no bound"
+
+
+@contextlib.contextmanager
+def logs_into(run_dir: Optional[Path]):
+    """The techniques' tool logs (Technique.logs) go to `run_dir` meanwhile (LOG_DIR_ENV: the
+    trials' child processes see it too); None: where they would go otherwise."""
+    before = os.environ.get(LOG_DIR_ENV)
+    if run_dir is not None:
+        os.environ[LOG_DIR_ENV] = str(run_dir)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(LOG_DIR_ENV, None)
+        else:
+            os.environ[LOG_DIR_ENV] = before
+
+
+def log_lines(run_dir: Path) -> list[str]:
+    """One line per technique's tool log with content in `run_dir`: what it holds, where."""
+    return [f"{what}: {run_dir / name}" for t in REGISTRY for name, what in t.logs.items()
+            if (run_dir / name).is_file() and (run_dir / name).stat().st_size]
+
+
+def forecast(recipe: Any, baseline: Any, profile: Any, peaks: dict) -> tuple[str, Any]:
+    """The forecast the runs and the recipe search act on: `bound` from the profile's upper
+    shares (analysis.explain.Breakdown.upper: the profiler's cost and the spread of the
+    profiled steps counted for the technique), its reason saying how many steps it rests on.
+    From fewer than FORECAST_STEPS profiled steps it is the point forecast, and where a load
+    slowed the unprofiled steps (Breakdown.unsteady: the profiler's cost cannot be told) it is
+    shown: either is no bound (`sound` false) and sets nothing aside."""
+    n = len(profile.steps)
+    if n < FORECAST_STEPS:
+        names, got = bound(recipe, baseline, profile, peaks)
+        if isinstance(got, Bound):
+            got = replace(got, sound=False, why=f"{got.why} (from {n} profiled step"
+                          f"{'s' if n != 1 else ''}: no bound, {FORECAST_STEPS} make one)")
+        return names, got
+    upper = profile.upper()
+    names, got = bound(recipe, baseline, upper, peaks)
+    if isinstance(got, Bound):
+        got = replace(got, why=f"{got.why} (the share's one-sided {upper.level:.0%} upper "
+                               f"limit over {n} profiled steps)")
+        if got.sound and upper.unsteady:
+            got = replace(got, sound=False, why=f"{got.why}: no bound, {upper.unsteady}")
+    return names, got
 
 
 def metadata() -> dict:

@@ -57,6 +57,7 @@ import math
 import os
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Optional
 
 import torch
@@ -255,6 +256,15 @@ class Finding:
     knob: str  # what to set, `-` when the fix is in the user's own code
 
 
+LOG_DIR_ENV = "SPEEDBENCH_LOG_DIR"  # the run directory, for Technique.logs (child processes too)
+
+
+def log_path(name: str) -> Optional[Path]:
+    """Where a technique's tool log `name` goes in this run (None outside a run)."""
+    folder = os.environ.get(LOG_DIR_ENV)
+    return Path(folder) / name if folder else None
+
+
 @dataclass(frozen=True)
 class Bound:
     """A forecast: the most a technique could speed a step up here, from the share of the
@@ -375,6 +385,10 @@ class Technique:
     snippets: ClassVar[dict[str, dict[Any, tuple[str, str]]]] = {}
     # trials.csv columns after the fields' own: figures observed in a trial (`columns` fills them).
     extra_columns: ClassVar[tuple[str, ...]] = ()
+    # Files a tool the technique drives writes its own output to, in the run directory
+    # (LOG_DIR_ENV names it in a run), rather than on the console: {file name: what it holds}.
+    # The run names each one that has content in one line at its end (techniques.log_lines).
+    logs: ClassVar[dict[str, str]] = {}
 
     @property
     def column_names(self) -> tuple[str, ...]:

@@ -33,15 +33,17 @@ import statistics
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Literal, Optional
 
 import torch
 
 from speedbench.techniques.base import (ActsOn, ANY, Bound, Context, Field, Technique, amdahl,
-                                        global_flag, percent, times)
+                                        global_flag, log_path, percent, times)
 
 MODES = ("off", "default", "max-autotune", "reduce-overhead")
 BACKEND = "inductor"  # torch.compile's backend (tests use aot_eager: same capture, no codegen)
+AUTOTUNE_LOG = "autotune.log"  # max-autotune's kernel-timing tables, in the run directory
 EAGER_STEPS = 2  # eager reference steps before the compiling one (fewer if warm-up is shorter)
 OBSERVED = ("compile_s", "compile_eager_step_ms", "compile_step_ms", "compile_breakeven_steps",
             "recompiles", "graph_breaks", "compile_cache", "compiled_autograd_captures")
@@ -146,6 +148,7 @@ class CompileRecord:
 class Compile(Technique):
     name = "compile"
     after = ("parallel",)  # torch.compile wraps the DDP module, as PyTorch advises
+    logs = {AUTOTUNE_LOG: "Inductor's AUTOTUNE tables"}  # kept short: a path follows
     card = """\
 **What**: `torch.compile(model, mode=...)`: TorchDynamo captures the forward pass (and
 AOTAutograd the backward) as graphs; Inductor fuses them into generated kernels (Triton on
@@ -256,15 +259,48 @@ def train_step(model, x, y):
 
 @contextlib.contextmanager
 def _compile_trial(recipe, ctx: Context):
-    """Fresh Dynamo caches for the trial, so that it pays (and reports) its compilation."""
+    """Fresh Dynamo caches for the trial, so that it pays (and reports) its compilation;
+    max-autotune's tables in the run's log, off the console."""
     import torch._dynamo
 
     torch._dynamo.reset()
     try:
-        with _compiled_autograd(recipe):
+        with _compiled_autograd(recipe), autotune_tables_to(log_path(AUTOTUNE_LOG)):
             yield
     finally:
         torch._dynamo.reset()  # frees the compiled code (the record stays for `columns`)
+
+
+class _StderrTo:
+    """The `sys` module as Inductor's select_algorithm sees it, its stderr another stream."""
+
+    def __init__(self, stream):
+        self.stderr = stream
+
+    def __getattr__(self, name):
+        return getattr(sys, name)
+
+
+@contextlib.contextmanager
+def autotune_tables_to(path: Optional[Path]):
+    """Inductor's max-autotune prints a table of kernel timings per autotuned operator
+    ("AUTOTUNE mm(...)", the choices' times, "... AUTOTUNE benchmarking takes ...") with
+    sys.stderr.write from torch/_inductor/select_algorithm.py, straight onto the console and
+    through any progress bar: meanwhile that module's stderr is the file `path` (appended), and
+    nothing else's. None (outside a run), or a torch without that module: as it is."""
+    try:
+        from torch._inductor import select_algorithm
+    except Exception:  # an Inductor of another shape: its tables stay where it writes them
+        select_algorithm = None
+    if path is None or getattr(select_algorithm, "sys", None) is not sys:
+        yield
+        return
+    with open(path, "a", encoding="utf-8") as log:
+        select_algorithm.sys = _StderrTo(log)
+        try:
+            yield
+        finally:
+            select_algorithm.sys = sys
 
 
 def _compiled_autograd(recipe):
