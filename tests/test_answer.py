@@ -119,13 +119,20 @@ def test_the_cli_says_the_threads_it_set_first_and_records_them(busy, rates, tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     machine = json.loads(next((tmp_path / "out").rglob("env.json")).read_text())
     threads = machine["bench_threads"]
-    first = proc.stderr.splitlines()[0] if proc.stderr else ""
+    lines = proc.stderr.splitlines()
+    said = [i for i, line in enumerate(lines) if "bench.threads=N" in line]
     if busy or rates[1] > rates[2]:  # busy, or one thread multiplied faster
         fit = env.fitting_threads(usable_cores(), busy) if busy else 1
-        assert first.startswith(f"speedbench: {fit} thread{'s' * (fit > 1)}, not torch's "
-                                f"{default}") and first.endswith("(pin: bench.threads=N)")
-        assert sum("bench.threads=N" in line for line in proc.stderr.splitlines()) == 1
+        assert len(said) == 1, proc.stderr  # one line, before anything is measured
+        line = lines[said[0]]
+        assert line.startswith(f"speedbench: {fit} thread{'s' * (fit > 1)}, not torch's "
+                               f"{default}") and line.endswith("(pin: bench.threads=N)")
+        assert len(line) <= 100 and not any(
+            "transformer" in earlier for earlier in lines[:said[0]]), proc.stderr
         assert threads["torch_threads"] == machine["torch_threads"] == fit
+        assert (threads["matmul_rates"] is None) == bool(busy)
+        trials = pd.read_csv(next((tmp_path / "out").rglob("trials.csv")))
+        assert (trials["torch_threads"] == fit).all()  # every trial, the one count
     else:
         assert "bench.threads" not in proc.stderr
         assert threads["torch_threads"] == machine["torch_threads"] == default

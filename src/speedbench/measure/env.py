@@ -369,12 +369,12 @@ def cores() -> int:
 
 
 def others_busy_cores(seconds: float = LOOK_S) -> float | None:
-    """How many cores other processes keep busy, over a short look (None where /proc/stat
-    cannot be read)."""
+    """How many of the cores this process may use (cores()) other processes keep busy, over a
+    short look (None where /proc/stat cannot be read). CpuWindow's share is of those cores."""
     window = CpuWindow()
     time.sleep(seconds)
     share = window.others()
-    return None if math.isnan(share) else share * (os.cpu_count() or 1)
+    return None if math.isnan(share) else share * cores()
 
 
 def fitting_threads(cores_: int, busy: float) -> int:
