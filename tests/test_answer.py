@@ -205,8 +205,9 @@ def _unsettled_summary(need_s: float) -> pd.DataFrame:
     return summary
 
 
-@pytest.mark.parametrize("need_s", [660.0, 200.0])
-def test_a_runs_outputs_give_one_budget_figure(need_s, tmp_path):
+@pytest.mark.parametrize("need_s, noise", [(660.0, {"round_sd": 0.9}), (200.0, {}),
+                                           (660.0, {"round_sd": 0.0, "unsteady": 1})])
+def test_a_runs_outputs_give_one_budget_figure(need_s, noise, tmp_path):
     """The console's table and footnotes, its "measure again" and recommendation, the report's
     recommendation and summary table (Markdown and HTML) all give the run's one figure
     (recommend.more_budget): the largest of the plan's, a stopped variant's need and what
@@ -214,7 +215,7 @@ def test_a_runs_outputs_give_one_budget_figure(need_s, tmp_path):
     from speedbench.report import document
     from speedbench.report.render import console_table, console_warnings, summary_table
 
-    summary = _unsettled_summary(need_s)
+    summary = _unsettled_summary(need_s).assign(**noise)
     figure = recommend.more_budget(summary, 150)
     factor = recommend.budget_factor(summary[summary["variant"] == "bf16"].iloc[0].to_dict())
     assert figure == float(f"{max(390.0, need_s, 150 * factor):.2g}")
@@ -231,6 +232,8 @@ def test_a_runs_outputs_give_one_budget_figure(need_s, tmp_path):
         assert "says how much" not in text and "this run's)" not in text
     assert f"budget: bench.time_budget_s={figure:g} for the whole run (this run had 150 s)" \
         in " ".join(line.strip() for line in console.splitlines())
+    if "measure again:" in console:  # noisy or unsteady: the command carries the one figure
+        assert f"bench.time_budget_s={figure:g}" in console.split("measure again:")[1]
     assert max(map(len, console.splitlines())) <= 100
 
 

@@ -7,6 +7,7 @@ prints the report's lines.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -359,7 +360,9 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
     from speedbench.report import recommend  # the report's first section, in a few lines
     from speedbench.report.render import busy_note, console_lines, report_line
 
-    busy = busy_note({"machine_load": load})
+    # the threads the run set (env.json's bench_threads): the note asks for no fewer
+    threads = json.loads((run_dir / "env.json").read_text()).get("bench_threads")
+    busy = busy_note({"machine_load": load, "bench_threads": threads})
     if busy:
         print(textwrap.fill(busy, width=100) + "\n")
     for note in method.trial_notes(writer.frame()):  # stalled windows, trials others slowed

@@ -337,6 +337,8 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
         lines.append("warning: some trials were timed before their step time was steady: "
                      + _listing(unsteady))
         extra.append("bench.warmup_max=30")
+    if budget_s and not noisy:  # the run's one figure, in every command that measures again
+        extra.insert(0, more)
     flags = [o for o in kept if o.startswith("-")]  # --config-dir=...: before the overrides
     command = list(program or ["speedbench"]) + flags + ([f"+experiment={experiment}"] if experiment and not any(
         o.lstrip("+").startswith("experiment=") for o in kept) else []) + \
