@@ -87,6 +87,17 @@ def test_section_and_console():
     assert len(console) <= 8
 
 
+def test_a_console_reason_keeps_its_figure_when_it_has_an_aside():
+    reason = ("not measured: its steady probe steps took (lower median of 3) 18 s; two rounds "
+              "need 40 s of the 30 s left")
+    untested = pd.DataFrame([row("amp", "m", "fp32", "baseline", 1.0, baseline=True),
+                             row("amp", "m", "fp16", "not measured", status=reason)])
+    console = " ".join(x.strip() for x in recommend.console_lines(untested))
+    line = console[console.index("could not test:"):]
+    # cut at the aside, the reason read "its steady probe steps took)": no figure at all
+    assert "took 18 s" in line and "(lower median" not in line
+
+
 def test_old_verdict_words_and_empty():
     assert recommend.advise(pd.DataFrame()) == []
     old = pd.DataFrame([row("amp", "m", "fp32", "baseline", 1.0, baseline=True),

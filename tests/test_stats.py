@@ -151,7 +151,10 @@ def test_rounds_stop_at_a_look_once_decided_or_out_of_time():
     narrow = _rounds(base[:5], {"v": base[:5] * 1.2}).to_dict("records")
     five = [r for r in wide if r["round"] < 5]
     assert adaptive.wants_more_rounds(five, _Bench, 5, elapsed_s=10)  # 5 more fit: 20 s
-    assert not adaptive.wants_more_rounds(five, _Bench, 5, elapsed_s=60)  # 10 rounds: 120 s
+    # the next look (10 rounds, 120 s) would not fit, but a 6th round does (72 s): on, and the
+    # rounds that end between the looks are reported at the 2nd look's level
+    assert adaptive.wants_more_rounds(five, _Bench, 5, elapsed_s=60)
+    assert not adaptive.wants_more_rounds(five, _Bench, 5, elapsed_s=90)  # a 6th: 108 s
     assert not adaptive.wants_more_rounds(narrow, _Bench, 5, elapsed_s=10)  # decided: faster
     # between two looks: on while the next round fits (7 rounds in 80 s: the 8th ends by 91 s)
     assert adaptive.wants_more_rounds(wide[:14], _Bench, 7, elapsed_s=80)
@@ -271,6 +274,12 @@ def test_the_looks_spread_over_the_budget_within_their_bounds():
     assert [intervals.look_of(n, 5, 3, 20) for n in (3, 5, 24, 25, 44, 45, 60)] == \
         [1, 1, 1, 2, 2, 3, 3]
     assert [n for n in range(1, 50) if intervals.is_look(n, 5, 20)] == [5, 25, 45]
+    # ended between two looks, a comparison is reported at the next look, whose share of the
+    # error no interim analysis spent: never twice at one look's level
+    assert [intervals.reported_look(n, 5, 3, 20) for n in (3, 5, 24, 25, 26, 44, 45)] == \
+        [1, 1, 2, 2, 3, 3, 3]
+    plan = intervals.Looks(comparisons=2, min_rounds=5, looks=3, every=20)
+    assert plan.level(30) == intervals.sequential_level(2, 3, 3) > plan.level(25)  # stricter
 
 
 def test_a_long_budget_adds_looks_rather_than_leaving_its_time_unspent():

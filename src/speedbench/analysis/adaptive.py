@@ -59,8 +59,8 @@ def wants_more_rounds(rows: list[dict], bench, rounds: int, elapsed_s: float,
     rounds go on while the next one fits in `budget_s` (default bench.time_budget_s; the
     rounds' share of it) at the pace so far. At a look the rounds stop when every comparison is
     decided (`decided`, at that look's level for the run's `comparisons`, the level
-    summary.csv reports) or when the rounds to the next look would not fit in `budget_s` at
-    the mean pace so far."""
+    summary.csv reports) or when not one more round fits in `budget_s` at the mean pace so
+    far."""
     min_rounds = min_rounds or bench.repeats
     every = every or min_rounds
     budget_s = bench.time_budget_s if budget_s is None else budget_s
@@ -75,7 +75,9 @@ def wants_more_rounds(rows: list[dict], bench, rounds: int, elapsed_s: float,
     level = sequential_level(comparisons or count_comparisons(frame), look, looks)
     if decided(frame, level, bench.target_ci):
         return False
-    return elapsed_s * (rounds + every) / rounds <= budget_s
+    # on while a round fits, though the next look may not: rounds that end between two looks
+    # are reported at the next look's level (intervals.reported_look), so the budget is spent
+    return elapsed_s * (rounds + 1) / rounds <= budget_s
 
 
 def halfwidth_note(rows: list[dict], level: float | None = None) -> str:

@@ -172,6 +172,17 @@ def look_of(rounds: int, min_rounds: int, looks: int, every: int | None = None) 
     return max(1, min(looks, 1 + (rounds - min_rounds) // max(1, every or min_rounds)))
 
 
+def reported_look(rounds: int, min_rounds: int, looks: int, every: int | None = None) -> int:
+    """The look whose share of the error a comparison of `rounds` rounds is reported at: the
+    look it ended at or, ended between two looks (the budget ran out, or the rounds went on past
+    a look whose next one would not fit), the next look: the interim analysis at the look
+    before has spent that look's share, the next one's no analysis has."""
+    look = look_of(rounds, min_rounds, looks, every)
+    if rounds > min_rounds and not is_look(rounds, min_rounds, every):
+        look = min(looks, look + 1)
+    return look
+
+
 def is_look(rounds: int, min_rounds: int, every: int | None = None) -> bool:
     """Whether `rounds` rounds end at a look (look_of's schedule)."""
     return rounds >= min_rounds and (rounds - min_rounds) % max(1, every or min_rounds) == 0
@@ -187,8 +198,8 @@ class Looks:
         self.family, self.every = family, every
 
     def level(self, rounds: int) -> float:
-        """The CI level of a comparison with `rounds` paired rounds: that of its last look."""
-        look = look_of(rounds, self.min_rounds, self.looks, self.every)
+        """The CI level of a comparison with `rounds` paired rounds (reported_look)."""
+        look = reported_look(rounds, self.min_rounds, self.looks, self.every)
         return sequential_level(self.comparisons, look, self.looks, self.family)
 
 

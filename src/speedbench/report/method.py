@@ -22,9 +22,10 @@ METHOD = ("Speed-up = geometric mean of the per-round ratios of a variant's thro
           "budget fits more, the first after bench.repeats rounds, the later ones spread over "
           "the model's share of the run's budget; "
           "at a look the rounds stop once every comparison is decided or its CI's relative "
-          "half-width is at most bench.target_ci, or when the next look's rounds would not fit "
-          "in the model's share of the run's bench.time_budget_s; each look spends a Pocock-type share of the "
-          "error). faster / slower: the interval "
+          "half-width is at most bench.target_ci; otherwise they go on while a round fits in "
+          "the model's share of the run's bench.time_budget_s, and rounds that end between two "
+          "looks are reported at the next look's level; each look spends a Pocock-type share "
+          "of the error). faster / slower: the interval "
           "excludes 1 and the estimate exceeds the noise threshold; equivalent: the interval "
           "lies within +-threshold; inconclusive: anything else.")
 

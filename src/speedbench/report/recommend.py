@@ -23,6 +23,7 @@ Never imports torch: report layer.
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import textwrap
 from dataclasses import dataclass, field
@@ -379,6 +380,9 @@ def nothing_used(advice: Advice) -> str:
             "test here)"
     if advice.unsettled and not advice.skip:
         return f"nothing settled yet: what was measured is undecided against {against}"
+    if advice.unsettled:  # a skip beside an undecided one: the undecided may still pay off
+        return (f"nothing settled yet: nothing was significantly faster than {against}; "
+                f"{len(advice.unsettled)} undecided")
     return f"use: nothing measured here was significantly faster than {against}"
 
 
@@ -441,9 +445,11 @@ def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3,
 
 
 def _short(text: str) -> str:
-    """`0.82x, slower here` -> `0.82x slower`; reasons cut to their first clause."""
+    """`0.82x, slower here` -> `0.82x slower`; reasons without their asides, cut to 60 columns."""
     if text.startswith("no difference here"):
         return "no difference"
     if text.endswith("slower here"):
         return text.split(" [")[0].split(",")[0] + " slower"
-    return clip(text.split(" (")[0], 60)
+    # drop parenthesised asides rather than cut at the first one: "its steady probe steps took
+    # (lower median of 3) 18 s" must not end as "its steady probe steps took"
+    return clip(re.sub(r" \([^()]*\)", "", text), 60)

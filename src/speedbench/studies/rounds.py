@@ -89,7 +89,7 @@ class Rounds:
                 out.looks = intervals.planned_looks(budget, self.repeats, round_s)
                 out.spacing = intervals.look_spacing(budget, self.repeats, round_s, out.looks)
         if out.looks and out.looks > 1 and not self.nothing_left():
-            look = intervals.look_of(round_, self.repeats, out.looks, out.spacing)
+            look = intervals.reported_look(round_, self.repeats, out.looks, out.spacing)
             level = intervals.sequential_level(self.mc.comparisons, look, out.looks)
             self.mc.say(f"{self.mc.spec.name}: {round_} rounds, look {look} of {out.looks} "
                         f"(CIs at {level:.2%}): " + adaptive.halfwidth_note(out.rows, level))
