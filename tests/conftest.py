@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -152,27 +153,19 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-BUSY_NOTE = "speedbench: other processes keep"  # said first where other processes load the cores
-
-
 def without_busy_note(text: str) -> str:
-    """A console text without the busy machine's note (its lines, wrapped, up to the one that
-    ends it), which a loaded test machine adds before what a test checks."""
-    lines, out, inside = text.splitlines(), [], False
-    for line in lines:
-        inside = inside or line.startswith(BUSY_NOTE)
-        if not inside:
-            out.append(line)
-        elif line.rstrip().endswith("fits the free cores."):
-            inside = False
-    return "\n".join(out)
+    """A console text without the line of threads a busy machine's run sets (env.threads_plan),
+    which a loaded test machine adds before what a test checks."""
+    return "\n".join(line for line in text.splitlines() if not THREADS_LINE.match(line))
+
+
+THREADS_LINE = re.compile(r"speedbench: \d+ threads?, not torch's \d+")
 
 
 def said_lines(text: str) -> list[str]:
     """speedbench's own lines of a console text, without the busy machine's note (a loaded test
     machine adds it first: not what a test of another message counts)."""
-    return [ln for ln in text.splitlines()
-            if ln.startswith("speedbench:") and not ln.startswith(BUSY_NOTE)]
+    return [ln for ln in without_busy_note(text).splitlines() if ln.startswith("speedbench:")]
 
 
 @pytest.fixture(scope="session")

@@ -319,20 +319,24 @@ def test_the_command_to_measure_again_gives_the_budget_the_recommendation_gives(
                              budget_s=150)[-1].split()
     given = [w for w in words if w.startswith("bench.time_budget_s=")]
     factors = [recommend.budget_factor(r) for r in summary.to_dict("records")
-               if not r["is_baseline"]]
+               if not r["is_baseline"] and recommend.unsettled(r)]  # decided rows need none
     expected = 150 * max([2.0] + [f for f in factors if f is not None])
     assert given == [f"bench.time_budget_s={float(f'{expected:.2g}'):g}"]
     assert not any(w.startswith("bench.repeats=") for w in words)
     wide = summary.copy()  # an unsettled 1.1x: many more rounds than twice
-    wide.loc[wide["variant"] == "bf16", ["speedup", "speedup_lo", "speedup_hi"]] = [1.1, 0.6, 2.0]
+    wide.loc[wide["variant"] == "bf16", ["speedup", "speedup_lo", "speedup_hi", "verdict"]] = \
+        [1.1, 0.6, 2.0, "inconclusive"]
     factor = max(f for f in map(recommend.budget_factor, wide.to_dict("records")) if f)
     assert factor > 2
     assert f"bench.time_budget_s={float(f'{150 * factor:.2g}'):g}" in console_warnings(
         wide, "amp", [], width=300, budget_s=150)[-1].split()
-    for row in wide.to_dict("records"):  # the recommendation's text names the same factor
+    figure = recommend.more_budget(wide, 150)  # the recommendation names the same figure
+    assert f"bench.time_budget_s={figure:g}" in console_warnings(wide, "amp", [], width=300,
+                                                                  budget_s=150)[-1].split()
+    for row in wide.to_dict("records"):
         if recommend.budget_factor(row):
-            assert f"about {recommend.budget_factor(row):g}x this run's" in \
-                recommend.measure_longer(row)
+            assert f"(give bench.time_budget_s={figure:g} for the whole run)" in \
+                recommend.measure_longer(row, figure)
 
 
 # --- the run's settings columns and the views its techniques ask for ---------------------------

@@ -131,8 +131,8 @@ def test_the_plan_names_what_stops_it_short_of_a_verdict_on_1_1x():
     short = _plan_line(20)
     assert "a larger bench.time_budget_s (the run's figure above)" in short, short
     figure = _run_line(20)
-    assert figure.startswith("speedbench: a verdict on a 1.1x effect on every model needs "
-                             "about bench.time_budget_s="), figure
+    assert figure.startswith("speedbench: budget: about bench.time_budget_s="), figure
+    assert "calls a 1.1x effect on every model" in figure
     assert float(figure.split("bench.time_budget_s=")[1].split()[0]) > 20
     assert _run_line(86_400) == ""  # a day is enough: nothing to advise
     assert "bench.repeats=" not in short, short  # a larger budget spreads the looks wider

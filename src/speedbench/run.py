@@ -7,6 +7,7 @@ prints the report's lines.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -60,7 +61,8 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
             print(f"speedbench: note: {line}", file=sys.stderr)
     device = distributed.rank_device(plans[0].device, dist_env)
     threads_before = torch.get_num_threads()
-    threads = fit_threads(OmegaConf.select(cfg, "bench.threads"), dist_env)  # said up front
+    threads = fit_threads(OmegaConf.select(cfg, "bench.threads"), dist_env,
+                          device.type)  # said up front
     distributed.join(dist_env, device, cfg.dist_timeout_s)  # torchrun's peers, before any file
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if suite.is_suite(cfg):
@@ -156,7 +158,7 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
     _report(summary, run_dir, writer, experiment, overrides, groups is None, profiled,
             time.perf_counter() - started, load, cfg.bench.noise_threshold,
             max(int(p.variants[p.baseline].bench.repeats) for p in plans),
-            distributed.launcher(dist_env), _budget_s(plans))
+            distributed.launcher(dist_env), _budget_s(plans), cfg.bench.time_budget_s)
     index_run(Path(os.path.abspath(cfg.out_dir)), run_dir)
     return run_dir
 
@@ -206,19 +208,28 @@ def _plans(cfg: DictConfig, experiment: str | None, overrides: list[str] | None)
     return [build_plan(cfg, experiment)]
 
 
-def fit_threads(setting, dist_env) -> dict:
-    """bench.threads for this run (env.threads_plan): torch's threads set where it asks, the
-    line said where the machine is busier than they fit; env.json's record of it. Under
-    torchrun the ranks' threads are the parallel technique's."""
+def fit_threads(setting, dist_env, device_type: str = "cpu") -> dict:
+    """bench.threads for this run, decided once before anything is measured: torch's threads
+    set where bench.threads asks, or, by default, where they do not fit the machine (the
+    cores other processes keep busy, env.threads_plan; else, on the CPU, a matrix product that
+    fewer threads run faster, env.threads_by_rates), with one line that says so; env.json's
+    record of it. Under torchrun the ranks' threads are the parallel technique's."""
     if dist_env is not None:
         return {}
+    default = torch.get_num_threads()
     busy = env.others_busy_cores() if setting in (None, "auto") else None
-    threads, said = env.threads_plan(setting, busy, torch.get_num_threads(), env.cores())
+    threads, said = env.threads_plan(setting, busy, default, env.cores())
+    rates = None
+    if setting is None and threads is None and device_type == "cpu" and default > 1:
+        rates = env.matmul_rates(env.thread_counts(default))
+        threads, said = env.threads_by_rates(rates, default)
     if said:
-        print(textwrap.fill(said, width=100), file=sys.stderr)
+        print(said, file=sys.stderr)  # one line, before anything is measured
     if threads is not None:
         torch.set_num_threads(threads)
-    return {"setting": setting, "others_busy_cores": busy, "torch_threads": torch.get_num_threads()}
+    return {"setting": setting, "others_busy_cores": busy, "torch_default": default,
+            "matmul_rates": {n: round(r, 1) for n, r in rates.items()} if rates else None,
+            "torch_threads": torch.get_num_threads()}
 
 
 def _sweep_tag() -> str:
@@ -340,20 +351,24 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
             overrides: list[str] | None, table: bool, profiled: bool, took_s: float,
             load: dict, threshold: float = intervals.DEFAULT_THRESHOLD,
             repeats: int | None = None, program: list[str] | None = None,
-            budget_s: float | None = None) -> None:
+            budget_s: float | None = None, advice_s: float | None = None) -> None:
     """The console's lines (a busy machine and stalled windows said first; `repeats`, the
     run's bench.repeats, and `program`, the words that started it (torchrun's too), for the
-    command that measures a noisy run again); exit status 1 when no trial succeeded."""
+    command that measures a noisy run again); exit status 1 when no trial succeeded.
+    `budget_s` is what the whole run had (a suite's members added), `advice_s` the
+    bench.time_budget_s its one budget figure scales (recommend.more_budget), as the report's."""
     from speedbench.report import recommend  # the report's first section, in a few lines
     from speedbench.report.render import busy_note, console_lines, report_line
 
-    busy = busy_note({"machine_load": load})
+    # the threads the run set (env.json's bench_threads): the note asks for no fewer
+    threads = json.loads((run_dir / "env.json").read_text()).get("bench_threads")
+    busy = busy_note({"machine_load": load, "bench_threads": threads})
     if busy:
         print(textwrap.fill(busy, width=100) + "\n")
     for note in method.trial_notes(writer.frame()):  # stalled windows, trials others slowed
         print(textwrap.fill(note, width=100) + "\n")
     print("\n".join(console_lines(summary, experiment, overrides, table=table,
-                                   repeats=repeats, program=program, budget_s=budget_s,
+                                   repeats=repeats, program=program, budget_s=advice_s,
                                    busy=bool(isinstance(load, dict) and load.get("busy")))))
     from speedbench.report import ab_section
     for line in ab_section.console_lines(summary):  # an A/B of environments (arms)
@@ -369,7 +384,7 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
     if runs is not None:
         from speedbench.report.to_target_section import console_lines as target_lines
         print("\n" + "\n".join(target_lines(runs, threshold)))
-    print("\n" + "\n".join(recommend.console_lines(summary, run_dir)))
+    print("\n" + "\n".join(recommend.console_lines(summary, run_dir, budget_s=advice_s)))
     for line in techniques.log_lines(run_dir):  # what a tool wrote aside, and where
         print(line)
     print("\n" + report_line(run_dir, sum(map(trained, writer.rows)), took_s))

@@ -202,6 +202,8 @@ def _medians(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
     if not len(ok) and len(slow):
         med["samples_per_s"] = pd.to_numeric(slow.get("samples_per_s"), errors="coerce").median()
         med["step_ms"] = pd.to_numeric(slow.get("step_ms"), errors="coerce").median()
+    if "budget_need_s" in g:  # the most any of its rows needs (the plan's, its probe's)
+        med["budget_need_s"] = pd.to_numeric(g["budget_need_s"], errors="coerce").max()
     # the probe's throughput, and a stopped variant's probe test (stopping.py)
     for col in ("probe_samples_per_s", "probe_speedup", "probe_speedup_lo", "probe_speedup_hi"):
         if col in g:

@@ -70,11 +70,13 @@ class DataConfig:
 
 @dataclass
 class BenchConfig:
-    threads: Optional[str] = setting(None, "torch's threads for the whole run: auto fits the "
-                                           "cores other processes leave free (looked at once, "
-                                           "at the start); N sets N; null leaves torch's "
-                                           "default and says at the start when the machine is "
-                                           "busier than it fits", values="auto|N",
+    threads: Optional[str] = setting(None, "torch's threads for the whole run, decided once "
+                                           "at the start: auto fits the cores other processes "
+                                           "leave free; N sets N; null keeps torch's default "
+                                           "where it fits, and else sets the count that fits "
+                                           "(other processes' load, or fewer threads running "
+                                           "a matrix product faster) and says so in one line",
+                                     values="auto|N",
                                      per_variant=False)
     mode: str = setting("full", "full: probes, rounds and intervals; quick: a first look, one "
                                 "round of fixed windows, no probes, no interval (verdict `no CI`)",

@@ -369,12 +369,12 @@ def cores() -> int:
 
 
 def others_busy_cores(seconds: float = LOOK_S) -> float | None:
-    """How many cores other processes keep busy, over a short look (None where /proc/stat
-    cannot be read)."""
+    """How many of the cores this process may use (cores()) other processes keep busy, over a
+    short look (None where /proc/stat cannot be read). CpuWindow's share is of those cores."""
     window = CpuWindow()
     time.sleep(seconds)
     share = window.others()
-    return None if math.isnan(share) else share * (os.cpu_count() or 1)
+    return None if math.isnan(share) else share * cores()
 
 
 def fitting_threads(cores_: int, busy: float) -> int:
@@ -385,7 +385,10 @@ def fitting_threads(cores_: int, busy: float) -> int:
 def threads_plan(setting: str | None, busy: float | None, current: int, cores_: int
                  ) -> tuple[int | None, str]:
     """(threads to set, None: leave torch's; the line to say, '' for none) for bench.threads
-    (null, auto or a number) on a machine whose other processes keep `busy` cores busy."""
+    (null, auto or a number) on a machine whose other processes keep `busy` cores busy. The
+    default (null) keeps torch's `current` threads where they fit the free cores, and else sets
+    the count that fits: on 2 cores at load 10, torch's 2 threads measured nothing where 1
+    thread ran about 6x faster. One decision, at the start, for the whole run."""
     if setting not in (None, "auto"):
         return int(setting), ""
     fit = current if busy is None else fitting_threads(cores_, busy)
@@ -395,6 +398,63 @@ def threads_plan(setting: str | None, busy: float | None, current: int, cores_: 
         return fit, said
     if busy is None or current <= fit:
         return None, ""
-    return None, (f"speedbench: other processes keep {busy:.1f} of {cores_} cores busy, and "
-                  f"torch's {current} threads will share them: trials may come out slow, noisy "
-                  f"or not measured. bench.threads=auto ({fit} here) fits the free cores.")
+    return fit, _using(fit, current, f": others keep {busy:.1f} of {cores_} cores busy")
+
+
+THREADS_PIN = "(pin: bench.threads=N)"  # the end of the one line that says the run's threads
+
+
+def _using(fit: int, current: int, why: str) -> str:
+    return f"speedbench: {fit} thread{'s' * (fit > 1)}, not torch's {current}{why} {THREADS_PIN}"
+
+
+# --- ... or a matrix product that more threads make slower --------------------------------------
+RATE_N = 256  # a matrix product small enough to time in milliseconds on one core
+RATES_S = 0.6  # how long the threads' matrix products may take in all, at most
+RATE_MARGIN = 1.25  # fewer threads are taken where they multiply this much faster at least
+
+
+def thread_counts(current: int) -> list[int]:
+    """The thread counts the start-up check compares: torch's, then halvings down to one."""
+    counts = [current]
+    while counts[-1] > 1:
+        counts.append(counts[-1] // 2)
+    return counts
+
+
+def matmul_rates(counts: list[int], seconds: float = RATES_S, rounds: int = 5
+                 ) -> dict[int, float]:
+    """Matrix products per second at each thread count (fp32, RATE_N square, on the CPU): the
+    median of `rounds` windows, the counts interleaved so that a burst of other work slows
+    them alike; fewer rounds where `seconds` run out. torch's threads are put back."""
+    before = torch.get_num_threads()
+    a = torch.randn(RATE_N, RATE_N)
+    rates: dict[int, list[float]] = {n: [] for n in counts}
+    started = time.perf_counter()
+    try:
+        for _ in range(rounds):
+            for n in counts:
+                torch.set_num_threads(n)
+                t0 = time.perf_counter()
+                for _ in range(8):
+                    torch.mm(a, a)
+                rates[n].append(8 / (time.perf_counter() - t0))
+            if time.perf_counter() - started > seconds:
+                break
+    finally:
+        torch.set_num_threads(before)
+    return {n: sorted(r)[(len(r) - 1) // 2] for n, r in rates.items()}
+
+
+def threads_by_rates(rates: dict[int, float], current: int, margin: float = RATE_MARGIN
+                     ) -> tuple[int | None, str]:
+    """(the thread count to set, None: keep torch's; the line to say) from matmul_rates: a
+    count that multiplies `margin` times faster than torch's `current` threads means these
+    share their cores with other work (a CPU quota, a busy host, stolen time) that the
+    /proc/stat look did not show."""
+    best = max(rates, key=lambda n: rates[n])
+    if best == current or not rates.get(current, 0) > 0 or \
+            rates[best] < margin * rates[current]:
+        return None, ""
+    return best, _using(best, current, f", {rates[best] / rates[current]:.1f}x slower at a "
+                        "matrix product here")

@@ -27,6 +27,8 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
+import torch
+
 from speedbench.measure.data import build_dataset
 from speedbench.distributed import (DistEnv, blame, exit_cleanly, failure_status, from_environ,
                                     init_process_group, is_main, rank_device, report_failure)
@@ -77,7 +79,7 @@ def _launched(plan, spec, variant: str, recipe, trial: int, nproc: Optional[int]
         job = Path(tmp)
         (job / "job.pkl").write_bytes(pickle.dumps(
             {"plan": plan, "spec": spec, "variant": variant, "recipe": recipe, "trial": trial,
-             "position": position}))
+             "position": position, "intra_op": torch.get_num_threads()}))
         cmd = _command(job, nproc)
         limit = launch_timeout_s(recipe)
         # A session of its own, so that a timeout kills torchrun and all its workers.
@@ -256,6 +258,7 @@ def _fresh(job: Path) -> None:
     die_with_parent(signal.SIGKILL, PARENT_PID)
     job_data = pickle.loads((job / "job.pkl").read_bytes())
     plan, spec, recipe = job_data["plan"], job_data["spec"], job_data["recipe"]
+    torch.set_num_threads(job_data["intra_op"])  # the run's (bench.threads), as in its parent
     dataset = build_dataset(spec.dataset, dataset_length(plan, spec), recipe.data.path,
                             seed=recipe.bench.seed)
     record = measure_trial(plan, spec, job_data["variant"], recipe, job_data["trial"], dataset,

@@ -99,8 +99,9 @@ def memory_text(row: dict, baseline: dict | None) -> str:
     return f"memory {ratio_text(ratio)}"
 
 
-def _classify(row: dict) -> tuple[str, str]:
-    """(kind, text) of one non-baseline row: kind is use / skip / untested."""
+def _classify(row: dict, figure: float | None = None) -> tuple[str, str]:
+    """(kind, text) of one non-baseline row: kind is use / skip / undecided / untested;
+    `figure`, the run's one budget figure (more_budget), is what an undecided row is told."""
     status = str(row.get("status", OK))
     verdict = str(row.get("verdict", ""))
     effect = ratio_text(_get(row, "speedup"), _get(row, "speedup_lo"), _get(row, "speedup_hi"),
@@ -126,8 +127,8 @@ def _classify(row: dict) -> tuple[str, str]:
         return "skip", f"no difference here ({effect})"
     if verdict == "no baseline":
         return "untested", "no baseline to compare with"
-    return "undecided", f"{effect}; {measure_longer(row)}" if effect != "-" else \
-        "no interval; measure longer"
+    return "undecided", f"{effect}; {measure_longer(row, figure)}" if effect != "-" else \
+        "no interval; " + measure_longer({}, figure)
 
 
 def rounds_needed(row: dict) -> tuple[int, int | None] | None:
@@ -151,35 +152,66 @@ def budget_factor(row: dict) -> float | None:
 
 
 def more_budget(summary: pd.DataFrame, budget_s: float) -> float:
-    """bench.time_budget_s for measuring a run again: the run's `budget_s` times the largest
-    factor budget_factor gives a comparison, at least twice the run's (twice the rounds), in
-    two significant figures."""
-    factors = [budget_factor(row) for row in summary.to_dict("records")
-               if not _truthy(row.get("is_baseline"))]
-    return float(f"{budget_s * max([2.0] + [f for f in factors if f is not None]):.2g}")
+    """The run's one budget figure: bench.time_budget_s for measuring the whole run again, the
+    one figure the console's "measure again", the report's budget line and every undecided
+    row give. The largest of what the run's plan gave (summary's budget_need_s: the plan
+    line's figure, a probe's need for a variant it stopped for time) and the run's `budget_s`
+    times each unsettled comparison's budget_factor; at least twice the run's where the plan
+    gave none. Two significant figures."""
+    rows = summary.to_dict("records") if summary is not None else []
+    needs = [n for n in (_get(r, "budget_need_s") for r in rows) if math.isfinite(n)]
+    factors = [budget_factor(r) for r in rows
+               if not _truthy(r.get("is_baseline")) and unsettled(r)]
+    figures = needs + [budget_s * f for f in factors if f is not None]
+    return float(f"{max(figures + ([] if needs else [2.0 * budget_s])):.2g}")
 
 
-def measure_longer(row: dict) -> str:
+def unsettled(row: dict) -> bool:
+    """Whether a row is left for a larger budget: measured but not settled, or not measured
+    (a limit of the run stopped it)."""
+    status = str(row.get("status", OK))
+    if status.startswith(NOT_MEASURED):
+        return True
+    return status == OK and str(row.get("verdict", "")) not in (FASTER, SLOWER, *NO_DIFFERENCE,
+                                                               "no baseline", "")
+
+
+def budget_advice(summary: pd.DataFrame, budget_s: float | None) -> str:
+    """The run's one budget advice, for the report and the console's recommendation: '' where
+    the run had no budget or left nothing unmeasured or undecided."""
+    if not budget_s or summary is None or not any(
+            unsettled(r) for r in summary.to_dict("records") if not _truthy(r.get("is_baseline"))):
+        return ""
+    return (f"budget: bench.time_budget_s={more_budget(summary, budget_s):g} for the whole run "
+            f"(this run had {budget_s:g} s) measures what this run left not measured or "
+            "undecided")
+
+
+def measure_longer(row: dict, figure: float | None = None) -> str:
     """What would settle an undecided comparison: the rounds that call its measured effect in
-    most runs, and the budget that holds them."""
+    most runs, and the run's one budget figure (`figure`: more_budget) that holds them."""
+    give = f"bench.time_budget_s={figure:g} for the whole run" if figure else \
+        "a larger bench.time_budget_s"
     rounds = rounds_needed(row)
     if rounds is None:
-        return "measure longer (a larger bench.time_budget_s)"
+        return f"measure longer ({give})"
     had, need = rounds
     if need is None:
         return (f"measure longer: this run had {had} rounds; an effect this small "
                 "needs more than any budget here gives")
     point = _get(row, "speedup")
     return (f"measure longer: about {need} rounds would settle {ratio_text(max(point, 1 / point))}"
-            f", this run had {had} (give bench.time_budget_s about {budget_factor(row):g}x this "
-            "run's)")
+            f", this run had {had} (give {give})")
 
 
-def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None) -> list[Advice]:
+def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None,
+           budget_s: float | None = None) -> list[Advice]:
     """One Advice per model of the summary, models in order of appearance. With a recipe
-    search's table (recipe.csv), its models are advised from the search instead."""
+    search's table (recipe.csv), its models are advised from the search instead. `budget_s`:
+    the run's bench.time_budget_s, whose one figure (more_budget) undecided rows are told."""
     if summary is None or summary.empty:
         return []
+    figure = more_budget(summary, budget_s) if budget_s else None
     out: dict[str, Advice] = {}
     searched = set()
     if recipe is not None and len(recipe):
@@ -201,7 +233,7 @@ def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None) -> list[Ad
             continue
         if _truthy(r.get("is_baseline")):
             continue
-        kind, text = _classify(r)
+        kind, text = _classify(r, figure)
         per_technique.setdefault((r["model"], r["experiment"]), []).append((r, kind, text))
     for (model, experiment), items in per_technique.items():
         advice = out[str(model)]
@@ -355,13 +387,18 @@ def nothing_used(advice: Advice) -> str:
 
 
 def add_section(doc, summary: pd.DataFrame, recipe: pd.DataFrame | None = None,
-                title: str = "Recommendation", runs: pd.DataFrame | None = None) -> None:
-    """The report's first section: per model, use / skip / could not test here; a recipe
-    search's time-to-target check of its final recipe (`runs`: to_target.csv) after it."""
-    advice = advise(summary, recipe)
+                title: str = "Recommendation", runs: pd.DataFrame | None = None,
+                budget_s: float | None = None) -> None:
+    """The report's first section: the run's one budget advice (budget_advice, where it left
+    something), then per model, use / skip / could not test here; a recipe search's
+    time-to-target check of its final recipe (`runs`: to_target.csv) after it."""
+    advice = advise(summary, recipe, budget_s)
     if not advice:
         return
     doc.heading(title)
+    budget = budget_advice(summary, budget_s) if recipe is None else ""
+    if budget:
+        doc.para(budget[:1].upper() + budget[1:] + ".")
     for a in advice:
         if len(advice) > 1:
             doc.heading(f"{a.model}", 3)
@@ -372,12 +409,15 @@ def add_section(doc, summary: pd.DataFrame, recipe: pd.DataFrame | None = None,
         doc.para(STACKING)
 
 
-def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3) -> list[str]:
+def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3,
+                  budget_s: float | None = None) -> list[str]:
     """The same recommendation in a few lines: per model, the `use` list in full and the first
-    `width` skips and untested techniques, the rest counted."""
+    `width` skips and untested techniques, the rest counted; the run's one budget advice last
+    (`budget_s`, the run's bench.time_budget_s)."""
     out = []
     runs = load_to_target(run_dir) if run_dir is not None else None
-    for a in advise(summary, load_recipe(run_dir)):
+    recipe = load_recipe(run_dir)
+    for a in advise(summary, recipe, budget_s):
         use = "; ".join(f"{i.technique} {i.effect}" for i in a.use if not i.part)
         out.append(f"{a.model}: {a.undecided}" if a.undecided else
                    f"{a.model}: use {use}" if use else f"{a.model}: {nothing_used(a)}")
@@ -392,6 +432,8 @@ def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3) -> list[s
                 out.append(f"  {label}: {', '.join(shown)}{more}")
     if not out:
         return []
+    budget = budget_advice(summary, budget_s) if recipe is None else ""
+    out += [budget] if budget else []
     # within the console table's width (100 columns, or the terminal's when narrower)
     columns = max(60, min(100, shutil.get_terminal_size((100, 24)).columns))
     wrapped = ["Recommendation:"]

@@ -145,8 +145,9 @@ def _fewer_threads(env: dict) -> str:
     the run had one thread already."""
     threads = env.get("bench_threads") or {}
     busy, cores = threads.get("others_busy_cores"), env.get("cpu_affinity") or env.get("cpu_count")
-    if threads.get("setting") == "auto":
-        ran = threads.get("torch_threads")
+    ran, default = threads.get("torch_threads"), threads.get("torch_default")
+    if threads.get("setting") == "auto" or (isinstance(ran, int) and isinstance(default, int)
+                                            and ran < default):  # the run fitted them itself
         if isinstance(ran, int) and ran <= 1:  # fewer than one: none to give
             return ""
         return f"give fewer threads than this run's {ran} (bench.threads=N)"
@@ -336,6 +337,8 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
         lines.append("warning: some trials were timed before their step time was steady: "
                      + _listing(unsteady))
         extra.append("bench.warmup_max=30")
+    if budget_s and not noisy:  # the run's one figure, in every command that measures again
+        extra.insert(0, more)
     flags = [o for o in kept if o.startswith("-")]  # --config-dir=...: before the overrides
     command = list(program or ["speedbench"]) + flags + ([f"+experiment={experiment}"] if experiment and not any(
         o.lstrip("+").startswith("experiment=") for o in kept) else []) + \
@@ -406,7 +409,7 @@ def env_pairs(env: dict) -> list[tuple[str, str]]:
     pairs += [
         ("CPU", f"{env.get('cpu_model')}, {env.get('cpu_count')} cores "
                 f"({env.get('cpu_affinity')} usable), ISA {env.get('torch_config_cpu')}"),
-        ("threads", f"{env.get('torch_threads')} torch, "
+        ("threads", f"{env.get('torch_threads')} torch{_threads_set(env)}, "
                     f"{env.get('torch_interop_threads')} inter-op; OMP_NUM_THREADS={(env.get('env') or {}).get('OMP_NUM_THREADS', 'unset')}"),
         ("software", f"torch {v.get('torch')}, Python {env.get('python')}, "
                      f"pandas {v.get('pandas')}, speedbench {v.get('speedbench')}"),
@@ -421,6 +424,19 @@ def env_pairs(env: dict) -> list[tuple[str, str]]:
         pairs.insert(-3, ("load average (1 min)", _load_text(env)))
     # env.json is the run's file, not trusted: one huge value must not make the report huge
     return [(label, shortened(value, 400)) for label, value in pairs]
+
+
+def _threads_set(env: dict) -> str:
+    """` (the run set them: torch's default was 2)` where bench.threads or the start-up check
+    (run.fit_threads) changed torch's count; '' where the run kept it."""
+    threads = env.get("bench_threads") or {}
+    ran, default = threads.get("torch_threads"), threads.get("torch_default")
+    if not isinstance(ran, int) or not isinstance(default, int) or ran == default:
+        return ""
+    why = f"bench.threads={threads['setting']}" if threads.get("setting") else \
+        "fewer multiplied matrices faster at its start" if threads.get("matmul_rates") else \
+        "other processes kept cores busy at its start"
+    return f" (set by the run, {why}; torch's default: {default})"
 
 
 def _load_text(env: dict) -> str:
@@ -599,7 +615,9 @@ def recommendation_section(doc: Document, run: Run, out_dir: Optional[Path] = No
     """The first section after the title: per model, use / skip / could not test here
     (recommend.py); for a recipe search, how it was found follows (recipe_section.py)."""
     recipe_rows = load_recipe(run.path)
-    recommend.add_section(doc, run.summary, recipe_rows, runs=run.to_target)
+    budget_s = ((run.cfg or {}).get("bench") or {}).get("time_budget_s")
+    recommend.add_section(doc, run.summary, recipe_rows, runs=run.to_target,
+                          budget_s=budget_s if isinstance(budget_s, (int, float)) else None)
     if recipe_rows is not None and out_dir is not None:
         recipe_section.add(doc, recipe_rows, run.path, out_dir)
 

@@ -82,6 +82,11 @@ TRIAL_COLUMNS = [
     # the timed window's energy from a hardware counter (measure/energy.py: NVML, RAPL), per
     # sample, and `ok` or `n/a: no energy counter here (<reason>)`: never an estimate
     "energy_j", "energy_per_sample_j", "energy_status",
+    # the bench.time_budget_s the run's plan gives it (costs.run_budget_figure: a verdict on
+    # 1.1x on every model, every variant's two rounds), or, where its probe stopped it for time,
+    # what would measure it (stopping.budget_status); the run's one figure is their largest
+    # (recommend.more_budget). NaN: none known
+    "budget_need_s",
 ]
 # The contract: every trials.csv has these (experiment ... final_loss); a reader notes the ones
 # an older run lacks.
@@ -112,6 +117,8 @@ SUMMARY_COLUMNS = [
     "quality_tolerance_nats", "quality_verdict",
     # an A/B of environments: the variant's arm and what it is compared with (trials.csv's)
     "arm", "reference",
+    # the largest bench.time_budget_s its rows need (trials.csv's budget_need_s)
+    "budget_need_s",
 ]
 # The parts of one optimizer step the phase clock times (train.Trainer.step), in step order.
 PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")

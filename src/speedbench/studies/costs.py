@@ -138,15 +138,25 @@ def verdict_budget_s(facts: RoundFacts, settings, comparisons: int, spent: float
     return settings.time_budget_s * (spent + need * round_s) / (spent + left)
 
 
-def run_budget_line(figures: list[float | None], budget_s: float | None) -> str:
-    """The run's one budget advice, from each model's verdict_budget_s: '' where the run's
-    budget is enough (or nothing was timed)."""
-    known = [f for f in figures if f is not None]
+def run_budget_figure(figures: list[float | None], budget_s: float | None) -> float | None:
+    """The run's one budget figure as the plan knows it, in two significant figures: the
+    largest of the models' verdict_budget_s and the probes' needs (stopping.budget_status);
+    None where the run's budget is enough (or nothing was timed)."""
+    known = [f for f in figures if f is not None and math.isfinite(f)]
     if not known or budget_s is None or max(known) <= budget_s:
+        return None
+    return float(f"{max(known):.2g}")
+
+
+def run_budget_line(figures: list[float | None], budget_s: float | None) -> str:
+    """The run's one budget advice (run_budget_figure), said once before any round: '' where
+    the run's budget is enough (or nothing was timed)."""
+    figure = run_budget_figure(figures, budget_s)
+    if figure is None:
         return ""
-    return (f"speedbench: a verdict on a 1.1x effect on every model needs about "
-            f"bench.time_budget_s={float(f'{max(known):.2g}'):g} for the whole run (this run "
-            f"has {budget_s:g} s); smaller effects need more, larger ones less")
+    return (f"speedbench: budget: about bench.time_budget_s={figure:g} for the whole run (this "
+            f"run has {budget_s:g} s) measures every variant and calls a 1.1x effect on every "
+            "model; smaller effects need more")
 
 
 # --- learned from what the measurements took (the recipe search) --------------------------------

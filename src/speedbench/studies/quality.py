@@ -243,8 +243,9 @@ def _stopped(times: list[float], steady_from: int, per_step: int, bench,
     probe's hard cap, and took at least that long)."""
     steady = times[steady_from:]
     over = _over_budget(times, steady_from, bench, ref, last, overran)
-    if over:
-        return {"status": over, "probe_speedup": _ratio(steady or times[-1:], per_step, ref),
+    if over:  # its need feeds the run's one budget figure (recommend.more_budget)
+        return {"status": over[0], "budget_need_s": over[1],
+                "probe_speedup": _ratio(steady or times[-1:], per_step, ref),
                 "final_loss": math.nan}
     hit = stopping.far_slower(steady, per_step, ref)
     if hit is None:
@@ -257,8 +258,9 @@ def _stopped(times: list[float], steady_from: int, per_step: int, bench,
 
 
 def _over_budget(times: list[float], steady_from: int, bench, ref: stopping.Reference | None,
-                 last: bool, overran: bool) -> str | None:
-    """The budget check's `not measured: ...` status, else None. It judges the lower median of
+                 last: bool, overran: bool) -> tuple[str, float] | None:
+    """The budget check's `not measured: ...` status and the budget that would measure the
+    variant (stopping.budget_status), else None. It judges the lower median of
     the steady steps from the second on (a single slow step, a load's burst, never decides
     alone; the one steady step of a probe with no more does), a step cut short by the hard cap
     (`overran`), and a plain first step (with its margin); never a step a technique declares

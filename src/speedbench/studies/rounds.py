@@ -15,6 +15,7 @@ torchrun).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from speedbench import distributed, errors
@@ -57,6 +58,7 @@ class Rounds:
         self.dataset = state.prepared.dataset
         self.probes = state.probes.records if state.probes else {}
         self.known = dict(state.status)  # the earlier phases' statuses
+        self.budget_need_s = state.budget_need_s  # the run's one figure, on every row
         self.repeats = mc.settings.repeats
         # Looks at the rounds: one without bench.target_ci or under torchrun (every rank would
         # have to decide alike); else planned after the first round (None until then).
@@ -206,6 +208,8 @@ class Rounds:
         # bench.order_seed=<order_seed> replays the orders; the looks give the CI's level
         record.update(order_seed=self.mc.order_seed, min_rounds=self.repeats,
                       look_every=self.result.spacing, looks=self.result.looks)
+        if math.isfinite(self.budget_need_s):
+            record["budget_need_s"] = max(record.get("budget_need_s") or 0.0, self.budget_need_s)
         self.written.add(record["variant"])
         if self.mc.writer:
             self.mc.writer.append(record)

@@ -173,8 +173,11 @@ def over_budget(step_s: float, first: bool, bench, ref: Reference | None,
 
 
 def budget_status(step_s: float, first: bool, bench, ref: Reference, others_s: float,
-                  budget_s: float, rounds_s: float | None = None, steps: int = 1) -> str:
-    """`not measured: its first probe step took 8.2 s ...; give bench.time_budget_s=900`.
+                  budget_s: float, rounds_s: float | None = None, steps: int = 1
+                  ) -> tuple[str, float]:
+    """(`not measured: its first probe step took 8.2 s ...; to measure it give a larger
+    bench.time_budget_s`, the bench.time_budget_s that would: 900). The status names no
+    figure: the run's one figure (recommend.more_budget, the largest such need) is said once.
     `step_s` is the step judged: the first, or the lower median of `steps` steady steps;
     `rounds_s` what the rounds had (ref.rounds_left()), named as their share of the run or
     as what was left of it."""
@@ -187,8 +190,7 @@ def budget_status(step_s: float, first: bool, bench, ref: Reference, others_s: f
     where = (f"the {have:.0f} s of rounds its share of the run holds" if have >= ref.rounds_s
              else f"the {have:.0f} s its model's budget had left for the rounds (their share "
              f"of the run: {ref.rounds_s:.0f} s)")
-    give = f"{float(f'{1.2 * enough:.2g}'):g}" if math.isfinite(enough) else "a larger value"
     return format_status(NOT_MEASURED, f"{which} {step_s:.3g} s; {rounds} with its "
                                        f"trials would need about {need:.0f} s, more than "
-                                       f"{where}; to measure it give bench.time_budget_s="
-                                       f"{give}")
+                                       f"{where}; to measure it give a larger "
+                                       f"bench.time_budget_s"), 1.2 * enough

@@ -279,6 +279,7 @@ class ModelState:
     prepared_s: float = 0.0  # what the data, the probes and the forecasts took
     data_built: bool = True  # False: its data ran past the model's share (not measured)
     rounds: Optional[rounds.RoundsResult] = None
+    budget_need_s: float = math.nan  # the run's one budget figure, where the plan gave one
 
     def add_status(self, new: dict[str, str]) -> None:
         """A phase's statuses: the first word on a variant stands."""
@@ -374,13 +375,7 @@ def study_models(contexts: list[ModelContext], budget: Budget, advise: bool = Tr
         budgets.append(Budget(min(share, budget.left()), budget.clock))
         states.append(prepare(mc, budgets[-1]))
     if advise and contexts and contexts[0].dist_env is None:  # one advice for the whole run
-        line = costs.run_budget_line(
-            [costs.verdict_budget_s(st.plan_facts(mc), mc.settings, mc.comparisons,
-                                    st.prepared_s, _after_prepare(own, st))
-             for mc, st, own in zip(contexts, states, budgets)],
-            contexts[0].settings.time_budget_s)
-        if line:
-            contexts[0].say(line)
+        say_run_budget(contexts, states, budgets)
     # a model no probe timed (under torchrun, or launched) keeps its place: the order is
     # the same on every rank
     order = sorted(range(len(contexts)), key=lambda i: costs.round_seconds(
@@ -390,6 +385,24 @@ def study_models(contexts: list[ModelContext], budget: Budget, advise: bool = Tr
         measure(contexts[i], states[i], budget.part(1 / (len(order) - k)))
         states[i].prepared = replace(states[i].prepared, dataset=None)  # not needed again
     return states
+
+
+def say_run_budget(contexts: list[ModelContext], states: list[ModelState],
+                   budgets: list[Budget]) -> None:
+    """The run's one budget figure, said once after every model's probes and before any
+    round (costs.run_budget_line), and kept on each model's rows (budget_need_s), where the
+    report and "measure again" take it from (recommend.more_budget)."""
+    figures = [costs.verdict_budget_s(st.plan_facts(mc), mc.settings, mc.comparisons,
+                                      st.prepared_s, _after_prepare(own, st))
+               for mc, st, own in zip(contexts, states, budgets)]
+    needs = [r.get("budget_need_s") for st in states if st.probes
+             for r in st.probes.records.values()]  # the variants a probe stopped for time
+    budget_s = contexts[0].settings.time_budget_s
+    figure = costs.run_budget_figure(figures + needs, budget_s)
+    if figure is not None:
+        contexts[0].say(costs.run_budget_line([figure], budget_s))
+        for state in states:
+            state.budget_need_s = figure
 
 
 def _after_prepare(own: Budget, state: ModelState) -> float:
