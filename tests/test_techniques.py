@@ -174,6 +174,8 @@ EFFECTS: dict[str, Callable[[Trial, Trial], bool]] = {
         "cuda_alloc_conf"] and "expandable_segments:True" not in str(de.record["cuda_alloc_conf"]),
     "cudnn_benchmark": lambda ex, de: "cudnn.benchmark" in ex.flags_set,
     "ddp_tuning": lambda ex, de: getattr(ex.trainer.model, "static_graph", False),
+    "comm_hook": lambda ex, de: "fp16_compress_hook" in ex.record["comm_hooks_registered"],
+    "fsdp_reshard": lambda ex, de: ex.record["fsdp_after_forward"].startswith("keep"),
     "parallel": lambda ex, de: bool(ex.counters.get("data_parallel")),
 }
 # The threads a test process has when an example's trial starts (else one): the example must

@@ -21,6 +21,7 @@ from speedbench.techniques import (attention, checkpointing, compile, cudnn_benc
 from speedbench.techniques import allocator, batch_scale, ddp_tuning, openmp, threads
 from speedbench.techniques import conv_bias, debug_apis, eval_mode, onednn_precision, zero_grad
 from speedbench.techniques import chunked_ce, expandable_segments, packing
+from speedbench.techniques import comm_hook, fsdp_reshard
 from speedbench.techniques.base import (GLOBAL_FLAGS, Bound, ConfigError, Context, Field,
                                         Finding, Technique, get_key, global_snapshot,
                                         joined_preload, restored_global_state)
@@ -48,11 +49,13 @@ _ALL: list[Technique] = [
     expandable_segments.ExpandableSegments(),
     openmp.OpenMP(),
     ddp_tuning.DdpTuning(),
+    fsdp_reshard.FsdpReshard(),
     zero_grad.ZeroGrad(),
     eval_mode.EvalMode(),
     debug_apis.DebugApis(),
     onednn_precision.OnednnPrecision(),
     parallel.Parallel(),
+    comm_hook.CommHook(),  # registers on parallel's DDP module, before compile wraps it
     compile.Compile(),
 ]
 

@@ -145,7 +145,7 @@ class CompileRecord:
 
 class Compile(Technique):
     name = "compile"
-    after = ("parallel",)  # torch.compile wraps the DDP module, as PyTorch advises
+    after = ("parallel", "comm_hook")  # torch.compile wraps the hooked DDP module
     card = """\
 **What**: `torch.compile(model, mode=...)`: TorchDynamo captures the forward pass (and
 AOTAutograd the backward) as graphs; Inductor fuses them into generated kernels (Triton on
