@@ -22,6 +22,7 @@ from speedbench.techniques import allocator, batch_scale, ddp_tuning, openmp, th
 from speedbench.techniques import conv_bias, debug_apis, eval_mode, onednn_precision, zero_grad
 from speedbench.techniques import chunked_ce, expandable_segments, packing
 from speedbench.techniques import comm_hook, fsdp_reshard
+from speedbench.techniques import cuda_graphs, flex_attention, float8, fused_ce, offload
 from speedbench.techniques.base import (GLOBAL_FLAGS, Bound, ConfigError, Context, Field,
                                         Finding, Technique, get_key, global_snapshot,
                                         joined_preload, restored_global_state)
@@ -41,6 +42,11 @@ _ALL: list[Technique] = [
     checkpointing.Checkpointing(),
     attention.Attention(),
     chunked_ce.ChunkedCE(),
+    fused_ce.FusedCE(),
+    flex_attention.FlexAttention(),
+    float8.Float8(),
+    offload.Offload(),
+    cuda_graphs.CudaGraphs(),
     matmul_precision.MatmulPrecision(),
     cudnn_benchmark.CudnnBenchmark(),
     optimizer.Optimizer(),

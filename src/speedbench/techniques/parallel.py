@@ -117,7 +117,7 @@ class Parallel(Technique):
     name = "parallel"
     # It wraps the model: after every technique that changes the bare model.
     after = ("tensor_creation", "memory_format", "checkpointing", "attention", "ddp_tuning",
-             "fsdp_reshard")
+             "fsdp_reshard", "float8", "flex_attention", "fused_ce", "cuda_graphs")
     card = """\
 **What**: `dp` wraps the model in `nn.DataParallel` over every visible GPU (one process);
 `ddp` runs one process per device under `DistributedDataParallel` (speedbench launches
