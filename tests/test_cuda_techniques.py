@@ -97,6 +97,7 @@ def test_cuda_graphs_are_na_on_a_cpu_and_where_capture_cannot_go():
     assert "hooks" in obstacle(recipe_of("parallel=ddp"))
     assert "reduce-overhead" in obstacle(recipe_of("compile=default"))
     assert "change shape" in obstacle(recipe_of("data.packing=pack"))
+    assert "pageable" in obstacle(recipe_of("tensor_creation=host"))
     assert obstacle(recipe_of()) is None
 
 
@@ -133,9 +134,9 @@ def test_flex_attention_is_na_on_a_cpu_in_torchs_own_words():
 @pytest.mark.parametrize("packed", [False, True])
 def test_the_flex_block_mask_attends_as_the_boolean_mask_does(packed):
     torch.manual_seed(0)
-    rows, t = 2, 128
+    rows, t = 2, 256  # two of FlexAttention's 128-token blocks a side
     q, k, v = (torch.randn(rows, 2, t, 16) for _ in range(3))
-    doc = torch.cat([torch.zeros(rows, 50), torch.ones(rows, 40), torch.full((rows, 38), 2)],
+    doc = torch.cat([torch.zeros(rows, 100), torch.ones(rows, 80), torch.full((rows, 76), 2)],
                     1).long() if packed else None
     model = transformer.TransformerLM(64, t, 32, 1, 2)
     model.flex = True

@@ -54,6 +54,9 @@ def obstacle(recipe) -> Optional[str]:
                 "autocast(cache_enabled=False), which the precision technique does not set")
     if recipe.compile != "off":
         return "compile is on: compile=reduce-overhead makes CUDA graphs the compiled way"
+    if recipe.tensor_creation == "host":
+        return ("tensor_creation=host: a per-step copy from pageable host memory synchronises, "
+                "which a capture cannot hold")
     if recipe.data.packing != "pad":
         return (f"data.packing={recipe.data.packing}: packed rows change shape from batch to "
                 "batch, and a graph replays one shape")
