@@ -51,6 +51,9 @@ def test_a_hook_without_ddp_is_na_and_the_rank_belongs_to_powersgd():
     assert "powersgd_rank=4 is PowerSGD's" in tech.not_applicable(
         ranked, Context(CPU.device, dist_env=torchrun_env(2)))
     assert tech.not_applicable(plan_of().variants["default"], CPU) is None
+    sgd = plan_of("ddp_comm_hook=powersgd").variants["default"]
+    assert tech.not_applicable(sgd, Context(CPU.device, dist_env=torchrun_env(2))).startswith(
+        "n/a: PowerSGD over gloo (a CPU): its hook waits on its own all-reduces")
 
 
 def test_a_bad_hook_name_is_one_line_naming_the_key():
@@ -153,7 +156,7 @@ def _lm_batch():
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("overrides,column,expected", [
-    (("parallel=ddp", "ddp_comm_hook=powersgd"), "comm_hooks_registered", "powerSGD_hook"),
+    (("parallel=ddp", "ddp_comm_hook=fp16"), "comm_hooks_registered", "fp16_compress_hook"),
     (("parallel=ddp", "ddp_comm_hook=bf16"), "comm_hooks_registered", "bf16_compress_hook"),
     (("parallel=fsdp", "reshard_after_forward=false"), "fsdp_after_forward", "keep 1"),
 ])

@@ -25,6 +25,13 @@ POWERSGD_START = 2
 LOOPBACK = ("over gloo on one machine the ranks exchange gradients through loopback memory "
             "copies, not a real interconnect: a hook's gain here is CPU work saved, not network "
             "time")
+# Seen on this 2-core machine (torch 2.14.1): a PowerSGD trial failing with gloo's "Received
+# data size doesn't match expected size ... collective mismatch", and another hanging.
+GLOO_POWERSGD = (
+    "n/a: PowerSGD over gloo (a CPU): its hook waits on its own all-reduces inside the "
+    "callbacks of the bucket's future, which gloo runs on its worker threads; with two buckets "
+    "in flight the ranks issue those all-reduces in different orders (gloo: \"collective "
+    "mismatch\") or every worker blocks (a hang). NCCL on CUDA has no such limit")
 
 
 def make_hook(kind: str, rank: int):
@@ -65,7 +72,8 @@ low-rank factors (rank `powersgd_rank`, with error feedback) instead of the grad
 far fewer for PowerSGD ("very high compression rates", the PyTorch docs).
 **Costs**: the casts or PowerSGD's matmuls and orthogonalisation every step; PowerSGD keeps
 gradient-sized error-feedback buffers; both change the numerics (the held-out loss judges
-them). Over gloo on one machine the "network" is a memory copy (loopback): no real interconnect,
+them). PowerSGD over gloo (CPUs) is n/a: its hook blocks inside gloo's callbacks (collective
+mismatches, hangs). Over gloo on one machine the "network" is a memory copy (loopback): no real interconnect,
 so a gain or loss measured here says nothing about one."""
     fields = (
         Field("ddp_comm_hook", Literal[HOOKS], "none",
@@ -97,6 +105,8 @@ model.register_comm_hook(state, powerSGD.powerSGD_hook)  # model: the DDP module
         if recipe.ddp_comm_hook != "none" and mode != "ddp":
             return (f"n/a: ddp_comm_hook={recipe.ddp_comm_hook} hooks DistributedDataParallel's "
                     f"all-reduce, and this variant runs parallel={mode}: set parallel=ddp")
+        if recipe.ddp_comm_hook == "powersgd" and not ctx.cuda:
+            return GLOO_POWERSGD
         if recipe.powersgd_rank != 1 and recipe.ddp_comm_hook != "powersgd":
             return (f"n/a: powersgd_rank={recipe.powersgd_rank} is PowerSGD's; this variant "
                     f"uses ddp_comm_hook={recipe.ddp_comm_hook}")
