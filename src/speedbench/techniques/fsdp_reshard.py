@@ -71,7 +71,7 @@ the loopback (no real interconnect): gains or losses here are CPU work, not netw
     fields = (Field("reshard_after_forward", str, "true",
                     "FSDP2 blocks: true (reshard after forward), false (keep until backward), "
                     "or n >= 2: reshard to groups of n ranks"),)
-    example = {"parallel": "fsdp", "reshard_after_forward": "false"}
+    example = {"reshard_after_forward": "false"}
     acts_on = ActsOn(device="cuda", gpus=2, why="it is an argument of FSDP2's fully_shard, which "
                      "the generic one-process trial does not run; on a CPU see "
                      "tests/test_comm_hooks.py")
