@@ -77,3 +77,83 @@ def test_gpu_nvml_counts_the_windows_energy():
     import time
     time.sleep(1.0)
     assert counter.read() > before
+
+
+# --- the verdict on energy per sample, energy to target, the report's section -----------------
+def energy_trials(variant_j: list[float], base_j: list[float], status: str = "ok"):
+    import pandas as pd
+
+    rows = []
+    for name, values in (("base", base_j), ("v", variant_j)):
+        for rnd, j in enumerate(values):
+            rows.append({"experiment": "e", "model": "m", "variant": name,
+                         "is_baseline": name == "base", "status": "ok", "round": rnd,
+                         "samples_per_s": 100.0, "step_ms": 10.0, "peak_mem_mb": 1.0,
+                         "final_loss": 1.0, "data_wait_frac": 0.0, "host_rss_mb": 1.0,
+                         "energy_per_sample_j": j if status == "ok" else math.nan,
+                         "energy_status": status})
+    return pd.DataFrame(rows)
+
+
+def test_less_energy_per_sample_is_called_with_the_paired_interval():
+    from speedbench.analysis import energy as verdicts
+    from speedbench.analysis.intervals import paired_ratio_ci
+
+    base = [2.0, 2.1, 1.9, 2.05, 1.95, 2.0]
+    variant = [b * f for b, f in zip(base, (0.70, 0.72, 0.69, 0.71, 0.70, 0.73))]
+    trials = energy_trials(variant, base)
+    ok, ref = trials[trials["variant"] == "v"], trials[trials["variant"] == "base"]
+    got = verdicts.paired_energy(ok, ref, "round", 0.95, 0.02, False)
+    assert got["energy_verdict"] == "less energy"
+    assert (got["energy_ratio"], got["energy_ratio_lo"], got["energy_ratio_hi"]) == \
+        pytest.approx(paired_ratio_ci(variant, base, 0.95))
+    assert got["energy_ratio_hi"] < 1
+    more = verdicts.paired_energy(ref.assign(variant="v", is_baseline=False), ok, "round", 0.95,
+                                  0.02, False)
+    assert more["energy_verdict"] == "more energy"
+
+
+def test_without_a_counter_the_verdict_is_the_trials_na_and_no_figure():
+    from speedbench.analysis import energy as verdicts
+
+    reason = "n/a: no energy counter here (no /sys/class/powercap (no RAPL driver))"
+    trials = energy_trials([1.0] * 3, [1.0] * 3, status=reason)
+    ok, ref = trials[trials["variant"] == "v"], trials[trials["variant"] == "base"]
+    got = verdicts.paired_energy(ok, ref, "round", 0.95, 0.02, False)
+    assert got["energy_verdict"] == reason and math.isnan(got["energy_ratio"])
+    assert math.isnan(got["energy_per_sample_j"])
+
+
+def test_the_summary_carries_the_energy_columns_and_the_report_says_na():
+    from speedbench.analysis.summary import summarise
+    from speedbench.report import energy_section
+    from speedbench.report.document import Document, to_markdown
+
+    reason = "n/a: no energy counter here (no /sys/class/powercap)"
+    trials = energy_trials([1.0] * 3, [1.0] * 3, status=reason)
+    summary = summarise(trials)
+    assert (summary["energy_verdict"] == reason).all()
+    doc = Document("t")
+    energy_section.add(doc, summary, trials)
+    text = to_markdown(doc)
+    assert "### Energy per sample" in text and f"{reason}: no energy figure" in text
+    measured = energy_trials([0.5] * 3, [1.0] * 3)
+    doc = Document("t")
+    energy_section.add(doc, summarise(measured), measured)
+    text = to_markdown(doc)
+    assert "0.50x" in text and "less energy" in text
+
+
+def test_energy_to_target_is_the_samples_at_the_measured_joules_per_sample():
+    import pandas as pd
+
+    from speedbench.analysis import energy as verdicts
+
+    assert verdicts.to_target(1000, 0.25) == 250
+    assert math.isnan(verdicts.to_target(1000, math.nan))
+    runs = pd.DataFrame([{"experiment": "e", "model": "m", "variant": "v", "status": "ok",
+                          "samples": s} for s in (900, 1000, 1100)])
+    summary = pd.DataFrame([{"experiment": "e", "model": "m", "variant": "v",
+                             "energy_per_sample_j": 0.5}])
+    got = verdicts.to_target_rows(runs, summary)
+    assert got["energy_to_target_j"].tolist() == [500.0]

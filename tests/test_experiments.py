@@ -25,7 +25,7 @@ FILES = suite.experiment_files()
 # those that run alone are tested where named.
 # ... less those the tips suite leaves out by default (its suite.exclude): run alone, tested where
 # RUN_ALONE names
-TIPS_EXCLUDE = ["compile_regional"]
+TIPS_EXCLUDE = ["compile_regional", "comm_hook", "fsdp_reshard"]
 MEMBERS = [n for n, path in FILES.items() if not suite.runs_alone(path) and n not in TIPS_EXCLUDE]
 # Experiments of which no variant can act on a CPU (each technique says why).
 NOTHING_ACTS_ON_CPU = {"tensor_creation", "empty_cache"}
@@ -34,7 +34,9 @@ RUN_ALONE = {"tips": "test_tips_runs_every_experiment_into_one_report (below)",
              "time_to_target": "tests/test_to_target.py::test_the_experiment_file_runs_every_"
                                "variant_to_the_target",
              "compile_regional": "tests/test_compile_scope.py (its variants' trials, the "
-                                 "experiment file's plan)"}
+                                 "experiment file's plan)",
+             "comm_hook": "tests/test_comm_hooks.py (torchrun trials, the experiments' plans)",
+             "fsdp_reshard": "tests/test_comm_hooks.py (torchrun trials, the experiments' plans)"}
 
 
 @pytest.fixture(autouse=True)

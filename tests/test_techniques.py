@@ -174,8 +174,18 @@ EFFECTS: dict[str, Callable[[Trial, Trial], bool]] = {
         "cuda_alloc_conf"] and "expandable_segments:True" not in str(de.record["cuda_alloc_conf"]),
     "cudnn_benchmark": lambda ex, de: "cudnn.benchmark" in ex.flags_set,
     "ddp_tuning": lambda ex, de: getattr(ex.trainer.model, "static_graph", False),
+    "float8": lambda ex, de: ex.record["float8_converted"] > 0 == de.record["float8_converted"],
+    "cuda_graphs": lambda ex, de: ex.record["graph_captured"] is True,
+    # the saved activations went to the host
+    "offload": lambda ex, de: ex.record["activation_mem_mb"] < de.record["activation_mem_mb"],
+    "flex_attention": lambda ex, de: ex.trainer.model.flex and not de.trainer.model.flex,
+    "fused_ce": lambda ex, de: ex.trainer.model.fused_loss is not None,
+    "comm_hook": lambda ex, de: "fp16_compress_hook" in ex.record["comm_hooks_registered"],
+    "fsdp_reshard": lambda ex, de: ex.record["fsdp_after_forward"].startswith("keep"),
     "parallel": lambda ex, de: bool(ex.counters.get("data_parallel")),
 }
+# Optional extras a technique's example needs (the GPU check's machine may lack them: skipped)
+OPTIONAL_PACKAGES = {"float8": "torchao", "fused_ce": "liger_kernel"}
 # The threads a test process has when an example's trial starts (else one): the example must
 # ask for something other than what the process already has.
 AMBIENT_THREADS = {"threads": 2}
@@ -221,6 +231,8 @@ def test_acts_where_its_settings_say_and_leaves_global_state_as_it_was(tech: Tec
                                                                         default_trials):
     setting = tech.acts_on
     skip_without_its_device(setting)
+    if tech.name in OPTIONAL_PACKAGES:
+        pytest.importorskip(OPTIONAL_PACKAGES[tech.name])
     default = default_trials(setting)
     torch.set_num_threads(AMBIENT_THREADS.get(tech.name, 1))
     before = global_snapshot()

@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from speedbench.analysis import quality
+from speedbench.analysis import energy, quality
 from speedbench.analysis.intervals import (
     BASELINE, FAMILY_LEVEL, INCONCLUSIVE, NO_CI, SCREENING, Looks, classify, count_comparisons,
     min_detectable, pair_key, paired, paired_log_ratios, paired_ratio_ci, reference_rows,
@@ -83,6 +83,8 @@ def summarise(trials: pd.DataFrame, family: float = FAMILY_LEVEL,
                 ref["final_loss"].median() if ref is not base_rows and len(ref) else base_loss)
             row.update(_speedup(row, ok, ref, key, level, threshold_of(g),
                                 floor if fixed is not None else None))
+            row.update(energy.paired_energy(ok, ref, key, level, threshold_of(g),
+                                            row["is_baseline"]))
             row["comparisons"], row["family_level"], row["ci_level"] = comparisons, family, level
             row["family_scope"] = "allotted" if (experiment, model) in levels else \
                 "experiment" if per_experiment else "run"

@@ -22,6 +22,7 @@ from speedbench.analysis import claims as claims_mod
 from speedbench.analysis import intervals
 from speedbench.analysis.numbers import AUTO, ratio_text
 from speedbench.analysis.summary import summarised
+from speedbench.report import energy_section
 from speedbench.report import (ab_section, capacity_section, explain_section, host_sweep, memory_section,
                                method, plots, profile_section, recipe_section, recommend,
                                settings, to_target_section, unfinished)
@@ -582,6 +583,7 @@ def experiment_section(doc: Document, run: Run, experiment: str, out_dir: Path) 
         doc.note(warning)
     explain_section.add(doc, run, experiment, out_dir)  # why, and the forecasts
     memory_section.add(doc, trials)  # the peaks forecast from the baseline's split
+    energy_section.add(doc, summary, trials, run.to_target)
     for view in settings.host_sweeps(run):
         host_sweep.add(doc, trials, view, out_dir, summary)
     if run.to_target is not None:

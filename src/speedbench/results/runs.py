@@ -37,10 +37,11 @@ KEYS = ["experiment", "model", "variant"]
 # finite number is read as missing (and noted). A run writes `nan` for a figure it did not
 # measure, which keep_default_na=False would otherwise keep as text.
 TRIAL_TEXT = ("experiment", "model", "variant", "is_baseline", "status", "device", "profile",
-              "rank_step_ms", "peak_kind", "peak_phase", "arm", "reference")
+              "rank_step_ms", "peak_kind", "peak_phase", "arm", "reference", "energy_status")
 TRIAL_NUMERIC = tuple(c for c in TRIAL_COLUMNS if c not in TRIAL_TEXT)
 SUMMARY_TEXT = ("experiment", "model", "variant", "is_baseline", "status", "verdict",
-                "family_scope", "peak_phase", "quality_verdict", "arm", "reference")
+                "family_scope", "peak_phase", "quality_verdict", "arm", "reference",
+                "energy_verdict")
 SUMMARY_NUMERIC = tuple(c for c in SUMMARY_COLUMNS if c not in SUMMARY_TEXT) + (
     "mem_ratio_lo", "mem_ratio_hi", "scaling_efficiency", "scaling_efficiency_lo",
     "scaling_efficiency_hi")

@@ -119,6 +119,9 @@ SUMMARY_COLUMNS = [
     "arm", "reference",
     # the largest bench.time_budget_s its rows need (trials.csv's budget_need_s)
     "budget_need_s",
+    # joules per sample (the trials' median), over the baseline's paired by round with the
+    # speed-up's level, and the verdict in energy's words or the trials' n/a (analysis/energy.py)
+    "energy_per_sample_j", "energy_ratio", "energy_ratio_lo", "energy_ratio_hi", "energy_verdict",
 ]
 # The parts of one optimizer step the phase clock times (train.Trainer.step), in step order.
 PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")

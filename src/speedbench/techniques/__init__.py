@@ -26,6 +26,8 @@ from speedbench.techniques import (attention, checkpointing, compile, cudnn_benc
 from speedbench.techniques import allocator, batch_scale, ddp_tuning, openmp, threads
 from speedbench.techniques import conv_bias, debug_apis, eval_mode, onednn_precision, zero_grad
 from speedbench.techniques import chunked_ce, expandable_segments, packing
+from speedbench.techniques import comm_hook, fsdp_reshard
+from speedbench.techniques import cuda_graphs, flex_attention, float8, fused_ce, offload
 from speedbench.techniques.base import (GLOBAL_FLAGS, LOG_DIR_ENV, Bound, ConfigError, Context,
                                         Field, Finding, Technique, get_key, global_snapshot,
                                         joined_preload, restored_global_state)
@@ -45,6 +47,11 @@ _ALL: list[Technique] = [
     checkpointing.Checkpointing(),
     attention.Attention(),
     chunked_ce.ChunkedCE(),
+    fused_ce.FusedCE(),
+    flex_attention.FlexAttention(),
+    float8.Float8(),
+    offload.Offload(),
+    cuda_graphs.CudaGraphs(),
     matmul_precision.MatmulPrecision(),
     cudnn_benchmark.CudnnBenchmark(),
     optimizer.Optimizer(),
@@ -53,11 +60,13 @@ _ALL: list[Technique] = [
     expandable_segments.ExpandableSegments(),
     openmp.OpenMP(),
     ddp_tuning.DdpTuning(),
+    fsdp_reshard.FsdpReshard(),
     zero_grad.ZeroGrad(),
     eval_mode.EvalMode(),
     debug_apis.DebugApis(),
     onednn_precision.OnednnPrecision(),
     parallel.Parallel(),
+    comm_hook.CommHook(),  # registers on parallel's DDP module, before compile wraps it
     compile.Compile(),
 ]
 

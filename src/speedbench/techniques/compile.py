@@ -147,7 +147,7 @@ class CompileRecord:
 
 class Compile(Technique):
     name = "compile"
-    after = ("parallel",)  # torch.compile wraps the DDP module, as PyTorch advises
+    after = ("parallel", "comm_hook")  # torch.compile wraps the hooked DDP module
     logs = {AUTOTUNE_LOG: "Inductor's AUTOTUNE tables"}  # kept short: a path follows
     card = """\
 **What**: `torch.compile(model, mode=...)`: TorchDynamo captures the forward pass (and

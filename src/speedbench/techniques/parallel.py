@@ -22,6 +22,7 @@ TIP = ("use DistributedDataParallel, one process per GPU (torchrun): DataParalle
 
 DISTRIBUTED = ("ddp", "fsdp")  # one process per device, launched through torchrun
 DDP_OPTIONS = "ddp_options"  # ctx.extra: DDP constructor arguments other techniques set
+FSDP_OPTIONS = "fsdp_options"  # ctx.extra: fully_shard arguments for the blocks (not the root)
 
 
 def effective(recipe, dist_env) -> str:
@@ -41,17 +42,17 @@ def launch_nproc(recipe, device: str) -> int:
 
 
 def wrap(model: nn.Module, parallel: str, device: torch.device,
-         ddp_options: Optional[dict] = None) -> nn.Module:
+         ddp_options: Optional[dict] = None, fsdp_options: Optional[dict] = None) -> nn.Module:
     """The model as `parallel` says: DDP (one rank, one device; `ddp_options` passed on),
-    DataParallel (all GPUs), or bare. DDP broadcasts rank 0's weights at construction, so every
-    rank starts equal."""
+    FSDP2 (`fsdp_options` passed to each block's fully_shard), DataParallel (all GPUs), or
+    bare. DDP broadcasts rank 0's weights at construction, so every rank starts equal."""
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                        else None, **(ddp_options or {}))
     if parallel == "fsdp":
-        return shard(model)
+        return shard(model, fsdp_options)
     if parallel == "dp" and device.type == "cuda":
         first = device.index or 0  # replicas on every GPU; inputs and outputs on this one
         ids = [first] + [i for i in range(torch.cuda.device_count()) if i != first]
@@ -71,12 +72,13 @@ def _blocks(module: nn.Module):
             yield from _blocks(child)
 
 
-def shard(model: nn.Module) -> nn.Module:
-    """FSDP2: fully_shard each block, then the root (torch.distributed.fsdp, torch >= 2.6)."""
+def shard(model: nn.Module, block_options: Optional[dict] = None) -> nn.Module:
+    """FSDP2: fully_shard each block (with `block_options`), then the root with FSDP2's own
+    defaults (torch.distributed.fsdp, torch >= 2.6)."""
     from torch.distributed.fsdp import fully_shard
 
     for block in list(_blocks(model)):
-        fully_shard(block)
+        fully_shard(block, **(block_options or {}))
     return fully_shard(model)
 
 
@@ -114,7 +116,8 @@ def counting_synced_forwards(model: nn.Module):
 class Parallel(Technique):
     name = "parallel"
     # It wraps the model: after every technique that changes the bare model.
-    after = ("tensor_creation", "memory_format", "checkpointing", "attention", "ddp_tuning")
+    after = ("tensor_creation", "memory_format", "checkpointing", "attention", "ddp_tuning",
+             "fsdp_reshard", "float8", "flex_attention", "fused_ce", "cuda_graphs")
     card = """\
 **What**: `dp` wraps the model in `nn.DataParallel` over every visible GPU (one process);
 `ddp` runs one process per device under `DistributedDataParallel` (speedbench launches
@@ -189,7 +192,7 @@ fully_shard(model)"""),
 
     def prepare_model(self, model, recipe, ctx: Context):
         return wrap(model, effective(recipe, ctx.dist_env), ctx.device,
-                    ctx.extra.get(DDP_OPTIONS))
+                    ctx.extra.get(DDP_OPTIONS), ctx.extra.get(FSDP_OPTIONS))
 
     def capacity_overrides(self, recipe) -> dict:
         return {"parallel": "none"}  # the largest batch is searched on one device
