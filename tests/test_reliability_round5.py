@@ -348,3 +348,30 @@ def test_an_explain_csv_with_unusable_values_is_left_out_with_a_note(case, edit,
     notes = []
     assert runs._explain_table(tmp_path / "explain.csv", notes) is None
     assert len(notes) == 1 and notes[0].startswith("explain.csv left out: "), notes
+
+
+@pytest.mark.parametrize("forecast, share", [
+    ("-1", 0.3), ("0", 0.3), ("nan", 0.3), ("x", 0.3), ("1.5", 5), ("1.5", -1)])
+def test_a_forecast_no_run_writes_is_n_a_with_a_note_not_shown_as_measured(forecast, share,
+                                                                            tmp_path):
+    """K8's rest: forecast.csv's values. An `ok` forecast of -1x or 0x was shown in the table
+    as measured ('above the forecast'), with no note."""
+    from speedbench.report import explain_section
+    from speedbench.results import runs
+    from test_report import make_run
+
+    path = make_run(tmp_path / "run", models=("resnet",))
+    rows = [{"experiment": "amp", "model": "resnet", "variant": v, "technique": "precision",
+             "forecast": f, "share": s, "reason": "matmul is 30 % of the step",
+             "status": "ok", "is_bound": True}
+            for v, f, s in (("fp16", forecast, share), ("bf16", "1.43", 0.3))]
+    pd.DataFrame(rows).to_csv(path / "forecast.csv", index=False)
+    run = runs.load_run(path)
+    assert [n for n in run.notes if n.startswith("forecast.csv")] == [
+        "forecast.csv: 1 forecast(s) not a positive number, or with a share of the step outside "
+        "[0, 1], shown as n/a"]
+    table = explain_section.forecast_table(runs.load_explain(path)[1], run.summary)
+    fp16, bf16 = table.iloc[0], table.iloc[1]
+    assert fp16["forecast"] == "n/a" and "not a usable number" in fp16["why"]
+    assert "above the forecast" not in fp16["measured [CI]"]
+    assert bf16["forecast"] == "1.43x" and bf16["why"] == "matmul is 30 % of the step"
