@@ -250,6 +250,10 @@ def test_options_that_need_the_forecasts_say_so_where_none_is_made():
     search = compose_cfg(*TINY, "bench.explain=false", experiment="recipe")
     assert any(n.startswith("recipe.forecasts needs bench.explain") for n in
                forecast_notes(search, None)) == bool(search.recipe.forecasts)
+    quick = compose_cfg(*TINY, "bench.skip_by_forecast=true", "bench.mode=quick")
+    assert forecast_notes(quick, None) == [  # quick mode explains nothing (was: no word)
+        "bench.skip_by_forecast needs the forecasts of bench.explain (bench.mode=quick makes "
+        "none): every variant is measured"]
 
 
 # --- K16: an empty --out ------------------------------------------------------------------------
