@@ -214,8 +214,9 @@ CALLS: dict[str, int] = {}  # tag -> forward calls so far in this process
 
 class FailsAt(nn.Module):
     """A token model (loss: module) whose forward call number `at` (counted per `tag` in the
-    process) raises (`how: raise`), calls sys.exit(7) (`exit`) or raises GeneratorExit
-    (`generator_exit`); every other call trains."""
+    process) raises (`how: raise`), calls sys.exit(7) (`exit`), raises GeneratorExit
+    (`generator_exit`) or closes the process's standard output, descriptor 1, and trains on
+    (`close_stdout`); every other call trains."""
 
     def __init__(self, at: int = 3, how: str = "raise", tag: str = "", vocab: int = 16,
                  dim: int = 8):
@@ -230,7 +231,10 @@ class FailsAt(nn.Module):
                 sys.exit(7)
             if self.how == "generator_exit":
                 raise GeneratorExit("fails at call %d" % self.at)
-            raise RuntimeError(f"fails at call {self.at}")
+            if self.how == "close_stdout":
+                os.close(1)
+            else:
+                raise RuntimeError(f"fails at call {self.at}")
         logits = self.head(self.emb(x))
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 

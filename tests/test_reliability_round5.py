@@ -15,7 +15,7 @@ import signal
 
 import pandas as pd
 import pytest
-from conftest import SMALL_MODELS, TINY, only_run_dir, run_main
+from conftest import SMALL_MODELS, TINY, only_run_dir, run_cli, run_main
 
 from speedbench.results import atomic
 
@@ -46,6 +46,25 @@ def test_a_fault_in_the_quality_probe_is_its_quality_rows_status_said_once(how, 
         f"error: the quality probe failed: {said}"), statuses
     said_once = " ".join(proc.stderr.split())  # the console wraps its lines at 100 columns
     assert said_once.count(statuses[0]) == 1, proc.stderr[-3000:]
+    assert (pd.read_csv(run / "trials.csv")["status"] == "ok").all()
+
+
+# --- K1 (d): a model closes the process's standard output -----------------------------------------
+@pytest.mark.slow
+def test_a_model_that_closes_stdout_has_it_put_back_and_said(tmp_path):
+    """os.close(1) in forward (call 3, in the probe) made the console's summary raise OSError
+    (Errno 9) after every file was written: a traceback, exit 1. A fresh process: descriptor 1
+    is the process's, not this test's."""
+    proc = run_cli(*TINY, *SMALL_MODELS, "bench.repeats=1", "bench.explain=false",
+                   "bench.quality_steps=0", f"model={_fails_at('close_stdout', 'fd')}",
+                   "out_dir=results", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "report:" in proc.stdout  # the summary, written to descriptor 1 after the trials
+    said = " ".join(proc.stderr.split())
+    assert said.count("its code changes the standard output or error descriptor (to stdout "
+                      "closed, stderr as it was)") == 1, proc.stderr[-3000:]
+    run = only_run_dir(tmp_path / "results")
     assert (pd.read_csv(run / "trials.csv")["status"] == "ok").all()
 
 
