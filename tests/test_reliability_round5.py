@@ -393,7 +393,9 @@ def test_a_forecast_no_run_writes_is_n_a_with_a_note_not_shown_as_measured(forec
     assert [n for n in run.notes if n.startswith("forecast.csv")] == [
         "forecast.csv: 1 forecast(s) not a positive number, or with a share of the step outside "
         "[0, 1], shown as n/a"]
-    table = explain_section.forecast_table(runs.load_explain(path)[1], run.summary)
+    loaded = runs.load_explain(path)[1]
+    assert loaded["forecast"].isna().tolist() == [True, False]  # no -1x in a "Why" sentence
+    table = explain_section.forecast_table(loaded, run.summary)
     fp16, bf16 = table.iloc[0], table.iloc[1]
     assert fp16["forecast"] == "n/a" and "not a usable number" in fp16["why"]
     assert "above the forecast" not in fp16["measured [CI]"]

@@ -367,6 +367,7 @@ def _forecast_table(path: Path, notes: list[str]) -> Optional[pd.DataFrame]:
     forecast, share = _floats(df["forecast"]), _floats(df["share"])
     usable = (forecast > 0) & (share.isna() | share.between(0, 1))
     bad = ok & ~usable
+    df["forecast"] = forecast.where(usable)  # numbers only: a sentence reads every row's
     if bad.any():
         df.loc[bad, "status"] = "n/a: forecast.csv's forecast or share is not a usable number"
         notes.append(f"{path.name}: {int(bad.sum())} forecast(s) not a positive number, or with "
