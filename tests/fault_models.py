@@ -242,7 +242,8 @@ class FailsAt(nn.Module):
 class Tokens(torch.utils.data.Dataset):
     """`n` token items (x, y) of 8 tokens below 16, computed from the index (no storage, so
     that `n` may be huge); `len_mode` raise, negative or float: a __len__ that fails;
-    `item_mode` memory: the host out of memory reading any item but the first."""
+    `item_mode` memory: the host out of memory reading any item but the first; exit:
+    sys.exit(6) there."""
 
     def __init__(self, n: int = 64, len_mode: str = "", item_mode: str = ""):
         self.n, self.len_mode, self.item_mode = int(n), len_mode, item_mode
@@ -259,6 +260,8 @@ class Tokens(torch.utils.data.Dataset):
     def __getitem__(self, index: int):
         if self.item_mode == "memory" and index > 0:  # (item 0, which a check reads, is fine)
             raise MemoryError("no room for this item")
+        if self.item_mode == "exit" and index > 0:
+            sys.exit(6)
         g = torch.Generator().manual_seed(int(index) % (1 << 62))
         x = torch.randint(0, 16, (8,), generator=g)
         return x, x.roll(-1)

@@ -254,6 +254,19 @@ def test_a_data_set_whose_len_fails_is_refused_in_one_line(mode, says):
     assert "\n" not in text
 
 
+# --- K11: sys.exit() in an own data set's items ---------------------------------------------------
+def test_a_data_set_that_exits_reading_an_item_is_refused_in_one_line():
+    """a_exit_item: sys.exit(6) from item 1 on ended speedbench silently with exit 6 (the check
+    reads item 1 to make a batch, outside its guard for item 0)."""
+    from speedbench.errors import ConfigError
+    from speedbench.measure.own_data import own_dataset
+
+    with pytest.raises(ConfigError) as info:
+        own_dataset({"_target_": "fault_models.Tokens", "item_mode": "exit"})
+    assert str(info.value) == ("data: _target_ fault_models.Tokens: reading item 1 failed: "
+                               "SystemExit: 6")
+
+
 # --- K12: an option that acts on forecasts says when none is made ---------------------------------
 def test_options_that_need_the_forecasts_say_so_where_none_is_made():
     from conftest import compose_cfg
