@@ -164,6 +164,49 @@ def test_the_matmul_peaks_take_their_share_of_the_runs_budget(monkeypatch):
     assert len(asked) == 3 and math.isnan(spent.peaks["fp32"])
 
 
+class LoadArrives:
+    """A matrix product that costs nothing for its first `quiet` calls (the sizing and the
+    warm-up), then 50 ms each (a sleep: the machine's own load does not change it); past 50
+    slow calls it raises, so a measurement that would not stop fails fast instead of hanging."""
+
+    def __init__(self, quiet: int):
+        self.quiet, self.calls = quiet, 0
+
+    def __call__(self, a, b):
+        import time
+
+        self.calls += 1
+        if self.calls > self.quiet:
+            if self.calls > self.quiet + 50:
+                raise RuntimeError("still measuring long past its time")
+            time.sleep(0.05)
+        return a[:1, :1]
+
+    @property
+    def slow(self) -> int:
+        return self.calls - self.quiet
+
+
+@pytest.mark.parametrize("measure, quiet", [
+    ("peak", 8),    # one layout: sizing 256-1024 (2 calls each), then the 2 warm-up products
+    ("ratio", 18),  # two dtypes' sizing (12), each side's layout and window size (6)
+])
+def test_a_load_that_arrives_after_the_sizing_cannot_stretch_the_peaks(measure, quiet):
+    """Beside a load of 10, 2 threads made each product ~100x slower than when its window was
+    sized: the peaks took 150 s of their 7 s share (c_skip_noexplain: 170 s of a 140 s
+    budget, every row 'not measured'). A window now ends with the measurement's time."""
+    import torch
+
+    from speedbench.measure import flops
+
+    product = LoadArrives(quiet)
+    if measure == "peak":
+        flops.matmul_peak_tflops(torch.device("cpu"), "fp32", duration_s=0.5, products=(product,))
+    else:
+        flops.paired_peak_ratio(torch.device("cpu"), "bf16", max_s=0.5, products=(product,))
+    assert 1 <= product.slow <= 0.5 / 0.05 + 2, product.calls  # not the window's 10^5 reps
+
+
 def test_the_forecast_profiles_warm_up_is_held_as_a_trials_is(monkeypatch):
     """A step time that never settles: the profile's warm-up past its floor stops at a quarter
     of bench.max_trial_s, as a trial's, not at the end of the budget."""
