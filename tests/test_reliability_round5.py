@@ -12,6 +12,7 @@ import contextlib
 import errno
 import resource
 import signal
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -57,7 +58,8 @@ def test_a_model_that_closes_stdout_has_it_put_back_and_said(tmp_path):
     is the process's, not this test's."""
     proc = run_cli(*TINY, *SMALL_MODELS, "bench.repeats=1", "bench.explain=false",
                    "bench.quality_steps=0", f"model={_fails_at('close_stdout', 'fd')}",
-                   "out_dir=results", cwd=tmp_path, timeout=300)
+                   "out_dir=results", cwd=tmp_path, timeout=300,
+                   env={"PYTHONPATH": str(Path(__file__).resolve().parent)})  # fault_models
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "report:" in proc.stdout  # the summary, written to descriptor 1 after the trials
