@@ -84,6 +84,7 @@ MEDDLES = {
     "omp_env": lambda: os.environ.__setitem__("OMP_NUM_THREADS", "77"),
     "sigint_ignored": lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     "stdout": lambda: setattr(sys, "stdout", io.StringIO()),
+    "stdout_fd": lambda: os.dup2(os.open(os.devnull, os.O_WRONLY), 1),  # print() goes nowhere
     "warnings_error": lambda: warnings.simplefilter("error"),
     "recursion_limit": lambda: sys.setrecursionlimit(_depth() + 60),  # far below the usual
     "gc_off": gc.disable,
