@@ -84,6 +84,7 @@ MEDDLES = {
     "omp_env": lambda: os.environ.__setitem__("OMP_NUM_THREADS", "77"),
     "sigint_ignored": lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     "stdout": lambda: setattr(sys, "stdout", io.StringIO()),
+    "stdout_fd": lambda: os.dup2(os.open(os.devnull, os.O_WRONLY), 1),  # print() goes nowhere
     "warnings_error": lambda: warnings.simplefilter("error"),
     "recursion_limit": lambda: sys.setrecursionlimit(_depth() + 60),  # far below the usual
     "gc_off": gc.disable,
@@ -214,8 +215,9 @@ CALLS: dict[str, int] = {}  # tag -> forward calls so far in this process
 
 class FailsAt(nn.Module):
     """A token model (loss: module) whose forward call number `at` (counted per `tag` in the
-    process) raises (`how: raise`), calls sys.exit(7) (`exit`) or raises GeneratorExit
-    (`generator_exit`); every other call trains."""
+    process) raises (`how: raise`), calls sys.exit(7) (`exit`), raises GeneratorExit
+    (`generator_exit`) or closes the process's standard output, descriptor 1, and trains on
+    (`close_stdout`); every other call trains."""
 
     def __init__(self, at: int = 3, how: str = "raise", tag: str = "", vocab: int = 16,
                  dim: int = 8):
@@ -230,7 +232,10 @@ class FailsAt(nn.Module):
                 sys.exit(7)
             if self.how == "generator_exit":
                 raise GeneratorExit("fails at call %d" % self.at)
-            raise RuntimeError(f"fails at call {self.at}")
+            if self.how == "close_stdout":
+                os.close(1)
+            else:
+                raise RuntimeError(f"fails at call {self.at}")
         logits = self.head(self.emb(x))
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 
@@ -238,7 +243,8 @@ class FailsAt(nn.Module):
 class Tokens(torch.utils.data.Dataset):
     """`n` token items (x, y) of 8 tokens below 16, computed from the index (no storage, so
     that `n` may be huge); `len_mode` raise, negative or float: a __len__ that fails;
-    `item_mode` memory: the host out of memory reading any item but the first."""
+    `item_mode` memory: the host out of memory reading any item but the first; exit:
+    sys.exit(6) there."""
 
     def __init__(self, n: int = 64, len_mode: str = "", item_mode: str = ""):
         self.n, self.len_mode, self.item_mode = int(n), len_mode, item_mode
@@ -255,6 +261,8 @@ class Tokens(torch.utils.data.Dataset):
     def __getitem__(self, index: int):
         if self.item_mode == "memory" and index > 0:  # (item 0, which a check reads, is fine)
             raise MemoryError("no room for this item")
+        if self.item_mode == "exit" and index > 0:
+            sys.exit(6)
         g = torch.Generator().manual_seed(int(index) % (1 << 62))
         x = torch.randint(0, 16, (8,), generator=g)
         return x, x.roll(-1)

@@ -38,6 +38,7 @@ SAID_AS = {
     "umask": "the file mode mask (umask)",
     "omp_env": "the environment variables speedbench reads",
     "sigint_ignored": "the stop signals' handlers", "stdout": "sys.stdout or sys.stderr",
+    "stdout_fd": "the standard output or error descriptor",
     "warnings_error": "the warnings turned into errors",
     "recursion_limit": "Python's recursion limit", "gc_off": "the garbage collector",
     "inference_mode": "grad mode", "saved_hooks": "the saved-tensors hooks",

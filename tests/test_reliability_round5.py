@@ -12,10 +12,11 @@ import contextlib
 import errno
 import resource
 import signal
+from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import SMALL_MODELS, TINY, only_run_dir, run_main
+from conftest import SMALL_MODELS, TINY, only_run_dir, run_cli, run_main
 
 from speedbench.results import atomic
 
@@ -46,6 +47,26 @@ def test_a_fault_in_the_quality_probe_is_its_quality_rows_status_said_once(how, 
         f"error: the quality probe failed: {said}"), statuses
     said_once = " ".join(proc.stderr.split())  # the console wraps its lines at 100 columns
     assert said_once.count(statuses[0]) == 1, proc.stderr[-3000:]
+    assert (pd.read_csv(run / "trials.csv")["status"] == "ok").all()
+
+
+# --- K1 (d): a model closes the process's standard output -----------------------------------------
+@pytest.mark.slow
+def test_a_model_that_closes_stdout_has_it_put_back_and_said(tmp_path):
+    """os.close(1) in forward (call 3, in the probe) made the console's summary raise OSError
+    (Errno 9) after every file was written: a traceback, exit 1. A fresh process: descriptor 1
+    is the process's, not this test's."""
+    proc = run_cli(*TINY, *SMALL_MODELS, "bench.repeats=1", "bench.explain=false",
+                   "bench.quality_steps=0", f"model={_fails_at('close_stdout', 'fd')}",
+                   "out_dir=results", cwd=tmp_path, timeout=300,
+                   env={"PYTHONPATH": str(Path(__file__).resolve().parent)})  # fault_models
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "report:" in proc.stdout  # the summary, written to descriptor 1 after the trials
+    said = " ".join(proc.stderr.split())
+    assert said.count("its code changes the standard output or error descriptor (to stdout "
+                      "closed, stderr as it was)") == 1, proc.stderr[-3000:]
+    run = only_run_dir(tmp_path / "results")
     assert (pd.read_csv(run / "trials.csv")["status"] == "ok").all()
 
 
@@ -145,6 +166,49 @@ def test_the_matmul_peaks_take_their_share_of_the_runs_budget(monkeypatch):
     assert len(asked) == 3 and math.isnan(spent.peaks["fp32"])
 
 
+class LoadArrives:
+    """A matrix product that costs nothing for its first `quiet` calls (the sizing and the
+    warm-up), then 50 ms each (a sleep: the machine's own load does not change it); past 50
+    slow calls it raises, so a measurement that would not stop fails fast instead of hanging."""
+
+    def __init__(self, quiet: int):
+        self.quiet, self.calls = quiet, 0
+
+    def __call__(self, a, b):
+        import time
+
+        self.calls += 1
+        if self.calls > self.quiet:
+            if self.calls > self.quiet + 50:
+                raise RuntimeError("still measuring long past its time")
+            time.sleep(0.05)
+        return a[:1, :1]
+
+    @property
+    def slow(self) -> int:
+        return self.calls - self.quiet
+
+
+@pytest.mark.parametrize("measure, quiet", [
+    ("peak", 8),    # one layout: sizing 256-1024 (2 calls each), then the 2 warm-up products
+    ("ratio", 18),  # two dtypes' sizing (12), each side's layout and window size (6)
+])
+def test_a_load_that_arrives_after_the_sizing_cannot_stretch_the_peaks(measure, quiet):
+    """Beside a load of 10, 2 threads made each product ~100x slower than when its window was
+    sized: the peaks took 150 s of their 7 s share (c_skip_noexplain: 170 s of a 140 s
+    budget, every row 'not measured'). A window now ends with the measurement's time."""
+    import torch
+
+    from speedbench.measure import flops
+
+    product = LoadArrives(quiet)
+    if measure == "peak":
+        flops.matmul_peak_tflops(torch.device("cpu"), "fp32", duration_s=0.5, products=(product,))
+    else:
+        flops.paired_peak_ratio(torch.device("cpu"), "bf16", max_s=0.5, products=(product,))
+    assert 1 <= product.slow <= 0.5 / 0.05 + 2, product.calls  # not the window's 10^5 reps
+
+
 def test_the_forecast_profiles_warm_up_is_held_as_a_trials_is(monkeypatch):
     """A step time that never settles: the profile's warm-up past its floor stops at a quarter
     of bench.max_trial_s, as a trial's, not at the end of the budget."""
@@ -235,6 +299,19 @@ def test_a_data_set_whose_len_fails_is_refused_in_one_line(mode, says):
     assert "\n" not in text
 
 
+# --- K11: sys.exit() in an own data set's items ---------------------------------------------------
+def test_a_data_set_that_exits_reading_an_item_is_refused_in_one_line():
+    """a_exit_item: sys.exit(6) from item 1 on ended speedbench silently with exit 6 (the check
+    reads item 1 to make a batch, outside its guard for item 0)."""
+    from speedbench.errors import ConfigError
+    from speedbench.measure.own_data import own_dataset
+
+    with pytest.raises(ConfigError) as info:
+        own_dataset({"_target_": "fault_models.Tokens", "item_mode": "exit"})
+    assert str(info.value) == ("data: _target_ fault_models.Tokens: reading item 1 failed: "
+                               "SystemExit: 6")
+
+
 # --- K12: an option that acts on forecasts says when none is made ---------------------------------
 def test_options_that_need_the_forecasts_say_so_where_none_is_made():
     from conftest import compose_cfg
@@ -250,6 +327,10 @@ def test_options_that_need_the_forecasts_say_so_where_none_is_made():
     search = compose_cfg(*TINY, "bench.explain=false", experiment="recipe")
     assert any(n.startswith("recipe.forecasts needs bench.explain") for n in
                forecast_notes(search, None)) == bool(search.recipe.forecasts)
+    quick = compose_cfg(*TINY, "bench.skip_by_forecast=true", "bench.mode=quick")
+    assert forecast_notes(quick, None) == [  # quick mode explains nothing (was: no word)
+        "bench.skip_by_forecast needs the forecasts of bench.explain (bench.mode=quick makes "
+        "none): every variant is measured"]
 
 
 # --- K16: an empty --out ------------------------------------------------------------------------
@@ -348,3 +429,32 @@ def test_an_explain_csv_with_unusable_values_is_left_out_with_a_note(case, edit,
     notes = []
     assert runs._explain_table(tmp_path / "explain.csv", notes) is None
     assert len(notes) == 1 and notes[0].startswith("explain.csv left out: "), notes
+
+
+@pytest.mark.parametrize("forecast, share", [
+    ("-1", 0.3), ("0", 0.3), ("nan", 0.3), ("x", 0.3), ("1.5", 5), ("1.5", -1)])
+def test_a_forecast_no_run_writes_is_n_a_with_a_note_not_shown_as_measured(forecast, share,
+                                                                            tmp_path):
+    """K8's rest: forecast.csv's values. An `ok` forecast of -1x or 0x was shown in the table
+    as measured ('above the forecast'), with no note."""
+    from speedbench.report import explain_section
+    from speedbench.results import runs
+    from test_report import make_run
+
+    path = make_run(tmp_path / "run", models=("resnet",))
+    rows = [{"experiment": "amp", "model": "resnet", "variant": v, "technique": "precision",
+             "forecast": f, "share": s, "reason": "matmul is 30 % of the step",
+             "status": "ok", "is_bound": True}
+            for v, f, s in (("fp16", forecast, share), ("bf16", "1.43", 0.3))]
+    pd.DataFrame(rows).to_csv(path / "forecast.csv", index=False)
+    run = runs.load_run(path)
+    assert [n for n in run.notes if n.startswith("forecast.csv")] == [
+        "forecast.csv: 1 forecast(s) not a positive number, or with a share of the step outside "
+        "[0, 1], shown as n/a"]
+    loaded = runs.load_explain(path)[1]
+    assert loaded["forecast"].isna().tolist() == [True, False]  # no -1x in a "Why" sentence
+    table = explain_section.forecast_table(loaded, run.summary)
+    fp16, bf16 = table.iloc[0], table.iloc[1]
+    assert fp16["forecast"] == "n/a" and "not a usable number" in fp16["why"]
+    assert "above the forecast" not in fp16["measured [CI]"]
+    assert bf16["forecast"] == "1.43x" and bf16["why"] == "matmul is 30 % of the step"

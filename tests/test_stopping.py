@@ -40,6 +40,18 @@ def test_a_variant_far_slower_is_stopped_at_a_look_with_its_interval():
     assert status.startswith("too slow: ") and "x slower [" in status
 
 
+def test_no_baseline_steps_give_no_ratio_and_no_numpy_warning():
+    """A baseline whose probe failed (a model's fault at its third call) left no steps: the
+    ratio's mean of an empty slice printed numpy's RuntimeWarning on the run's console."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for variant, base in (([0.1, 0.1], []), ([], [0.1, 0.1])):
+            got = stopping.speed_ratio(variant, 32, ref(base), 0.95)
+            assert all(math.isnan(v) for v in got)
+
+
 def test_the_reference_has_the_steps_that_let_a_far_slower_variant_be_stopped():
     """fp16 on a CPU, 12x slower than fp32: against 3 baseline steps that spread 40 % Welch's
     t has about 2 degrees of freedom and the test cannot stop it (a real default amp run let

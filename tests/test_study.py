@@ -75,7 +75,7 @@ def test_a_findings_check_the_run_has_no_time_left_for_says_so(tmp_path):
     assert writer.rows == []  # nothing measured past the run's clock
 
 
-def _fake_study(prepare, clock):
+def _fake_study(prepare, clock, budget_s: float = 60.0):
     """A one-model study whose instruments' prepare is `prepare`; the trials never run."""
     from types import SimpleNamespace
 
@@ -100,7 +100,7 @@ def _fake_study(prepare, clock):
         header=lambda mc, name, r, p: {"experiment": "e", "model": "m", "variant": name,
                                        "round": r, "position": p})
     mc = study.ModelContext(plan, plan.models[0], settings, instruments, writer=writer, bar=bar)
-    study.study_models([mc], Budget(60.0, clock=clock))
+    study.study_models([mc], Budget(budget_s, clock=clock))
     return said, rows
 
 
@@ -123,6 +123,15 @@ def test_data_building_is_held_to_the_budget_and_the_console_says_when_it_overra
     assert any("m: preparing its data took 70 s, all of its 60 s share" in s for s in said)
     assert {r["variant"]: r["status"].split(":")[0] for r in rows} == {"a": "not measured",
                                                                        "b": "not measured"}
+
+    # c_budget_5_amp: the start-up and the peaks took the run's 5 s before this model began;
+    # it said "preparing its data took 0 s, all of its 0 s share"
+    said, rows = _fake_study(lambda mc: study.Prepared(None, {}, {"a": 1, "b": 1}),
+                             lambda: now[0], budget_s=0.0)
+    assert [" ".join(s.split()) for s in said if "not measured" in s] == [  # (wrapped)
+        "m: bench.time_budget_s had nothing left for it: the run's start-up, its matmul peaks "
+        "and the models before it took the budget: not measured (a larger budget lets it run)"]
+    assert all("had nothing left for it" in r["status"] for r in rows) and len(rows) == 2
 
     def cut(mc):  # the pictures' pool stopped at the deadline
         raise data.DataOutOfTime("building its data ran past what bench.time_budget_s left it")

@@ -58,7 +58,8 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
             check_data(plan, spec, dist_env.world_size if dist_env else 1)
     if distributed.is_main(dist_env):
         for line in forecast_notes(cfg, dist_env):
-            print(f"speedbench: note: {line}", file=sys.stderr)
+            print(textwrap.fill(f"speedbench: note: {line}", width=100,
+                                subsequent_indent="  "), file=sys.stderr)
     device = distributed.rank_device(plans[0].device, dist_env)
     threads_before = torch.get_num_threads()
     threads = fit_threads(OmegaConf.select(cfg, "bench.threads"), dist_env,
@@ -94,15 +95,15 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
 def forecast_notes(cfg: DictConfig, dist_env) -> list[str]:
     """The options that act on forecasts, asked for where none is made (bench.explain=false,
     torchrun): each a line saying it is off, rather than nothing done without a word."""
-    why = "bench.explain=false" if not cfg.bench.explain else \
-        "the forecasts are not made under torchrun" if dist_env is not None else ""
+    off = "bench.explain=false" if not cfg.bench.explain else \
+        "bench.mode=quick makes none" if cfg.bench.mode == "quick" else ""  # (plan.QUICK)
+    why = off or ("the forecasts are not made under torchrun" if dist_env is not None else "")
     notes = []
     if why and cfg.bench.skip_by_forecast:
         notes.append(f"bench.skip_by_forecast needs the forecasts of bench.explain ({why}): "
                      "every variant is measured")
-    if not cfg.bench.explain and driver.is_recipe(cfg) and cfg.recipe.forecasts:
-        notes.append("recipe.forecasts needs bench.explain (bench.explain=false): every option "
-                     "is screened")
+    if off and driver.is_recipe(cfg) and cfg.recipe.forecasts:
+        notes.append(f"recipe.forecasts needs bench.explain ({off}): every option is screened")
     return notes
 
 

@@ -257,7 +257,8 @@ def _cpu_scope(flags: list, device: str, env: Optional[dict]) -> Optional[str]:
                 f"{device}")
     have = (env or {}).get("cpu_flags")
     if have is not None and not set(flags) & set(have):
-        return f"n/a: the claim is stated for CPUs with {' or '.join(flags)}; this CPU has neither"
+        lacks = {1: "does not have it", 2: "has neither"}.get(len(flags), "has none of them")
+        return f"n/a: the claim is stated for CPUs with {' or '.join(flags)}; this CPU {lacks}"
     return None
 
 

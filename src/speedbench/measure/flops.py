@@ -148,23 +148,30 @@ PRODUCTS = (torch.mm, torch.nn.functional.linear)
 
 
 def _rate(a: torch.Tensor, b: torch.Tensor, reps: int, device: torch.device,
-          product=torch.mm) -> float:
-    """FLOP/s of `reps` products of a and b timed as one window between two synchronisations."""
+          product=torch.mm, until: float = math.inf) -> float:
+    """FLOP/s of `reps` products of a and b timed as one window between two synchronisations;
+    the window ends early once the clock (perf_counter) passes `until`: a window sized on a
+    quiet moment must not run for minutes when a load arrives (2 threads beside a load of 10
+    made each product ~100 times slower, and the peaks took 150 s of a 7 s share)."""
     synchronize(device)
     t0 = time.perf_counter()
-    for _ in range(reps):
+    done = 0
+    while done < reps:
         product(a, b)
+        done += 1
+        if time.perf_counter() > until:
+            break
     synchronize(device)
-    return 2 * a.shape[0] ** 3 * reps / (time.perf_counter() - t0)
+    return 2 * a.shape[0] ** 3 * done / (time.perf_counter() - t0)
 
 
 def _size(device: torch.device, dtype: torch.dtype, product, max_n: int,
-          slow_s: float = 0.05) -> int:
+          slow_s: float = 0.05, until: float = math.inf) -> int:
     """The largest power-of-two size up to `max_n` at which `product` should take under `slow_s`
     (twice the size costs eight times as much), so a dtype the device runs slowly, fp16 on most
     CPUs, is measured in a fraction of a second."""
     n = 256
-    while n < max_n:
+    while n < max_n and time.perf_counter() < until:
         a = torch.randn(n, n, device=device, dtype=dtype)
         if max(_rate(a, a, 1, device, product) for _ in range(2)) < 8 * 2 * n ** 3 / slow_s:
             break
@@ -172,9 +179,10 @@ def _size(device: torch.device, dtype: torch.dtype, product, max_n: int,
     return n
 
 
-def _stable_best(rate, max_s: float, tol: float = PEAK_TOL, min_windows: int = 5) -> float:
+def _stable_best(rate, max_s: float, tol: float = PEAK_TOL, min_windows: int = 5,
+                 until: float = math.inf) -> float:
     """Best of repeated windows `rate()`: stops once the best three agree within `tol` (after
-    `min_windows`), or after `max_s` seconds."""
+    `min_windows`), or after `max_s` seconds, or once the clock passes `until`."""
     rates: list[float] = []
     started = time.perf_counter()
     while True:
@@ -182,36 +190,38 @@ def _stable_best(rate, max_s: float, tol: float = PEAK_TOL, min_windows: int = 5
         top = sorted(rates)[-3:]
         if len(rates) >= min_windows and (top[-1] - top[0]) / top[-1] <= tol:
             break
-        if time.perf_counter() - started > max_s:
+        if time.perf_counter() - started > max_s or time.perf_counter() > until:
             break
     return max(rates)
 
 
 def matmul_peak_tflops(device: torch.device, precision: str, duration_s: float = PEAK_MAX_S,
-                       tf32: bool = False) -> float:
+                       tf32: bool = False, products=PRODUCTS) -> float:
     """Best TFLOP/s of an n x n matrix product in `precision`'s dtype, either layout (n = 8192 on
     CUDA; elsewhere sized per layout, at most 2048): warm-up, then windows of back-to-back
     products (~0.1 s each) until the best three agree within PEAK_TOL, at most `duration_s`
-    per layout. `tf32`: fp32 products on CUDA may use TF32. NaN on failure."""
+    per layout, its sizing and warm-up included. `tf32`: fp32 products on CUDA may use TF32.
+    NaN on failure."""
     dtype = DTYPES[precision]
     best = 0.0
     saved = torch.backends.cuda.matmul.allow_tf32
     try:
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
-        for product in PRODUCTS:
+        for product in products:
+            until = time.perf_counter() + duration_s
             if device.type == "cuda":
                 free, _ = torch.cuda.mem_get_info(device)
                 n = 8192 if free > 3 * 8192 ** 2 * 4 * 2 else 4096
             else:
-                n = _size(device, dtype, product, max_n=2048)
+                n = _size(device, dtype, product, max_n=2048, until=until)
             gen = torch.Generator(device=device).manual_seed(0)
             a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
             b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
             first = max(_rate(a, b, 1, device, product) for _ in range(2))  # warm-up; sizing
             reps = max(1, int(0.1 * first / (2 * n ** 3)))
-            best = max(best, first, _stable_best(lambda: _rate(a, b, reps, device, product),
-                                                 duration_s))
+            best = max(best, first, _stable_best(
+                lambda: _rate(a, b, reps, device, product, until), duration_s, until=until))
             del a, b
         return best / 1e12
     except Exception:
@@ -233,26 +243,31 @@ class PeakRatio:
 
 
 def paired_peak_ratio(device: torch.device, precision: str, pairs: int = RATIO_PAIRS,
-                      window_s: float = RATIO_WINDOW_S, tol: float = RATIO_TOL) -> PeakRatio:
+                      window_s: float = RATIO_WINDOW_S, tol: float = RATIO_TOL,
+                      max_s: float = math.inf, products=PRODUCTS) -> PeakRatio:
     """`precision`'s matrix-product rate over fp32's, measured in alternated windows of the
     same size and layout (each dtype's faster layout), so that a load that comes and goes
-    hits both sides of a pair alike; unstable where the pairs disagree (RATIO_TOL)."""
+    hits both sides of a pair alike; unstable where the pairs disagree (RATIO_TOL). Within
+    `max_s` (its sizing included): fewer pairs where the clock runs out."""
+    until = time.perf_counter() + max_s
     try:
-        n = min(_size(device, DTYPES[d], p, max_n=1024 if device.type == "cpu" else 4096)
-                for d in ("fp32", precision) for p in PRODUCTS)
+        n = min(_size(device, DTYPES[d], p, max_n=1024 if device.type == "cpu" else 4096,
+                      until=until) for d in ("fp32", precision) for p in products)
         gen = torch.Generator(device=device).manual_seed(0)
         a, b = (torch.randn(n, n, device=device, generator=gen) for _ in range(2))
         sides = {}
         for d in ("fp32", precision):
             x, y = a.to(DTYPES[d]), b.to(DTYPES[d])
-            product = max(PRODUCTS, key=lambda p: max(_rate(x, y, 1, device, p) for _ in range(2)))
+            product = max(products, key=lambda p: max(_rate(x, y, 1, device, p) for _ in range(2)))
             reps = max(1, int(window_s * _rate(x, y, 1, device, product) / (2 * n ** 3)))
             sides[d] = (x, y, reps, product)
         rates = {d: [] for d in sides}
         for k in range(pairs):
+            if time.perf_counter() > until:
+                break
             for d in (("fp32", precision) if k % 2 == 0 else (precision, "fp32")):
                 x, y, reps, product = sides[d]
-                rates[d].append(_rate(x, y, reps, device, product))
+                rates[d].append(_rate(x, y, reps, device, product, until))
     except Exception as exc:  # the forecast goes without it
         return PeakRatio(math.nan, (), f"its measurement failed ({type(exc).__name__})")
     return judged_ratio([p / f for p, f in zip(rates[precision], rates["fp32"])], tol)
@@ -309,13 +324,18 @@ class FlopsBook:
         to fp32 (the forecasts')."""
         kinds = list(dict.fromkeys(kinds))
         new = [k for k in kinds if k not in self.peaks]
+        ratios = [k for k in kinds if k in DTYPES and k != "fp32" and k not in self.ratios
+                  and self.peak_s]
         share = None if budget is None or budget.seconds is None else budget.part(PEAK_SHARE)
+        units = len(new) * len(PRODUCTS) + len(ratios)  # a ratio takes about a layout's time
         for i, kind in enumerate(new):
             self.peak(kind, None if share is None
-                      else share.left() / ((len(new) - i) * len(PRODUCTS)))
-        for kind in kinds:
-            if kind in DTYPES and kind != "fp32" and kind not in self.ratios and self.peak_s:
-                self.ratios[kind] = paired_peak_ratio(self.device, kind)
+                      else share.left() / (units - i * len(PRODUCTS)))
+        for j, kind in enumerate(ratios):
+            left = self.peak_s * len(PRODUCTS) if share is None \
+                else share.left() / (len(ratios) - j)
+            self.ratios[kind] = paired_peak_ratio(self.device, kind, max_s=left) if left > 0 \
+                else PeakRatio(math.nan, (), "the run's budget left no time to measure it")
 
     def bound_inputs(self) -> dict:
         """What the techniques' bounds read (Technique.bound's `peaks`): kind -> TFLOP/s, and

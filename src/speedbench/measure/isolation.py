@@ -8,7 +8,8 @@ flags, the intra-op thread count, flushing denormals); autograd's state, which a
 entered and never left keeps on (grad mode with inference mode, forward AD and multithreaded
 backward; the saved-tensors hooks; the autograd profiler; anomaly detection; autocast; the
 torch function and dispatch mode stacks); the process's (the working directory, the umask, the
-environment variables speedbench reads, the stop signals' handlers, sys.stdout, sys.excepthook);
+environment variables speedbench reads, the stop signals' handlers, sys.stdout and the
+descriptors 1 and 2 under it, sys.excepthook);
 the interpreter's (warnings turned into errors, a lowered recursion limit, the garbage collector
 and its thresholds, a profile or trace function, the thread switch interval, numpy's
 floating-point errors); and the random generators. A change left on reaches the next model: a
@@ -310,6 +311,44 @@ def _set_tracers(value: tuple) -> None:
     threading.settrace(value[3])
 
 
+STD_FDS = (1, 2)  # standard output and error: print() and the console's summary write there
+MAX_KEPT_FDS = 8
+_KEPT_FDS: dict[tuple, int] = {}  # (descriptor, what it pointed at) -> a duplicate of it
+
+
+def _std_fds() -> tuple:
+    """What descriptors 1 and 2 point at ((device, inode); None where closed). A duplicate of
+    each is kept (a few, per process), so a model's os.close(1) or dup2 can be put back."""
+    out = []
+    for fd in STD_FDS:
+        try:
+            stat = os.fstat(fd)
+        except OSError:
+            out.append(None)
+            continue
+        out.append((stat.st_dev, stat.st_ino))
+        if (fd, out[-1]) not in _KEPT_FDS and len(_KEPT_FDS) < MAX_KEPT_FDS:
+            _KEPT_FDS[(fd, out[-1])] = os.dup(fd)  # (not inherited by a child's exec)
+    return tuple(out)
+
+
+def _set_std_fds(value: tuple) -> None:
+    for fd, pointed in zip(STD_FDS, value):
+        kept = _KEPT_FDS.get((fd, pointed))
+        if kept is not None:
+            os.dup2(kept, fd)
+
+
+def _fds_text(value: tuple) -> str:
+    """`stdout closed, stderr as it was` (as when first read in this process)."""
+    def said(fd: int, pointed) -> str:
+        first = next((at for kept_fd, at in _KEPT_FDS if kept_fd == fd), None)
+        return "closed" if pointed is None else "as it was" if pointed == first \
+            else "on another file"
+    return ", ".join(f"{name} {said(fd, pointed)}"
+                     for fd, name, pointed in zip(STD_FDS, ("stdout", "stderr"), value))
+
+
 _TINY, _ONE = 5e-324, 1.0  # the smallest denormal: flushed to zero where the CPU is told to
 
 
@@ -369,6 +408,7 @@ WATCHED: dict[str, Setting] = {
     "the stop signals' handlers": Setting(_handlers, _set_handlers, _handler_names),
     "sys.stdout or sys.stderr": Setting(_streams, _set_streams,
                                         lambda v: ", ".join(type(s).__name__ for s in v)),
+    "the standard output or error descriptor": Setting(_std_fds, _set_std_fds, _fds_text),
     "the warnings turned into errors": Setting(
         _error_filters, _set_error_filters, lambda v: f"{len(v)} filter(s)"),
     "Python's recursion limit": Setting(sys.getrecursionlimit, sys.setrecursionlimit,

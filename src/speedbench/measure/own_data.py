@@ -145,9 +145,17 @@ def _check_batch(name: str, ds: Dataset, item) -> None:
     """A batch of two items, collated as the loader will, holds only what speedbench can move
     to the device (batches.py); else one line naming the place and the forms."""
     collate = getattr(ds, "loader_functions", {}).get("collate_fn") or default_collate
+    index = min(1, len(ds) - 1)
     try:
-        got = collate([item, ds[min(1, len(ds) - 1)]])
+        second = ds[index]
     except MemoryError:  # the host, not the data's form: the trial records it (oom, reading)
+        return
+    except (Exception, SystemExit) as exc:  # its sys.exit() too: one line, not a silent end
+        raise ConfigError(f"data: _target_ {name}: reading item {index} failed: "
+                          f"{type(exc).__name__}: {_first_line(exc)}") from None
+    try:
+        got = collate([item, second])
+    except MemoryError:
         return
     except Exception as exc:
         raise ConfigError(f"data: _target_ {name}: two items do not make a batch: "

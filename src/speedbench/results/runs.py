@@ -356,6 +356,26 @@ def _explain_unusable(df: pd.DataFrame) -> Optional[str]:
     return None
 
 
+def _forecast_table(path: Path, notes: list[str]) -> Optional[pd.DataFrame]:
+    """forecast.csv when present and well formed; an `ok` row whose forecast is not a positive
+    number (an Amdahl speed-up; inf, "any factor", is one) or whose share of the step lies
+    outside [0, 1] cannot come from a run: its status says so, and a note counts them, rather
+    than a forecast of -1x or 0x shown as measured."""
+    df = _optional_table(path, tuple(FORECAST_COLUMNS), notes)
+    if df is None:
+        return None
+    ok = df["status"].astype(str) == OK
+    forecast, share = _floats(df["forecast"]), _floats(df["share"])
+    usable = (forecast > 0) & (share.isna() | share.between(0, 1))
+    bad = ok & ~usable
+    df["forecast"] = forecast.where(usable)  # numbers only: a sentence reads every row's
+    if bad.any():
+        df.loc[bad, "status"] = "n/a: forecast.csv's forecast or share is not a usable number"
+        notes.append(f"{path.name}: {int(bad.sum())} forecast(s) not a positive number, or with "
+                     "a share of the step outside [0, 1], shown as n/a")
+    return df
+
+
 def _unusable_summary(summary: pd.DataFrame, trials: pd.DataFrame,
                       notes: list[str]) -> Optional[str]:
     """Why summary.csv cannot be used as written (None: it can; its names are then cleaned)."""
@@ -439,7 +459,7 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
                to_target=_to_target_table(path, notes), curves=_curves_table(path, notes),
                quality=_optional_table(path / "quality.csv", REQUIRED_QUALITY_COLUMNS, notes),
                explain=_explain_table(path / "explain.csv", notes),
-               forecast=_optional_table(path / "forecast.csv", FORECAST_COLUMNS, notes),
+               forecast=_forecast_table(path / "forecast.csv", notes),
                recipe_search=_recipe_search(path, notes), format_version=version,
                notes=notes, missing=missing, label=path.name)
 
@@ -685,7 +705,7 @@ def load_explain(run_dir) -> tuple[Optional[pd.DataFrame], Optional[pd.DataFrame
     """(explain.csv, forecast.csv) of a run directory, each None where absent or unusable."""
     run_dir = Path(run_dir)
     return (_explain_table(run_dir / "explain.csv", []),
-            _optional_table(run_dir / "forecast.csv", tuple(FORECAST_COLUMNS), []))
+            _forecast_table(run_dir / "forecast.csv", []))
 
 
 def load_recipe(run_dir, notes: Optional[list[str]] = None) -> Optional[pd.DataFrame]:

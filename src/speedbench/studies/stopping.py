@@ -104,7 +104,9 @@ def speed_ratio(step_s: list[float], per_step: int, ref: Reference, level: float
     interval whose ends are one-sided bounds at `level`: Welch's t on the logs of seconds per
     sample, its variance widened by the two fresh models' levels (2 x `level_sd` squared, a
     known term that adds no degrees of freedom; degrees of freedom rounded down); NaN ends
-    below two steps on a side."""
+    below two steps on a side; all NaN where a side has none (the baseline's probe failed)."""
+    if not len(step_s) or not len(ref.step_s):
+        return math.nan, math.nan, math.nan
     x = np.log(np.asarray(step_s, float) / per_step)
     y = np.log(np.asarray(ref.step_s, float) / ref.per_step)
     point = math.exp(float(y.mean() - x.mean()))

@@ -329,11 +329,18 @@ def _prepared(mc: ModelContext, budget: Budget) -> tuple[Prepared, bool]:
                         {n: 1 for n in mc.plan.variants}), False
 
 
+NO_SHARE_S = 0.5  # a model's share of the budget under this: none was left for it
+
+
 def _data_overran(mc: ModelContext, budget: Budget) -> dict[str, str]:
     """Every variant not measured, said once on the console: preparing the model (its data,
-    mostly) used all of its share of the budget."""
+    mostly) used all of its share of the budget, or none was left for it (the run's start-up,
+    its matmul peaks and the models before it took the budget: '0 s, all of its 0 s share')."""
     took = f"preparing its data took {budget.spent():.0f} s, all of its " \
         f"{budget.seconds:.0f} s share of bench.time_budget_s"
+    if budget.seconds is not None and budget.seconds < NO_SHARE_S:
+        took = ("bench.time_budget_s had nothing left for it: the run's start-up, its matmul "
+                "peaks and the models before it took the budget")
     mc.say(f"{mc.spec.name}: {took}: not measured (a larger budget lets it run)")
     why = schema.format_status(schema.NOT_MEASURED, f"{took}; give a larger "
                                "bench.time_budget_s")

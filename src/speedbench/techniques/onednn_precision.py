@@ -44,18 +44,20 @@ if HAS_FLAG:
             global_flag(_name, lambda n=_node: n.fp32_precision,
                         lambda v, n=_node: setattr(n, "fp32_precision", v))
 
-BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo's names, best first
+# /proc/cpuinfo's names, best first: x86 `flags`, then Arm's `Features` (Neoverse V1 and later)
+BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
 REDUCED_ERR = 1e-5  # relative error: fp32 math gives ~1e-7, bf16 inputs ~1e-3, TF32 ~1e-4
 
 
 def bf16_hardware(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's bf16 matrix hardware: amx_bf16, avx512_bf16, none, or unknown (no cpuinfo)."""
+    """The CPU's bf16 matrix hardware: amx_bf16, avx512_bf16, bf16 (Arm), none, or unknown (no
+    cpuinfo)."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
         return "unknown"
     flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith("flags")), [])
+                  if line.startswith(("flags", "Features"))), [])
     return next((f for f in BF16_FLAGS if f in flags), "none")
 
 
