@@ -120,6 +120,73 @@ def test_arms_refuse_what_runs_in_this_process_only():
         check_arms(cfg, [build_plan(cfg, None)], None)
 
 
+# --- arms of variables: the techniques that act at a process's start --------------------------
+def _plan(*overrides: str, experiment: str | None = None):
+    from conftest import compose_cfg
+    from speedbench.config import build_plan
+    return build_plan(compose_cfg(*TINY, "model=transformer", *overrides,
+                                  experiment=experiment), experiment)
+
+
+def test_an_arm_without_python_is_this_interpreter_with_its_variables():
+    got = parse_arms(OmegaConf.create({"glibc": None, "omp1": {"env": {"OMP_NUM_THREADS": 1}}}))
+    assert [(a.name, a.python, a.env) for a in got] == [
+        ("glibc", PY, {}), ("omp1", PY, {"OMP_NUM_THREADS": "1"})]
+
+
+def test_a_start_up_technique_s_variant_runs_as_an_arm_of_this_interpreter(monkeypatch):
+    from speedbench.studies import arms
+    from speedbench.techniques import Context
+    import torch
+    monkeypatch.setenv("LD_PRELOAD", "")
+    cpu = Context(torch.device("cpu"))
+    plan = _plan("allocator=system")
+    arm = arms.variant_arm(plan, "default", cpu)
+    assert (arm.name, arm.python, arm.env, arm.implied) == ("default", PY, {"LD_PRELOAD": ""},
+                                                             True)
+    assert arms.variant_arm(_plan(), "default", cpu) is None  # in this process
+    # the same torch as ours: the compiler cache is ours, not one of its own
+    assert arms.environment(arm).get("TORCHINDUCTOR_CACHE_DIR") == \
+        __import__("os").environ.get("TORCHINDUCTOR_CACHE_DIR")
+    assert "variant default's fresh process" in arms._failure(arm, 1, "ValueError: x")
+    # under an A/B the variant's variables go over its arm's, in that arm's interpreter
+    ab = _plan("allocator=system", _arms(), "+arms.b.env={OMP_NUM_THREADS: 1}")
+    crossed = arms.variant_arm(ab, "b", cpu)
+    assert (crossed.name, crossed.implied) == ("b", False)
+    assert crossed.env == {"OMP_NUM_THREADS": "1", "LD_PRELOAD": ""}
+
+
+def test_an_arm_that_sets_the_threads_keeps_them():
+    from speedbench.studies import arms
+    plan = _plan()
+    assert arms.job(plan, plan.models[0], Arm("a", PY), "default", "trial", {})["intra_op"] \
+        == __import__("torch").get_num_threads()
+    assert arms.job(plan, plan.models[0], Arm("b", PY, {"OMP_NUM_THREADS": "1"}), "default",
+                    "trial", {})["intra_op"] is None
+
+
+@pytest.mark.slow
+def test_the_allocator_experiment_keeps_its_names_and_columns_and_gains_a_loss(tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("+experiment=allocator", "model=transformer", *TINY, *SMALL_MODELS,
+                   "bench.explain=false", f"out_dir={out}", cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = next(out.glob("*/*/"))
+    trials = pd.read_csv(run_dir / "trials.csv")
+    assert set(trials["variant"]) == {"system", "jemalloc", "tcmalloc"}
+    assert {"allocator", "allocator_library", "allocator_loaded", "arm", "reference"} <= \
+        set(trials.columns)
+    assert trials["arm"].isna().all()  # no A/B: no arm column filled
+    system = trials[trials["variant"] == "system"]
+    assert (system["status"] == "ok").all() and (system["allocator_loaded"] == "system").all()
+    for kind in ("jemalloc", "tcmalloc"):  # where installed, the one the trial mapped
+        rows = trials[(trials["variant"] == kind) & (trials["status"] == "ok")]
+        assert rows["allocator_loaded"].str.contains(kind).all()
+    # the quality probe ran in each variant's own fresh process (before: n/a)
+    quality = pd.read_csv(run_dir / "quality.csv").set_index("variant")
+    assert pd.notna(quality.loc["system", "loss"]), quality.loc["system", "status"]
+
+
 # --- the run-to-run comparison ------------------------------------------------------------------
 def test_welch_interval_holds_its_level_where_the_bootstrap_of_medians_does_not():
     # measured (seeded, 1000 runs): at 3 trials a side the percentile bootstrap of medians
