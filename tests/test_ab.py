@@ -87,6 +87,30 @@ def test_a_technique_under_an_arm_is_compared_with_that_arm_s_baseline():
     assert versions["verdict"].tolist() == [intervals.SLOWER]
 
 
+def test_the_recommendation_says_what_to_use_under_which_arm_and_the_version_effect_apart():
+    from speedbench.report import recommend
+    noise = [1.0, 1.02, 0.98, 1.01, 0.99, 1.0]
+    trials = _trials({"a": [100 * n for n in noise], "b": [50 * n for n in noise[::-1]],
+                      "bf16@a": [200 * n for n in noise], "bf16@b": [50 * n for n in noise]})
+    (advice,) = recommend.advise(summarise(trials))
+    lines = recommend.lines(advice)
+    version = [ln for ln in lines if ln.startswith("version: ")]
+    assert len(version) == 1 and version[0].startswith("version: b over a, 0.5")
+    assert "slower here" in version[0] and "same memory" in version[0]
+    assert lines[0] == version[0]  # said first, on a line of its own
+    assert any(ln.startswith("use: amp: bf16 under a, 2.0") for ln in lines), lines
+    assert not any(ln.startswith("use: amp: bf16 under b") or ln.startswith("use: b")
+                   for ln in lines), lines
+    assert "under each arm: bf16 was 2.00x under a, 1.00x under b" in lines
+    console = recommend.console_lines(summarise(trials))
+    assert any(ln.strip().startswith("version: b over a 0.5") for ln in console), console
+    # nothing faster under an arm: said against its arm's baseline, not plain PyTorch
+    flat = _trials({"a": [100 * n for n in noise], "b": [100 * n for n in noise[::-1]],
+                    "bf16@a": [100 * n for n in noise[::-1]], "bf16@b": [100 * n for n in noise]})
+    (advice,) = recommend.advise(summarise(flat))
+    assert "plain PyTorch" not in " ".join(recommend.lines(advice))
+
+
 def test_an_arm_s_worker_gets_its_variables_speedbench_and_a_compiler_cache_of_its_own():
     from speedbench.studies import arms
     a = arms.environment(Arm("a", PY))
@@ -148,7 +172,7 @@ def test_a_start_up_technique_s_variant_runs_as_an_arm_of_this_interpreter(monke
     # the same torch as ours: the compiler cache is ours, not one of its own
     assert arms.environment(arm).get("TORCHINDUCTOR_CACHE_DIR") == \
         __import__("os").environ.get("TORCHINDUCTOR_CACHE_DIR")
-    assert "variant default's fresh process" in arms._failure(arm, 1, "ValueError: x")
+    assert arm.worker() == "variant default's fresh process"  # as a failed trial's status says
     # under an A/B the variant's variables go over its arm's, in that arm's interpreter
     ab = _plan("allocator=system", _arms(), "+arms.b.env={OMP_NUM_THREADS: 1}")
     crossed = arms.variant_arm(ab, "b", cpu)
@@ -185,6 +209,41 @@ def test_the_allocator_experiment_keeps_its_names_and_columns_and_gains_a_loss(t
     # the quality probe ran in each variant's own fresh process (before: n/a)
     quality = pd.read_csv(run_dir / "quality.csv").set_index("variant")
     assert pd.notna(quality.loc["system", "loss"]), quality.loc["system", "status"]
+
+
+# --- the console's "measure again" with a long +arms= ---------------------------------------------
+def _pasted(lines: list[str]) -> list[str]:
+    """The words bash reads from the command's lines, as pasted (printf in place of speedbench)."""
+    command = lines[lines.index("  measure again:") + 1:]
+    done = subprocess.run(["bash", "-c", "\n".join(command)], capture_output=True, text=True,
+                          check=True)
+    return done.stdout.split("\0")[:-1]
+
+
+def test_measure_again_with_a_long_arms_override_stays_within_100_columns_and_pastes_the_same():
+    from conftest import compose_cfg
+    from speedbench.report.render import console_warnings
+    noise = [1.0, 1.02, 0.98, 1.01, 0.99, 1.0]
+    summary = summarise(_trials({"a": [100 * n for n in noise], "b": [50 * n for n in noise]}))
+    deep = "/home/someone/projects/speed/envs/" + "torch-2.15.0-cu132-nightly-" * 3 + "/bin/python"
+    arms = (f"+arms={{a: {{python: {PY}}}, b: {{python: {PY}, env: {{LD_PRELOAD: "
+            f"'/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /opt/x.so', OMP_NUM_THREADS: 1, "
+            f"TORCHINDUCTOR_FREEZING: '1'}}}}, c: {{}}, d: {{python: {deep}}}}}")
+    assert len(arms) > 200
+    program = ["printf", "%s\\0"]  # each word bash reads, ended by NUL
+    lines = console_warnings(summary.assign(round_sd=0.9, unsteady=0), "amp",
+                             ["model=transformer", arms], width=100, program=program,
+                             budget_s=60)
+    wide = [ln for ln in lines if len(ln) > 100]
+    assert not wide, wide
+    words = _pasted(lines)
+    assert words[0] == "+experiment=amp" and "model=transformer" in words
+    overrides = [w for w in words if w.lstrip("+").startswith("arms")]
+    assert len(overrides) > 1  # one per leaf
+    given = compose_cfg("model=transformer", arms.replace(deep, PY)).arms
+    again = compose_cfg("model=transformer", *[w.replace(deep, PY) for w in overrides]).arms
+    assert OmegaConf.to_container(again) == OmegaConf.to_container(given)
+    assert f"++arms.d.python={deep}" in overrides  # a word too long for a line, cut and joined
 
 
 # --- the run-to-run comparison ------------------------------------------------------------------
