@@ -109,6 +109,12 @@ def test_the_recommendation_says_what_to_use_under_which_arm_and_the_version_eff
                     "bf16@a": [100 * n for n in noise[::-1]], "bf16@b": [100 * n for n in noise]})
     (advice,) = recommend.advise(summarise(flat))
     assert "plain PyTorch" not in " ".join(recommend.lines(advice))
+    # the versions alone: the version line is the answer, not "nothing measured"
+    alone = summarise(_trials({"a": [100 * n for n in noise], "b": [50 * n for n in noise]}))
+    (advice,) = recommend.advise(alone)
+    assert [ln.split(",")[0] for ln in recommend.lines(advice)] == ["version: b over a"]
+    assert [ln.strip()[:18] for ln in recommend.console_lines(alone)] == [
+        "Recommendation:", "m:", "version: b over a "]
 
 
 def test_an_arm_s_worker_gets_its_variables_speedbench_and_a_compiler_cache_of_its_own():

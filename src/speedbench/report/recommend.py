@@ -366,7 +366,7 @@ def lines(advice: Advice) -> list[str]:
         also = advice.also_faster.get(item.technique)
         out.append(f"use: {item.technique}, {item.text}"
                    + (f" (also faster: {', '.join(also)})" if also else ""))
-    if not advice.use and not advice.undecided:
+    if not advice.use and not advice.undecided and nothing_used(advice):
         out.append(nothing_used(advice))
     out += [f"undecided: {i.technique}, {i.text}" for i in advice.unsettled]
     out += [f"skip: {i.technique}, {i.text}" for i in advice.skip]
@@ -378,9 +378,12 @@ def lines(advice: Advice) -> list[str]:
 
 def nothing_used(advice: Advice) -> str:
     """The first line of a model with nothing to use: nothing measured at all, nothing settled
-    (neither is advice to use nothing, so neither says `use:`), or nothing faster."""
+    (neither is advice to use nothing, so neither says `use:`), or nothing faster; '' for an
+    A/B of the baseline recipe alone (its version line is the answer)."""
     against = "the naive recipe" if advice.searched else \
         "its arm's baseline" if advice.versions else "plain PyTorch"
+    if advice.versions and not (advice.skip or advice.unsettled or advice.untested):
+        return ""  # an A/B of the baseline recipe alone: its version line says it all
     if not (advice.skip or advice.unsettled):
         return "nothing measured: no technique could be measured for this model (see could not " \
             "test here)"
@@ -415,7 +418,7 @@ def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3) -> list[s
     for a in advise(summary, load_recipe(run_dir)):
         use = "; ".join(f"{i.technique} {i.effect}" for i in a.use if not i.part)
         out.append(f"{a.model}: {a.undecided}" if a.undecided else
-                   f"{a.model}: use {use}" if use else f"{a.model}: {nothing_used(a)}")
+                   f"{a.model}: use {use}" if use else f"{a.model}: {nothing_used(a)}".rstrip())
         target = recipe_line(runs, a.model) if a.searched else verdict_line(runs, a.model)
         if target:
             out.append(f"  {target}")
