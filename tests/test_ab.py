@@ -87,6 +87,36 @@ def test_a_technique_under_an_arm_is_compared_with_that_arm_s_baseline():
     assert versions["verdict"].tolist() == [intervals.SLOWER]
 
 
+def test_the_recommendation_says_what_to_use_under_which_arm_and_the_version_effect_apart():
+    from speedbench.report import recommend
+    noise = [1.0, 1.02, 0.98, 1.01, 0.99, 1.0]
+    trials = _trials({"a": [100 * n for n in noise], "b": [50 * n for n in noise[::-1]],
+                      "bf16@a": [200 * n for n in noise], "bf16@b": [50 * n for n in noise]})
+    (advice,) = recommend.advise(summarise(trials))
+    lines = recommend.lines(advice)
+    version = [ln for ln in lines if ln.startswith("version: ")]
+    assert len(version) == 1 and version[0].startswith("version: b over a, 0.5")
+    assert "slower here" in version[0] and "same memory" in version[0]
+    assert lines[0] == version[0]  # said first, on a line of its own
+    assert any(ln.startswith("use: amp: bf16 under a, 2.0") for ln in lines), lines
+    assert not any(ln.startswith("use: amp: bf16 under b") or ln.startswith("use: b")
+                   for ln in lines), lines
+    assert "under each arm: bf16 was 2.00x under a, 1.00x under b" in lines
+    console = recommend.console_lines(summarise(trials))
+    assert any(ln.strip().startswith("version: b over a 0.5") for ln in console), console
+    # nothing faster under an arm: said against its arm's baseline, not plain PyTorch
+    flat = _trials({"a": [100 * n for n in noise], "b": [100 * n for n in noise[::-1]],
+                    "bf16@a": [100 * n for n in noise[::-1]], "bf16@b": [100 * n for n in noise]})
+    (advice,) = recommend.advise(summarise(flat))
+    assert "plain PyTorch" not in " ".join(recommend.lines(advice))
+    # the versions alone: the version line is the answer, not "nothing measured"
+    alone = summarise(_trials({"a": [100 * n for n in noise], "b": [50 * n for n in noise]}))
+    (advice,) = recommend.advise(alone)
+    assert [ln.split(",")[0] for ln in recommend.lines(advice)] == ["version: b over a"]
+    assert [ln.strip()[:18] for ln in recommend.console_lines(alone)] == [
+        "Recommendation:", "m:", "version: b over a "]
+
+
 def test_an_arm_s_worker_gets_its_variables_speedbench_and_a_compiler_cache_of_its_own():
     from speedbench.studies import arms
     a = arms.environment(Arm("a", PY))
@@ -118,6 +148,108 @@ def test_arms_refuse_what_runs_in_this_process_only():
     cfg = compose_cfg(*TINY, "model=transformer", "target.enabled=true", _arms())
     with pytest.raises(ConfigError, match=r"^arms: .* cannot run with target.enabled=true"):
         check_arms(cfg, [build_plan(cfg, None)], None)
+
+
+# --- arms of variables: the techniques that act at a process's start --------------------------
+def _plan(*overrides: str, experiment: str | None = None):
+    from conftest import compose_cfg
+    from speedbench.config import build_plan
+    return build_plan(compose_cfg(*TINY, "model=transformer", *overrides,
+                                  experiment=experiment), experiment)
+
+
+def test_an_arm_without_python_is_this_interpreter_with_its_variables():
+    got = parse_arms(OmegaConf.create({"glibc": None, "omp1": {"env": {"OMP_NUM_THREADS": 1}}}))
+    assert [(a.name, a.python, a.env) for a in got] == [
+        ("glibc", PY, {}), ("omp1", PY, {"OMP_NUM_THREADS": "1"})]
+
+
+def test_a_start_up_technique_s_variant_runs_as_an_arm_of_this_interpreter(monkeypatch):
+    from speedbench.studies import arms
+    from speedbench.techniques import Context
+    import torch
+    monkeypatch.setenv("LD_PRELOAD", "")
+    cpu = Context(torch.device("cpu"))
+    plan = _plan("allocator=system")
+    arm = arms.variant_arm(plan, "default", cpu)
+    assert (arm.name, arm.python, arm.env, arm.implied) == ("default", PY, {"LD_PRELOAD": ""},
+                                                             True)
+    assert arms.variant_arm(_plan(), "default", cpu) is None  # in this process
+    # the same torch as ours: the compiler cache is ours, not one of its own
+    assert arms.environment(arm).get("TORCHINDUCTOR_CACHE_DIR") == \
+        __import__("os").environ.get("TORCHINDUCTOR_CACHE_DIR")
+    assert arm.worker() == "variant default's fresh process"  # as a failed trial's status says
+    # under an A/B the variant's variables go over its arm's, in that arm's interpreter
+    ab = _plan("allocator=system", _arms(), "+arms.b.env={OMP_NUM_THREADS: 1}")
+    crossed = arms.variant_arm(ab, "b", cpu)
+    assert (crossed.name, crossed.implied) == ("b", False)
+    assert crossed.env == {"OMP_NUM_THREADS": "1", "LD_PRELOAD": ""}
+
+
+def test_an_arm_that_sets_the_threads_keeps_them():
+    from speedbench.studies import arms
+    plan = _plan()
+    assert arms.job(plan, plan.models[0], Arm("a", PY), "default", "trial", {})["intra_op"] \
+        == __import__("torch").get_num_threads()
+    assert arms.job(plan, plan.models[0], Arm("b", PY, {"OMP_NUM_THREADS": "1"}), "default",
+                    "trial", {})["intra_op"] is None
+
+
+@pytest.mark.slow
+def test_the_allocator_experiment_keeps_its_names_and_columns_and_gains_a_loss(tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("+experiment=allocator", "model=transformer", *TINY, *SMALL_MODELS,
+                   "bench.explain=false", f"out_dir={out}", cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = next(out.glob("*/*/"))
+    trials = pd.read_csv(run_dir / "trials.csv")
+    assert set(trials["variant"]) == {"system", "jemalloc", "tcmalloc"}
+    assert {"allocator", "allocator_library", "allocator_loaded", "arm", "reference"} <= \
+        set(trials.columns)
+    assert trials["arm"].isna().all()  # no A/B: no arm column filled
+    system = trials[trials["variant"] == "system"]
+    assert (system["status"] == "ok").all() and (system["allocator_loaded"] == "system").all()
+    for kind in ("jemalloc", "tcmalloc"):  # where installed, the one the trial mapped
+        rows = trials[(trials["variant"] == kind) & (trials["status"] == "ok")]
+        assert rows["allocator_loaded"].str.contains(kind).all()
+    # the quality probe ran in each variant's own fresh process (before: n/a)
+    quality = pd.read_csv(run_dir / "quality.csv").set_index("variant")
+    assert pd.notna(quality.loc["system", "loss"]), quality.loc["system", "status"]
+
+
+# --- the console's "measure again" with a long +arms= ---------------------------------------------
+def _pasted(lines: list[str]) -> list[str]:
+    """The words bash reads from the command's lines, as pasted (printf in place of speedbench)."""
+    command = lines[lines.index("  measure again:") + 1:]
+    done = subprocess.run(["bash", "-c", "\n".join(command)], capture_output=True, text=True,
+                          check=True)
+    return done.stdout.split("\0")[:-1]
+
+
+def test_measure_again_with_a_long_arms_override_stays_within_100_columns_and_pastes_the_same():
+    from conftest import compose_cfg
+    from speedbench.report.render import console_warnings
+    noise = [1.0, 1.02, 0.98, 1.01, 0.99, 1.0]
+    summary = summarise(_trials({"a": [100 * n for n in noise], "b": [50 * n for n in noise]}))
+    deep = "/home/someone/projects/speed/envs/" + "torch-2.15.0-cu132-nightly-" * 3 + "/bin/python"
+    arms = (f"+arms={{a: {{python: {PY}}}, b: {{python: {PY}, env: {{LD_PRELOAD: "
+            f"'/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /opt/x.so', OMP_NUM_THREADS: 1, "
+            f"TORCHINDUCTOR_FREEZING: '1'}}}}, c: {{}}, d: {{python: {deep}}}}}")
+    assert len(arms) > 200
+    program = ["printf", "%s\\0"]  # each word bash reads, ended by NUL
+    lines = console_warnings(summary.assign(round_sd=0.9, unsteady=0), "amp",
+                             ["model=transformer", arms], width=100, program=program,
+                             budget_s=60)
+    wide = [ln for ln in lines if len(ln) > 100]
+    assert not wide, wide
+    words = _pasted(lines)
+    assert words[0] == "+experiment=amp" and "model=transformer" in words
+    overrides = [w for w in words if w.lstrip("+").startswith("arms")]
+    assert len(overrides) > 1  # one per leaf
+    given = compose_cfg("model=transformer", arms.replace(deep, PY)).arms
+    again = compose_cfg("model=transformer", *[w.replace(deep, PY) for w in overrides]).arms
+    assert OmegaConf.to_container(again) == OmegaConf.to_container(given)
+    assert f"++arms.d.python={deep}" in overrides  # a word too long for a line, cut and joined
 
 
 # --- the run-to-run comparison ------------------------------------------------------------------

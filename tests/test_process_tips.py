@@ -15,6 +15,7 @@ from speedbench.measure import launch
 from speedbench.measure.data import build_dataset
 from speedbench.measure.trial import dataset_length, measure_trial
 from speedbench.search import driver
+from speedbench.studies import arms
 from speedbench.techniques import Context, allocator, by_name, ddp_tuning, loader, parallel
 from speedbench.techniques import environment, openmp, threads
 
@@ -105,12 +106,12 @@ def test_this_process_maps_the_system_malloc_unless_preloaded():
 
 
 def fresh_trial(*overrides: str) -> dict:
-    """One trial launched the way the rounds launch it (launch.py --fresh)."""
+    """One trial run the way the rounds run it: in a worker of the arm its start-up variables
+    make (studies/arms.variant_arm)."""
     plan = plan_of(*overrides)
-    recipe, spec = plan.variants["default"], plan.models[0]
-    env = environment(recipe, CPU)
-    assert env, "an allocator or OpenMP variant runs in a fresh process"
-    return launch.launch_trial(plan, spec, "default", recipe, 0, None, env=env)
+    arm = arms.variant_arm(plan, "default", CPU)
+    assert arm is not None and arm.env, "an allocator or OpenMP variant runs in a fresh process"
+    return arms.trial(plan, plan.models[0], arm, "default", 0)
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ import torch
 from conftest import compose_cfg
 from speedbench import techniques
 from speedbench.config import build_plan
-from speedbench.measure import launch, trial
+from speedbench.measure import trial
+from speedbench.studies import arms
 from speedbench.measure.batches import first_tensor
 from speedbench.measure.data import build_dataset
 from speedbench.measure.profile import host_creations
@@ -110,9 +111,9 @@ def one_trial(setting: ActsOn, example: dict) -> Trial:
     plan = plan_for(setting, example)
     spec, recipe = plan.models[0], plan.variants[plan.baseline]
     seen = Trial({}, before=global_snapshot())
-    env = techniques.environment(recipe, Context(torch.device(setting.device)))
-    if env:
-        seen.record = launch.launch_trial(plan, spec, plan.baseline, recipe, 0, None, env=env)
+    arm = arms.variant_arm(plan, plan.baseline, Context(torch.device(setting.device)))
+    if arm is not None:  # a fresh process with its start-up variables
+        seen.record = arms.trial(plan, spec, arm, plan.baseline, 0)
         return seen
     dataset = build_dataset(spec.dataset, dataset_length(plan, spec), seed=0)
     seen.record = measure_trial(plan, spec, plan.baseline, recipe, 0, dataset,

@@ -1,7 +1,11 @@
 """Arms: the Python environments an A/B compares (`arms: {a: {python: ..., env: {...}}, b: ...}`).
 
 An arm is an interpreter (a venv's, a conda env's, a container's python) plus environment
-variables. With `arms` set, every variant of the plan runs under every arm: the variants become
+variables; an arm without `python` is this interpreter, so that arms that differ only in their
+variables (LD_PRELOAD, OMP_*/KMP_*, PYTORCH_CUDA_ALLOC_CONF, TORCHINDUCTOR_*) need no venv.
+The techniques that act at a process's start (another malloc, the OpenMP runtime, the CUDA
+allocator's settings) run their variants as arms of that kind too (studies/arms.variant_arm):
+one mechanism. With `arms` set, every variant of the plan runs under every arm: the variants become
 `<arm>` (the baseline recipe under that arm) and `<variant>@<arm>`, and each is compared with
 its own reference: the first arm's baseline is the run's baseline, another arm's baseline is
 compared with it (the version effect: B over A), and a variant under an arm with that arm's
@@ -12,6 +16,7 @@ balanced rounds, with the same data and seeds.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,11 +30,19 @@ SEPARATOR = "@"  # <variant>@<arm>
 
 @dataclass(frozen=True)
 class Arm:
-    """One environment: its name, its interpreter, and the variables set for its workers."""
+    """One environment: its name, its interpreter, and the variables set for its workers.
+    `implied`: made by speedbench for a variant whose techniques set variables at a process's
+    start (its name is the variant's; no A/B, so no arm column and no cache of its own)."""
 
     name: str
     python: str
     env: dict[str, str] = field(default_factory=dict)
+    implied: bool = False
+
+    def worker(self) -> str:
+        """How a status names this arm's process."""
+        return f"variant {self.name}'s fresh process" if self.implied \
+            else f"arm {self.name}'s worker"
 
 
 @dataclass(frozen=True)
@@ -46,7 +59,8 @@ class Crossed:
 
 def parse_arms(node: Any) -> list[Arm]:
     """The `arms` mapping as Arms, in the order given; [] where none. Two at least; each with
-    an executable `python`; `env` a mapping of names to strings. ConfigError otherwise."""
+    an executable `python` (this interpreter where none is given); `env` a mapping of names to
+    strings. ConfigError otherwise."""
     if not node:
         return []
     items = OmegaConf.to_container(node) if isinstance(node, DictConfig) else node
@@ -62,11 +76,12 @@ def _arm(name: str, spec: Any) -> Arm:
         raise ConfigError(f"{where}: an arm's name may not be empty or hold '{SEPARATOR}'")
     if isinstance(spec, str):
         spec = {"python": spec}
-    if not isinstance(spec, dict) or set(spec) - set(ARM_KEYS) or "python" not in spec:
-        raise ConfigError(f"{where}: a mapping with `python` (an interpreter's path) and "
-                          "optionally `env` ({NAME: value}); allowed keys: "
+    spec = {} if spec is None else spec
+    if not isinstance(spec, dict) or set(spec) - set(ARM_KEYS):
+        raise ConfigError(f"{where}: a mapping with `python` (an interpreter's path; this one "
+                          "where omitted) and `env` ({NAME: value}); allowed keys: "
                           + ", ".join(ARM_KEYS))
-    python = os.path.expanduser(str(spec["python"]))
+    python = os.path.expanduser(str(spec.get("python") or sys.executable))
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         raise ConfigError(f"{where}.python: '{python}' is not an executable file; give a "
                           "Python interpreter (e.g. /path/to/venv/bin/python)")

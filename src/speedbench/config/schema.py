@@ -298,8 +298,9 @@ class SpeedbenchConfig:
                                             "first")
     # config/arms.py, studies/arms.py: a paired A/B of Python environments (docs/outputs.md)
     arms: dict[str, Any] = setting(doc="Python environments to compare, paired in every round: "
-                                       "name -> {python: interpreter path, env: {NAME: value}}; "
-                                       "every variant runs under every arm; {}: this process",
+                                       "name -> {python: interpreter path (this one where omitted), "
+                                       "env: {NAME: value}}; every variant runs under every "
+                                       "arm; {}: this process",
                                    values="{a: {python: PATH, env: {}}, b: ...}",
                                    factory=dict)
     claims: list[Any] = setting(doc="set by experiment files: the articles' claims this "

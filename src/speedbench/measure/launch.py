@@ -6,8 +6,8 @@ below is each rank's entry point), and rank 0's record comes back as a JSON file
 per trial keeps the variants interleaved; the launch itself is outside the timed window.
 
 A trial that needs environment variables set at start-up (LD_PRELOAD for another malloc) but
-one process runs as `python -m speedbench.measure.launch --fresh JOB_DIR` instead: a fresh
-process of its own, started with them (`techniques.environment`), without torchrun.
+one process is not launched here: it runs as an arm of this interpreter with those variables
+(studies/arms.variant_arm), the A/B's worker process.
 """
 from __future__ import annotations
 
@@ -44,32 +44,27 @@ def launch_timeout_s(recipe) -> Optional[float]:
     return recipe.dist_timeout_s + 2 * recipe.bench.max_trial_s
 
 
-def launch_trial(plan, spec, variant: str, recipe, trial: int, nproc: Optional[int],
+def launch_trial(plan, spec, variant: str, recipe, trial: int, nproc: int,
                  position: int = 0, book: Optional[FlopsBook] = None,
                  env: Optional[dict] = None) -> dict:
-    """One trial over `nproc` processes started through torchrun, or (nproc None) in one fresh
-    process, each started with `env` on top of ours: its whole record, rank 0's combined one
-    (its peak from `book`, which the parent holds), or one whose status says which rank
-    failed and why."""
+    """One trial over `nproc` processes started through torchrun, each started with `env` on
+    top of ours: rank 0's combined record (its peak from `book`, which the parent holds), or
+    one whose status says which rank failed and why."""
     record = header(plan, spec, variant, recipe, trial, position=position)
-    if nproc:
-        record.update({"world_size": nproc, "devices": nproc})
+    record.update({"world_size": nproc, "devices": nproc})
     record.update(_launched(plan, spec, variant, recipe, trial, nproc, position, env or {}))
     return book.annotate(record) if book is not None else record
 
 
-def _command(job: Path, nproc: Optional[int]) -> list[str]:
-    """torchrun, through this module's --torchrun (see torchrun_main): it dies with us; or one
-    fresh process (--fresh)."""
+def _command(job: Path, nproc: int) -> list[str]:
+    """torchrun, through this module's --torchrun (see torchrun_main): it dies with us."""
     me = [sys.executable, "-m", "speedbench.measure.launch"]
-    if not nproc:
-        return me + [FRESH, str(job)]
     return me + [TORCHRUN, str(job), "--standalone", f"--nproc_per_node={nproc}",
                  f"--log-dir={job / 'logs'}",  # not a temp folder
                  "-m", "speedbench.measure.launch", str(job)]
 
 
-def _launched(plan, spec, variant: str, recipe, trial: int, nproc: Optional[int],
+def _launched(plan, spec, variant: str, recipe, trial: int, nproc: int,
               position: int, extra_env: dict) -> dict:
     """Rank 0's record as it comes back from torchrun, or a status saying what failed."""
     package_root = str(Path(__file__).resolve().parents[2])  # the speedbench the parent runs
@@ -86,15 +81,14 @@ def _launched(plan, spec, variant: str, recipe, trial: int, nproc: Optional[int]
         proc = subprocess.Popen(cmd, env={**env, PARENT_PID: str(os.getpid())},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
-        _LIVE[proc.pid] = job
+        LIVE[proc.pid] = job
         try:
             output, _ = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
-            what = f"DDP trial over {nproc} processes" if nproc else "trial in a fresh process"
-            return {"status": f"error: {what} did not end within "
+            return {"status": f"error: DDP trial over {nproc} processes did not end within "
                               f"{limit:.0f} s (dist_timeout_s + 2 x bench.max_trial_s)"}
         finally:
-            _LIVE.pop(proc.pid, None)
+            LIVE.pop(proc.pid, None)
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -103,17 +97,18 @@ def _launched(plan, spec, variant: str, recipe, trial: int, nproc: Optional[int]
         record_file = job / "record.json"
         if proc.returncode == 0 and record_file.exists():
             return json.loads(record_file.read_text())
-        return {"status": _launch_failure(job, proc.returncode, output, nproc or 1),
-                "world_size": nproc or 1}
+        return {"status": _launch_failure(job, proc.returncode, output, nproc),
+                "world_size": nproc}
 
 
-_LIVE: dict[int, Path] = {}  # the launched trial running now: its process group -> job folder
+# the launched trial or arm worker running now: its process group -> its temp folder
+LIVE: dict[int, Path] = {}
 
 
 def abandon() -> None:
     """What a stop that cannot wait for the cleanup does (a second signal): the launched
     trial's processes killed and its job folder removed, at once."""
-    for pid, job in list(_LIVE.items()):
+    for pid, job in list(LIVE.items()):
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
@@ -125,7 +120,7 @@ def abandon() -> None:
 # (a timeout, Ctrl-C, SIGTERM, SIGKILL): speedbench -> torchrun -> ranks, each asks Linux for
 # a signal when its parent dies (PR_SET_PDEATHSIG), since torchrun starts each rank in a session
 # of its own, out of reach of a signal to torchrun's process group.
-TORCHRUN, FRESH = "--torchrun", "--fresh"
+TORCHRUN = "--torchrun"
 PARENT_PID, LAUNCHER_PID = "SPEEDBENCH_PARENT_PID", "SPEEDBENCH_LAUNCHER_PID"
 PR_SET_PDEATHSIG = 1
 
@@ -252,28 +247,12 @@ def _worker(job: Path) -> None:
     exit_cleanly()
 
 
-def _fresh(job: Path) -> None:
-    """One trial in this fresh process (no torchrun): its record, faults included, to
-    record.json."""
-    die_with_parent(signal.SIGKILL, PARENT_PID)
-    job_data = pickle.loads((job / "job.pkl").read_bytes())
-    plan, spec, recipe = job_data["plan"], job_data["spec"], job_data["recipe"]
-    torch.set_num_threads(job_data["intra_op"])  # the run's (bench.threads), as in its parent
-    dataset = build_dataset(spec.dataset, dataset_length(plan, spec), recipe.data.path,
-                            seed=recipe.bench.seed)
-    record = measure_trial(plan, spec, job_data["variant"], recipe, job_data["trial"], dataset,
-                           position=job_data["position"])
-    (job / "record.json").write_text(json.dumps(record, default=float))
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) > 2 and args[0] == TORCHRUN:
         return torchrun_main(Path(args[1]), args[2:])
-    if len(args) == 2 and args[0] == FRESH:
-        return _fresh(Path(args[1]))
     if len(args) != 1:
         raise SystemExit("usage: torchrun ... -m speedbench.measure.launch JOB_DIR "
                          "(run by speedbench)")

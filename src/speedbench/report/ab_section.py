@@ -86,18 +86,22 @@ def _cell(row: dict) -> str:
     return row["verdict"] if ratio == "-" else f"{ratio} {row['verdict']}"
 
 
-def technique_sentences(summary: pd.DataFrame) -> list[str]:
-    """'transformer: bf16 was 1.31x under a, 1.12x under b' (the verdict where no speed-up)."""
+def technique_sentences(summary: pd.DataFrame, model: str | None = None) -> list[str]:
+    """'transformer: bf16 was 1.31x under a, 1.12x under b' (the verdict where no speed-up);
+    with `model`, that model's alone, without its name."""
     if not has_arms(summary):
         return []
     summary = _armed(summary)
     rows = summary[summary["reference"].ne("")]
+    if model is not None:
+        rows = rows[rows["model"].astype(str) == model]
     rows = rows.assign(technique=rows["variant"].str.rsplit(SEPARATOR, n=1).str[0])
     lines = []
-    for (model, technique), group in rows.groupby(["model", "technique"], sort=False):
+    for (name, technique), group in rows.groupby(["model", "technique"], sort=False):
         said = [(f"{r['speedup']:.2f}x" if _ratio(r) != "-" else r["verdict"])
                 + f" under {r['arm']}" for r in group.to_dict("records")]
-        lines.append(f"{model}: {technique} was " + ", ".join(said))
+        lines.append(("" if model is not None else f"{name}: ")
+                     + f"{technique} was " + ", ".join(said))
     return lines
 
 

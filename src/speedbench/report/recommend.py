@@ -16,7 +16,10 @@ them is what `+experiment=recipe` measures. A recipe search is advised from reci
 for the final recipe only when it is significantly faster than naive, and for a technique of
 it only when its contribution in the presence of the others is; the rest of the stack is
 `not settled`. A search the budget stopped before it decided anything opens with "not
-decided: ..." and offers no recipe.
+decided: ..." and offers no recipe. An A/B of environments (arms) is advised per arm: the
+version effect (another arm's baseline over the first's) on a line of its own, what to use
+under each arm (its techniques against that arm's baseline), and each technique across the
+arms ("amp: bf16 was 1.31x under a, 1.12x under b").
 
 Never imports torch: report layer.
 """
@@ -35,6 +38,7 @@ from speedbench.analysis.numbers import AUTO, ratio_text
 from speedbench.report.numbers import clip, learning_lost
 from speedbench.analysis.quality import DIVERGED, WORSE
 from speedbench.analysis.to_target import recipe_line, verdict_line
+from speedbench.report import ab_section
 from speedbench.results.runs import load_recipe, load_to_target
 from speedbench.results.schema import HOPELESS, NOT_MEASURED, OK, TOO_SLOW
 
@@ -68,6 +72,8 @@ class Advice:
     unsettled: list[Item] = field(default_factory=list)  # measured, not settled: undecided
     undecided: str = ""  # "not decided: the budget ran out ...": said first
     searched: bool = False  # advised from a recipe search: its baseline is the naive recipe
+    versions: list[Item] = field(default_factory=list)  # an A/B's: another arm over the first
+    across_arms: list[str] = field(default_factory=list)  # "amp: bf16 was 1.31x under a, ..."
 
 
 def _get(row, name: str, default=math.nan):
@@ -79,10 +85,34 @@ def _get(row, name: str, default=math.nan):
 
 
 def technique_name(experiment: str, variant: str) -> str:
-    """`amp: bf16`; the variant alone when there is no experiment to name."""
+    """`amp: bf16`; the variant alone when there is no experiment to name; under an A/B's
+    arm, `amp: bf16 under b` (the variant `bf16@b`)."""
+    variant, arm = (str(variant).rsplit(ab_section.SEPARATOR, 1) + [""])[:2] \
+        if ab_section.SEPARATOR in str(variant) else (str(variant), "")
+    under = f" under {arm}" if arm else ""
     if experiment in ("", "default", variant) or not isinstance(experiment, str):
-        return str(variant)
-    return f"{experiment}: {variant}"
+        return f"{variant}{under}"
+    return f"{experiment}: {variant}{under}"
+
+
+def _word(value) -> str:
+    """A text cell of the summary; '' for a missing one (NaN in a CSV)."""
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else str(value)
+
+
+def version_item(row: dict, baseline: dict | None) -> Item:
+    """An A/B's version effect: `b over a`, its speed-up with its CI and what it means (the
+    report's text), and the same in a few words (`effect`: the console's)."""
+    kind, text = _classify(row)
+    first = _word((baseline or {}).get("arm")) or "the first arm"
+    said = f"{text}, faster here" if kind == "use" else text
+    memory = memory_text(row, baseline) if kind in ("use", "skip", "undecided") else ""
+    effect = ratio_text(_get(row, "speedup"), _get(row, "speedup_lo"), _get(row, "speedup_hi"),
+                        AUTO)
+    verdict = _word(row.get("verdict")) if kind != "untested" else _short(text)
+    return Item(f"{_word(row.get('arm'))} over {first}", said + (f", {memory}" if memory else ""),
+                _get(row, "speedup"), f"{effect} {verdict or 'undecided'}")
 
 
 def memory_text(row: dict, baseline: dict | None) -> str:
@@ -233,9 +263,13 @@ def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None,
             continue
         if _truthy(r.get("is_baseline")):
             continue
+        if _word(r.get("arm")) and not _word(r.get("reference")):  # an A/B's version effect
+            advice.versions.append(version_item(r, base))
+            continue
         kind, text = _classify(r, figure)
-        per_technique.setdefault((r["model"], r["experiment"]), []).append((r, kind, text))
-    for (model, experiment), items in per_technique.items():
+        per_technique.setdefault((r["model"], r["experiment"], _word(r.get("arm"))), []).append(
+            (r, kind, text))
+    for (model, experiment, arm), items in per_technique.items():
         advice = out[str(model)]
         winners = sorted([(r, t) for r, k, t in items if k == "use"],
                          key=lambda x: -_get(x[0], "speedup"))
@@ -256,6 +290,8 @@ def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None,
             elif kind == "untested":
                 advice.untested.append(Item(name, text))
     for name, advice in out.items():
+        if advice.versions:  # each technique across the arms
+            advice.across_arms = ab_section.technique_sentences(summary, model=name)
         if name not in searched:  # a search's advice keeps its order: the recipe, then its parts
             advice.use.sort(key=lambda i: -i.speedup)
             advice.skip.sort(key=lambda i: i.speedup if math.isfinite(i.speedup) else math.inf)
@@ -358,23 +394,29 @@ STACKING = ("Each gain above was measured alone, against plain PyTorch; gains do
 def lines(advice: Advice) -> list[str]:
     """The recommendation for one model as report bullets."""
     out = [advice.undecided] if advice.undecided else []
+    out += [f"version: {i.technique}, {i.text}" for i in advice.versions]
     for item in advice.use:
         also = advice.also_faster.get(item.technique)
         out.append(f"use: {item.technique}, {item.text}"
                    + (f" (also faster: {', '.join(also)})" if also else ""))
-    if not advice.use and not advice.undecided:
+    if not advice.use and not advice.undecided and nothing_used(advice):
         out.append(nothing_used(advice))
     out += [f"undecided: {i.technique}, {i.text}" for i in advice.unsettled]
     out += [f"skip: {i.technique}, {i.text}" for i in advice.skip]
     out += [f"could not test here: {i.technique}, {i.text}" for i in advice.untested]
+    out += [f"under each arm: {s}" for s in advice.across_arms]
     out += [f"note: {n}" for n in advice.notes]
     return out
 
 
 def nothing_used(advice: Advice) -> str:
     """The first line of a model with nothing to use: nothing measured at all, nothing settled
-    (neither is advice to use nothing, so neither says `use:`), or nothing faster."""
-    against = "the naive recipe" if advice.searched else "plain PyTorch"
+    (neither is advice to use nothing, so neither says `use:`), or nothing faster; '' for an
+    A/B of the baseline recipe alone (its version line is the answer)."""
+    against = "the naive recipe" if advice.searched else \
+        "its arm's baseline" if advice.versions else "plain PyTorch"
+    if advice.versions and not (advice.skip or advice.unsettled or advice.untested):
+        return ""  # an A/B of the baseline recipe alone: its version line says it all
     if not (advice.skip or advice.unsettled):
         return "nothing measured: no technique could be measured for this model (see could not " \
             "test here)"
@@ -420,10 +462,11 @@ def console_lines(summary: pd.DataFrame, run_dir=None, width: int = 3,
     for a in advise(summary, recipe, budget_s):
         use = "; ".join(f"{i.technique} {i.effect}" for i in a.use if not i.part)
         out.append(f"{a.model}: {a.undecided}" if a.undecided else
-                   f"{a.model}: use {use}" if use else f"{a.model}: {nothing_used(a)}")
+                   f"{a.model}: use {use}" if use else f"{a.model}: {nothing_used(a)}".rstrip())
         target = recipe_line(runs, a.model) if a.searched else verdict_line(runs, a.model)
         if target:
             out.append(f"  {target}")
+        out += [f"  version: {i.technique} {i.effect}" for i in a.versions]
         for label, items in (("undecided", a.unsettled), ("skip", a.skip),
                              ("could not test", a.untested)):
             if items:

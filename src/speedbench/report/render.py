@@ -340,6 +340,7 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
         extra.append("bench.warmup_max=30")
     if budget_s and not noisy:  # the run's one figure, in every command that measures again
         extra.insert(0, more)
+    kept = [w for o in kept for w in shorter(o, width)]  # a long +arms={...}: one per leaf
     flags = [o for o in kept if o.startswith("-")]  # --config-dir=...: before the overrides
     command = list(program or ["speedbench"]) + flags + ([f"+experiment={experiment}"] if experiment and not any(
         o.lstrip("+").startswith("experiment=") for o in kept) else []) + \
@@ -348,8 +349,51 @@ def console_warnings(summary: pd.DataFrame, experiment: Optional[str] = None,
     for line in lines:
         out += textwrap.wrap(line, width, subsequent_indent="  ")
     out.append("  measure again:")
-    out += _shell_lines([shlex.quote(c) for c in command], width, indent="    ")
+    out += _shell_lines(command, width, indent="    ")
     return out
+
+
+FLATTENED = ("arms",)  # overrides whose {...} value Hydra composes the same one leaf at a time
+# a string Hydra would read otherwise than as this string: quoted in a flattened override
+PLAIN_VALUE = re.compile(r"[A-Za-z_/~.][\w./:+~@-]*")
+
+
+def shorter(override: str, width: int) -> list[str]:
+    """An override too long for a line of `width`, for an `arms={...}` one: one
+    `++arms.<arm>.<key>=value` per leaf (Hydra composes the same config); else as given."""
+    if len(shlex.quote(override)) + 6 <= width or not override.lstrip("+").startswith(
+            tuple(f"{k}=" for k in FLATTENED)):
+        return [override]
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    try:
+        value = OverridesParser.create().parse_overrides([override])[0].value()
+    except Exception:  # (Hydra refused it at the run's start already: not reached)
+        return [override]
+    if not isinstance(value, dict) or not value:
+        return [override]
+    return [f"++{key}={_hydra_value(leaf)}"
+            for key, leaf in _leaves(override.lstrip("+").split("=", 1)[0], value)]
+
+
+def _leaves(prefix: str, value) -> list[tuple[str, object]]:
+    if isinstance(value, dict) and value:
+        return [kv for k, v in value.items() for kv in _leaves(f"{prefix}.{k}", v)]
+    return [(prefix, value)]
+
+
+def _hydra_value(value) -> str:
+    """A leaf as Hydra's override grammar reads it back: strings quoted unless plain."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_hydra_value(v) for v in value) + "]"
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    text = str(value)
+    if not isinstance(value, str) or (PLAIN_VALUE.fullmatch(text) and text.lower() not in (
+            "true", "false", "null", "nan", "inf")):
+        return text
+    return "'" + text.replace("'", "\\'") + "'"
 
 
 def _more_repeats(summary: pd.DataFrame, repeats: Optional[int] = None) -> Optional[int]:
@@ -365,14 +409,36 @@ def _more_repeats(summary: pd.DataFrame, repeats: Optional[int] = None) -> Optio
 
 def _shell_lines(words: list[str], width: int, indent: str) -> list[str]:
     """A command split into lines within `width`, continued with backslashes, so that it
-    still pastes as one command."""
+    still pastes as one command. A word too long for a line of its own is cut into quoted
+    pieces, each continued at the start of the next line (a backslash-newline inside a word
+    joins its pieces; an indent there would split it)."""
     lines, line = [], indent
     for word in words:
-        if line.strip() and len(line) + 1 + len(word) + 2 > width:
+        quoted = shlex.quote(word)
+        if line.strip() and len(line) + 1 + len(quoted) + 2 > width:
             lines.append(line + " \\")
             line = indent + "  "
-        line += ("" if not line.strip() else " ") + word
+        line += "" if not line.strip() else " "
+        if len(line) + len(quoted) > width:
+            pieces = _pieces(word, width - len(line) - 1, width - 1)
+            lines += [(line if i == 0 else "") + p + "\\" for i, p in enumerate(pieces[:-1])]
+            line = pieces[-1]
+        else:
+            line += quoted
     return lines + [line]
+
+
+def _pieces(word: str, first: int, rest: int) -> list[str]:
+    """`word` as shell-quoted pieces that, set side by side, make it again: the first within
+    `first` columns, the others within `rest`."""
+    pieces, start = [], 0
+    while start < len(word):
+        room, end = (rest if pieces else first), start + 1
+        while end < len(word) and len(shlex.quote(word[start:end + 1])) <= room:
+            end += 1
+        pieces.append(shlex.quote(word[start:end]))
+        start = end
+    return pieces
 
 
 def _listing(items: list[str], most: int = 4) -> str:

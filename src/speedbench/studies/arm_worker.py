@@ -11,7 +11,8 @@ pandas, psutil, tqdm); speedbench itself comes from the running one's source, on
 model needs it (the ResNet, the VAE). `--facts` imports what a trial imports, and MODULEs
 (the models' modules), then prints the arm's software facts as JSON: the up-front check.
 Process start, the imports and the data's building are outside every timed window, as in
-measure/launch.py's fresh-process trials.
+measure/launch.py's torchrun trials. The variants whose techniques set variables at a
+process's start (LD_PRELOAD) run here too, in this interpreter (arms.variant_arm).
 """
 from __future__ import annotations
 
@@ -109,8 +110,8 @@ def _context(plan, spec, seeds: int) -> SimpleNamespace:
 
 def _probe(plan, spec, name: str, args: dict, dataset) -> dict:
     ref = stopping.Reference(**args["ref"]) if args.get("ref") else None
-    got = probes.probe_variant(_context(plan, spec, 1), name, dataset, ref, args["steps"],
-                               args["left_s"])
+    got = probes.probe_here(_context(plan, spec, 1), name, dataset, ref, args["steps"],
+                            args["left_s"])
     if got and "seed_losses" in got:  # each with its step-0 and chance loss
         got["seed_losses"] = [triple(x) for x in got["seed_losses"]]
     return {"probe": got}
@@ -122,8 +123,8 @@ def triple(loss) -> list[float]:
 
 
 def _more_seeds(plan, spec, name: str, args: dict, dataset) -> dict:
-    got = probes.more_seed_losses(_context(plan, spec, args["seeds"]), name, dataset,
-                                  args["steps"], args["left_s"])
+    got = probes.more_seeds_here(_context(plan, spec, args["seeds"]), name, dataset,
+                                 args["steps"], args["left_s"])
     return {"losses": [triple(x) for x in got], "fault": getattr(got, "fault", None)}
 
 
@@ -134,7 +135,7 @@ def run_job(job: dict) -> dict:
     """One call of a job: the plan rebuilt, torch's intra-op parallelism as the parent's, the
     data built, then the call."""
     plan, spec = plan_of(job["plan"])
-    if job.get("intra_op"):
+    if job.get("intra_op"):  # (none where the arm sets OMP_NUM_THREADS)
         torch.set_num_threads(int(job["intra_op"]))
     return CALLS[job["call"]](plan, spec, job["variant"], job["args"], _dataset(plan, spec))
 

@@ -7,6 +7,10 @@ variables on top of ours and speedbench's source on PYTHONPATH (the same speedbe
 arm). Its start, torch's import and the data's building are outside the timed window. A
 compiler cache of its own per arm (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR), unless the arm
 sets one: two torch versions must not share compiled kernels.
+
+The variants whose techniques must set variables at a process's start (LD_PRELOAD for another
+malloc or OpenMP, OMP_*/KMP_*, PYTORCH_CUDA_ALLOC_CONF) are arms of the same kind
+(variant_arm): this interpreter with those variables, each trial and probe a fresh worker.
 """
 from __future__ import annotations
 
@@ -17,15 +21,17 @@ import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
+from speedbench import techniques
 from speedbench.config.arms import Arm
 from speedbench.errors import ConfigError
 from speedbench.measure import launch
+from speedbench.measure.trial import header
 from speedbench.results import schema
 
 WORKER = "speedbench.studies.arm_worker"
@@ -35,19 +41,32 @@ START_S = 120.0  # a worker's start, torch's import and the data, beside the cal
 PACKAGES = {"hydra": "hydra-core", "omegaconf": "hydra-core", "yaml": "pyyaml", "PIL": "pillow"}
 # what the synthetic image data imports (measure/data.py: JPEG pool, augmentation)
 IMAGE_MODULES = ("PIL.Image", "torchvision.transforms.v2.functional")
+# variables that set torch's intra-op threads at start-up: an arm that sets one keeps it
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 _JOBS: dict[int, dict] = {}  # id(plan) -> its plain data (built once per plan)
+
+
+def variant_arm(plan, name: str, ctx) -> Arm | None:
+    """Where variant `name`'s trials and probes run: its A/B arm, with its techniques'
+    start-up variables over the arm's; without an A/B, an arm of this interpreter with those
+    variables (a fresh process per trial, as LD_PRELOAD needs); None: in this process."""
+    start = techniques.environment(plan.variants[name], ctx)
+    arm = plan.arms.get(name)
+    if arm is None:
+        return Arm(name, sys.executable, start, implied=True) if start else None
+    return replace(arm, env={**arm.env, **start}) if start else arm
 
 
 def environment(arm: Arm) -> dict[str, str]:
     """The worker's environment: ours, the arm's variables, speedbench's source first on
-    PYTHONPATH, and a compiler cache per arm."""
+    PYTHONPATH, and a compiler cache per A/B arm (an implied arm's torch is ours)."""
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, **arm.env, launch.PARENT_PID: str(os.getpid())}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, arm.env.get(
         "PYTHONPATH", os.environ.get("PYTHONPATH"))) if p)
     cache = Path(tempfile.gettempdir()) / f"speedbench-arm-{os.getuid()}-{arm.name}"
     for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
-        if var not in arm.env:
+        if var not in arm.env and not arm.implied:
             env[var] = str(cache / sub)
     return env
 
@@ -108,31 +127,44 @@ def _plain(node) -> dict:
     return OmegaConf.to_container(node, resolve=True)
 
 
-def call(mc, name: str, what: str, args: dict, limit_s: float | None,
-         extra_env: dict | None = None) -> dict:
-    """One call (arm_worker.CALLS) of variant `name` in its arm's worker: its result, or
-    {"status": why it failed} (`limit_s`: the call's own limit, START_S added). `extra_env`:
-    what the variant's techniques set at a process's start (LD_PRELOAD, OMP_*), over the
-    arm's."""
-    arm = mc.plan.arms[name]
-    job = {"call": what, "plan": job_data(mc.plan, mc.spec), "variant": name, "args": args,
-           "intra_op": torch.get_num_threads()}  # the parent's, as bench.threads set it
+def trial(plan, spec, arm: Arm, name: str, round_: int, position: int = 0,
+          probe: dict | None = None, left_s: float | None = None) -> dict:
+    """One trial of variant `name` in a worker of `arm`: its record, or its header and why the
+    worker failed (`left_s`: the budget's seconds left; None: no limit)."""
+    recipe = plan.variants[name]
+    got = call(plan, spec, arm, name, "trial", {"round": round_, "position": position,
+                                                 "probe": probe, "left_s": left_s},
+               launch.launch_timeout_s(recipe))
+    return got if "experiment" in got else {**header(plan, spec, name, recipe, round_,
+                                                     position=position), **got}
+
+
+def job(plan, spec, arm: Arm, name: str, what: str, args: dict) -> dict:
+    """A call as the worker reads it: torch's intra-op threads the parent's (as bench.threads
+    set them), unless the arm sets them at its start (OMP_NUM_THREADS)."""
+    threads = None if set(THREAD_VARIABLES) & set(arm.env) else torch.get_num_threads()
+    return {"call": what, "plan": job_data(plan, spec), "variant": name, "args": args,
+            "intra_op": threads}
+
+
+def call(plan, spec, arm: Arm, name: str, what: str, args: dict,
+         limit_s: float | None) -> dict:
+    """One call (arm_worker.CALLS) of variant `name` in a worker of `arm`: its result, or
+    {"status": why it failed} (`limit_s`: the call's own limit, START_S added)."""
     with tempfile.TemporaryDirectory(prefix="speedbench-arm-") as tmp:
         job_file, out = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_file.write_text(json.dumps(job, default=str))
+        job_file.write_text(json.dumps(job(plan, spec, arm, name, what, args), default=str))
         proc = subprocess.Popen([arm.python, "-m", WORKER, str(job_file), str(out)],
-                                env={**environment(arm), **(extra_env or {})},
-                                stdout=subprocess.PIPE,
+                                env=environment(arm), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        launch._LIVE[proc.pid] = Path(tmp)  # a second Ctrl-C kills it (launch.abandon)
+        launch.LIVE[proc.pid] = Path(tmp)  # a second Ctrl-C kills it (launch.abandon)
         try:
             output, _ = proc.communicate(timeout=None if limit_s is None else limit_s + START_S)
         except subprocess.TimeoutExpired:
             return {"status": schema.format_status(
-                schema.ERROR, f"arm {arm.name}'s worker did not end within "
-                f"{limit_s + START_S:.0f} s")}
+                schema.ERROR, f"{arm.worker()} did not end within {limit_s + START_S:.0f} s")}
         finally:
-            launch._LIVE.pop(proc.pid, None)
+            launch.LIVE.pop(proc.pid, None)
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -147,5 +179,5 @@ def _failure(arm: Arm, returncode: int, output: str) -> str:
     lines = [ln.strip() for ln in output.splitlines()
              if re.match(r"^\s*\w+(Error|Exception)\b.*:", ln)]
     detail = lines[-1][:160] if lines else "no message (SPEEDBENCH_DEBUG=1 shows its output)"
-    return schema.format_status(schema.ERROR, f"arm {arm.name}'s worker exited with status "
+    return schema.format_status(schema.ERROR, f"{arm.worker()} exited with status "
                                               f"{returncode}: {detail}")

@@ -4,8 +4,9 @@ baseline's steady steps and to the budget (stopping.py), and quality.csv's rows.
 The baseline goes first for its steady throughput alone (the too-slow rule's steps, no loss),
 which tells a variant far slower; its loss is taken after the others, only where one of them is
 left to compare with it (amp on a CPU without 16-bit instructions stops both 16-bit variants,
-and the baseline's loss steps would compare with nothing). Variants launched in processes of
-their own (torchrun, or a fresh one) keep their timed window's loss. The probes take at most
+and the baseline's loss steps would compare with nothing). Variants in an arm (an A/B's, or
+one whose techniques set variables at a process's start) are probed in its worker; variants
+launched through torchrun keep their timed window's loss. The probes take at most
 PROBE_SHARE of the model's budget; the rest is the rounds'. A fault in a probe (the model's
 exception, its sys.exit()) is the variant's quality row's status, `error: the quality probe
 failed: ...`, said once on the console; its trials go on, and record it where they meet it.
@@ -112,7 +113,8 @@ def run_probes(mc, prepared, status: dict[str, str], budget: Budget) -> ProbeRes
     probe_budget = budget.part(PROBE_SHARE)  # the rest is the rounds'
     found = ProbeResult()
     skipped = lambda n: n in status or n in found.status  # noqa: E731
-    probed = [n for n in plan.variants if not skipped(n) and n not in prepared.launched]
+    probed = [n for n in plan.variants if not skipped(n)
+              and (n not in prepared.launched or n in prepared.armed)]
     others = [n for n in probed if n != base]
     rate_first = bool(others) and settings.too_slow_factor is not None
 
@@ -207,7 +209,7 @@ def quality_rows(mc, name: str, found: ProbeResult, status: dict[str, str], prep
     elif got and got.get("quality_steps") == 0 and mc.settings.quality_steps:
         why = schema.na("no other variant was left to compare with: the baseline's held-out "
                         "loss was not taken")
-    elif name in prepared.launched:
+    elif name in prepared.launched and name not in prepared.armed:
         why = schema.na("the quality probe trains in this process; this variant needs "
                         "processes of its own")
     elif not mc.settings.quality_steps:
@@ -223,8 +225,15 @@ def probe_variant(mc, name: str, dataset, ref: stopping.Reference | None, steps:
     """One variant's quality probe, held to `ref` (the baseline's, the budget's); `steps` 0:
     its throughput alone, no loss. On a fault (the model's exception, its sys.exit()), {FAULT:
     its one-line status}: quality.csv's row says it, and the variant's trials go on."""
-    if name in mc.plan.arms:  # in its arm's interpreter
-        return arm_probe(mc, name, ref, steps, left_s)
+    arm = arms.variant_arm(mc.plan, name, context(mc.plan, mc.dist_env))
+    if arm is not None:  # in its arm's worker
+        return arm_probe(mc, arm, name, ref, steps, left_s)
+    return probe_here(mc, name, dataset, ref, steps, left_s)
+
+
+def probe_here(mc, name: str, dataset, ref: stopping.Reference | None, steps: int,
+               left_s: float) -> dict | None:
+    """probe_variant in this process (an arm's worker runs this one)."""
     try:
         return quality.quality_probe(
             mc.spec, mc.plan.variants[name], context(mc.plan, mc.dist_env), dataset, steps,
@@ -233,7 +242,7 @@ def probe_variant(mc, name: str, dataset, ref: stopping.Reference | None, steps:
         return {FAULT: fault_status(exc)}
 
 
-def arm_probe(mc, name: str, ref: stopping.Reference | None, steps: int,
+def arm_probe(mc, arm: arms.Arm, name: str, ref: stopping.Reference | None, steps: int,
               left_s: float) -> dict | None:
     """probe_variant in the variant's arm (arms.call): the same probe, held to the same
     reference (its seconds left as of now), or {FAULT: why its worker failed}."""
@@ -242,8 +251,8 @@ def arm_probe(mc, name: str, ref: stopping.Reference | None, steps: int,
         plain = {k: _finite(v) if isinstance(v, float) else v
                  for k, v in asdict(ref).items() if k != "left"}
         plain["rounds_s"] = _finite(ref.rounds_left())
-    got = arms.call(mc, name, "probe", {"ref": plain, "steps": steps, "left_s": _finite(left_s)},
-                    _finite(left_s))
+    got = arms.call(mc.plan, mc.spec, arm, name, "probe",
+                    {"ref": plain, "steps": steps, "left_s": _finite(left_s)}, _finite(left_s))
     if "probe" not in got:
         return {FAULT: got["status"]}
     probe = got["probe"]
@@ -260,12 +269,19 @@ def _finite(x: float | None) -> float | None:
 def more_seed_losses(mc, name: str, dataset, steps: int, left_s: float) -> list[float]:
     """The held-out losses of the probe's other seeds (quality.more_seeds), within `left_s`;
     on a fault none, and the fault (Losses.fault) that quality.csv's row says."""
-    if name in mc.plan.arms:  # in its arm's interpreter
-        got = arms.call(mc, name, "more_seeds", {"steps": steps, "seeds": mc.settings.quality_seeds,
-                                                 "left_s": _finite(left_s)}, _finite(left_s))
+    arm = arms.variant_arm(mc.plan, name, context(mc.plan, mc.dist_env))
+    if arm is not None:  # in its arm's worker
+        got = arms.call(mc.plan, mc.spec, arm, name, "more_seeds",
+                        {"steps": steps, "seeds": mc.settings.quality_seeds,
+                         "left_s": _finite(left_s)}, _finite(left_s))
         losses = Losses(quality.SeedLoss(*x) for x in got.get("losses", []))
         losses.fault = got.get("fault") or got.get("status")
         return losses
+    return more_seeds_here(mc, name, dataset, steps, left_s)
+
+
+def more_seeds_here(mc, name: str, dataset, steps: int, left_s: float) -> list[float]:
+    """more_seed_losses in this process (an arm's worker runs this one)."""
     try:
         return quality.more_seeds(mc.spec, mc.plan.variants[name],
                                   context(mc.plan, mc.dist_env), dataset, steps,

@@ -129,13 +129,15 @@ class Settings:
 @dataclass(frozen=True)
 class Prepared:
     """A model made ready: its data set, the variants n/a here (variant -> status), each
-    variant's samples per optimizer step, and the variants whose trials run in processes of
-    their own (torchrun, or a fresh process)."""
+    variant's samples per optimizer step, the variants whose trials run in processes of
+    their own (torchrun, or a fresh process), and of those the ones whose trials and probes
+    run in an arm's worker (arms.variant_arm: an A/B's, or start-up variables')."""
 
     dataset: Any
     na: dict[str, str]
     per_step: dict[str, int]
     launched: frozenset[str] = frozenset()
+    armed: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,9 @@ def prepare_model(mc: ModelContext) -> Prepared:
                                           f"({plan.baseline}: {why})"))
     per_step = {n: batching(spec, r, ctx).per_step for n, r in plan.variants.items()}
     launched = frozenset(n for n, r in plan.variants.items() if techniques.launched(r, ctx))
-    return Prepared(dataset, na, per_step, launched)
+    armed = frozenset(n for n, r in plan.variants.items() if not techniques.processes(r, ctx)
+                      and arms.variant_arm(plan, n, ctx) is not None)
+    return Prepared(dataset, na, per_step, launched, armed)
 
 
 def na_variants(plan: Plan, spec: ModelSpec, dist_env: distributed.DistEnv | None) -> dict:
@@ -212,32 +216,32 @@ def na_variants(plan: Plan, spec: ModelSpec, dist_env: distributed.DistEnv | Non
 
 def run_trial(mc: ModelContext, name: str, round_: int, position: int, dataset,
               probe: dict | None, budget: Budget) -> dict:
-    """One trial's record: in this process, or in processes of its own through torchrun."""
+    """One trial's record: in this process, in processes of its own through torchrun, or in a
+    worker of its arm (an A/B's, or this interpreter's started with the variables its
+    techniques need at start-up: arms.variant_arm)."""
     plan, spec, recipe = mc.plan, mc.spec, mc.plan.variants[name]
-    if name in plan.arms:  # in its arm's interpreter (arms.py)
-        return arm_trial(mc, name, round_, position, probe, budget)
     ctx = context(plan, mc.dist_env)
     nproc = techniques.processes(recipe, ctx)
-    env = techniques.environment(recipe, ctx)
-    if nproc or env:  # torchrun, or a fresh process started with `env`
+    if nproc and name in plan.arms:
+        return {**trial_header(mc, name, round_, position), "status": schema.na(
+            "a variant over several processes (torchrun) does not run in an arm")}
+    if nproc:
         return launch.launch_trial(plan, spec, name, recipe, round_, nproc, position, mc.book,
-                                   env)
+                                   techniques.environment(recipe, ctx))
+    arm = arms.variant_arm(plan, name, ctx)
+    if arm is not None:
+        return arm_trial(mc, arm, name, round_, position, probe, budget)
     return measure_trial(plan, spec, name, recipe, round_, dataset, mc.dist_env, mc.run_dir,
                          position=position, probe=probe, book=mc.book, budget=budget)
 
 
-def arm_trial(mc: ModelContext, name: str, round_: int, position: int, probe: dict | None,
-              budget: Budget) -> dict:
-    """One trial in a worker of the variant's arm: its record, or the header and why the
-    worker failed; the arm and the variant it is compared with added."""
-    left, recipe, ctx = budget.left(), mc.plan.variants[name], context(mc.plan, mc.dist_env)
-    if techniques.processes(recipe, ctx):
-        return {**trial_header(mc, name, round_, position), "status": schema.na(
-            "a variant over several processes (torchrun) does not run in an arm")}
-    got = arms.call(mc, name, "trial", {"round": round_, "position": position, "probe": probe,
-                                        "left_s": left if left < math.inf else None},
-                    launch.launch_timeout_s(recipe), techniques.environment(recipe, ctx))
-    record = got if "experiment" in got else {**trial_header(mc, name, round_, position), **got}
+def arm_trial(mc: ModelContext, arm: arms.Arm, name: str, round_: int, position: int,
+              probe: dict | None, budget: Budget) -> dict:
+    """One trial in a worker of `arm`: its record, or the header and why the worker failed;
+    the A/B's arm and the variant it is compared with added."""
+    left = budget.left()
+    record = arms.trial(mc.plan, mc.spec, arm, name, round_, position, probe,
+                        left if left < math.inf else None)
     record.update(arm_columns(mc.plan, name))
     return mc.book.annotate(record) if mc.book is not None else record
 

@@ -163,7 +163,7 @@ def launched(recipe: Any, ctx: Context) -> bool:
 
 
 def environment(recipe: Any, ctx: Context) -> dict:
-    """Variables the trial's process must start with; non-empty: a fresh process (launch.py)."""
+    """Variables the trial's process must start with; non-empty: a fresh process (an arm)."""
     env: dict = {}
     preloads = []  # e.g. jemalloc's and Intel's OpenMP: both, and neither one's rival
     for t in REGISTRY:

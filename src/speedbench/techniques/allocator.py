@@ -2,8 +2,9 @@
 LD_PRELOAD (the Performance Tuning Guide's "Switch Memory allocator" tip).
 
 LD_PRELOAD acts only when a process starts, so every trial of a variant that sets `allocator`
-runs in a fresh process of its own (measure/launch.py, through `environment`), the system
-malloc's included, so that the comparison is between equally fresh processes. The library is
+runs in a fresh process of its own (an arm of this interpreter, studies/arms.py, through
+`environment`), the system malloc's included, so that the comparison is between equally fresh
+processes. The library is
 looked up where Debian and Ubuntu install it (ldconfig's cache, then the usual lib folders);
 where it is missing the variant is n/a with the command that installs it. The trial process
 reads its own /proc/self/maps and records the allocator it really runs with.

@@ -16,8 +16,8 @@ Who calls what, in this order (each hook is called in registry order: see `Techn
                                          reason makes the variant's row `n/a: <reason>`
                       processes()        a number: the trial runs under torchrun (launch.py)
                       environment()      variables a fresh process must start with: the trial
-                                         runs in one of its own (launch.py), or under torchrun
-                                         with them
+                                         runs in one of its own (an arm: studies/arms.py), or
+                                         under torchrun with them (launch.py)
   measure.session     global_state()     entered for the whole trial, restored on exit
   (applied(): trial,  not_applicable()   asked again, of the trial's own fresh model
   quality probe,      micro_batching()   micro-batch size and micro-batches per optimizer step
@@ -441,8 +441,9 @@ class Technique:
 
     def environment(self, recipe: Any, ctx: Context) -> dict[str, str]:
         """Environment variables the trial's process must start with (LD_PRELOAD: they act
-        only at start-up). Non-empty: the trial runs in a fresh process of its own, or, when
-        it needs several, torchrun's ranks get them."""
+        only at start-up). Non-empty: the trial and its probe run in a fresh process of their
+        own (an arm of this interpreter: studies/arms.py), or, when it needs several,
+        torchrun's ranks get them."""
         return {}
 
     def replicas(self, recipe: Any, ctx: Context) -> int:

@@ -4,8 +4,8 @@ affinity settings (the Performance Tuning Guide's "Utilize OpenMP" and "Intel Op
 Library" tips).
 
 LD_PRELOAD and the OpenMP variables act only when a process starts, so every trial of a
-variant that sets `openmp` runs in a fresh process of its own (measure/launch.py, through
-`environment`), the GNU runtime's included. Intel's library is looked up where its wheel puts
+variant that sets `openmp` runs in a fresh process of its own (an arm of this interpreter,
+studies/arms.py, through `environment`), the GNU runtime's included. Intel's library is looked up where its wheel puts
 it (`<prefix>/lib`), then in ldconfig's cache and the usual lib folders; where it is missing the
 variant is n/a with the command that installs it. The trial process records which library
 really serves PyTorch's parallel regions (`openmp_loaded`: the one GOMP_parallel resolves to)
