@@ -164,7 +164,11 @@ def test_snippets_come_from_the_runs_techniques_json(tmp_path):
 def _a_value(field, listed):
     """A value of `field` that the snippets list under ANY: not the default, not listed."""
     others = [c for c in field.choices or () if c != field.default and c not in listed]
-    return others[0] if others else (field.default or 0) + 3  # a null default: any number
+    if others:
+        return others[0]
+    if isinstance(field.default, str):  # a free-form text key (fsdp_reshard's "true"/"false"/n)
+        return "2"
+    return (field.default or 0) + 3  # a null default: any number
 
 
 def test_every_snippet_is_python_and_is_found_for_its_value(tmp_path):

@@ -242,6 +242,7 @@ def test_a_budget_too_short_decides_nothing_and_says_so(budget_s):
     assert result.chosen == [] and result.waterfall == []
     assert result.undecided.startswith("not decided: the budget ran out ")
     assert "a full search needs about " in result.undecided
+    assert "give recipe.budget_s=" in result.undecided  # the search's key, not the run's
     needs = float(result.undecided.split("needs about ")[1].split(" s")[0])
     assert needs > budget_s
     assert set(world.calls[0]) == {"current"}  # the pilot: one trial of the naive recipe

@@ -159,7 +159,9 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
     _report(summary, run_dir, writer, experiment, overrides, groups is None, profiled,
             time.perf_counter() - started, load, cfg.bench.noise_threshold,
             max(int(p.variants[p.baseline].bench.repeats) for p in plans),
-            distributed.launcher(dist_env), _budget_s(plans), cfg.bench.time_budget_s)
+            distributed.launcher(dist_env), _budget_s(plans),
+            # a recipe search names its own key (recipe.budget_s) in its not-decided line
+            cfg.bench.time_budget_s if groups is None else None)
     index_run(Path(os.path.abspath(cfg.out_dir)), run_dir)
     return run_dir
 

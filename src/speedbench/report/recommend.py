@@ -196,6 +196,31 @@ def more_budget(summary: pd.DataFrame, budget_s: float) -> float:
     return float(f"{max(figures + ([] if needs else [2.0 * budget_s])):.2g}")
 
 
+def _by_technique(rows: list[dict], out: dict, baselines: dict, figure: float | None) -> dict:
+    """The rows of each (model, experiment, arm), classified: (row, kind, text); an experiment
+    without its baseline, and an A/B's version effect, go straight to `out`'s Advice."""
+    per_technique: dict[tuple, list[tuple[dict, str, str]]] = {}
+    for r in rows:
+        advice = out.setdefault(str(r["model"]), Advice(str(r["model"])))
+        if r["experiment"] in NOT_ADVICE or str(r["experiment"]).startswith(MEASURED_FOR):
+            continue
+        base = baselines.get((r["experiment"], r["model"]))
+        if base is not None and str(base.get("status", OK)) != OK:
+            # no baseline: the whole experiment could not be measured; said once
+            if _truthy(r.get("is_baseline")):
+                advice.untested.append(Item(str(r["experiment"]), _classify(r)[1]))
+            continue
+        if _truthy(r.get("is_baseline")):
+            continue
+        if _word(r.get("arm")) and not _word(r.get("reference")):  # an A/B's version effect
+            advice.versions.append(version_item(r, base))
+            continue
+        kind, text = _classify(r, figure)
+        per_technique.setdefault((r["model"], r["experiment"], _word(r.get("arm"))), []).append(
+            (r, kind, text))
+    return per_technique
+
+
 def unsettled(row: dict) -> bool:
     """Whether a row is left for a larger budget: measured but not settled, or not measured
     (a limit of the run stopped it)."""
@@ -250,25 +275,7 @@ def advise(summary: pd.DataFrame, recipe: pd.DataFrame | None = None,
             searched.add(str(model))
     rows = [r for r in summary.to_dict("records") if str(r["model"]) not in searched]
     baselines = {(r["experiment"], r["model"]): r for r in rows if _truthy(r.get("is_baseline"))}
-    per_technique: dict[tuple, list[tuple[dict, str, str]]] = {}
-    for r in rows:
-        advice = out.setdefault(str(r["model"]), Advice(str(r["model"])))
-        if r["experiment"] in NOT_ADVICE or str(r["experiment"]).startswith(MEASURED_FOR):
-            continue
-        base = baselines.get((r["experiment"], r["model"]))
-        if base is not None and str(base.get("status", OK)) != OK:
-            # no baseline: the whole experiment could not be measured; said once
-            if _truthy(r.get("is_baseline")):
-                advice.untested.append(Item(str(r["experiment"]), _classify(r)[1]))
-            continue
-        if _truthy(r.get("is_baseline")):
-            continue
-        if _word(r.get("arm")) and not _word(r.get("reference")):  # an A/B's version effect
-            advice.versions.append(version_item(r, base))
-            continue
-        kind, text = _classify(r, figure)
-        per_technique.setdefault((r["model"], r["experiment"], _word(r.get("arm"))), []).append(
-            (r, kind, text))
+    per_technique = _by_technique(rows, out, baselines, figure)
     for (model, experiment, arm), items in per_technique.items():
         advice = out[str(model)]
         winners = sorted([(r, t) for r, k, t in items if k == "use"],

@@ -449,8 +449,10 @@ class _Forward:
         where = "after screening" if self.steps else "before the first screen"
         needs = f"about {self.needs_s:.0f} s" if math.isfinite(self.needs_s) else \
             "more than that (not even one trial of the naive recipe fitted)"
+        give = f": give recipe.budget_s={math.ceil(self.needs_s / 10) * 10}" \
+            if math.isfinite(self.needs_s) else ""
         return (f"not decided: the budget ran out {where}; a full search needs {needs} (its "
-                f"budget was {self.budget.seconds:.0f} s)")
+                f"budget was {self.budget.seconds:.0f} s{give})")
 
     def _reconfirm(self, record: StepRecord, recipes: dict[str, Overrides], why: str
                    ) -> tuple[Optional[Comparison], StepRecord, str]:
