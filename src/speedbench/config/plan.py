@@ -23,6 +23,7 @@ from speedbench.config.models import (ModelSpec, check_choice, check_dataset_siz
                                       is_inline, model_entries, own_data, resolve_model)
 from speedbench.config.schema import DEVICES, SCALES, SpeedbenchConfig
 from speedbench.errors import ConfigError
+from speedbench.results import index as run_index
 
 # Keys a variant may not change: they define the experiment, not a recipe.
 NOT_PER_VARIANT = ("model", "models", "variants", "arms", "baseline", "claims", "experiment", "out_dir",
@@ -171,6 +172,14 @@ def check_target(cfg: DictConfig) -> None:
                           "null for the automatic target")
 
 
+def check_label(value) -> None:
+    """label: null or a label `speedbench runs` and the report tool can take for the run."""
+    problem = None if value is None else run_index.label_problem(str(value))
+    if problem:
+        raise ConfigError(f"label: {str(value)[:80]!r} is not allowed ({problem}); a label is "
+                          f"{run_index.LABEL_RULE}")
+
+
 def check_threads(value) -> None:
     """bench.threads: null, auto or a whole number of threads from 1."""
     if value is None or value == "auto" or (str(value).isdigit() and int(value) >= 1):
@@ -188,6 +197,7 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     base = cfg.copy()
     check_recipe(base)
     check_target(cfg)
+    check_label(cfg.label)
 
     entries = model_entries(cfg.model)
     models = []
