@@ -158,3 +158,10 @@ def test_a_datamodule_is_taken_as_such_its_loaders_collate_kept():
     BlobsData.collated = 0
     x, y = next(iter(build_loader(data, 8, {}, seed=0)))
     assert x.shape == (8, 32) and BlobsData.collated == 1
+
+
+def test_a_named_models_training_arguments_are_read_too():
+    """A model by name (models/NAME.yaml, `+models.NAME=`) as well as an inline one."""
+    plan = build_plan(compose_cfg("device=cpu", "scale=small", f"+models.hft={{{HF}, {BLOBS}, "
+                                  "args: {gradient_accumulation_steps: 3}}", "model=hft"), None)
+    assert plan.variants["default"].accumulate == 3 and plan.notes

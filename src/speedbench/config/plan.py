@@ -179,23 +179,23 @@ LOOP_ENTRIES = {"speedbench.models.loops.lightning": ("lightning", "trainer"),
                 "speedbench.models.loops.hf_trainer": ("hf", "args")}
 
 
-def loop_settings(entries: list) -> dict[str, Any]:
+def loop_settings(models: list[ModelSpec]) -> dict[str, Any]:
     """The run's settings the models' own loops ask for (a Lightning Trainer's flags, Hugging
     Face TrainingArguments: precision, accumulation, the optimizer's implementation through
     the techniques, TrainingArguments' learning_rate as lr), read from their configs; a value
     that has no counterpart, or two models asking for different ones, is a ConfigError."""
     found: dict[str, Any] = {}
-    for raw in entries:
-        target = str(raw.get("_target_")) if is_inline(raw) else ""
-        if target not in LOOP_ENTRIES or not raw.get(LOOP_ENTRIES[target][1]):
+    for spec in models:
+        target = str(spec.target.get("_target_"))
+        if target not in LOOP_ENTRIES or not spec.target.get(LOOP_ENTRIES[target][1]):
             continue
         loop, key = LOOP_ENTRIES[target]
-        flags = raw[key]
+        flags = spec.target[key]
         flags = OmegaConf.to_container(flags) if isinstance(flags, DictConfig) else dict(flags)
         try:
             settings = techniques.from_loop(loop, flags)
         except ValueError as exc:
-            raise ConfigError(f"model {inline_name(raw)}: {key}.{exc}") from None
+            raise ConfigError(f"model {spec.name}: {key}.{exc}") from None
         if loop == "hf" and flags.get("learning_rate") is not None:
             settings["lr"] = float(flags["learning_rate"])
         for name, value in settings.items():
@@ -249,7 +249,6 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     check_label(cfg.label)
 
     entries = model_entries(cfg.model)
-    notes = apply_loop_settings(base, loop_settings(entries))
     models = []
     data = own_data(cfg)
     dirs = config_dirs()  # --config-dir's models/NAME.yaml needs no +models@models.NAME=NAME
@@ -260,6 +259,7 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     if len(set(names)) != len(names):
         raise ConfigError(f"model: {names} names a model twice (an inline model's name is its "
                           f"model_name, else its _target_'s last part)")
+    notes = apply_loop_settings(base, loop_settings(models))
 
     raw_variants = cfg.variants or {"default": {}}
     baseline = cfg.baseline or next(iter(raw_variants))
