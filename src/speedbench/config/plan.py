@@ -27,7 +27,7 @@ from speedbench.results import index as run_index
 
 # Keys a variant may not change: they define the experiment, not a recipe.
 NOT_PER_VARIANT = ("model", "models", "variants", "arms", "baseline", "claims", "experiment", "out_dir",
-                   "suite", "recipe", "target")
+                   "suite", "recipe", "target", "label")
 # bench.mode=quick: one round of fixed windows, no quality probe (so no early stop), no interval
 QUICK = {"repeats": 1, "target_ci": None, "steady_tol": None, "quality_steps": 0,
          "quality_seeds": 1, "too_slow_factor": None, "explain": False}

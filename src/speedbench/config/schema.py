@@ -311,7 +311,7 @@ class SpeedbenchConfig:
     experiment: Optional[str] = setting(None, "filled from +experiment=NAME")
     label: Optional[str] = setting(None, "your name for this run: `speedbench runs` lists it "
                                          "and `python -m speedbench.report` takes it for the "
-                                         "run's folder", values="TEXT", **RUN_LEVEL)
+                                         "run's folder", values="TEXT")
 
 
 def config_dir() -> str:
