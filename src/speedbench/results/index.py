@@ -346,7 +346,11 @@ def find(folder: Path, name: str, say: Callable[[str], None] = print) -> Path:
     folder's index with that label (or that folder name, e.g. 2026-12-05_10-00-00).
     RunNotFound, in one line, where none, several, or one that was moved or deleted."""
     given = Path(name)
-    if given.is_dir() or os.sep in name:  # a folder (one that is not there: the caller says)
+    try:
+        folder_given = given.is_dir() or os.sep in name
+    except OSError:  # a name the system cannot look up (too long): the caller says so
+        folder_given = True
+    if folder_given:  # a folder (one that is not there: the caller says)
         return given
     if not Path(folder).is_dir():
         raise RunNotFound(f"{name}: not a run directory, and {folder} is not a results folder "
