@@ -30,3 +30,30 @@ class LitNet(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class BlobsData(L.LightningDataModule):
+    """A DataModule as people write one: setup() makes the data set, train_dataloader() its
+    DataLoader with a collate_fn of its own (`collated` counts its calls)."""
+
+    collated = 0
+
+    def __init__(self, n: int = 64, batch_size: int = 16):
+        super().__init__()
+        self.n, self.batch_size = n, batch_size
+        self.train = None
+
+    def setup(self, stage=None):
+        g = torch.Generator().manual_seed(0)
+        y = torch.randint(0, 4, (self.n,), generator=g)
+        x = F.one_hot(y, 32).float() + torch.randn(self.n, 32, generator=g)
+        self.train = torch.utils.data.TensorDataset(x, y)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.train, batch_size=self.batch_size,
+                                           collate_fn=self.collate, shuffle=True)
+
+    @classmethod
+    def collate(cls, items):
+        cls.collated += 1
+        return torch.utils.data.default_collate(items)

@@ -3,6 +3,7 @@ training_step and a Hugging Face model's own .loss, measured through the step ho
 techniques acting on them (their wrappers see the user's forward)."""
 from __future__ import annotations
 
+import types
 import warnings
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from conftest import compose_cfg
 
 from speedbench.config import build_plan
+from speedbench.errors import ConfigError
 from speedbench.measure.step_hook import HookTrainer
 from speedbench.models import loops
 from speedbench.techniques import Context
@@ -81,3 +83,85 @@ def test_a_hugging_face_models_own_loss_is_the_step():
     trainer = _hook_trainer(step.train(), data, "speedbench.models.loops.hf_loss")
     trainer.step()  # not n/a: the step called the wrapper (sb.model)
     assert not torch.allclose(step.eval().speedbench_loss((x, y)), expected)  # it trained
+
+
+LIT = "_target_: speedbench.models.loops.lightning, module: {_target_: loop_models.LitNet}"
+HF = ("_target_: speedbench.models.loops.hf_trainer, model: {_target_: torch.nn.Linear, "
+      "in_features: 4, out_features: 4}")
+
+
+def _plan(model: str, *more: str, experiment=None):
+    return build_plan(compose_cfg("device=cpu", "scale=small", f"model={{{model}, {BLOBS}}}",
+                                  *more, experiment=experiment), None)
+
+
+def test_a_lightning_trainers_flags_set_the_runs_precision_and_accumulation():
+    plan = _plan(LIT + ", trainer: {precision: bf16-mixed, accumulate_grad_batches: 2, "
+                       "gradient_clip_val: 0.5, max_epochs: 3}")
+    recipe = plan.variants["default"]
+    assert (recipe.precision, recipe.accumulate) == ("bf16", 2)
+    assert plan.notes == ["the model's own loop asks for precision=bf16 accumulate=2: set for "
+                          "every variant (a variant's own setting wins, as one given on the "
+                          "command line does)"]
+    amp = _plan(LIT + ", trainer: {precision: bf16-mixed}", experiment="amp")
+    assert [r.precision for r in amp.variants.values()] == ["fp32", "fp16", "bf16"]
+    mine = _plan(LIT + ", trainer: {precision: bf16-mixed}", "precision=fp16")
+    assert mine.variants["default"].precision == "fp16" and mine.notes == []  # the user's
+
+
+@pytest.mark.parametrize("flags, says", [
+    ("trainer: {precision: bf16-true}", r"^model lightning: trainer\.precision: 'bf16-true' "
+                                        r"has no speedbench counterpart .*choose one of 32-true"),
+    ("trainer: {accumulate_grad_batches: 0}", r"^model lightning: trainer\."
+                                              r"accumulate_grad_batches: 0 is not allowed"),
+])
+def test_a_trainer_flag_without_counterpart_is_one_line(flags, says):
+    with pytest.raises(ConfigError, match=says):
+        _plan(f"{LIT}, {flags}")
+
+
+def test_training_arguments_set_precision_accumulation_optimizer_and_lr():
+    plan = _plan(HF + ", args: {bf16: true, gradient_accumulation_steps: 4, "
+                      "optim: adamw_torch_fused, learning_rate: 5.0e-05, max_grad_norm: 0.5}")
+    r = plan.variants["default"]
+    assert (r.precision, r.accumulate, r.optimizer.impl, r.lr) == ("bf16", 4, "fused", 5e-5)
+    with pytest.raises(ConfigError, match=r"^model hf_trainer: args\.optim: 'adafactor': "
+                                          r"speedbench trains with torch's AdamW"):
+        _plan(HF + ", args: {optim: adafactor}")
+    with pytest.raises(ConfigError, match=r"args\.bf16 and fp16: both true; choose one"):
+        _plan(HF + ", args: {bf16: true, fp16: true}")
+
+
+def test_the_steps_clip_as_the_trainer_would():
+    assert loops.hf_trainer(torch.nn.Linear(2, 2)).clip_norm == 1.0  # the Trainer's default
+    assert loops.hf_trainer(torch.nn.Linear(2, 2), {"max_grad_norm": 0}).clip_norm is None
+    # an object's attribute, as a TrainingArguments built by `_target_` (it needs accelerate)
+    args = types.SimpleNamespace(max_grad_norm=0.25, optim="adamw_torch")
+    assert loops.hf_trainer(torch.nn.Linear(2, 2), args).clip_norm == 0.25
+    pytest.importorskip("lightning", reason="needs lightning")
+    from loop_models import LitNet
+
+    assert loops.lightning(LitNet(), {"gradient_clip_val": 0.5}).clip_norm == 0.5
+    with pytest.raises(TypeError, match=r"^trainer: gradient_clip_algorithm 'value' is not"):
+        loops.lightning(LitNet(), {"gradient_clip_val": 0.5, "gradient_clip_algorithm": "value"})
+
+
+def test_a_datamodule_is_taken_as_such_its_loaders_collate_kept():
+    pytest.importorskip("lightning", reason="needs lightning")
+    from loop_models import BlobsData
+
+    from speedbench.measure import own_data
+    from speedbench.measure.data import build_loader
+
+    data = own_data.own_dataset({"_target_": "loop_models.BlobsData", "n": 32})
+    assert len(data) == 32 and data.loader_functions["collate_fn"] == BlobsData.collate
+    BlobsData.collated = 0
+    x, y = next(iter(build_loader(data, 8, {}, seed=0)))
+    assert x.shape == (8, 32) and BlobsData.collated == 1
+
+
+def test_a_named_models_training_arguments_are_read_too():
+    """A model by name (models/NAME.yaml, `+models.NAME=`) as well as an inline one."""
+    plan = build_plan(compose_cfg("device=cpu", "scale=small", f"+models.hft={{{HF}, {BLOBS}, "
+                                  "args: {gradient_accumulation_steps: 3}}", "model=hft"), None)
+    assert plan.variants["default"].accumulate == 3 and plan.notes

@@ -192,9 +192,9 @@ EXAMPLES = {  # the example's heading -> the package it needs (None: speedbench'
     "A siamese model: two views in a tuple": (None, "siamese"),
     "Your own training step: clipping, a cosine schedule, EMA": (None, "stepped"),
     "A GAN: two optimizers, two losses": (None, "gan"),
-    "A LightningModule's own training_step": ("lightning", "litnet"),
-    "A Hugging Face model's own loss (BERT, as its Trainer trains it)": ("transformers",
-                                                                         "bert_loss"),
+    "A LightningModule and its DataModule, with its Trainer's flags": ("lightning", "litnet"),
+    "A Hugging Face Trainer's setup (BERT, its TrainingArguments)": ("transformers",
+                                                                     "bert_trainer"),
 }
 
 

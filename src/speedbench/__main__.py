@@ -485,30 +485,10 @@ def main() -> None:
 
 
 def runs_command(args: list[str]) -> int:
-    """`speedbench runs [FOLDER]`: the runs in FOLDER's index (default: results, out_dir's
-    default), a line each; the exit status."""
-    from speedbench.results import index
+    """`speedbench runs ...` (results/runs_cli.py): the index of past runs; the exit status."""
+    from speedbench.results import runs_cli
 
-    if len(args) > 1 or (args and args[0].startswith("-")):
-        print("speedbench: error: usage: speedbench runs [FOLDER] (FOLDER: a results folder, "
-              "out_dir; default results)", file=sys.stderr)
-        return EXIT_USAGE
-    folder = Path(args[0] if args else "results")
-    if not folder.is_dir():
-        print(f"speedbench: error: runs: {folder} is not a folder (give the out_dir your runs "
-              "went to)", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        cards = index.list_runs(folder, say=lambda line: print(line, file=sys.stderr))
-    except OSError as exc:  # the rebuilt index could not be written: listed all the same
-        print(f"speedbench: error: runs: {exc.strerror or exc} ({exc.filename or folder})",
-              file=sys.stderr)
-        return 1
-    for line in index.lines(cards):
-        print(line)
-    if not cards:
-        print(f"speedbench runs: no run in {folder}", file=sys.stderr)
-    return 0
+    return runs_cli.main(args)
 
 
 def cli() -> None:

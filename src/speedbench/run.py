@@ -57,6 +57,8 @@ def run(cfg: DictConfig, experiment: str | None, progress: bool = True,
         for spec in plan.models:
             check_data(plan, spec, dist_env.world_size if dist_env else 1)
     if distributed.is_main(dist_env):
+        for line in dict.fromkeys(note for plan in plans for note in plan.notes):
+            print(textwrap.fill(f"speedbench: {line}", width=100), file=sys.stderr)
         for line in forecast_notes(cfg, dist_env):
             print(textwrap.fill(f"speedbench: note: {line}", width=100,
                                 subsequent_indent="  "), file=sys.stderr)

@@ -21,12 +21,13 @@ from speedbench.config.keys import check_known_keys
 from speedbench.config.models import (ModelSpec, check_choice, check_dataset_sizes,
                                       check_path_fits, config_dirs, first_line, inline_name,
                                       is_inline, model_entries, own_data, resolve_model)
-from speedbench.config.schema import DEVICES, SCALES, SpeedbenchConfig
+from speedbench.config.schema import DEVICES, SCALES, Schema, SpeedbenchConfig
 from speedbench.errors import ConfigError
+from speedbench.results import index as run_index
 
 # Keys a variant may not change: they define the experiment, not a recipe.
 NOT_PER_VARIANT = ("model", "models", "variants", "arms", "baseline", "claims", "experiment", "out_dir",
-                   "suite", "recipe", "target")
+                   "suite", "recipe", "target", "label")
 # bench.mode=quick: one round of fixed windows, no quality probe (so no early stop), no interval
 QUICK = {"repeats": 1, "target_ci": None, "steady_tol": None, "quality_steps": 0,
          "quality_seeds": 1, "too_slow_factor": None, "explain": False}
@@ -45,6 +46,7 @@ class Plan:
     # compared with ('' or absent: the baseline)
     arms: dict[str, Arm] = field(default_factory=dict)
     references: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # said once before the run (loop_settings)
 
 
 def resolve_device(name: str) -> str:
@@ -171,6 +173,62 @@ def check_target(cfg: DictConfig) -> None:
                           "null for the automatic target")
 
 
+# The entry points (models/loops.py) whose model config carries a loop's own flags: the loop's
+# kind for Technique.from_loop and the key that holds them.
+LOOP_ENTRIES = {"speedbench.models.loops.lightning": ("lightning", "trainer"),
+                "speedbench.models.loops.hf_trainer": ("hf", "args")}
+
+
+def loop_settings(models: list[ModelSpec]) -> dict[str, Any]:
+    """The run's settings the models' own loops ask for (a Lightning Trainer's flags, Hugging
+    Face TrainingArguments: precision, accumulation, the optimizer's implementation through
+    the techniques, TrainingArguments' learning_rate as lr), read from their configs; a value
+    that has no counterpart, or two models asking for different ones, is a ConfigError."""
+    found: dict[str, Any] = {}
+    for spec in models:
+        target = str(spec.target.get("_target_"))
+        if target not in LOOP_ENTRIES or not spec.target.get(LOOP_ENTRIES[target][1]):
+            continue
+        loop, key = LOOP_ENTRIES[target]
+        flags = spec.target[key]
+        flags = OmegaConf.to_container(flags) if isinstance(flags, DictConfig) else dict(flags)
+        try:
+            settings = techniques.from_loop(loop, flags)
+        except ValueError as exc:
+            raise ConfigError(f"model {spec.name}: {key}.{exc}") from None
+        if loop == "hf" and flags.get("learning_rate") is not None:
+            settings["lr"] = float(flags["learning_rate"])
+        for name, value in settings.items():
+            if found.get(name, value) != value:
+                raise ConfigError(f"model: two models' loops ask for {name}={found[name]} and "
+                                  f"{name}={value}; run them apart")
+            found[name] = value
+    return found
+
+
+def apply_loop_settings(base: DictConfig, settings: dict[str, Any]) -> list[str]:
+    """`settings` set in `base` where the run leaves them at their defaults (a key given on
+    the command line wins, and a variant's own setting wins over both); the line saying so."""
+    schema = OmegaConf.structured(Schema)  # with the techniques' keys and defaults
+    applied = []
+    for name, value in settings.items():
+        if OmegaConf.select(base, name) == OmegaConf.select(schema, name):
+            OmegaConf.update(base, name, value, merge=False)
+            applied.append(f"{name}={value}")
+    if not applied:
+        return []
+    return [f"the model's own loop asks for {' '.join(applied)}: set for every variant (a "
+            "variant's own setting wins, as one given on the command line does)"]
+
+
+def check_label(value) -> None:
+    """label: null or a label `speedbench runs` and the report tool can take for the run."""
+    problem = None if value is None else run_index.label_problem(str(value))
+    if problem:
+        raise ConfigError(f"label: {str(value)[:80]!r} is not allowed ({problem}); a label is "
+                          f"{run_index.LABEL_RULE}")
+
+
 def check_threads(value) -> None:
     """bench.threads: null, auto or a whole number of threads from 1."""
     if value is None or value == "auto" or (str(value).isdigit() and int(value) >= 1):
@@ -188,6 +246,7 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     base = cfg.copy()
     check_recipe(base)
     check_target(cfg)
+    check_label(cfg.label)
 
     entries = model_entries(cfg.model)
     models = []
@@ -200,6 +259,7 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
     if len(set(names)) != len(names):
         raise ConfigError(f"model: {names} names a model twice (an inline model's name is its "
                           f"model_name, else its _target_'s last part)")
+    notes = apply_loop_settings(base, loop_settings(models))
 
     raw_variants = cfg.variants or {"default": {}}
     baseline = cfg.baseline or next(iter(raw_variants))
@@ -227,7 +287,7 @@ def build_plan(cfg: DictConfig, experiment: Optional[str]) -> Plan:
                 variants=crossed.variants if arms else variants,
                 baseline=crossed.baseline if arms else baseline, config=config,
                 arms=crossed.arm_of if arms else {},
-                references=crossed.reference if arms else {})
+                references=crossed.reference if arms else {}, notes=notes)
     check_plan(plan, distributed.from_environ())
     return plan
 

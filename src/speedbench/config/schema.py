@@ -312,6 +312,9 @@ class SpeedbenchConfig:
     run_dir: Optional[str] = setting(None, "this run's directory; null: "
                                            "`<out_dir>/<experiment>/<timestamp>`")
     experiment: Optional[str] = setting(None, "filled from +experiment=NAME")
+    label: Optional[str] = setting(None, "your name for this run: `speedbench runs` lists it "
+                                         "and `python -m speedbench.report` takes it for the "
+                                         "run's folder", values="TEXT")
 
 
 def config_dir() -> str:

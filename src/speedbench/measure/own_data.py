@@ -38,6 +38,8 @@ def own_dataset(spec: dict) -> Dataset:
         cause = exc.__cause__ or exc
         raise ConfigError(f"data: _target_ {name} failed: {type(cause).__name__}: "
                           f"{_first_line(cause)}") from None
+    if _is_datamodule(made):  # a LightningDataModule: its training DataLoader
+        made = datamodule_loader(name, made)
     if isinstance(made, DataLoader):
         made = LoaderData(name, made)
     elif isinstance(made, IterableDataset) or not _map_style(made):
@@ -47,6 +49,28 @@ def own_dataset(spec: dict) -> Dataset:
                           "share aside")
     _check_items(name, made)
     return made
+
+
+def _is_datamodule(made: Any) -> bool:
+    """A Lightning DataModule, known by its methods (lightning is not imported here)."""
+    return not isinstance(made, (Dataset, DataLoader)) and all(
+        callable(getattr(made, m, None)) for m in ("prepare_data", "setup", "train_dataloader"))
+
+
+def datamodule_loader(name: str, module: Any) -> DataLoader:
+    """A DataModule's training DataLoader, as a Trainer's fit gets it: prepare_data(),
+    setup("fit"), train_dataloader(). One line (ConfigError) where one of them fails."""
+    try:
+        module.prepare_data()
+        module.setup(stage="fit")
+        loader = module.train_dataloader()
+    except (Exception, SystemExit) as exc:
+        raise ConfigError(f"data: _target_ {name}, a DataModule, failed in prepare_data, setup "
+                          f"or train_dataloader: {type(exc).__name__}: {_first_line(exc)}") from None
+    if not isinstance(loader, DataLoader):
+        raise ConfigError(f"data: _target_ {name}, a DataModule: its train_dataloader() "
+                          f"returned {_what(loader)}; speedbench takes one DataLoader")
+    return loader
 
 
 class LoaderData(Dataset):

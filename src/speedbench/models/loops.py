@@ -4,7 +4,15 @@ own step and a technique that cannot act is `n/a` with its reason:
 
 - `lightning(module)`: a LightningModule's own `training_step(batch, batch_idx)`;
 - `hf_loss(model)`: a Hugging Face `PreTrainedModel` that takes its labels and returns its own
-  `.loss` (what the `Trainer` trains on).
+  `.loss` (what the `Trainer` trains on);
+- `hf_trainer(model, args)`: the same, with the step a `Trainer` given those
+  `TrainingArguments` takes: its gradients clipped at `max_grad_norm` (1.0 unless set).
+
+A Lightning `Trainer`'s flags (`lightning(module, trainer={...})`) and `TrainingArguments`
+(`hf_trainer`'s `args`) where Lightning or the Trainer owns a technique (precision,
+accumulation, the optimizer's implementation, the learning rate) become the run's settings
+(config/plan.py's loop_settings, each technique's `from_loop`); the step's own behaviour
+(gradient clipping) is applied here.
 
 Each wraps the user's module; its forward goes through `sb.model` (the model as the techniques
 prepared it: compiled, DDP), so those techniques act on the user's own forward. The optimizer
@@ -16,7 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Iterator
+from collections.abc import Mapping
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -57,18 +66,30 @@ class _Routed(nn.Module):
             del self.module.forward
 
 
-class LightningStep(_Routed):
-    """A LightningModule measured through its own training_step (built by `lightning`)."""
+def _flag(flags: Any, name: str, default: Any = None) -> Any:
+    """A flag of a loop's settings: a mapping's entry, or an object's attribute (a Trainer, a
+    TrainingArguments built through `_target_`)."""
+    if flags is None:
+        return default
+    if isinstance(flags, Mapping):
+        return flags.get(name, default)
+    return getattr(flags, name, default)
 
-    def __init__(self, module: nn.Module):
+
+class LightningStep(_Routed):
+    """A LightningModule measured through its own training_step (built by `lightning`), its
+    gradients clipped as its Trainer's flags ask (`clip_norm`)."""
+
+    def __init__(self, module: nn.Module, clip_norm: Optional[float] = None):
         super().__init__(module)
         self.batch_idx = 0
+        self.clip_norm = clip_norm
 
     def speedbench_step(self, batch, sb):
         with self._routed(sb), sb.autocast(), _no_trainer_warning():
             loss = _loss_of(self.module.training_step(_as_lightning(batch), self.batch_idx))
         sb.backward(loss)
-        if sb.step():
+        if sb.step(clip_norm=self.clip_norm):
             self.batch_idx += 1
         return loss
 
@@ -93,20 +114,28 @@ def _as_lightning(batch):
     return list(batch) if isinstance(batch, tuple) else batch
 
 
-def lightning(module: nn.Module) -> LightningStep:
+def lightning(module: nn.Module, trainer: Any = None) -> LightningStep:
     """`_target_: speedbench.models.loops.lightning` with `module: {_target_: your.LitModule}`:
-    the LightningModule trained by its own training_step, one call per micro-batch."""
+    the LightningModule trained by its own training_step, one call per micro-batch; `trainer`:
+    its Trainer's flags (a mapping or a Trainer), of which gradient_clip_val acts here."""
     if not callable(getattr(module, "training_step", None)):
         raise TypeError(f"{type(module).__name__} has no training_step: give a LightningModule")
-    return LightningStep(module)
+    if _flag(trainer, "gradient_clip_algorithm") not in (None, "norm"):
+        raise TypeError(f"trainer: gradient_clip_algorithm "
+                        f"{_flag(trainer, 'gradient_clip_algorithm')!r} is not taken; "
+                        "speedbench's step clips by norm (gradient_clip_algorithm: norm)")
+    clip = _flag(trainer, "gradient_clip_val")
+    return LightningStep(module, float(clip) if clip else None)
 
 
 class HFLossStep(_Routed):
-    """A model that computes its own loss from its labels (built by `hf_loss`)."""
+    """A model that computes its own loss from its labels (built by `hf_loss`, `hf_trainer`),
+    its gradients clipped at `clip_norm` where given."""
 
-    def __init__(self, model: nn.Module, inputs: str, labels: str):
+    def __init__(self, model: nn.Module, inputs: str, labels: str,
+                 clip_norm: Optional[float] = None):
         super().__init__(model)
-        self.inputs, self.labels = inputs, labels
+        self.inputs, self.labels, self.clip_norm = inputs, labels, clip_norm
 
     def forward(self, x, y):
         return type(self.module).forward(self.module, **{self.inputs: x, self.labels: y})
@@ -116,7 +145,7 @@ class HFLossStep(_Routed):
         with sb.autocast():
             loss = _loss_of(sb.model(x, y))
         sb.backward(loss)
-        sb.step()
+        sb.step(clip_norm=self.clip_norm)
         return loss
 
     def speedbench_loss(self, batch):
@@ -129,3 +158,17 @@ def hf_loss(model: nn.Module, inputs: str = "input_ids", labels: str = "labels")
     """`_target_: speedbench.models.loops.hf_loss` with `model: {...}` (a PreTrainedModel): its
     forward(**{inputs: x, labels: y}) returns `.loss`, the loss the Trainer would train on."""
     return HFLossStep(model, inputs, labels)
+
+
+HF_MAX_GRAD_NORM = 1.0  # TrainingArguments' default: a Trainer clips unless told not to
+
+
+def hf_trainer(model: nn.Module, args: Any = None, inputs: str = "input_ids",
+               labels: str = "labels") -> HFLossStep:
+    """`_target_: speedbench.models.loops.hf_trainer` with `model: {...}` and `args:` (the
+    TrainingArguments' keys, or `_target_: transformers.TrainingArguments` with them): the
+    model's own `.loss` in the step such a Trainer takes, gradients clipped at max_grad_norm
+    (1.0 unless set; 0 or null: not clipped). Precision, accumulation, `optim` and
+    learning_rate are the run's settings (config/plan.py's loop_settings)."""
+    clip = _flag(args, "max_grad_norm", HF_MAX_GRAD_NORM)
+    return HFLossStep(model, inputs, labels, float(clip) if clip else None)

@@ -1,8 +1,10 @@
-"""`python -m speedbench.report RUN_DIR [RUN_DIR ...] [--out DIR]`: rebuild or compare reports.
+"""`python -m speedbench.report RUN [RUN ...] [--out DIR] [--reference RUN] [--index FOLDER]`:
+rebuild or compare reports. A RUN is a run directory, or a run's label (or its folder's name)
+in the index of runs of --index's folder (results/index.py; default results).
 
-One run directory: rebuild its report.md/report.html/plots (in place, or in --out).
-Several: a comparison report (the first run is the reference) in --out, by default
-results/compare/<timestamp>/.
+One run: rebuild its report.md/report.html/plots (in place, or in --out).
+Several: a comparison report in --out, by default results/compare/<timestamp>/, against a
+reference run: --reference's, else the first run given that measured something (said).
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from speedbench import errors, results
-from speedbench.results.runs import ReportError
+from speedbench.results import index
+from speedbench.results.runs import ReportError, measured_something
 
 
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -69,9 +72,15 @@ def main(argv=None, write: Callable[[list[Path], Optional[Path]], Path] | None =
     parser = argparse.ArgumentParser(
         prog="python -m speedbench.report",
         description="Rebuild the report of one speedbench run, or compare several runs "
-                    "(the first is the reference).")
-    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
-                        help="run directories (each with trials.csv)")
+                    "against a reference run.")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN",
+                        help="run directories (each with trials.csv), or runs' labels")
+    parser.add_argument("--reference", default=None, metavar="RUN",
+                        help="the run the others are compared with (default: the first run "
+                             "given that measured something)")
+    parser.add_argument("--index", type=Path, default=Path("results"), metavar="FOLDER",
+                        help="the results folder (out_dir) whose index of runs names the "
+                             "labels (default results)")
     parser.add_argument("--out", type=_out_dir, default=None,
                         help="where to write the report (one run: default its own directory; "
                              "several: default results/compare/<timestamp>)")
@@ -89,7 +98,8 @@ def main(argv=None, write: Callable[[list[Path], Optional[Path]], Path] | None =
               file=sys.stderr)
         return 2
     try:
-        md = (write or write_reports)(args.run_dirs, args.out)
+        dirs, reference = _runs(args)
+        md = (write or write_reports)(dirs, args.out)
         _done()
     except (ReportError, errors.ConfigError) as exc:  # (ConfigError: the default --out folder)
         print(f"speedbench.report: error: {exc}", file=sys.stderr)
@@ -109,10 +119,45 @@ def main(argv=None, write: Callable[[list[Path], Optional[Path]], Path] | None =
             raise
         return _interrupted(errors.stopping())
     try:
+        if reference:
+            say(reference)
         say(f"report: {md.with_suffix('.html')} (and {md.name} beside it)")
     except BrokenPipeError:  # `| head -0`: the report is written all the same
         return _pipe_closed()
     return 0
+
+
+def _runs(args: argparse.Namespace) -> tuple[list[Path], str]:
+    """The run directories the command's RUNs name, the reference first where several, and
+    the line that says which is the reference and why ("" for one run). ReportError where a
+    RUN names no run."""
+    def found(name: str) -> Path:
+        try:
+            return index.find(args.index, name, say=lambda line: None)
+        except index.RunNotFound as exc:
+            raise ReportError(str(exc)) from None
+
+    dirs = [found(name) for name in args.run_dirs]
+    if args.reference is not None:
+        ref = found(args.reference)
+        same = [d for d in dirs if _same(d, ref)]
+        rest = [d for d in dirs if not _same(d, ref)]
+        return [same[0] if same else ref] + rest, f"reference: {args.reference} (--reference)"
+    if len(dirs) == 1:
+        return dirs, ""
+    measured = [d for d in dirs if measured_something(d)]
+    if not measured or measured[0] is dirs[0]:
+        why = "the first run given" + ("; none of them measured anything" if not measured else "")
+        return dirs, f"reference: {_shown(dirs[0])} ({why}; another: --reference RUN)"
+    skipped = ", ".join(_shown(d) for d in dirs[:dirs.index(measured[0])])
+    return [measured[0]] + [d for d in dirs if d is not measured[0]], (
+        f"reference: {_shown(measured[0])}, the first run given that measured something "
+        f"({skipped} measured nothing; another: --reference RUN)")
+
+
+def _shown(run_dir: Path) -> str:
+    """A run as the comparison names it: its label, else its folder's name."""
+    return index.user_label(run_dir) or run_dir.name
 
 
 def _interrupted(exc: KeyboardInterrupt) -> int:

@@ -1,6 +1,6 @@
 """Comparison of several runs (machines, PyTorch versions, days): one report side by side.
 
-The first run is the reference. Rows are aligned by (experiment, model, variant); for each
+The first run of the list is the reference (the report tool puts it first). Rows are aligned by (experiment, model, variant); for each
 other run the ratio of its geometric mean throughput to the reference's, with Welch's t
 interval on log throughput over both runs' trials (intervals.welch_ratio_ci), Bonferroni-
 adjusted over the rows compared, and a verdict only when the CI excludes 1. Separate runs
@@ -32,7 +32,7 @@ from speedbench.results.schema import OK
 # env.json entries that differ between any two runs anyway and explain nothing.
 ENV_IGNORED = ("hostname", "cpu_flags")  # CPU flags get their own table (flag_differences)
 # config.yaml entries that name where a run went, not what it measured.
-CONFIG_IGNORED = ("run_dir", "out_dir")
+CONFIG_IGNORED = ("run_dir", "out_dir", "label")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
@@ -251,8 +251,8 @@ def experiment_figures(runs: list[Run], keys: list[tuple], rows: pd.DataFrame, e
 def method_text(runs: list[Run], keys: list[tuple]) -> str:
     """How runs are compared: the interval, its level and the family."""
     return ("Rows are aligned by (experiment, model, variant). For each, the ratio of the "
-            "geometric mean throughput of a run to that of the reference (the first run "
-            "given), with Welch's t interval on the logs of both runs' trials (simulated, it "
+            "geometric mean throughput of a run to that of the reference run (--reference, "
+            "else the first run given that measured something), with Welch's t interval on the logs of both runs' trials (simulated, it "
             "holds its level from 3 trials a side and at adjusted levels, where the bootstrap "
             "of medians used before covered 0.89 of a nominal 0.95 at 3 trials), at "
             f"{compared_level(runs, keys):.2%} each: the family's 5% shared by the "

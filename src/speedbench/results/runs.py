@@ -749,12 +749,26 @@ def load_techniques(run_dir) -> Optional[dict]:
 
 
 def label_runs(runs: list[Run]) -> None:
-    """Short, distinct labels: the directory name, with parents added until they differ."""
-    depth = 1
+    """Short, distinct labels: the run's own label (label=..., `speedbench runs label`), else
+    the directory name with parents added until they differ; "#n" where two still match."""
+    from speedbench.results.index import user_label
+
+    depth, own = 1, [user_label(r.path) for r in runs]
     while depth < 6:
-        labels = ["/".join(r.path.resolve().parts[-depth:]) for r in runs]
+        labels = [mine or "/".join(r.path.resolve().parts[-depth:]) for r, mine in zip(runs, own)]
         if len(set(labels)) == len(labels):
             break
         depth += 1
     for i, (run, label) in enumerate(zip(runs, labels)):
         run.label = label if labels.count(label) == 1 else f"{label} #{i + 1}"
+
+
+def measured_something(run_dir) -> bool:
+    """Whether the run has a trial that measured a throughput (status ok, a finite
+    samples_per_s): a run that has none cannot be a comparison's reference."""
+    try:
+        trials = load_run(run_dir).trials
+    except (ReportError, OSError):
+        return False
+    ok = trials[trials["status"] == "ok"]["samples_per_s"]
+    return bool(np.isfinite(pd.to_numeric(ok, errors="coerce").to_numpy(float)).any())

@@ -139,6 +139,16 @@ def check_plan(plan: Any, dist_env: Any) -> None:
 
 
 # --- one trial -------------------------------------------------------------------------------------
+def from_loop(loop: str, flags: dict) -> dict:
+    """The settings a training loop's own flags ask for, technique by technique
+    (Technique.from_loop): loop "lightning" (a Trainer's flags) or "hf" (TrainingArguments').
+    ValueError naming the flag where one cannot be mapped."""
+    settings: dict = {}
+    for t in REGISTRY:
+        settings.update(t.from_loop(loop, flags))
+    return settings
+
+
 def not_applicable(recipe: Any, ctx: Context) -> Optional[str]:
     """The first technique's reason why this recipe cannot be measured here, or None."""
     for t in REGISTRY:

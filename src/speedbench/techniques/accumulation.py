@@ -32,6 +32,18 @@ for i, (x, y) in enumerate(loader):
     if (i + 1) % {value} == 0:
         opt.step(); opt.zero_grad(set_to_none=True)""")}}
 
+    def from_loop(self, loop: str, flags: dict) -> dict:
+        """Lightning's accumulate_grad_batches; TrainingArguments'
+        gradient_accumulation_steps."""
+        flag = {"lightning": "accumulate_grad_batches",
+                "hf": "gradient_accumulation_steps"}.get(loop)
+        value = flags.get(flag) if flag else None
+        if value is None:
+            return {}
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{flag}: {value!r} is not allowed; a whole number from 1")
+        return {"accumulate": value}
+
     def micro_batching(self, batch: int, recipe):
         k = recipe.accumulate
         return (batch // k if recipe.accumulate_mode == "split" else batch), k

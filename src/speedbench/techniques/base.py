@@ -420,6 +420,13 @@ class Technique:
         """Checks against the whole plan (models, device, how speedbench was started)."""
 
     # -- when it cannot act -----------------------------------------------------------------------
+    def from_loop(self, loop: str, flags: dict) -> dict:
+        """This technique's settings that a training loop's own flags ask for: `loop`
+        "lightning" (a Lightning Trainer's flags) or "hf" (Hugging Face TrainingArguments');
+        {} where none. ValueError, naming the flag and what it takes, for a value it cannot
+        map."""
+        return {}
+
     def not_applicable(self, recipe: Any, ctx: Context) -> Optional[str]:
         """'n/a: <reason>' when this recipe asks for something this technique cannot do here.
         A key left at its plain-PyTorch default must never make a recipe n/a."""

@@ -15,6 +15,8 @@ import torch
 from speedbench.techniques.base import (ActsOn, Bound, Context, Field, Technique, amdahl,
                                         percent, times)
 
+# TrainingArguments' `optim` -> the implementation of torch's AdamW it names
+HF_OPTIM = {"adamw_torch": "default", "adamw_torch_fused": "fused"}
 IMPL_OPTIONS = {"default": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
                 "fused": {"fused": True}}
 
@@ -47,6 +49,16 @@ a device torch has the kernel for."""
                 f"opt = torch.optim.AdamW(model.parameters(), lr=lr, {value}=True)")
         for value in ("foreach", "fused")}}
     extra_columns = ("optimizer_ms",)
+
+    def from_loop(self, loop: str, flags: dict) -> dict:
+        """TrainingArguments' `optim`: torch's AdamW, by its implementation."""
+        if loop != "hf" or flags.get("optim") is None:
+            return {}
+        optim = str(flags["optim"])
+        if optim not in HF_OPTIM:
+            raise ValueError(f"optim: {optim!r}: speedbench trains with torch's AdamW, so yours "
+                             f"would not be the one measured; choose {' or '.join(HF_OPTIM)}")
+        return {"optimizer.impl": HF_OPTIM[optim]}
 
     def not_applicable(self, recipe, ctx: Context) -> Optional[str]:
         if recipe.optimizer.impl == "fused":

@@ -13,6 +13,9 @@ from speedbench.techniques.base import (ActsOn, Bound, Context, Field, Finding, 
 
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 FP32_COMPUTE_SHARE = 0.30  # of the step in fp32 forward+backward on a GPU with tensor cores
+# A Lightning Trainer's precision flag -> speedbench's (autocast, mixed: the weights stay fp32)
+LIGHTNING_PRECISION = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "bf16", "16-mixed": "fp16",
+                       "16": "fp16", "bf16": "bf16"}
 TIP = "train in mixed precision, so matrix work runs on the tensor cores"
 
 
@@ -43,6 +46,21 @@ with torch.autocast("cuda", dtype=torch.float16):
 scaler.scale(loss).backward()
 scaler.step(opt); scaler.update(); opt.zero_grad(set_to_none=True)"""),
     }}
+
+    def from_loop(self, loop: str, flags: dict) -> dict:
+        """Lightning's `precision` ("bf16-mixed" -> bf16); TrainingArguments' `bf16`/`fp16`."""
+        if loop == "lightning" and flags.get("precision") is not None:
+            value = str(flags["precision"])
+            if value not in LIGHTNING_PRECISION:
+                raise ValueError(f"precision: {value!r} has no speedbench counterpart (its "
+                                 "precision is mixed, autocast); choose one of "
+                                 f"{', '.join(LIGHTNING_PRECISION)}")
+            return {"precision": LIGHTNING_PRECISION[value]}
+        if loop == "hf" and (flags.get("bf16") or flags.get("fp16")):
+            if flags.get("bf16") and flags.get("fp16"):
+                raise ValueError("bf16 and fp16: both true; choose one")
+            return {"precision": "bf16" if flags.get("bf16") else "fp16"}
+        return {}
 
     def step_context(self, recipe, ctx: Context):
         if recipe.precision == "fp32":
