@@ -106,22 +106,6 @@ def _few_threads():
     torch.set_num_threads(n)
 
 
-@pytest.fixture(autouse=True)
-def _stop_signals_as_they_were():
-    """Each test leaves the stop signals' handlers as it found them: a test that runs
-    speedbench's code in this process (main(), the report tool, a model's isolation) and left
-    one ignored would make every later child process ignore it too (an ignored signal is
-    inherited), and the signal tests after it would fail for a reason not theirs."""
-    import signal
-
-    stopping = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    before = {sig: signal.getsignal(sig) for sig in stopping}
-    yield
-    for sig, handler in before.items():
-        if handler is not None and signal.getsignal(sig) is not handler:
-            signal.signal(sig, handler)
-
-
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true",
                      help="also run the tests marked slow: whole CLI runs, torchrun jobs, signals "
