@@ -212,10 +212,11 @@ def test_step_flops_of_a_linear_layer():
 
 def test_matmul_peak_agrees_with_a_hand_timed_product():
     """The peak in TFLOP/s against 2 n^3 / t of products timed here: a unit slip (FLOP/s,
-    GFLOP/s) is a factor 1,000 or more; a loaded machine moves either side by a few times."""
+    GFLOP/s) is a factor 1,000 or more; beside CPU hogs a short window can get a few percent
+    of a core, so the band is a factor 200 either side (it failed once at 30 beside load 10)."""
     import time
 
-    peak = flops.matmul_peak_tflops(torch.device("cpu"), "fp32", duration_s=0.05)
+    peak = flops.matmul_peak_tflops(torch.device("cpu"), "fp32", duration_s=0.2)
     n = 512
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b  # warm-up
@@ -225,7 +226,7 @@ def test_matmul_peak_agrees_with_a_hand_timed_product():
         a @ b
         best_s = min(best_s, time.perf_counter() - started)
     by_hand = 2 * n ** 3 / best_s / 1e12
-    assert math.isfinite(peak) and by_hand / 30 < peak < by_hand * 30, (peak, by_hand)
+    assert math.isfinite(peak) and by_hand / 200 < peak < by_hand * 200, (peak, by_hand)
 
 
 @pytest.mark.slow
