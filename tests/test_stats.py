@@ -308,3 +308,63 @@ def test_a_not_measured_row_shows_no_speed_up_and_keeps_its_unpaired_probe_ratio
     assert s.loc["b", "verdict"] == schema.NOT_MEASURED
     assert s.loc["b", ["speedup", "speedup_lo", "speedup_hi"]].isna().all()
     assert s.loc["b", "probe_speedup"] == 1.5  # kept, as the probe's (unpaired) figure
+
+
+def _burst_pair(shares_a, shares_b, speed_a, speed_b):
+    """Two sides of a paired comparison, round by round, with others' CPU share per trial."""
+    rounds = range(len(shares_a))
+    side = lambda shares, speeds: pd.DataFrame(  # noqa: E731
+        {"round": list(rounds), "samples_per_s": speeds, "others_cpu_share": shares})
+    return side(shares_a, speed_a), side(shares_b, speed_b)
+
+
+def test_a_round_a_burst_hit_is_left_out_of_the_paired_comparison():
+    """A quiet-machine A/B of identical speeds came out 0.68x [0.33, 1.37] because another
+    process took half the CPU during 4 of 21 trials (10x slower there); the rounds a burst
+    hit are left out, both sides, on what the machine did, not on the figures."""
+    quiet = [0.01, 0.02, 0.01, 0.03, 0.02, 0.01, 0.02, 0.01]
+    burst = quiet[:3] + [0.55] + quiet[4:]
+    speeds = [100, 101, 99, 100, 102, 98, 100, 101]
+    slow = speeds[:3] + [10] + speeds[4:]
+    other = [101, 100, 100, 99, 101, 99, 101, 100]
+    variant, base = _burst_pair(burst, quiet, slow, other)
+    rounds = pd.Index(range(8))
+    assert list(intervals.burst_rounds(variant, base, "round", rounds)) == [3]
+    num, den = intervals.paired(variant, base, "samples_per_s", "round")
+    assert len(num) == 7 and 10 not in num
+    _, lo, hi = intervals.paired_ratio_ci(num, den, 0.99)
+    _, lo_all, hi_all = intervals.paired_ratio_ci(slow, other, 0.99)
+    assert lo < 1 < hi and hi / lo < 1.1 < hi_all / lo_all
+    # the same slow trial on a machine that was quiet throughout stays in: the figures alone
+    # never decide
+    variant, base = _burst_pair(quiet, quiet, slow, speeds)
+    assert len(intervals.paired(variant, base, "samples_per_s", "round")[0]) == 8
+
+
+def test_a_machine_busy_throughout_keeps_its_rounds():
+    """Load that is the norm is no burst (the pairing cancels it); and no rule may leave
+    under half of the rounds, nor act on runs without the column."""
+    busy = [0.6, 0.55, 0.62, 0.58, 0.61, 0.57]
+    speeds = [50, 52, 49, 51, 50, 48]
+    variant, base = _burst_pair(busy, busy, speeds, speeds)
+    assert intervals.burst_rounds(variant, base, "round", pd.Index(range(6))).empty
+    half = [0.01, 0.9, 0.02, 0.9, 0.01, 0.9, 0.9]
+    variant, base = _burst_pair(half, half, speeds + [50], speeds + [50])
+    assert intervals.burst_rounds(variant, base, "round", pd.Index(range(7))).empty
+    plain = variant.drop(columns="others_cpu_share")
+    assert intervals.burst_rounds(plain, base, "round", pd.Index(range(7))).empty
+
+
+def test_the_report_says_how_many_rounds_a_burst_took_out():
+    quiet, burst = [0.01] * 6, [0.01, 0.01, 0.7, 0.01, 0.01, 0.01]
+    rows = []
+    for variant, shares, base in (("a", quiet, True), ("b", burst, False)):
+        rows += [{"model": "m", "variant": variant, "is_baseline": base, "round": r,
+                  "status": schema.OK, "samples_per_s": 100.0, "others_cpu_share": s}
+                 for r, s in enumerate(shares)]
+    trials = pd.DataFrame(rows)
+    assert method.left_out_rounds(trials) == {("m", 2)}
+    note = method.busy_trials_note(trials)
+    assert "1 round(s) that a burst hit" in note and "left out of the comparisons" in note
+    assert "left out" not in method.busy_trials_note(trials.assign(
+        others_cpu_share=[0.01] * 6 + [0.3] * 6))

@@ -274,11 +274,41 @@ def reference_rows(group: pd.DataFrame, rows: pd.DataFrame, base: pd.DataFrame
     return named[named["status"] == OK] if "status" in named else named
 
 
+# A round is a burst when other processes took this much more of the CPU in it than in the
+# pair's usual round (others_cpu_share, env.CpuWindow). Four such rounds out of 21 gave a
+# quiet-machine A/B of identical speeds 0.68x [0.33, 1.37]; without them 0.98x [0.89, 1.07].
+BURST_OVER = 0.25
+
+
+def burst_rounds(variant: pd.DataFrame, base: pd.DataFrame, key: str,
+                 rounds: pd.Index) -> pd.Index:
+    """The `rounds` in which another process's burst took over BURST_OVER more of the CPU
+    than in the pair's median round, during either side's trial. The choice reads the machine,
+    never the figures, and drops both sides of a round, so it favours neither. None are
+    dropped where that would leave under half of the rounds or under two (a machine busy
+    throughout: the load is the norm there, and the pairing cancels it) or where trials.csv
+    has no others_cpu_share (older runs)."""
+    none = pd.Index([])
+    if "others_cpu_share" not in variant or "others_cpu_share" not in base or not len(rounds):
+        return none
+    sides = [pd.to_numeric(f["others_cpu_share"], errors="coerce").groupby(f[key]).max()
+             for f in (variant, base)]
+    share = pd.concat(sides, axis=1).max(axis=1).reindex(rounds)
+    typical = share.median()
+    if not np.isfinite(typical):
+        return none
+    burst = share.index[share > typical + BURST_OVER]
+    kept = len(rounds) - len(burst)
+    return burst if kept >= 2 and 2 * kept >= len(rounds) else none
+
+
 def paired(variant: pd.DataFrame, base: pd.DataFrame, metric: str, key: str):
-    """(variant values, baseline values) of `metric`, aligned on the rounds both measured."""
+    """(variant values, baseline values) of `metric`, aligned on the rounds both measured,
+    less the rounds a burst of other processes hit (burst_rounds)."""
     a = variant.groupby(key)[metric].median()
     b = base.groupby(key)[metric].median()
     both = a.index.intersection(b.index)
+    both = both.difference(burst_rounds(variant, base, key, both))
     return (pd.to_numeric(a[both], errors="coerce").to_numpy(float),
             pd.to_numeric(b[both], errors="coerce").to_numpy(float))
 

@@ -8,9 +8,11 @@ import math
 
 import pandas as pd
 
-from speedbench.analysis.intervals import (DEFAULT_THRESHOLD, FAMILY_LEVEL, LOOKS,
-                                           MAX_LOOKS, comparison_level)
+from speedbench.analysis.intervals import (BURST_OVER, DEFAULT_THRESHOLD, FAMILY_LEVEL, LOOKS,
+                                           MAX_LOOKS, burst_rounds, comparison_level,
+                                           pair_key, reference_rows)
 from speedbench.analysis.numbers import ratio_text
+from speedbench.results.schema import OK
 from speedbench.analysis.power import NOISY_LEVEL, QUIET_ROUND_SD, noisier_than_quiet
 
 
@@ -218,7 +220,8 @@ def stalled_windows(trials: pd.DataFrame) -> pd.DataFrame:
     stall = pd.to_numeric(trials["stall_ms"], errors="coerce") / 1000
     elapsed = pd.to_numeric(trials["elapsed_s"], errors="coerce")
     share = stall / elapsed.where(elapsed > 0)
-    hit = trials.assign(stall_ms=1000 * stall, stall_share=share)[share > STALL_SHARE]
+    # (copy: a frame built column by column is fragmented, and assign would warn of it)
+    hit = trials.copy().assign(stall_ms=1000 * stall, stall_share=share)[share > STALL_SHARE]
     return hit.sort_values("stall_share", ascending=False, kind="stable")
 
 
@@ -254,10 +257,31 @@ def busy_trials_note(trials: pd.DataFrame) -> str | None:
     per = hit.groupby(["model", "variant"], sort=False).size()
     named = ", ".join(f"{m}/{v} {n}" for (m, v), n in per.head(STALLS_NAMED).items())
     more = f", and {len(per) - STALLS_NAMED} more" if len(per) > STALLS_NAMED else ""
+    left = len(left_out_rounds(trials))
+    points = f"{100 * BURST_OVER:.0f} points"
+    noisier = (f"{left} round(s) that a burst hit (others took over {points} more of the CPU "
+               "than in the model's usual round) are left out of the comparisons, and the "
+               "rest are noisier" if left else "Their rounds are noisier")
     return (f"{len(hit)} of {len(trials)} trials ran while other processes took over "
             f"{BUSY_TRIAL:.0%} of the CPU (others_cpu_share in trials.csv): {named}{more}. "
-            "Their rounds are noisier; measure again on a quiet machine for figures to rely "
-            "on.")
+            f"{noisier}; measure again on a quiet machine for figures to rely on.")
+
+
+def left_out_rounds(trials: pd.DataFrame) -> set[tuple]:
+    """(model, round) of every round that intervals.burst_rounds leaves out of some paired
+    comparison of the run (each variant against its reference)."""
+    left: set[tuple] = set()
+    if "status" not in trials or "is_baseline" not in trials:
+        return left
+    ok = trials[trials["status"] == OK]
+    for model, group in ok.groupby("model", sort=False):
+        key = pair_key(group)
+        is_base = group["is_baseline"].astype(bool)
+        for _, rows in group[~is_base].groupby("variant", sort=False):
+            ref = reference_rows(group, rows, group[is_base])
+            both = pd.Index(rows[key].dropna().unique()).intersection(ref[key].dropna().unique())
+            left |= {(model, r) for r in burst_rounds(rows, ref, key, both)}
+    return left
 
 
 def trial_notes(trials: pd.DataFrame) -> list[str]:

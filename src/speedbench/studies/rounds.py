@@ -154,7 +154,8 @@ class Rounds:
                 # left to compare with it)
                 cpu = env.CpuWindow()  # what other processes took of the CPU meanwhile
                 record = self._trial(name, round_, position)
-                record["others_cpu_share"] = cpu.others()
+                # (instruments that know their own share, the simulation's, keep it)
+                record.setdefault("others_cpu_share", cpu.others())
                 self._after(name, record["status"])
                 self._write(record)
                 self.result.rows.append(record)
