@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 import statistics
 import time
 from dataclasses import dataclass
@@ -103,7 +104,11 @@ def step_flops(model: torch.nn.Module, loss_kind: str, batch: tuple, micro_batch
     try:
         x, y = to_device(tuple(batch), device)
         model.eval()
-        with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
+        with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter, \
+                warnings.catch_warnings():
+            # the counter's module tracker hooks every module globally; a compiled model warns
+            # that they fire twice, which moves the per-module split only, not the total
+            warnings.filterwarnings("ignore", message=".*global hooks on modules")
             loss = compute_loss(model, loss_kind, x, y)
             if backward:
                 loss.backward()

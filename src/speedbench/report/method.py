@@ -220,8 +220,7 @@ def stalled_windows(trials: pd.DataFrame) -> pd.DataFrame:
     stall = pd.to_numeric(trials["stall_ms"], errors="coerce") / 1000
     elapsed = pd.to_numeric(trials["elapsed_s"], errors="coerce")
     share = stall / elapsed.where(elapsed > 0)
-    # (copy: a frame built column by column is fragmented, and assign would warn of it)
-    hit = trials.copy().assign(stall_ms=1000 * stall, stall_share=share)[share > STALL_SHARE]
+    hit = trials.assign(stall_ms=1000 * stall, stall_share=share)[share > STALL_SHARE]
     return hit.sort_values("stall_share", ascending=False, kind="stable")
 
 

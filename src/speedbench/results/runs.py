@@ -569,7 +569,9 @@ def _trials(file: Path, version: int,
         trials.loc[unusable, "status"] = "error: no positive samples_per_s in trials.csv"
         notes.append(f"{int(unusable.sum())} ok trial(s) without a positive, finite "
                      "samples_per_s: counted as errors")
-    return trials, missing
+    # one block per dtype: the columns added one by one above leave the frame fragmented, and
+    # every later assign of the report would print pandas' PerformanceWarning on the console
+    return trials.copy(), missing
 
 
 def _one_baseline(trials: pd.DataFrame, notes: list[str]) -> None:
