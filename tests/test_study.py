@@ -146,6 +146,12 @@ def test_the_console_says_when_a_run_overran_its_budget():
     assert overrun_line(109.0, 60.0).startswith("speedbench: the run took 109 s, 49 s over its "
                                                 "bench.time_budget_s of 60 s")
     assert overrun_line(500.0, None) is None
+    # what no budget shortens is named: at a 4 % CPU share the start-up and the report alone
+    # took longer than a 15 s budget
+    line = overrun_line(55.0, 15.0, {"Python's start-up and the imports": 21.4,
+                                     "the tables and the report": 18.0, "nothing": 0.2})
+    assert line.endswith("; Python's start-up and the imports took 21 s; the tables and the "
+                         "report took 18 s)") and "nothing" not in line
 
 
 def test_a_far_slower_stop_is_rechecked_against_a_fresh_probe_of_the_baseline():

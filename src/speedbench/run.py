@@ -27,7 +27,7 @@ from speedbench.analysis.summary import summary_of
 from speedbench.config import ConfigError, Plan, build_plan, suite
 from speedbench.measure import diagnosis, env, isolation
 from speedbench.studies import arms, to_target
-from speedbench.measure.budget import Budget, run_start
+from speedbench.measure.budget import Budget, run_start, startup_s
 from speedbench.measure.flops import FlopsBook
 from speedbench.measure.timing import settled_heap
 from speedbench.studies.orders import plan_order_seed
@@ -156,10 +156,13 @@ def _conduct(cfg: DictConfig, plans: list[Plan], groups, run_dir: Path | None, r
     if writer is None:
         return None
     planned.mark_ended(run_dir)
+    writing = time.perf_counter()
     summary, profiled, load = _analyse_and_write(cfg, plans, run_dir, writer, resolved,
                                                  levels, progress, book, budget)
+    fixed_s = {"Python's start-up and the imports": startup_s(),
+               "the tables and the report": time.perf_counter() - writing}
     _report(summary, run_dir, writer, experiment, overrides, groups is None, profiled,
-            time.perf_counter() - started, load, cfg.bench.noise_threshold,
+            (time.perf_counter() - started, fixed_s), load, cfg.bench.noise_threshold,
             max(int(p.variants[p.baseline].bench.repeats) for p in plans),
             distributed.launcher(dist_env), _budget_s(plans),
             # a recipe search names its own key (recipe.budget_s) in its not-decided line
@@ -189,14 +192,19 @@ def _budget_s(plans: list[Plan]) -> float | None:
 OVERRUN_SLACK_S, OVERRUN_SHARE = 10.0, 0.05  # what the console lets pass before saying so
 
 
-def overrun_line(took_s: float, budget_s: float | None) -> str | None:
+def overrun_line(took_s: float, budget_s: float | None,
+                 fixed_s: dict[str, float] | None = None) -> str | None:
     """The line saying the run took longer than bench.time_budget_s by more than the slack
-    (max(OVERRUN_SHARE of it, OVERRUN_SLACK_S)), else None."""
+    (max(OVERRUN_SHARE of it, OVERRUN_SLACK_S)), else None. `fixed_s`: what no budget can
+    shorten (start-up, the report), in seconds, named in the line where it took a second."""
     if budget_s is None or took_s <= budget_s + max(OVERRUN_SHARE * budget_s, OVERRUN_SLACK_S):
         return None
+    spent = "; ".join(f"{name} took {s:.0f} s" for name, s in (fixed_s or {}).items()
+                      if s is not None and s >= 1)
     return (f"speedbench: the run took {took_s:.0f} s, {took_s - budget_s:.0f} s over its "
             f"bench.time_budget_s of {budget_s:g} s (its start-up, data, probes and trials "
-            "are held to the clock; a step, a data set or the machine's load ran past it)")
+            "are held to the clock; a step, a data set or the machine's load ran past it"
+            + (f"; {spent})" if spent else ")"))
 
 
 # With time to target (target.enabled), the share of an experiment's budget that trains the
@@ -353,7 +361,8 @@ def _analyse_and_write(cfg: DictConfig, plans: list[Plan], run_dir: Path, writer
 
 
 def _report(summary, run_dir: Path, writer, experiment: str | None,
-            overrides: list[str] | None, table: bool, profiled: bool, took_s: float,
+            overrides: list[str] | None, table: bool, profiled: bool,
+            took: tuple[float, dict],
             load: dict, threshold: float = intervals.DEFAULT_THRESHOLD,
             repeats: int | None = None, program: list[str] | None = None,
             budget_s: float | None = None, advice_s: float | None = None) -> None:
@@ -392,8 +401,9 @@ def _report(summary, run_dir: Path, writer, experiment: str | None,
     print("\n" + "\n".join(recommend.console_lines(summary, run_dir, budget_s=advice_s)))
     for line in techniques.log_lines(run_dir):  # what a tool wrote aside, and where
         print(line)
+    took_s, fixed_s = took  # the run's seconds, and those no budget shortens
     print("\n" + report_line(run_dir, sum(map(trained, writer.rows)), took_s))
-    over = overrun_line(took_s, budget_s)
+    over = overrun_line(took_s, budget_s, fixed_s)
     if over:
         print(over, file=sys.stderr)
     failed = [r for r in writer.rows if schema.parse_status(r["status"]).failed]

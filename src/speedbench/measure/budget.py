@@ -46,10 +46,23 @@ def count_from_process_start() -> None:
     _process_start[:] = [time.perf_counter() - process_age_s()]
 
 
+_startup_s: list[float] = []  # the command's first run: from the process's start to its start
+
+
 def run_start() -> float:
     """When a run's clock starts, on time.perf_counter: the process's start for a command's
-    first run, else now."""
-    return _process_start.pop() if _process_start else time.perf_counter()
+    first run (the seconds to now, Python's start-up and the imports, kept: startup_s), else
+    now."""
+    if not _process_start:
+        return time.perf_counter()
+    start = _process_start.pop()
+    _startup_s[:] = [time.perf_counter() - start]
+    return start
+
+
+def startup_s() -> float | None:
+    """The seconds from the process's start to its first run's (None outside the command)."""
+    return _startup_s[0] if _startup_s else None
 
 
 @dataclass
