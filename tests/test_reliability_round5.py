@@ -382,6 +382,30 @@ def test_a_run_id_left_in_the_shell_does_not_name_the_sweep_folder(monkeypatch):
     assert sweep_id("2026-12-04_21-00-00") == "stale"  # torchrun's worker: its job's id
 
 
+
+def test_a_sweep_started_in_the_same_second_as_another_gets_a_folder_of_its_own(tmp_path,
+                                                                                   monkeypatch):
+    """e_two_sweeps_same_runid, rerun: two sweeps started together named their folder by the
+    same second and shared it (the second's outcome.txt files replaced the first's)."""
+    from hydra import compose, initialize_config_dir
+    from speedbench.config.schema import TORCHRUN_WORKER, config_dir, register_schema, sweep_id
+
+    for name in TORCHRUN_WORKER:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "stale")
+    when = "2026-12-05_07-05-00"
+    (tmp_path / "multirun" / when).mkdir(parents=True)  # the other sweep's
+    mine = sweep_id(when, str(tmp_path))
+    assert mine == when + "-1" and (tmp_path / "multirun" / mine).is_dir()
+    assert sweep_id(when, str(tmp_path)) == mine  # asked again for each job: the same folder
+    register_schema()  # config.yaml's sweep folder is the one made
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose(config_name="config", return_hydra_config=True,
+                      overrides=[f"out_dir={tmp_path / 'b'}"])
+    got = Path(cfg.hydra.sweep.dir)
+    assert got.parent == tmp_path / "b" / "multirun" and got.is_dir()
+    assert Path(cfg.hydra.sweep.dir) == got
+
 def test_the_host_out_of_memory_while_data_is_read_is_not_blamed_on_the_model():
     from conftest import compose_cfg
 
