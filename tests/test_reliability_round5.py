@@ -369,6 +369,28 @@ def test_figures_are_drawn_without_the_libraries_warnings():
     assert not seen, [str(w.message) for w in seen]
 
 
+
+def test_a_trials_table_read_back_is_reported_without_a_pandas_warning(tmp_path):
+    """Seen rerunning x_counted, a_len_1e7 and i_skip: every run's console showed pandas'
+    'DataFrame is highly fragmented' PerformanceWarning from the report's stall check."""
+    import warnings
+
+    from speedbench import techniques
+    from speedbench.report import method
+    from speedbench.results import load_trials
+    from speedbench.results.schema import trial_columns
+
+    row = {c: 1.0 for c in trial_columns(techniques.column_names())}  # as a run writes it
+    row.update(experiment="e", model="m", variant="v", is_baseline=True, status="ok",
+               device="cpu")
+    pd.DataFrame([row, {**row, "variant": "w", "is_baseline": False}]).to_csv(
+        tmp_path / "trials.csv", index=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trials = load_trials(tmp_path)
+        method.stalled_windows(trials)
+    assert len(trials) == 2 and not seen, [str(w.message)[:80] for w in seen]
+
 # --- K15: a stale TORCHELASTIC_RUN_ID does not name a sweep's folder --------------------------
 def test_a_run_id_left_in_the_shell_does_not_name_the_sweep_folder(monkeypatch):
     from speedbench.config.schema import TORCHRUN_WORKER, sweep_id
