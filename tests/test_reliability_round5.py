@@ -391,6 +391,34 @@ def test_a_trials_table_read_back_is_reported_without_a_pandas_warning(tmp_path)
         method.stalled_windows(trials)
     assert len(trials) == 2 and not seen, [str(w.message)[:80] for w in seen]
 
+
+def test_a_stop_signal_taken_while_a_model_trains_is_not_said_as_the_models_change():
+    """i_term_rank0c, rerun: SIGTERM to torchrun's rank 0 in a trial; its handling set the
+    handlers (distributed's on_term hands SIGTERM back to the command's), and the note blamed
+    the built-in transformer: 'its code changes the stop signals' handlers'."""
+    import os
+    import time
+
+    from speedbench import errors
+    from speedbench.measure import isolation
+
+    command = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):  # as distributed.outlive_peer_failure's, where no peer failed
+        signal.signal(signal.SIGTERM, command)
+        raise errors.ask_to_stop(errors.Terminated(signum))
+
+    said = []
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        with pytest.raises(errors.Terminated), isolation.isolated("m", said.append):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # (ended at once by the handler's stop)
+        assert not said and signal.getsignal(signal.SIGTERM) is command, said
+    finally:
+        signal.signal(signal.SIGTERM, command)
+        errors.clear_stop()
+
 # --- K15: a stale TORCHELASTIC_RUN_ID does not name a sweep's folder --------------------------
 def test_a_run_id_left_in_the_shell_does_not_name_the_sweep_folder(monkeypatch):
     from speedbench.config.schema import TORCHRUN_WORKER, sweep_id
