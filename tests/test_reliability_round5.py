@@ -419,6 +419,19 @@ def test_a_stop_signal_taken_while_a_model_trains_is_not_said_as_the_models_chan
         signal.signal(signal.SIGTERM, command)
         errors.clear_stop()
 
+
+def test_a_models_change_is_said_within_the_consoles_100_columns(capsys):
+    """Rerunning the K1 cases: the note was one console line of 248 columns."""
+    import gc
+
+    from speedbench.measure import isolation
+
+    with isolation.isolated("a-model-with-a-long-name"):
+        gc.set_threshold(1, 1, 1)
+    said = capsys.readouterr().err
+    assert "its code changes the garbage collector's thresholds" in " ".join(said.split())
+    assert all(len(line) <= 100 for line in said.splitlines()), said
+
 # --- K15: a stale TORCHELASTIC_RUN_ID does not name a sweep's folder --------------------------
 def test_a_run_id_left_in_the_shell_does_not_name_the_sweep_folder(monkeypatch):
     from speedbench.config.schema import TORCHRUN_WORKER, sweep_id

@@ -36,6 +36,7 @@ import os
 import random
 import signal
 import sys
+import textwrap
 import threading
 import warnings
 from dataclasses import dataclass
@@ -534,7 +535,7 @@ def _console(text: str) -> None:
     from tqdm.auto import tqdm
 
     if os.environ.get("RANK", "0") == "0":  # under torchrun every rank sees it: rank 0 says it
-        tqdm.write(text, file=sys.stderr)
+        tqdm.write(textwrap.fill(text, width=100, subsequent_indent="  "), file=sys.stderr)
 
 
 @contextlib.contextmanager
