@@ -369,6 +369,69 @@ def test_figures_are_drawn_without_the_libraries_warnings():
     assert not seen, [str(w.message) for w in seen]
 
 
+
+def test_a_trials_table_read_back_is_reported_without_a_pandas_warning(tmp_path):
+    """Seen rerunning x_counted, a_len_1e7 and i_skip: every run's console showed pandas'
+    'DataFrame is highly fragmented' PerformanceWarning from the report's stall check."""
+    import warnings
+
+    from speedbench import techniques
+    from speedbench.report import method
+    from speedbench.results import load_trials
+    from speedbench.results.schema import trial_columns
+
+    row = {c: 1.0 for c in trial_columns(techniques.column_names())}  # as a run writes it
+    row.update(experiment="e", model="m", variant="v", is_baseline=True, status="ok",
+               device="cpu")
+    pd.DataFrame([row, {**row, "variant": "w", "is_baseline": False}]).to_csv(
+        tmp_path / "trials.csv", index=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trials = load_trials(tmp_path)
+        method.stalled_windows(trials)
+    assert len(trials) == 2 and not seen, [str(w.message)[:80] for w in seen]
+
+
+def test_a_stop_signal_taken_while_a_model_trains_is_not_said_as_the_models_change():
+    """i_term_rank0c, rerun: SIGTERM to torchrun's rank 0 in a trial; its handling set the
+    handlers (distributed's on_term hands SIGTERM back to the command's), and the note blamed
+    the built-in transformer: 'its code changes the stop signals' handlers'."""
+    import os
+    import time
+
+    from speedbench import errors
+    from speedbench.measure import isolation
+
+    command = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):  # as distributed.outlive_peer_failure's, where no peer failed
+        signal.signal(signal.SIGTERM, command)
+        raise errors.ask_to_stop(errors.Terminated(signum))
+
+    said = []
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        with pytest.raises(errors.Terminated), isolation.isolated("m", said.append):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # (ended at once by the handler's stop)
+        assert not said and signal.getsignal(signal.SIGTERM) is command, said
+    finally:
+        signal.signal(signal.SIGTERM, command)
+        errors.clear_stop()
+
+
+def test_a_models_change_is_said_within_the_consoles_100_columns(capsys):
+    """Rerunning the K1 cases: the note was one console line of 248 columns."""
+    import gc
+
+    from speedbench.measure import isolation
+
+    with isolation.isolated("a-model-with-a-long-name"):
+        gc.set_threshold(1, 1, 1)
+    said = capsys.readouterr().err
+    assert "its code changes the garbage collector's thresholds" in " ".join(said.split())
+    assert all(len(line) <= 100 for line in said.splitlines()), said
+
 # --- K15: a stale TORCHELASTIC_RUN_ID does not name a sweep's folder --------------------------
 def test_a_run_id_left_in_the_shell_does_not_name_the_sweep_folder(monkeypatch):
     from speedbench.config.schema import TORCHRUN_WORKER, sweep_id
@@ -381,6 +444,30 @@ def test_a_run_id_left_in_the_shell_does_not_name_the_sweep_folder(monkeypatch):
         monkeypatch.setenv(name, value)
     assert sweep_id("2026-12-04_21-00-00") == "stale"  # torchrun's worker: its job's id
 
+
+
+def test_a_sweep_started_in_the_same_second_as_another_gets_a_folder_of_its_own(tmp_path,
+                                                                                   monkeypatch):
+    """e_two_sweeps_same_runid, rerun: two sweeps started together named their folder by the
+    same second and shared it (the second's outcome.txt files replaced the first's)."""
+    from hydra import compose, initialize_config_dir
+    from speedbench.config.schema import TORCHRUN_WORKER, config_dir, register_schema, sweep_id
+
+    for name in TORCHRUN_WORKER:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "stale")
+    when = "2026-12-05_07-05-00"
+    (tmp_path / "multirun" / when).mkdir(parents=True)  # the other sweep's
+    mine = sweep_id(when, str(tmp_path))
+    assert mine == when + "-1" and (tmp_path / "multirun" / mine).is_dir()
+    assert sweep_id(when, str(tmp_path)) == mine  # asked again for each job: the same folder
+    register_schema()  # config.yaml's sweep folder is the one made
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose(config_name="config", return_hydra_config=True,
+                      overrides=[f"out_dir={tmp_path / 'b'}"])
+    got = Path(cfg.hydra.sweep.dir)
+    assert got.parent == tmp_path / "b" / "multirun" and got.is_dir()
+    assert Path(cfg.hydra.sweep.dir) == got
 
 def test_the_host_out_of_memory_while_data_is_read_is_not_blamed_on_the_model():
     from conftest import compose_cfg

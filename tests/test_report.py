@@ -384,28 +384,3 @@ def test_one_text_for_a_ratio_with_its_interval():
     assert ratio_text(1.5, 0.1234, 12.34, ci_spec=".3g", sep=",") == "1.50x [0.123,12.3]"
     assert ratio_text(np.float64(0.95), 0.9, 0.99, unit="") == "0.95 [0.90, 0.99]"
 
-
-def test_a_loaded_trials_table_takes_columns_without_pandas_warnings(tmp_path):
-    """The loader mends ~60 columns one by one; the frame it returned was fragmented, and the
-    report's later assigns printed pandas' PerformanceWarning on the console (a chunked_ce
-    run showed it twice)."""
-    import warnings
-
-    from speedbench.results.runs import load_trials
-
-    from speedbench.results.schema import TRIAL_COLUMNS
-
-    reference = Path(__file__).parents[1] / "results" / "reference"
-    source = next(p.parent for p in sorted(reference.rglob("trials.csv")))
-    run_dir = tmp_path / "run"
-    shutil.copytree(source, run_dir)
-    # every column of today's format, and the techniques' own (a chunked_ce run had 152)
-    table = pd.read_csv(run_dir / "trials.csv")
-    knobs = [f"knob_{i}" for i in range(90)]
-    table = table.reindex(columns=list(dict.fromkeys([*table.columns, *TRIAL_COLUMNS, *knobs])))
-    table.to_csv(run_dir / "trials.csv", index=False)
-    trials = load_trials(run_dir)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", pd.errors.PerformanceWarning)
-        for i in range(5):
-            trials = trials.assign(**{f"extra_{i}": 1.0})

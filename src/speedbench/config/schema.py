@@ -9,12 +9,15 @@ import dataclasses
 import os
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from speedbench import techniques
+from speedbench.errors import ConfigError
+from speedbench.results import fresh_dir
 from speedbench.results.schema import FORECAST_STEPS
 from speedbench.techniques.base import Bounds
 
@@ -374,19 +377,34 @@ Schema = _with_fields(SpeedbenchConfig, "Schema", techniques.fields())
 TORCHRUN_WORKER = ("TORCHELASTIC_RESTART_COUNT", "LOCAL_RANK", "RANK", "WORLD_SIZE")
 
 
-def sweep_id(when: str) -> str:
-    """The name of a sweep's folder (`${speedbench.sweep_id:${now:...}}` in config.yaml):
-    torchrun's run id in its workers (the same on every rank, whose clocks may differ), else
-    `when`, the time: two sweeps started from a shell with a stale TORCHELASTIC_RUN_ID do not
-    share (and overwrite) one folder."""
+_SWEEPS: dict = {}  # (when, out_dir) -> the sweep folder this process made
+
+
+def sweep_id(when: str, out_dir: str = "") -> str:
+    """The name of a sweep's folder (`${speedbench.sweep_id:${now:...},${out_dir}}` in
+    config.yaml): torchrun's run id in its workers (the same on every rank, whose clocks may
+    differ), else `when`, the time, as a folder made new under out_dir's multirun/ (`when-1`
+    where another sweep started in the same second has `when`): two sweeps started together,
+    or from a shell with a stale TORCHELASTIC_RUN_ID, do not share (and overwrite) one folder.
+    Made once per process: Hydra resolves the folder again for each job."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    return run_id if run_id and all(os.environ.get(k) for k in TORCHRUN_WORKER) else when
+    if run_id and all(os.environ.get(k) for k in TORCHRUN_WORKER):
+        return run_id
+    if not out_dir:
+        return when
+    key = (when, os.path.abspath(out_dir))
+    if key not in _SWEEPS:
+        try:
+            _SWEEPS[key] = fresh_dir(Path(key[1]) / "multirun", stamp=when).name
+        except (OSError, ConfigError):  # out_dir unwritable: Hydra's mkdir then says so
+            _SWEEPS[key] = when
+    return _SWEEPS[key]
 
 
 def register_schema() -> None:
     ConfigStore.instance().store(name="speedbench_schema", node=Schema)
     if not OmegaConf.has_resolver("speedbench.sweep_id"):
-        OmegaConf.register_new_resolver("speedbench.sweep_id", sweep_id)
+        OmegaConf.register_new_resolver("speedbench.sweep_id", sweep_id, use_cache=True)
     # the techniques' resolvers: machine-dependent variants, e.g. ${speedbench.worker_variants:...}
     for name, fn in techniques.resolvers().items():
         if not OmegaConf.has_resolver(name):

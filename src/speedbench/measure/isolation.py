@@ -36,6 +36,7 @@ import os
 import random
 import signal
 import sys
+import textwrap
 import threading
 import warnings
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from speedbench.errors import OwnStop
+from speedbench.errors import OwnStop, stopping
 
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
                      if hasattr(signal, n))
@@ -53,6 +54,9 @@ STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
 class ModelExit(RuntimeError):
     """The model's code called sys.exit() or raised another BaseException that is not a stop
     (KeyboardInterrupt): its trial fails, the run goes on."""
+
+
+STOP_HANDLERS = "the stop signals' handlers"
 
 
 def _handlers() -> tuple:
@@ -405,7 +409,7 @@ WATCHED: dict[str, Setting] = {
     "the file mode mask (umask)": Setting(_umask, os.umask, lambda v: f"{v:04o}"),
     "the environment variables speedbench reads": Setting(_variables, _set_variables,
                                                           _changed_variables),
-    "the stop signals' handlers": Setting(_handlers, _set_handlers, _handler_names),
+    STOP_HANDLERS: Setting(_handlers, _set_handlers, _handler_names),
     "sys.stdout or sys.stderr": Setting(_streams, _set_streams,
                                         lambda v: ", ".join(type(s).__name__ for s in v)),
     "the standard output or error descriptor": Setting(_std_fds, _set_std_fds, _fds_text),
@@ -467,6 +471,7 @@ class Watch:
         self.before = {what: _safe(setting.read) for what, setting in WATCHED.items()}
         self.generators = _generators()
         self.seen: dict[str, tuple[str, Any]] = {}  # what -> (where, the value) first seen
+        self.stop = stopping()  # a stop signal taken inside is speedbench's, not the model's
 
     def built(self) -> None:
         self._look("when it is built")
@@ -479,6 +484,8 @@ class Watch:
 
     def restore(self) -> None:
         self._look("while it trains")
+        if stopping() is not self.stop:  # a stop came: its handling (distributed's on_term,
+            self.seen.pop(STOP_HANDLERS, None)  # the command's) set the handlers: left as set
         for what in self.seen:  # only what was changed: a write can cost (signal handlers)
             try:
                 WATCHED[what].write(self.before[what])
@@ -528,7 +535,7 @@ def _console(text: str) -> None:
     from tqdm.auto import tqdm
 
     if os.environ.get("RANK", "0") == "0":  # under torchrun every rank sees it: rank 0 says it
-        tqdm.write(text, file=sys.stderr)
+        tqdm.write(textwrap.fill(text, width=100, subsequent_indent="  "), file=sys.stderr)
 
 
 @contextlib.contextmanager

@@ -49,11 +49,12 @@ def new_run_dir(out_dir: str, experiment: str, explicit: Optional[str] = None,
     return path
 
 
-def fresh_dir(base: Path, key: str = "out_dir", tag: str = "") -> Path:
+def fresh_dir(base: Path, key: str = "out_dir", tag: str = "", stamp: str = "") -> Path:
     """`<base>/<timestamp><tag>`, or `...-1`, `-2`, ... : a new folder, made with a mkdir that
     fails if it exists, so that two processes started in the same second never share one (`tag`:
-    a sweep job's `_job<N>`, which says which of a sweep's folders is which)."""
-    stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S") + tag
+    a sweep job's `_job<N>`, which says which of a sweep's folders is which; `stamp`: the time
+    already taken, Hydra's for a sweep's folder)."""
+    stamp = (stamp or dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")) + tag
     for n in range(1000):
         path = base / (stamp if n == 0 else f"{stamp}-{n}")
         try:

@@ -569,8 +569,8 @@ def _trials(file: Path, version: int,
         trials.loc[unusable, "status"] = "error: no positive samples_per_s in trials.csv"
         notes.append(f"{int(unusable.sum())} ok trial(s) without a positive, finite "
                      "samples_per_s: counted as errors")
-    # one block per dtype: the columns added one by one above leave the frame fragmented, and
-    # every later assign of the report would print pandas' PerformanceWarning on the console
+    # its columns were replaced one by one (a block each): a copy joins them, or the report's
+    # next assign prints pandas' "highly fragmented" PerformanceWarning on the run's console
     return trials.copy(), missing
 
 
