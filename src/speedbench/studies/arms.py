@@ -49,9 +49,10 @@ _JOBS: dict[int, dict] = {}  # id(plan) -> its plain data (built once per plan)
 def variant_arm(plan, name: str, ctx) -> Arm | None:
     """Where variant `name`'s trials and probes run: its A/B arm, with its techniques'
     start-up variables over the arm's; without an A/B, an arm of this interpreter with those
-    variables (a fresh process per trial, as LD_PRELOAD needs); None: in this process."""
-    start = techniques.environment(plan.variants[name], ctx)
+    variables (a fresh process per trial, as LD_PRELOAD needs); None: in this process. A
+    technique's LD_PRELOAD joins the arm's (the arm's libraries kept, less those it replaces)."""
     arm = plan.arms.get(name)
+    start = techniques.environment(plan.variants[name], ctx, arm.env if arm else None)
     if arm is None:
         return Arm(name, sys.executable, start, implied=True) if start else None
     return replace(arm, env={**arm.env, **start}) if start else arm
