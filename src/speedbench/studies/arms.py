@@ -140,6 +140,15 @@ def trial(plan, spec, arm: Arm, name: str, round_: int, position: int = 0,
                                                      position=position), **got}
 
 
+def to_target(plan, spec, arm: Arm, name: str, args: dict,
+              left_s: float | None) -> tuple[dict, list[dict]]:
+    """One time-to-target run of variant `name` in a worker of `arm` (args: the seed's index,
+    the target, to_target.caps_data's caps; `left_s`: its share of the budget, None: no
+    limit): (its record, its curve), or ({"status": why the worker failed}, [])."""
+    got = call(plan, spec, arm, name, "to_target", args, left_s)
+    return (got["record"], got["curve"]) if "record" in got else (got, [])
+
+
 def job(plan, spec, arm: Arm, name: str, what: str, args: dict) -> dict:
     """A call as the worker reads it: torch's intra-op threads the parent's (as bench.threads
     set them), unless the arm sets them at its start (OMP_NUM_THREADS)."""
