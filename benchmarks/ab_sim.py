@@ -37,6 +37,7 @@ import importlib.util
 import math
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,8 @@ if vsim is None:
     _spec.loader.exec_module(vsim)
 
 CALLS = (intervals.FASTER, intervals.SLOWER)
+# summarise on a frame of trials.csv's many columns: pandas' fragmentation notice, once a call
+warnings.simplefilter("ignore", pd.errors.PerformanceWarning)
 # a worker's start, torch's and speedbench's import, the model's data: the median gap between
 # two trials of a quiet A/B run of the reference models less what costs.trial_seconds charges
 # for the trial itself (transformer 4.0 s, VAE 4.9 s, ResNet 5.1 s; benchmarks/README.md)
