@@ -315,15 +315,17 @@ class Settings:
 
 
 def simulate_run(models: list[SimModel], noise: dict, rng, settings: Settings = Settings(),
-                 position_effect: float = 0.0, load: Load | None = None
-                 ) -> tuple[pd.DataFrame, float]:
-    """One run of every model, as the CLI runs it; (summary.csv's rows, the run's seconds)."""
+                 position_effect: float = 0.0, load: Load | None = None,
+                 training: type = None) -> tuple[pd.DataFrame, float]:
+    """One run of every model, as the CLI runs it; (summary.csv's rows, the run's seconds).
+    `training`: the instruments' class (SimTraining; ab_sim.py's arms add a worker's start)."""
+    training = training or SimTraining
     bench = SimpleNamespace(**{k: v for k, v in vars(settings).items() if k != "extra"})
     clock = Clock()
     run = Budget.of_run(settings.time_budget_s, clock=clock)
     comparisons = sum(len(m.speeds) - 1 for m in models)
     load = Load(load.per_minute, load.seconds, load.factor) if load else None  # fresh episodes
-    contexts = [model_context(m, bench, SimTraining(m, noise, rng, clock, position_effect, load),
+    contexts = [model_context(m, bench, training(m, noise, rng, clock, position_effect, load),
                               comparisons, int(rng.integers(2 ** 62))) for m in models]
     states = study.study_models(contexts, run)  # the CLI's: probes, then rounds cheapest first
     rows = []

@@ -186,6 +186,25 @@ def test_a_start_up_technique_s_variant_runs_as_an_arm_of_this_interpreter(monke
     assert crossed.env == {"OMP_NUM_THREADS": "1", "LD_PRELOAD": ""}
 
 
+def test_a_technique_s_ld_preload_joins_its_arm_s_not_replaces_it(monkeypatch, tmp_path):
+    """An A/B arm's LD_PRELOAD (a profiler, another OpenMP) stays under a variant whose
+    technique preloads a library too: the technique's first, the arm's after it, each once;
+    only what the technique replaces (the arm's other malloc) goes."""
+    from speedbench.studies import arms
+    from speedbench.techniques import Context
+    import torch
+    lib = tmp_path / "libjemalloc.so.2"
+    lib.write_bytes(b"")
+    monkeypatch.setenv("LD_PRELOAD", "/ours/libours.so")
+    arm_preload = f"/arm/libprof.so:/x/libtcmalloc.so.4 {lib}"
+    plan = _plan("allocator=jemalloc", f"allocator_path={lib}", _arms(),
+                 f"+arms.b.env={{LD_PRELOAD: '{arm_preload}'}}")
+    cpu = Context(torch.device("cpu"))
+    assert arms.variant_arm(plan, "b", cpu).env["LD_PRELOAD"] == f"{lib} /arm/libprof.so"
+    # an arm that sets none starts from ours, as before
+    assert arms.variant_arm(plan, "a", cpu).env["LD_PRELOAD"] == f"{lib} /ours/libours.so"
+
+
 def test_an_arm_that_sets_the_threads_keeps_them():
     from speedbench.studies import arms
     plan = _plan()

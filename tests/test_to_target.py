@@ -306,7 +306,38 @@ def test_a_variant_that_needs_processes_of_its_own_has_no_time_to_target(tmp_pat
     plan = _plan("+variants={a: {}, b: {parallel: ddp}}", "baseline=a")
     stage = to_target.ToTarget(plan, tmp_path, [], progress=False, order_seed=0)
     skip = stage._not_trained(plan.models[0])
-    assert list(skip) == ["b"] and skip["b"].startswith("n/a: time to target trains in this")
+    assert list(skip) == ["b"] and skip["b"].startswith("n/a: time to target trains in one")
+
+
+def test_a_variant_that_sets_start_up_variables_trains_to_the_target_in_its_arm(
+        tmp_path, monkeypatch):
+    """allocator=system sets LD_PRELOAD, which acts at a process's start: its runs go to a
+    fresh worker of its arm (studies/arms.py) from the same seeds, data and target, so the
+    same curves come back as the in-process baseline's (the malloc changes no numerics)."""
+    from speedbench.measure.budget import Budget
+    from speedbench.studies import arms
+
+    monkeypatch.setenv("LD_PRELOAD", "")
+    plan = _plan("+variants={a: {}, b: {allocator: system}}", "baseline=a", "target.seeds=2",
+                 "target.loss=5.3", "target.max_steps=30", "target.eval_every=2",
+                 "target.eval_samples=32")
+    calls, real = [], arms.call
+    monkeypatch.setattr(arms, "call", lambda *a, **k: calls.append(a[3:5]) or real(*a, **k))
+    stage = to_target.ToTarget(plan, tmp_path, [], progress=False, order_seed=0,
+                               budget=Budget(600.0))
+    assert stage._not_trained(plan.models[0]) == {}
+    stage.run()
+    assert calls == [("b", "to_target")] * 2  # the baseline's runs stay in this process
+    runs = pd.read_csv(tmp_path / "to_target.csv").set_index(["variant", "seed"])
+    assert (runs["status"] == schema.OK).all(), runs["status"].tolist()
+    for seed in (0, 1):
+        a, b = runs.loc[("a", seed)], runs.loc[("b", seed)]
+        assert b["steps"] == a["steps"] and b["final_loss"] == pytest.approx(a["final_loss"])
+    curves = pd.read_csv(tmp_path / "curves.csv")
+    assert len(curves[curves["variant"] == "b"]) == len(curves[curves["variant"] == "a"])
+    # the deadline crosses to the worker as wall-clock time, back on its perf_counter
+    caps = to_target.caps_of(to_target.caps_data(to_target.Caps(2, 8, 1.0), 30.0))
+    assert caps.deadline - __import__("time").perf_counter() == pytest.approx(30.0, abs=1.0)
 
 
 def test_the_target_comes_from_baseline_reruns_that_are_not_timed_against_it(tmp_path,

@@ -1,6 +1,6 @@
 """The worker an arm's interpreter runs (config/arms.py, studies/arms.py): one call of the
-study's instruments (a trial, a quality probe, the probe's other seeds) from a job file of
-plain JSON, its result written back as JSON.
+study's instruments (a trial, a quality probe, the probe's other seeds, a time-to-target run)
+from a job file of plain JSON, its result written back as JSON.
 
     ARM_PYTHON -m speedbench.studies.arm_worker JOB.json RESULT.json
     ARM_PYTHON -m speedbench.studies.arm_worker --facts [MODULE ...]
@@ -36,7 +36,7 @@ from speedbench.measure import launch
 from speedbench.measure.budget import Budget
 from speedbench.measure.data import build_dataset
 from speedbench.measure.trial import dataset_length, measure_trial
-from speedbench.studies import probes, stopping
+from speedbench.studies import probes, stopping, to_target
 
 FACTS = "--facts"
 
@@ -128,7 +128,14 @@ def _more_seeds(plan, spec, name: str, args: dict, dataset) -> dict:
     return {"losses": [triple(x) for x in got], "fault": getattr(got, "fault", None)}
 
 
-CALLS = {"trial": _trial, "probe": _probe, "more_seeds": _more_seeds}
+def _to_target(plan, spec, name: str, args: dict, dataset) -> dict:
+    record, curve = to_target.trained_here(plan, spec, name, args["seed"], args["target"],
+                                           to_target.caps_of(args["caps"]))
+    return {"record": record, "curve": curve}
+
+
+CALLS = {"trial": _trial, "probe": _probe, "more_seeds": _more_seeds, "to_target": _to_target}
+OWN_DATA = ("to_target",)  # calls that build data of their own (held_out's)
 
 
 def run_job(job: dict) -> dict:
@@ -137,7 +144,8 @@ def run_job(job: dict) -> dict:
     plan, spec = plan_of(job["plan"])
     if job.get("intra_op"):  # (none where the arm sets OMP_NUM_THREADS)
         torch.set_num_threads(int(job["intra_op"]))
-    return CALLS[job["call"]](plan, spec, job["variant"], job["args"], _dataset(plan, spec))
+    dataset = None if job["call"] in OWN_DATA else _dataset(plan, spec)
+    return CALLS[job["call"]](plan, spec, job["variant"], job["args"], dataset)
 
 
 def main(argv: list[str] | None = None) -> None:

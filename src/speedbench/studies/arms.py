@@ -49,9 +49,10 @@ _JOBS: dict[int, dict] = {}  # id(plan) -> its plain data (built once per plan)
 def variant_arm(plan, name: str, ctx) -> Arm | None:
     """Where variant `name`'s trials and probes run: its A/B arm, with its techniques'
     start-up variables over the arm's; without an A/B, an arm of this interpreter with those
-    variables (a fresh process per trial, as LD_PRELOAD needs); None: in this process."""
-    start = techniques.environment(plan.variants[name], ctx)
+    variables (a fresh process per trial, as LD_PRELOAD needs); None: in this process. A
+    technique's LD_PRELOAD joins the arm's (the arm's libraries kept, less those it replaces)."""
     arm = plan.arms.get(name)
+    start = techniques.environment(plan.variants[name], ctx, arm.env if arm else None)
     if arm is None:
         return Arm(name, sys.executable, start, implied=True) if start else None
     return replace(arm, env={**arm.env, **start}) if start else arm
@@ -137,6 +138,15 @@ def trial(plan, spec, arm: Arm, name: str, round_: int, position: int = 0,
                launch.launch_timeout_s(recipe))
     return got if "experiment" in got else {**header(plan, spec, name, recipe, round_,
                                                      position=position), **got}
+
+
+def to_target(plan, spec, arm: Arm, name: str, args: dict,
+              left_s: float | None) -> tuple[dict, list[dict]]:
+    """One time-to-target run of variant `name` in a worker of `arm` (args: the seed's index,
+    the target, to_target.caps_data's caps; `left_s`: its share of the budget, None: no
+    limit): (its record, its curve), or ({"status": why the worker failed}, [])."""
+    got = call(plan, spec, arm, name, "to_target", args, left_s)
+    return (got["record"], got["curve"]) if "record" in got else (got, [])
 
 
 def job(plan, spec, arm: Arm, name: str, what: str, args: dict) -> dict:

@@ -32,8 +32,13 @@ reaches the target, or a cap runs out, in the way MLPerf Training and AlgoPerf m
 - Every variant is trained, including one the speed rounds stopped (too slow, not measured):
   its runs are capped like the others', and no step-time rule stops them early (such a rule,
   against the speed rounds' unpaired throughput, stopped fine variants, and the baseline
-  itself, under load). Only a variant that cannot act here (n/a), or that needs processes of
-  its own, is not trained.
+  itself, under load). Only a variant that cannot act here (n/a), or that needs torchrun, is
+  not trained.
+- A variant whose techniques set variables at a process's start (LD_PRELOAD, OMP_*) trains in
+  a fresh worker of its arm (studies/arms.py, arms.variant_arm), as its speed trials do: the
+  same seeds, data, target and caps (its deadline passed as wall-clock time), its record and
+  curve read back as JSON. The worker's start and torch's import count on the budget's clock,
+  not in its time.
 - The rounds run in a balanced random order per seed block (orders.round_order).
 
 Writes to_target.csv (a row per model, variant and seed) and curves.csv (a row per evaluation).
@@ -43,7 +48,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -53,6 +58,7 @@ from tqdm import tqdm
 from speedbench import distributed, errors, techniques
 from speedbench.config import Plan
 from speedbench.measure.budget import Budget
+from speedbench.studies import arms
 from speedbench.studies.orders import round_order
 from speedbench.measure.held_out import evaluate, held_out
 from speedbench.studies.quality import seeded
@@ -173,6 +179,30 @@ def _record(step_s: list[float], per_step: int, setup_s: float, loss: float, sta
             "step_ms": 1000 * (took - one_time) / len(step_s)}
 
 
+def caps_data(caps: Caps, left_s: float | None) -> dict:
+    """Caps as plain data for another process: the deadline as wall-clock time (time.time),
+    `left_s` from now, since perf_counter's zero is the process's own."""
+    return {**asdict(caps), "deadline": None if left_s is None else time.time() + left_s}
+
+
+def caps_of(data: dict) -> Caps:
+    """caps_data's Caps again, in this process: the deadline back on perf_counter."""
+    at = data.get("deadline")
+    return Caps(**{**data, "deadline": None if at is None else
+                   time.perf_counter() + at - time.time()})
+
+
+def trained_here(plan: Plan, spec, name: str, seed: int, target: float | None,
+                 caps: Caps) -> tuple[dict, list[dict]]:
+    """One run of variant `name` from seed bench.seed + `seed`, on the data ToTarget._model
+    builds (the baseline's, from its seed): an arm worker's `to_target` call."""
+    cfg, first, ctx = plan.config.target, plan.variants[plan.baseline], context(plan)
+    base_step = batching(spec, first, ctx).per_step
+    train, xy, _ = held_out(spec, first, cfg.max_steps * base_step, cfg.eval_samples)
+    return train_to_target(spec, seeded(plan.variants[name], seed), ctx, train, xy, target,
+                           caps)
+
+
 def fixed_target(cfg, floor: float | None) -> tuple[float | None, str]:
     """(target, where it comes from) known before any training: `target.loss` (cfg.loss) when
     given, else the data's entropy floor + target.margin; (None, "") where neither is known and
@@ -232,9 +262,8 @@ class ToTarget:
                     record, curve = over, []
                 else:
                     self.bar.set_postfix_str(f"{spec.name} {name} seed {s}")
-                    record, curve = self.train_run(
-                        spec, seeded(self.plan.variants[name], s), self.ctx, train, xy,
-                        target, self._caps(base_step, cfg.max_steps))
+                    record, curve = self._one_run(spec, name, s, train, xy, target,
+                                                  self._caps(base_step, cfg.max_steps))
                 self._done()
                 self._write(spec, name, s, position, record, curve, target, source, floor)
 
@@ -249,9 +278,8 @@ class ToTarget:
         self.bar.total += reruns
         for s in range(cfg.seeds, cfg.seeds + reruns):
             self.bar.set_postfix_str(f"{spec.name} {self.plan.baseline} rerun {s} (target)")
-            record = self._over() or self.train_run(
-                spec, seeded(self.first, s), self.ctx, train, xy, None,
-                self._caps(base_step, cfg.steps))[0]
+            record = self._over() or self._one_run(
+                spec, self.plan.baseline, s, train, xy, None, self._caps(base_step, cfg.steps))[0]
             self._done()
             ok = schema.parse_status(record["status"]).ok
             losses.append(record.get("final_loss", math.nan) if ok else math.nan)
@@ -260,6 +288,19 @@ class ToTarget:
         seeds = f"{first}-{first + reruns - 1}"
         return target, (f"the worst of {reruns} baseline reruns (seeds {seeds}, not timed) "
                         f"after {cfg.steps} steps: " + ", ".join(f"{x:.4g}" for x in losses))
+
+    def _one_run(self, spec, name: str, s: int, train, xy, target: float | None,
+                 caps: Caps) -> tuple[dict, list[dict]]:
+        """Variant `name` from seed bench.seed + s: in this process, or in a worker of its arm
+        where its techniques set variables at a process's start (trained_here there)."""
+        arm = arms.variant_arm(self.plan, name, self.ctx)
+        if arm is None:
+            return self.train_run(spec, seeded(self.plan.variants[name], s), self.ctx, train,
+                                  xy, target, caps)
+        left = None if caps.deadline is None else caps.deadline - self.budget.clock()
+        return arms.to_target(self.plan, spec, arm, name,
+                              {"seed": s, "target": target, "caps": caps_data(caps, left)},
+                              left)
 
     def _caps(self, base_step: int, steps: int) -> Caps:
         """A run's caps: target.max_s of training, or its even share of what the run's budget
@@ -284,7 +325,7 @@ class ToTarget:
         self.bar.update()
 
     def _not_trained(self, spec) -> dict:
-        """variant -> why it is not trained: n/a in the speed rounds, or processes of its own.
+        """variant -> why it is not trained: n/a in the speed rounds, or torchrun's processes.
         A variant the rounds stopped (too slow, not measured) is trained all the same, within
         its share of the budget: its time to target is a question of its own."""
         out = {}
@@ -294,10 +335,10 @@ class ToTarget:
             if schema.parse_status(row.get("status")).na:
                 out[row["variant"]] = row["status"]
         for name, recipe in self.plan.variants.items():
-            if techniques.launched(recipe, self.ctx):
-                out[name] = schema.na("time to target trains in this process; this variant "
-                                      "needs processes of its own (torchrun or a fresh "
-                                      "environment), so it has no time to target here")
+            if techniques.processes(recipe, self.ctx) is not None:
+                out[name] = schema.na("time to target trains in one process; this variant "
+                                      "needs torchrun's processes, so it has no time to "
+                                      "target here")
         if distributed.from_environ() is not None:
             reason = "time to target trains in one process; run it without torchrun"
             out.update({n: schema.na(reason) for n in self.plan.variants})

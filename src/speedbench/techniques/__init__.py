@@ -30,7 +30,8 @@ from speedbench.techniques import comm_hook, fsdp_reshard
 from speedbench.techniques import cuda_graphs, flex_attention, float8, fused_ce, offload
 from speedbench.techniques.base import (GLOBAL_FLAGS, LOG_DIR_ENV, Bound, ConfigError, Context,
                                         Field, Finding, Technique, get_key, global_snapshot,
-                                        joined_preload, restored_global_state)
+                                        joined_preload, restored_global_state,
+                                        starting_from)
 
 # Registration order; it also breaks ties where no `after` relation decides.
 _ALL: list[Technique] = [
@@ -172,17 +173,20 @@ def launched(recipe: Any, ctx: Context) -> bool:
     return bool(processes(recipe, ctx) or environment(recipe, ctx))
 
 
-def environment(recipe: Any, ctx: Context) -> dict:
-    """Variables the trial's process must start with; non-empty: a fresh process (an arm)."""
+def environment(recipe: Any, ctx: Context, over: dict | None = None) -> dict:
+    """Variables the trial's process must start with; non-empty: a fresh process (an arm).
+    `over`: the variables of the A/B arm it starts in (its LD_PRELOAD is the one the
+    techniques' libraries join; None: ours)."""
     env: dict = {}
     preloads = []  # e.g. jemalloc's and Intel's OpenMP: both, and neither one's rival
-    for t in REGISTRY:
-        own = t.environment(recipe, ctx)
-        if "LD_PRELOAD" in own:
-            preloads.append(own["LD_PRELOAD"])
-        env.update(own)
-    if len(preloads) > 1:
-        env["LD_PRELOAD"] = joined_preload(preloads)
+    with starting_from((over or {}).get("LD_PRELOAD")):
+        for t in REGISTRY:
+            own = t.environment(recipe, ctx)
+            if "LD_PRELOAD" in own:
+                preloads.append(own["LD_PRELOAD"])
+            env.update(own)
+        if len(preloads) > 1:
+            env["LD_PRELOAD"] = joined_preload(preloads)
     return env
 
 

@@ -53,6 +53,7 @@ This module imports only torch, the standard library and speedbench.errors.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import os
 import typing
@@ -323,16 +324,35 @@ GLOBAL_FLAGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
 }
 
 
+# the LD_PRELOAD a fresh process would start from where it is not ours: an A/B arm's own
+# (techniques.environment(..., over=)); None: this process's
+_STARTS_FROM: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
+    "speedbench_preload_base", default=None)
+
+
 def inherited_preload() -> list[str]:
-    """This process's LD_PRELOAD entries (space- or colon-separated)."""
-    return os.environ.get("LD_PRELOAD", "").replace(":", " ").split()
+    """The LD_PRELOAD entries (space- or colon-separated) the fresh process starts from: this
+    process's, or its arm's where it sets one (starting_from)."""
+    base = _STARTS_FROM.get()
+    return (os.environ.get("LD_PRELOAD", "") if base is None else base).replace(":", " ").split()
+
+
+@contextlib.contextmanager
+def starting_from(preload: Optional[str]) -> Iterator[None]:
+    """Within: the fresh process starts from LD_PRELOAD `preload` (None: ours), so that a
+    technique's libraries join an arm's rather than replace them."""
+    token = _STARTS_FROM.set(preload)
+    try:
+        yield
+    finally:
+        _STARTS_FROM.reset(token)
 
 
 def preload_instead(library: Optional[str], drop: tuple[str, ...]) -> str:
-    """LD_PRELOAD for a fresh process: `library` first, then this process's entries less those
-    naming a word of `drop` (the libraries `library` replaces)."""
+    """LD_PRELOAD for a fresh process: `library` first, then the inherited entries less those
+    naming a word of `drop` (the libraries `library` replaces), each once."""
     kept = [p for p in inherited_preload() if not any(word in p for word in drop)]
-    return " ".join(([library] if library else []) + kept)
+    return " ".join(dict.fromkeys(([library] if library else []) + kept))
 
 
 def joined_preload(values: list[str]) -> str:
