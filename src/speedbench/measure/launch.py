@@ -4,6 +4,9 @@ A variant with `parallel=ddp` in a plain `python -m speedbench` run has each of 
 launched as `python -m torch.distributed.run --standalone -m speedbench.measure.launch JOB_DIR` (`main`
 below is each rank's entry point), and rank 0's record comes back as a JSON file. One launch
 per trial keeps the variants interleaved; the launch itself is outside the timed window.
+The run's clock holds a launched trial as it holds one in this process: its ranks get the
+deadline (their warm-up and window stop at it between steps) and the launch is killed
+BUDGET_GRACE_S past it, whatever it is doing (starting, meeting its peers, a step, a hang).
 
 A trial that needs environment variables set at start-up (LD_PRELOAD for another malloc) but
 one process is not launched here: it runs as an arm of this interpreter with those variables
@@ -32,8 +35,10 @@ import torch
 from speedbench.measure.data import build_dataset
 from speedbench.distributed import (DistEnv, blame, exit_cleanly, failure_status, from_environ,
                                     init_process_group, is_main, rank_device, report_failure)
+from speedbench.measure.budget import Budget
 from speedbench.measure.flops import FlopsBook
-from speedbench.measure.trial import dataset_length, header, measure_trial
+from speedbench.measure.trial import BUDGET_GRACE_S, dataset_length, header, measure_trial
+from speedbench.results import schema
 
 
 def launch_timeout_s(recipe) -> Optional[float]:
@@ -44,15 +49,29 @@ def launch_timeout_s(recipe) -> Optional[float]:
     return recipe.dist_timeout_s + 2 * recipe.bench.max_trial_s
 
 
+def launch_limit(recipe, budget: Optional[Budget]) -> tuple[Optional[float], bool]:
+    """(the seconds a launched trial started now may take, whether the run's budget sets
+    them): launch_timeout_s, or the budget's seconds left and BUDGET_GRACE_S where that is
+    less (None: neither limits it)."""
+    own = launch_timeout_s(recipe)
+    left = None if budget is None else budget.limit(None)
+    if left is None or (own is not None and own <= left + BUDGET_GRACE_S):
+        return own, False
+    return left + BUDGET_GRACE_S, True
+
+
 def launch_trial(plan, spec, variant: str, recipe, trial: int, nproc: int,
                  position: int = 0, book: Optional[FlopsBook] = None,
-                 env: Optional[dict] = None) -> dict:
+                 env: Optional[dict] = None, budget: Optional[Budget] = None) -> dict:
     """One trial over `nproc` processes started through torchrun, each started with `env` on
     top of ours: rank 0's combined record (its peak from `book`, which the parent holds), or
-    one whose status says which rank failed and why."""
+    one whose status says which rank failed and why. `budget`: the run's clock; the ranks'
+    warm-up and window stop at its deadline, and the launch is killed BUDGET_GRACE_S past it
+    (status `not measured: ...`)."""
     record = header(plan, spec, variant, recipe, trial, position=position)
     record.update({"world_size": nproc, "devices": nproc})
-    record.update(_launched(plan, spec, variant, recipe, trial, nproc, position, env or {}))
+    record.update(_launched(plan, spec, variant, recipe, trial, nproc, position, env or {},
+                            budget))
     return book.annotate(record) if book is not None else record
 
 
@@ -65,18 +84,23 @@ def _command(job: Path, nproc: int) -> list[str]:
 
 
 def _launched(plan, spec, variant: str, recipe, trial: int, nproc: int,
-              position: int, extra_env: dict) -> dict:
+              position: int, extra_env: dict, budget: Optional[Budget] = None) -> dict:
     """Rank 0's record as it comes back from torchrun, or a status saying what failed."""
     package_root = str(Path(__file__).resolve().parents[2])  # the speedbench the parent runs
     env = {**os.environ, **extra_env, "PYTHONPATH": os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
     with tempfile.TemporaryDirectory(prefix="speedbench-launch-") as tmp:
         job = Path(tmp)
+        limit, by_budget = launch_limit(recipe, budget)
+        # the deadline on the wall clock, which the ranks share with this process
+        deadline = None if budget is None or budget.seconds is None \
+            else time.time() + budget.left()
         (job / "job.pkl").write_bytes(pickle.dumps(
             {"plan": plan, "spec": spec, "variant": variant, "recipe": recipe, "trial": trial,
-             "position": position, "intra_op": torch.get_num_threads()}))
+             "position": position, "intra_op": torch.get_num_threads(),
+             "deadline": deadline}))
         cmd = _command(job, nproc)
-        limit = launch_timeout_s(recipe)
+        started = time.perf_counter()
         # A session of its own, so that a timeout kills torchrun and all its workers.
         proc = subprocess.Popen(cmd, env={**env, PARENT_PID: str(os.getpid())},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -85,8 +109,8 @@ def _launched(plan, spec, variant: str, recipe, trial: int, nproc: int,
         try:
             output, _ = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
-            return {"status": f"error: DDP trial over {nproc} processes did not end within "
-                              f"{limit:.0f} s (dist_timeout_s + 2 x bench.max_trial_s)"}
+            return {"status": _timed_out(limit, by_budget, nproc,
+                                         time.perf_counter() - started)}
         finally:
             LIVE.pop(proc.pid, None)
             if proc.poll() is None:
@@ -99,6 +123,25 @@ def _launched(plan, spec, variant: str, recipe, trial: int, nproc: int,
             return json.loads(record_file.read_text())
         return {"status": _launch_failure(job, proc.returncode, output, nproc),
                 "world_size": nproc}
+
+
+def _timed_out(limit: float, by_budget: bool, nproc: int, took_s: float) -> str:
+    """A launch killed at its limit: out of the run's time, or a trial that did not end."""
+    if by_budget:
+        return schema.format_status(
+            schema.NOT_MEASURED, f"the run's bench.time_budget_s ran out in a trial over "
+            f"{nproc} processes (torchrun), stopped after {took_s:.1f} s")
+    return f"error: DDP trial over {nproc} processes did not end within {limit:.0f} s " \
+        "(dist_timeout_s + 2 x bench.max_trial_s)"
+
+
+def rank_budget(deadline: Optional[float]) -> Optional[Budget]:
+    """A rank's share of the run's clock: the seconds to the parent's deadline (time.time(),
+    the clock the processes share), None without one."""
+    if deadline is None:
+        return None
+    now = time.time()
+    return Budget(max(0.0, deadline - now), time.time, now)
 
 
 # the launched trial or arm worker running now: its process group -> its temp folder
@@ -237,7 +280,8 @@ def _worker(job: Path) -> None:
         dataset = build_dataset(spec.dataset, dataset_length(plan, spec, env.world_size),
                                 recipe.data.path, seed=recipe.bench.seed)
         record = measure_trial(plan, spec, job_data["variant"], recipe, job_data["trial"],
-                               dataset, dist_env=env, position=job_data["position"])
+                               dataset, dist_env=env, position=job_data["position"],
+                               budget=rank_budget(job_data.get("deadline")))
     except BaseException as exc:
         _write_rank_error(job, env, exc)
         report_failure(exc, env, f"model {spec.name}, variant {job_data['variant']}")
