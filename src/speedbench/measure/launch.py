@@ -28,7 +28,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -70,9 +70,26 @@ def launch_trial(plan, spec, variant: str, recipe, trial: int, nproc: int,
     (status `not measured: ...`)."""
     record = header(plan, spec, variant, recipe, trial, position=position)
     record.update({"world_size": nproc, "devices": nproc})
-    record.update(_launched(plan, spec, variant, recipe, trial, nproc, position, env or {},
-                            budget))
+    record.update(launch_call(plan, spec, variant, recipe, nproc, trial_on_rank,
+                              {"trial": trial, "position": position}, env, budget))
     return book.annotate(record) if book is not None else record
+
+
+def launch_call(plan, spec, variant: str, recipe, nproc: int, work: Callable[..., dict],
+                args: dict, env: Optional[dict] = None, budget: Optional[Budget] = None
+                ) -> dict:
+    """`work(plan, spec, variant, recipe, dataset, dist_env, budget, **args)` on each of
+    `nproc` ranks started through torchrun (a module-level function: the ranks import it by
+    name), each started with `env` on top of ours: rank 0's result, or {"status": which rank
+    failed and why, or that the run's budget ran out}. The ranks get `budget`'s deadline."""
+    return _launched(plan, spec, variant, recipe, nproc, env or {}, budget, work, args)
+
+
+def trial_on_rank(plan, spec, variant: str, recipe, dataset, dist_env, budget,
+                  trial: int, position: int) -> dict:
+    """A launched trial's work on one rank: its record (the ranks' combined one)."""
+    return measure_trial(plan, spec, variant, recipe, trial, dataset, dist_env=dist_env,
+                         position=position, budget=budget)
 
 
 def _command(job: Path, nproc: int) -> list[str]:
@@ -83,9 +100,9 @@ def _command(job: Path, nproc: int) -> list[str]:
                  "-m", "speedbench.measure.launch", str(job)]
 
 
-def _launched(plan, spec, variant: str, recipe, trial: int, nproc: int,
-              position: int, extra_env: dict, budget: Optional[Budget] = None) -> dict:
-    """Rank 0's record as it comes back from torchrun, or a status saying what failed."""
+def _launched(plan, spec, variant: str, recipe, nproc: int, extra_env: dict,
+              budget: Optional[Budget], work: Callable[..., dict], args: dict) -> dict:
+    """Rank 0's result as it comes back from torchrun, or a status saying what failed."""
     package_root = str(Path(__file__).resolve().parents[2])  # the speedbench the parent runs
     env = {**os.environ, **extra_env, "PYTHONPATH": os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
@@ -96,9 +113,8 @@ def _launched(plan, spec, variant: str, recipe, trial: int, nproc: int,
         deadline = None if budget is None or budget.seconds is None \
             else time.time() + budget.left()
         (job / "job.pkl").write_bytes(pickle.dumps(
-            {"plan": plan, "spec": spec, "variant": variant, "recipe": recipe, "trial": trial,
-             "position": position, "intra_op": torch.get_num_threads(),
-             "deadline": deadline}))
+            {"plan": plan, "spec": spec, "variant": variant, "recipe": recipe, "work": work,
+             "args": args, "intra_op": torch.get_num_threads(), "deadline": deadline}))
         cmd = _command(job, nproc)
         started = time.perf_counter()
         # A session of its own, so that a timeout kills torchrun and all its workers.
@@ -118,9 +134,9 @@ def _launched(plan, spec, variant: str, recipe, trial: int, nproc: int,
                 proc.wait()
         if os.environ.get("SPEEDBENCH_DEBUG"):
             print(output, file=sys.stderr)
-        record_file = job / "record.json"
-        if proc.returncode == 0 and record_file.exists():
-            return json.loads(record_file.read_text())
+        result_file = job / RESULT
+        if proc.returncode == 0 and result_file.exists():
+            return pickle.loads(result_file.read_bytes())
         return {"status": _launch_failure(job, proc.returncode, output, nproc),
                 "world_size": nproc}
 
@@ -129,7 +145,7 @@ def _timed_out(limit: float, by_budget: bool, nproc: int, took_s: float) -> str:
     """A launch killed at its limit: out of the run's time, or a trial that did not end."""
     if by_budget:
         return schema.format_status(
-            schema.NOT_MEASURED, f"the run's bench.time_budget_s ran out in a trial over "
+            schema.NOT_MEASURED, f"the run's bench.time_budget_s ran out in its launch over "
             f"{nproc} processes (torchrun), stopped after {took_s:.1f} s")
     return f"error: DDP trial over {nproc} processes did not end within {limit:.0f} s " \
         "(dist_timeout_s + 2 x bench.max_trial_s)"
@@ -143,6 +159,8 @@ def rank_budget(deadline: Optional[float]) -> Optional[Budget]:
     now = time.time()
     return Budget(max(0.0, deadline - now), time.time, now)
 
+
+RESULT = "result.pkl"  # rank 0's result, in the job folder
 
 # the launched trial or arm worker running now: its process group -> its temp folder
 LIVE: dict[int, Path] = {}
@@ -266,7 +284,7 @@ def _write_rank_error(job: Path, env: DistEnv, exc: BaseException) -> None:
 
 
 def _worker(job: Path) -> None:
-    """One rank of a launched trial (run by torchrun)."""
+    """One rank of a launched trial or other work (run by torchrun)."""
     env = from_environ()
     if env is None:
         raise SystemExit("speedbench.measure.launch: run me through torchrun "
@@ -279,15 +297,14 @@ def _worker(job: Path) -> None:
         init_process_group(env, device, recipe.dist_timeout_s)
         dataset = build_dataset(spec.dataset, dataset_length(plan, spec, env.world_size),
                                 recipe.data.path, seed=recipe.bench.seed)
-        record = measure_trial(plan, spec, job_data["variant"], recipe, job_data["trial"],
-                               dataset, dist_env=env, position=job_data["position"],
-                               budget=rank_budget(job_data.get("deadline")))
+        result = job_data["work"](plan, spec, job_data["variant"], recipe, dataset, env,
+                                  rank_budget(job_data["deadline"]), **job_data["args"])
     except BaseException as exc:
         _write_rank_error(job, env, exc)
         report_failure(exc, env, f"model {spec.name}, variant {job_data['variant']}")
         raise
     if is_main(env):
-        (job / "record.json").write_text(json.dumps(record, default=float))
+        (job / RESULT).write_bytes(pickle.dumps(result))
     exit_cleanly()
 
 
