@@ -60,9 +60,9 @@ def test_a_launch_stopped_by_the_budget_says_so():
 @pytest.mark.distributed
 def test_a_hung_launched_trial_ends_within_the_runs_budget(tmp_path):
     # Rank 1 hangs in its second step; rank 0 would wait dist_timeout_s (200 s) for it, and the
-    # launch's own limit is 206 s: only the run's clock (45 s) ends it in time.
+    # launch's own limit is 206 s: only the run's clock (60 s) ends it in time.
     hanging = FAILING_MODEL.replace("FailsOnRank,", "FailsOnRank,hang:true,")
-    budget_s = 45
+    budget_s = 60
     out = run_cli("+experiment=dp_vs_ddp", *TINY, *SMALL_MODELS, hanging, "model=failing",
                   "bench.repeats=1", "bench.max_trial_s=3", "dist_timeout_s=200",
                   "bench.explain=false", f"bench.time_budget_s={budget_s}",

@@ -2,8 +2,10 @@
 
 A variant with `parallel=ddp` in a plain `python -m speedbench` run has each of its trials
 launched as `python -m torch.distributed.run --standalone -m speedbench.measure.launch JOB_DIR` (`main`
-below is each rank's entry point), and rank 0's record comes back as a JSON file. One launch
-per trial keeps the variants interleaved; the launch itself is outside the timed window.
+below is each rank's entry point), and rank 0's record comes back as a file (a pickle). One
+launch per trial keeps the variants interleaved; the launch itself is outside the timed window.
+The quality probe and the forecasts' profile of such a variant are launched alike
+(launch_call: a named function run on every rank).
 The run's clock holds a launched trial as it holds one in this process: its ranks get the
 deadline (their warm-up and window stop at it between steps) and the launch is killed
 BUDGET_GRACE_S past it, whatever it is doing (starting, meeting its peers, a step, a hang).

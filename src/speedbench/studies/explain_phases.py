@@ -90,7 +90,7 @@ def launched_baseline(mc, status: dict[str, str]) -> dict:
     variables): the forecasts are read off the baseline's steps profiled in this process, and
     those would be another recipe's. Each variant's forecast.csv row says so (the report's
     forecast table), and the console once; variant -> ("", why). (A baseline over several
-    processes is profiled over as many: explain.launched_profile.)"""
+    processes is profiled over as many: launched_profile.)"""
     base = mc.plan.baseline
     why = schema.na(f"no forecast: the baseline ({base}) runs in a process of its own, and "
                     "the forecasts are read off the baseline's steps profiled in this process")
