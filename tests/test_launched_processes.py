@@ -98,3 +98,7 @@ def test_launched_variants_get_a_held_out_loss_and_a_forecast(tmp_path):
         assert row["status"] == "ok" and row["technique"] == "comm_hook", row.to_dict()
         assert row["forecast"] >= 1.0 and 0 <= row["share"] <= 1
     assert "| fp16 | comm_hook |" in (run_dir / "report.md").read_text()
+    trials = pd.read_csv(run_dir / "trials.csv")
+    ok = trials[trials["status"] == "ok"]
+    assert len(ok) == 3  # where a launch's time goes: its start-up and exit beside the window
+    assert (ok["launch_s"] > ok["elapsed_s"]).all()

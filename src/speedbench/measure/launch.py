@@ -72,8 +72,10 @@ def launch_trial(plan, spec, variant: str, recipe, trial: int, nproc: int,
     (status `not measured: ...`)."""
     record = header(plan, spec, variant, recipe, trial, position=position)
     record.update({"world_size": nproc, "devices": nproc})
+    started = time.perf_counter()
     record.update(launch_call(plan, spec, variant, recipe, nproc, trial_on_rank,
                               {"trial": trial, "position": position}, env, budget))
+    record["launch_s"] = time.perf_counter() - started  # where a launch's time goes
     return book.annotate(record) if book is not None else record
 
 
