@@ -249,6 +249,8 @@ def launched_probe(mc, name: str, steps: int, left_s: float) -> dict:
     to nothing: its steps' times include the ranks' waits, and its throughput is not kept
     (the rounds' cost is learned from their trials). {FAULT: why} where the launch failed."""
     recipe, ctx = mc.plan.variants[name], context(mc.plan, mc.dist_env)
+    if left_s <= 0:  # no launch: quality_probe's own line for a probe left no time
+        return quality.quality_probe(mc.spec, recipe, ctx, None, steps, left_s=left_s)
     got = launch.launch_call(
         mc.plan, mc.spec, name, recipe, _over_processes(mc, name), probe_on_rank,
         {"steps": steps, "seeds": mc.settings.quality_seeds,
