@@ -70,11 +70,18 @@ def forecasts(mc, prepared, status: dict[str, str], probe_steps: dict, budget: B
 
 
 def launched_profile(mc, name: str, steps: int, budget: Budget) -> explain.Breakdown | str:
-    """A recipe's profile over the processes its trials run over (torchrun), launched as they
-    are (explain.profile_on_rank on each rank): rank 0's, or the status saying why there is
-    none (the launch stopped at the run's deadline, a rank's failure)."""
-    recipe, ctx = mc.plan.variants[name], context(mc.plan, mc.dist_env)
-    got = launch.launch_call(mc.plan, mc.spec, name, recipe, techniques.processes(recipe, ctx),
+    """A variant's profile over the processes its trials run over (torchrun), launched as
+    they are (profile_over_processes)."""
+    return profile_over_processes(mc.plan, mc.spec, name, steps, budget, mc.dist_env)
+
+
+def profile_over_processes(plan, spec, name: str, steps: int, budget: Budget,
+                           dist_env=None) -> explain.Breakdown | str:
+    """`steps` profiled steps of a recipe over the processes its trials run over (torchrun),
+    launched as they are (explain.profile_on_rank on each rank): rank 0's profile, or the
+    status saying why there is none (the launch stopped at the deadline, a rank's failure)."""
+    recipe, ctx = plan.variants[name], context(plan, dist_env)
+    got = launch.launch_call(plan, spec, name, recipe, techniques.processes(recipe, ctx),
                              explain.profile_on_rank, {"steps": steps},
                              techniques.environment(recipe, ctx), budget)
     if "profile" in got:
