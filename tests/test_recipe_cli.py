@@ -22,7 +22,9 @@ from speedbench.results import schema
 FEW = [f"~recipe.candidates.{group}" for group in (
     "parallel", "workers", "accumulation", "pinning", "memory_format", "optimizer",
     "matmul_precision", "cudnn_benchmark", "attention", "compile", "checkpointing",
-    "zero_grad", "debug_apis", "conv_bias", "onednn_precision")] + \
+    "zero_grad", "debug_apis", "conv_bias", "onednn_precision", "flex_attention", "packing",
+    "float8", "cuda_graphs", "fused_ce", "expandable_segments", "comm_hook", "chunked_ce",
+    "fsdp_reshard", "offload")] + \
     ["recipe.skip=[]"]
 
 

@@ -36,17 +36,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from speedbench import techniques
 from speedbench.analysis.explain import Breakdown
 from speedbench.measure import env, watchdog
+from speedbench.measure.data import rank_sampler
 from speedbench.measure.profile import LabelClock
 from speedbench.measure.session import applied, batching
 from speedbench.measure.timing import synchronize, timed_steps, warm_up
-from speedbench.measure.trial import BUDGET_GRACE_S, BUDGET_LIMIT
+from speedbench.measure.trial import BUDGET_GRACE_S, BUDGET_LIMIT, context
 from speedbench.results import atomic, schema
 
 CATEGORIES = schema.EXPLAIN_CATEGORIES
@@ -333,6 +334,24 @@ def profile_recipe(spec, recipe, ctx, dataset, steps: int, left_s: Optional[floa
         return got
 
 
+def profile_on_rank(plan, spec, name: str, recipe, dataset, dist_env, budget,
+                    steps: int) -> dict:
+    """A launched profile's work on one rank (launch.launch_call): every rank runs the same
+    steps, a fixed warm-up (its floor), PLAIN_STEPS and `steps` profiled, so that none waits
+    on a peer that stopped early; the run's deadline stops the launch itself. {"profile":
+    this rank's Breakdown}."""
+    ctx, b = context(plan, dist_env), recipe.bench
+    floor = max(WARMUP, b.warmup) + techniques.one_time_steps(recipe)
+    with applied(spec, recipe, ctx, dataset,
+                 sampler=rank_sampler(dataset, dist_env, b.seed)) as trainer:
+        warm_up(trainer.step, ctx.device, floor, floor, None)
+        window = env.CpuWindow()
+        plain_s, done = timed_steps(trainer.step, PLAIN_STEPS, ctx.device)
+        got = profile_steps(trainer, ctx.device, steps, None, 1000 * plain_s / done)
+        got.others_cpu = window.others()
+    return {"profile": got}
+
+
 def warm_up_s(bench, left_s: Optional[float]) -> Optional[float]:
     """The profile's warm-up past its floor, held as a trial's is: a quarter of
     bench.max_trial_s (trial.timed_window), and what the budget leaves (`left_s`)."""
@@ -351,9 +370,13 @@ class Explainer:
     """The forecast (before a model's rounds) and the paired profile (after them) of one model
     of a plan; writes explain.csv and forecast.csv into `run_dir` (None: keeps the rows)."""
 
-    def __init__(self, plan, spec, ctx, dataset, run_dir: Optional[Path], peaks: dict):
+    def __init__(self, plan, spec, ctx, dataset, run_dir: Optional[Path], peaks: dict,
+                 launched: Optional[Callable[..., "Breakdown | str"]] = None):
         self.plan, self.spec, self.ctx, self.dataset = plan, spec, ctx, dataset
         self.run_dir, self.peaks = run_dir, peaks
+        # (name, steps, budget) -> the profile of a recipe over several processes (torchrun),
+        # launched with profile_on_rank as each rank's work, or why there is none
+        self.launched = launched
         self.base = plan.baseline
         self.explain_rows: list[dict] = []
         self.forecast_rows: list[dict] = []
@@ -370,6 +393,8 @@ class Explainer:
             return schema.format_status(schema.NOT_MEASURED, "the run's bench.time_budget_s "
                                         "had no time left for its profiled steps")
         try:
+            if self.launched is not None and techniques.processes(recipe, self.ctx):
+                return self.launched(name, steps, budget)  # its ranks, launched as its trials
             got = profile_recipe(self.spec, recipe, self.ctx, self.dataset, steps,
                                  budget.limit(None))
         except OutOfTime:

@@ -2,8 +2,13 @@
 
 A variant with `parallel=ddp` in a plain `python -m speedbench` run has each of its trials
 launched as `python -m torch.distributed.run --standalone -m speedbench.measure.launch JOB_DIR` (`main`
-below is each rank's entry point), and rank 0's record comes back as a JSON file. One launch
-per trial keeps the variants interleaved; the launch itself is outside the timed window.
+below is each rank's entry point), and rank 0's record comes back as a file (a pickle). One
+launch per trial keeps the variants interleaved; the launch itself is outside the timed window.
+The quality probe and the forecasts' profile of such a variant are launched alike
+(launch_call: a named function run on every rank).
+The run's clock holds a launched trial as it holds one in this process: its ranks get the
+deadline (their warm-up and window stop at it between steps) and the launch is killed
+BUDGET_GRACE_S past it, whatever it is doing (starting, meeting its peers, a step, a hang).
 
 A trial that needs environment variables set at start-up (LD_PRELOAD for another malloc) but
 one process is not launched here: it runs as an arm of this interpreter with those variables
@@ -25,15 +30,17 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from speedbench.measure.data import build_dataset
 from speedbench.distributed import (DistEnv, blame, exit_cleanly, failure_status, from_environ,
                                     init_process_group, is_main, rank_device, report_failure)
+from speedbench.measure.budget import Budget
 from speedbench.measure.flops import FlopsBook
-from speedbench.measure.trial import dataset_length, header, measure_trial
+from speedbench.measure.trial import BUDGET_GRACE_S, dataset_length, header, measure_trial
+from speedbench.results import schema
 
 
 def launch_timeout_s(recipe) -> Optional[float]:
@@ -44,16 +51,49 @@ def launch_timeout_s(recipe) -> Optional[float]:
     return recipe.dist_timeout_s + 2 * recipe.bench.max_trial_s
 
 
+def launch_limit(recipe, budget: Optional[Budget]) -> tuple[Optional[float], bool]:
+    """(the seconds a launched trial started now may take, whether the run's budget sets
+    them): launch_timeout_s, or the budget's seconds left and BUDGET_GRACE_S where that is
+    less (None: neither limits it)."""
+    own = launch_timeout_s(recipe)
+    left = None if budget is None else budget.limit(None)
+    if left is None or (own is not None and own <= left + BUDGET_GRACE_S):
+        return own, False
+    return left + BUDGET_GRACE_S, True
+
+
 def launch_trial(plan, spec, variant: str, recipe, trial: int, nproc: int,
                  position: int = 0, book: Optional[FlopsBook] = None,
-                 env: Optional[dict] = None) -> dict:
+                 env: Optional[dict] = None, budget: Optional[Budget] = None) -> dict:
     """One trial over `nproc` processes started through torchrun, each started with `env` on
     top of ours: rank 0's combined record (its peak from `book`, which the parent holds), or
-    one whose status says which rank failed and why."""
+    one whose status says which rank failed and why. `budget`: the run's clock; the ranks'
+    warm-up and window stop at its deadline, and the launch is killed BUDGET_GRACE_S past it
+    (status `not measured: ...`)."""
     record = header(plan, spec, variant, recipe, trial, position=position)
     record.update({"world_size": nproc, "devices": nproc})
-    record.update(_launched(plan, spec, variant, recipe, trial, nproc, position, env or {}))
+    started = time.perf_counter()
+    record.update(launch_call(plan, spec, variant, recipe, nproc, trial_on_rank,
+                              {"trial": trial, "position": position}, env, budget))
+    record["launch_s"] = time.perf_counter() - started  # where a launch's time goes
     return book.annotate(record) if book is not None else record
+
+
+def launch_call(plan, spec, variant: str, recipe, nproc: int, work: Callable[..., dict],
+                args: dict, env: Optional[dict] = None, budget: Optional[Budget] = None
+                ) -> dict:
+    """`work(plan, spec, variant, recipe, dataset, dist_env, budget, **args)` on each of
+    `nproc` ranks started through torchrun (a module-level function: the ranks import it by
+    name), each started with `env` on top of ours: rank 0's result, or {"status": which rank
+    failed and why, or that the run's budget ran out}. The ranks get `budget`'s deadline."""
+    return _launched(plan, spec, variant, recipe, nproc, env or {}, budget, work, args)
+
+
+def trial_on_rank(plan, spec, variant: str, recipe, dataset, dist_env, budget,
+                  trial: int, position: int) -> dict:
+    """A launched trial's work on one rank: its record (the ranks' combined one)."""
+    return measure_trial(plan, spec, variant, recipe, trial, dataset, dist_env=dist_env,
+                         position=position, budget=budget)
 
 
 def _command(job: Path, nproc: int) -> list[str]:
@@ -64,19 +104,23 @@ def _command(job: Path, nproc: int) -> list[str]:
                  "-m", "speedbench.measure.launch", str(job)]
 
 
-def _launched(plan, spec, variant: str, recipe, trial: int, nproc: int,
-              position: int, extra_env: dict) -> dict:
-    """Rank 0's record as it comes back from torchrun, or a status saying what failed."""
+def _launched(plan, spec, variant: str, recipe, nproc: int, extra_env: dict,
+              budget: Optional[Budget], work: Callable[..., dict], args: dict) -> dict:
+    """Rank 0's result as it comes back from torchrun, or a status saying what failed."""
     package_root = str(Path(__file__).resolve().parents[2])  # the speedbench the parent runs
     env = {**os.environ, **extra_env, "PYTHONPATH": os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
     with tempfile.TemporaryDirectory(prefix="speedbench-launch-") as tmp:
         job = Path(tmp)
+        limit, by_budget = launch_limit(recipe, budget)
+        # the deadline on the wall clock, which the ranks share with this process
+        deadline = None if budget is None or budget.seconds is None \
+            else time.time() + budget.left()
         (job / "job.pkl").write_bytes(pickle.dumps(
-            {"plan": plan, "spec": spec, "variant": variant, "recipe": recipe, "trial": trial,
-             "position": position, "intra_op": torch.get_num_threads()}))
+            {"plan": plan, "spec": spec, "variant": variant, "recipe": recipe, "work": work,
+             "args": args, "intra_op": torch.get_num_threads(), "deadline": deadline}))
         cmd = _command(job, nproc)
-        limit = launch_timeout_s(recipe)
+        started = time.perf_counter()
         # A session of its own, so that a timeout kills torchrun and all its workers.
         proc = subprocess.Popen(cmd, env={**env, PARENT_PID: str(os.getpid())},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -85,8 +129,8 @@ def _launched(plan, spec, variant: str, recipe, trial: int, nproc: int,
         try:
             output, _ = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
-            return {"status": f"error: DDP trial over {nproc} processes did not end within "
-                              f"{limit:.0f} s (dist_timeout_s + 2 x bench.max_trial_s)"}
+            return {"status": _timed_out(limit, by_budget, nproc,
+                                         time.perf_counter() - started)}
         finally:
             LIVE.pop(proc.pid, None)
             if proc.poll() is None:
@@ -94,12 +138,33 @@ def _launched(plan, spec, variant: str, recipe, trial: int, nproc: int,
                 proc.wait()
         if os.environ.get("SPEEDBENCH_DEBUG"):
             print(output, file=sys.stderr)
-        record_file = job / "record.json"
-        if proc.returncode == 0 and record_file.exists():
-            return json.loads(record_file.read_text())
+        result_file = job / RESULT
+        if proc.returncode == 0 and result_file.exists():
+            return pickle.loads(result_file.read_bytes())
         return {"status": _launch_failure(job, proc.returncode, output, nproc),
                 "world_size": nproc}
 
+
+def _timed_out(limit: float, by_budget: bool, nproc: int, took_s: float) -> str:
+    """A launch killed at its limit: out of the run's time, or a trial that did not end."""
+    if by_budget:
+        return schema.format_status(
+            schema.NOT_MEASURED, f"the run's bench.time_budget_s ran out in its launch over "
+            f"{nproc} processes (torchrun), stopped after {took_s:.1f} s")
+    return f"error: DDP trial over {nproc} processes did not end within {limit:.0f} s " \
+        "(dist_timeout_s + 2 x bench.max_trial_s)"
+
+
+def rank_budget(deadline: Optional[float]) -> Optional[Budget]:
+    """A rank's share of the run's clock: the seconds to the parent's deadline (time.time(),
+    the clock the processes share), None without one."""
+    if deadline is None:
+        return None
+    now = time.time()
+    return Budget(max(0.0, deadline - now), time.time, now)
+
+
+RESULT = "result.pkl"  # rank 0's result, in the job folder
 
 # the launched trial or arm worker running now: its process group -> its temp folder
 LIVE: dict[int, Path] = {}
@@ -223,7 +288,7 @@ def _write_rank_error(job: Path, env: DistEnv, exc: BaseException) -> None:
 
 
 def _worker(job: Path) -> None:
-    """One rank of a launched trial (run by torchrun)."""
+    """One rank of a launched trial or other work (run by torchrun)."""
     env = from_environ()
     if env is None:
         raise SystemExit("speedbench.measure.launch: run me through torchrun "
@@ -236,14 +301,14 @@ def _worker(job: Path) -> None:
         init_process_group(env, device, recipe.dist_timeout_s)
         dataset = build_dataset(spec.dataset, dataset_length(plan, spec, env.world_size),
                                 recipe.data.path, seed=recipe.bench.seed)
-        record = measure_trial(plan, spec, job_data["variant"], recipe, job_data["trial"],
-                               dataset, dist_env=env, position=job_data["position"])
+        result = job_data["work"](plan, spec, job_data["variant"], recipe, dataset, env,
+                                  rank_budget(job_data["deadline"]), **job_data["args"])
     except BaseException as exc:
         _write_rank_error(job, env, exc)
         report_failure(exc, env, f"model {spec.name}, variant {job_data['variant']}")
         raise
     if is_main(env):
-        (job / "record.json").write_text(json.dumps(record, default=float))
+        (job / RESULT).write_bytes(pickle.dumps(result))
     exit_cleanly()
 
 

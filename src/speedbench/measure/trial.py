@@ -290,11 +290,13 @@ def timed_window(trainer: Trainer, b, ctx: Context, run: Budget) -> dict:
                                b.steady_tol, budget_s=run.limit(budget and budget / 4))
         window, budget = b.steps, run.limit(budget and budget * 3 / 4)  # from the window's start
     else:  # the ranks must agree on every step count, or one waits forever
-        # untimed warm-up steps that stop on every rank once one is over budget
-        warm_s, warm = timed_steps(trainer.step, b.warmup, device, budget and budget / 4,
+        # untimed warm-up steps that stop on every rank once one is over budget (its share of
+        # bench.max_trial_s, or the run's deadline: a launched trial's ranks get it)
+        warm_s, warm = timed_steps(trainer.step, b.warmup, device,
+                                   run.limit(budget and budget / 4),
                                    agree=lambda over: distributed.any_rank(over, device))
-        window = distributed.agree_steps(b.steps, warm_s, warm, budget and budget * 3 / 4,
-                                         device)
+        window = distributed.agree_steps(b.steps, warm_s, warm,
+                                         run.limit(budget and budget * 3 / 4), device)
         budget, steady = None, None
     trainer.clock.reset()
     trainer.meter.reset()

@@ -87,6 +87,10 @@ TRIAL_COLUMNS = [
     # what would measure it (stopping.budget_status); the run's one figure is their largest
     # (recommend.more_budget). NaN: none known
     "budget_need_s",
+    # a trial over several processes that speedbench launched through torchrun (launch.py):
+    # the launch's wall seconds, its start-up, rendezvous, data and exit beside the trial
+    # itself (empty for a trial in this process)
+    "launch_s",
 ]
 # The contract: every trials.csv has these (experiment ... final_loss); a reader notes the ones
 # an older run lacks.

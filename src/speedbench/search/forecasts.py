@@ -21,7 +21,7 @@ from speedbench import techniques
 from speedbench.config import ModelSpec
 from speedbench.measure import explain, watchdog
 from speedbench.measure.budget import Budget
-from speedbench.studies import costs
+from speedbench.studies import costs, explain_phases
 from speedbench.measure.data import build_dataset
 from speedbench.measure.trial import context, dataset_length
 from speedbench.search import selection
@@ -82,8 +82,14 @@ class Forecaster:
         limit = 10 * (base.bench.max_trial_s or 6.0)
         if time_left_s is not None:
             limit = min(limit, PROFILE_SHARE * time_left_s)
-        profile = explain.profile_recipe(model, base, context(plan), self.dataset,
-                                         explain.FORECAST_STEPS, limit)
+        if techniques.processes(base, context(plan)):  # DDP, FSDP: over its processes
+            profile = explain_phases.profile_over_processes(
+                plan, model, "r", explain.FORECAST_STEPS, Budget(limit))
+            if isinstance(profile, str):
+                raise RuntimeError(profile)
+        else:
+            profile = explain.profile_recipe(model, base, context(plan), self.dataset,
+                                             explain.FORECAST_STEPS, limit)
         screen_s = self.cfg.recipe.screen_rounds * costs.trial_seconds(
             profile.step_ms / 1000, base.bench)
         aside = set_aside(recipes, base, profile, peaks, self.min_gain)

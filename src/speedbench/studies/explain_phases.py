@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Optional
 
 from speedbench import techniques
 from speedbench.analysis.numbers import ratio_text
-from speedbench.measure import explain
+from speedbench.measure import explain, launch
 from speedbench.studies import costs
 from speedbench.measure.budget import Budget
 from speedbench.measure.trial import context
-from speedbench.results import schema
+from speedbench.results import atomic, schema
 
 # The most of a model's share left after its probes that the forecasts may take: past it, a
 # short budget skips them (and the paired profile) and says so.
@@ -37,8 +38,11 @@ def forecasts(mc, prepared, status: dict[str, str], probe_steps: dict, budget: B
     them (explain.py); a variant the probes stopped still gets its forecast: it says what it
     could have been."""
     base, settings = mc.plan.baseline, mc.settings
-    if not settings.explain or base in status or base in prepared.launched:
+    if not settings.explain or base in status:
         return ForecastResult()
+    ctx = context(mc.plan, mc.dist_env)
+    if base in prepared.launched and not techniques.processes(mc.plan.variants[base], ctx):
+        return ForecastResult(forecasts=launched_baseline(mc, status))
     steps = costs.step_seconds(probe_steps, [])
     cost = explain.seconds(steps.get(base, math.nan), explain.FORECAST_STEPS,
                            mc.plan.variants[base])
@@ -50,8 +54,8 @@ def forecasts(mc, prepared, status: dict[str, str], probe_steps: dict, budget: B
                "(a larger bench.time_budget_s runs them)")
         return ForecastResult()
     mc.doing(f"{mc.spec.name}: forecasts")
-    explainer = explain.Explainer(mc.plan, mc.spec, context(mc.plan, mc.dist_env),
-                                  prepared.dataset, mc.run_dir, mc.book.bound_inputs())
+    explainer = explain.Explainer(mc.plan, mc.spec, ctx, prepared.dataset, mc.run_dir,
+                                  mc.book.bound_inputs(), partial(launched_profile, mc))
     na = {n: s for n, s in status.items() if schema.parse_status(s).kind == schema.NA}
     said_by = explainer.forecast(budget, steps.get(base, math.nan), na)
     said = [f"{n} {'at most ' if b.sound else ''}{ratio_text(b.speedup, spec='.3g')}"
@@ -63,6 +67,49 @@ def forecasts(mc, prepared, status: dict[str, str], probe_steps: dict, budget: B
     if settings.skip_by_forecast:
         out.status = skip_by_forecast(mc, said_by, status, steps)
     return out
+
+
+def launched_profile(mc, name: str, steps: int, budget: Budget) -> explain.Breakdown | str:
+    """A variant's profile over the processes its trials run over (torchrun), launched as
+    they are (profile_over_processes)."""
+    return profile_over_processes(mc.plan, mc.spec, name, steps, budget, mc.dist_env)
+
+
+def profile_over_processes(plan, spec, name: str, steps: int, budget: Budget,
+                           dist_env=None) -> explain.Breakdown | str:
+    """`steps` profiled steps of a recipe over the processes its trials run over (torchrun),
+    launched as they are (explain.profile_on_rank on each rank): rank 0's profile, or the
+    status saying why there is none (the launch stopped at the deadline, a rank's failure)."""
+    recipe, ctx = plan.variants[name], context(plan, dist_env)
+    got = launch.launch_call(plan, spec, name, recipe, techniques.processes(recipe, ctx),
+                             explain.profile_on_rank, {"steps": steps},
+                             techniques.environment(recipe, ctx), budget)
+    if "profile" in got:
+        return got["profile"] if got["profile"].steps else schema.format_status(
+            schema.NOT_MEASURED, "no profiled step fitted in the run's bench.time_budget_s")
+    status = schema.parse_status(got["status"])
+    return schema.format_status(status.kind or schema.ERROR,
+                                f"profiling its processes: {status.reason}")
+
+
+def launched_baseline(mc, status: dict[str, str]) -> dict:
+    """No forecast where the baseline runs in a fresh process of its own (an arm: start-up
+    variables): the forecasts are read off the baseline's steps profiled in this process, and
+    those would be another recipe's. Each variant's forecast.csv row says so (the report's
+    forecast table), and the console once; variant -> ("", why). (A baseline over several
+    processes is profiled over as many: launched_profile.)"""
+    base = mc.plan.baseline
+    why = schema.na(f"no forecast: the baseline ({base}) runs in a process of its own, and "
+                    "the forecasts are read off the baseline's steps profiled in this process")
+    said = {n: ("", why) for n in mc.plan.variants if n != base and n not in status}
+    if said:
+        mc.say(f"{mc.spec.name}: {why}")
+    if mc.run_dir is not None and said:
+        head = {"experiment": mc.plan.experiment, "model": mc.spec.name, "is_baseline": False}
+        atomic.append_rows(mc.run_dir / "forecast.csv", schema.FORECAST_COLUMNS,
+                           [{**head, "variant": n, "technique": "", "status": why}
+                            for n in said])
+    return said
 
 
 def skip_by_forecast(mc, said_by: dict, status: dict[str, str], steps: dict[str, float]

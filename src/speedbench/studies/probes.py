@@ -6,7 +6,8 @@ which tells a variant far slower; its loss is taken after the others, only where
 left to compare with it (amp on a CPU without 16-bit instructions stops both 16-bit variants,
 and the baseline's loss steps would compare with nothing). Variants in an arm (an A/B's, or
 one whose techniques set variables at a process's start) are probed in its worker; variants
-launched through torchrun keep their timed window's loss. The probes take at most
+whose trials run over several processes (torchrun) are probed over as many, launched alike
+(launched_probe: the held-out loss, not the far-slower test). The probes take at most
 PROBE_SHARE of the model's budget; the rest is the rounds'. A fault in a probe (the model's
 exception, its sys.exit()) is the variant's quality row's status, `error: the quality probe
 failed: ...`, said once on the console; its trials go on, and record it where they meet it.
@@ -17,7 +18,8 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 
-from speedbench import distributed
+from speedbench import distributed, techniques
+from speedbench.measure import launch
 from speedbench.studies import arms, costs, quality, stopping
 from speedbench.measure.budget import Budget
 from speedbench.measure.trial import context
@@ -113,10 +115,12 @@ def run_probes(mc, prepared, status: dict[str, str], budget: Budget) -> ProbeRes
     probe_budget = budget.part(PROBE_SHARE)  # the rest is the rounds'
     found = ProbeResult()
     skipped = lambda n: n in status or n in found.status  # noqa: E731
-    probed = [n for n in plan.variants if not skipped(n)
-              and (n not in prepared.launched or n in prepared.armed)]
+    probed = [n for n in plan.variants if not skipped(n)]
     others = [n for n in probed if n != base]
-    rate_first = bool(others) and settings.too_slow_factor is not None
+    # the baseline's throughput first, for the far-slower test; not where its probe is
+    # launched (torchrun): a launch's steps hold no variant to anything
+    rate_first = bool(others) and settings.too_slow_factor is not None \
+        and not _over_processes(mc, base)
 
     def probe(name: str, ref, steps: int | None = None) -> dict | None:
         mc.doing(f"{mc.spec.name} {name}: quality probe")
@@ -177,6 +181,8 @@ def _more_seeds(mc, prepared, found: ProbeResult, skipped, probe_budget: Budget)
     share = probe_budget.left() / len(alive)
     base_per_step = prepared.per_step[mc.plan.baseline]
     for name in alive:
+        if len(found.seed_losses[name]) >= mc.settings.quality_seeds:
+            continue  # a launched probe ran its seeds in its own processes
         mc.doing(f"{mc.spec.name} {name}: quality seeds")
         steps = probe_steps(mc.settings.quality_steps, base_per_step, prepared.per_step[name])
         got = mc.instruments.more_seeds(mc, name, prepared.dataset, steps, share)
@@ -209,9 +215,6 @@ def quality_rows(mc, name: str, found: ProbeResult, status: dict[str, str], prep
     elif got and got.get("quality_steps") == 0 and mc.settings.quality_steps:
         why = schema.na("no other variant was left to compare with: the baseline's held-out "
                         "loss was not taken")
-    elif name in prepared.launched and name not in prepared.armed:
-        why = schema.na("the quality probe trains in this process; this variant needs "
-                        "processes of its own")
     elif not mc.settings.quality_steps:
         why = schema.na("no held-out loss: bench.quality_steps=0")
     else:  # (a fault or a limit says its own reason: found.no_loss)
@@ -228,7 +231,47 @@ def probe_variant(mc, name: str, dataset, ref: stopping.Reference | None, steps:
     arm = arms.variant_arm(mc.plan, name, context(mc.plan, mc.dist_env))
     if arm is not None:  # in its arm's worker
         return arm_probe(mc, arm, name, ref, steps, left_s)
+    if _over_processes(mc, name):
+        return launched_probe(mc, name, steps, left_s)
     return probe_here(mc, name, dataset, ref, steps, left_s)
+
+
+def _over_processes(mc, name: str) -> int:
+    """The processes a variant's trials run over through torchrun (0: this one, or an arm)."""
+    return techniques.processes(mc.plan.variants[name], context(mc.plan, mc.dist_env))
+
+
+def launched_probe(mc, name: str, steps: int, left_s: float) -> dict:
+    """probe_variant over the processes a variant's trials run over (torchrun, launched as
+    its trials are), all of bench.quality_seeds at once: every rank trains on the probe's
+    batches (the same on each, as in one process), so the held-out loss judges the numerics
+    the processes change (a communication hook's compression), not the data's sharding. Held
+    to nothing: its steps' times include the ranks' waits, and its throughput is not kept
+    (the rounds' cost is learned from their trials). {FAULT: why} where the launch failed."""
+    recipe, ctx = mc.plan.variants[name], context(mc.plan, mc.dist_env)
+    if left_s <= 0:  # no launch: quality_probe's own line for a probe left no time
+        return quality.quality_probe(mc.spec, recipe, ctx, None, steps, left_s=left_s)
+    got = launch.launch_call(
+        mc.plan, mc.spec, name, recipe, _over_processes(mc, name), probe_on_rank,
+        {"steps": steps, "seeds": mc.settings.quality_seeds,
+         "what": f"model {mc.spec.name}, variant {name}"},
+        techniques.environment(recipe, ctx), Budget(None if math.isinf(left_s) else left_s))
+    if "probe" not in got:
+        status = schema.parse_status(got["status"])
+        said = "failed" if status.kind == schema.ERROR else "was stopped"
+        return {FAULT: schema.format_status(status.kind or schema.ERROR,
+                                            f"the quality probe {said}: {status.reason}")}
+    probe = got["probe"]
+    probe.update(probe_samples_per_s=math.nan, probe_step_s=[])
+    return probe
+
+
+def probe_on_rank(plan, spec, name: str, recipe, dataset, dist_env, budget: Budget | None,
+                  steps: int, seeds: int, what: str) -> dict:
+    """A launched probe's work on one rank (launch.launch_call): {"probe": its record}."""
+    left = None if budget is None else budget.limit(None)
+    return {"probe": quality.quality_probe(spec, recipe, context(plan, dist_env), dataset,
+                                           steps, None, seeds=seeds, what=what, left_s=left)}
 
 
 def probe_here(mc, name: str, dataset, ref: stopping.Reference | None, steps: int,

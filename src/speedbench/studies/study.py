@@ -227,7 +227,7 @@ def run_trial(mc: ModelContext, name: str, round_: int, position: int, dataset,
             "a variant over several processes (torchrun) does not run in an arm")}
     if nproc:
         return launch.launch_trial(plan, spec, name, recipe, round_, nproc, position, mc.book,
-                                   techniques.environment(recipe, ctx))
+                                   techniques.environment(recipe, ctx), budget)
     arm = arms.variant_arm(plan, name, ctx)
     if arm is not None:
         return arm_trial(mc, arm, name, round_, position, probe, budget)
