@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 import sys
 import tempfile
 import warnings

@@ -284,8 +284,11 @@ def model_context(model: SimModel, bench, training: SimTraining, comparisons: in
     """A simulated model's context: its plan (variants that all share `bench`), the study's
     settings from `bench` (no explanation, no largest-batch search), the sim's instruments."""
     names = list(model.speeds)
-    plan = SimpleNamespace(variants={n: SimpleNamespace(bench=bench) for n in names},
+    # single-process recipes (parallel none) on the CPU, as the probes and rounds ask
+    plan = SimpleNamespace(variants={n: SimpleNamespace(bench=bench, parallel="none")
+                                     for n in names},
                            baseline=names[0], models=[SimpleNamespace(name=model.name)],
+                           device="cpu",
                            experiment="sim")
     settings = study.Settings(
         repeats=bench.repeats, target_ci=bench.target_ci, quality_steps=bench.quality_steps,

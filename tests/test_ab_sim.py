@@ -4,7 +4,6 @@ as two separate runs (report/compare.py)."""
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
