@@ -131,6 +131,8 @@ def test_flex_attention_is_na_on_a_cpu_in_torchs_own_words():
                                              "attention=math")
 
 
+# eager flex_attention on a CPU is the unfused reference path; torch warns so, which is expected
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("packed", [False, True])
 def test_the_flex_block_mask_attends_as_the_boolean_mask_does(packed):
     torch.manual_seed(0)
