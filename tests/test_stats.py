@@ -368,3 +368,16 @@ def test_the_report_says_how_many_rounds_a_burst_took_out():
     assert "1 round(s) that a burst hit" in note and "left out of the comparisons" in note
     assert "left out" not in method.busy_trials_note(trials.assign(
         others_cpu_share=[0.01] * 6 + [0.3] * 6))
+
+
+def test_a_run_before_the_burst_rule_is_not_said_to_have_left_rounds_out():
+    """Its summary.csv kept the burst rounds: the report tool must not claim otherwise."""
+    rows = [{"model": "m", "variant": v, "is_baseline": v == "a", "round": r,
+             "status": schema.OK, "samples_per_s": 100.0,
+             "others_cpu_share": 0.7 if (v, r) == ("b", 2) else 0.01}
+            for v in "ab" for r in range(6)]
+    trials = pd.DataFrame(rows)
+    trials.attrs["format_version"] = 5
+    assert "left out" not in method.busy_trials_note(trials)
+    trials.attrs["format_version"] = schema.FORMAT_VERSION
+    assert "left out of the comparisons" in method.busy_trials_note(trials)

@@ -256,7 +256,8 @@ def busy_trials_note(trials: pd.DataFrame) -> str | None:
     per = hit.groupby(["model", "variant"], sort=False).size()
     named = ", ".join(f"{m}/{v} {n}" for (m, v), n in per.head(STALLS_NAMED).items())
     more = f", and {len(per) - STALLS_NAMED} more" if len(per) > STALLS_NAMED else ""
-    left = len(left_out_rounds(trials))
+    # a run before format 6 kept those rounds in its summary.csv: no claim that they were not
+    left = len(left_out_rounds(trials)) if trials.attrs.get("format_version", 6) >= 6 else 0
     points = f"{100 * BURST_OVER:.0f} points"
     noisier = (f"{left} round(s) that a burst hit (others took over {points} more of the CPU "
                "than in the model's usual round) are left out of the comparisons, and the "

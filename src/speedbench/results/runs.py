@@ -445,6 +445,7 @@ def load_run(path, cfg: Optional[dict] = None) -> Run:
     env = _env_file(path / "env.json", env_notes)
     version = format_version(env)
     trials, missing = _trials(path / "trials.csv", version, notes)
+    trials.attrs["format_version"] = version  # what its summary.csv was computed with
     notes += env_notes
     _planned_file(path / "planned.json", notes)
     if cfg is None:
@@ -522,7 +523,9 @@ def load_trials(run_dir, notes: Optional[list[str]] = None) -> pd.DataFrame:
     What it had to mend is added to `notes`."""
     run_dir = Path(run_dir)
     version = format_version(_env_file(run_dir / "env.json", []))
-    return _trials(run_dir / "trials.csv", version, [] if notes is None else notes)[0]
+    trials = _trials(run_dir / "trials.csv", version, [] if notes is None else notes)[0]
+    trials.attrs["format_version"] = version  # what its summary.csv was computed with
+    return trials
 
 
 def format_version(env: dict) -> int:

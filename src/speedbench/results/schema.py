@@ -16,6 +16,8 @@ from typing import Iterable
 
 # The run directory's format, written into env.json (`format_version`); the reader branches on it.
 # A run without one is read as format 1.
+#   6: a round that a burst of other processes hit is left out of the paired comparisons
+#      (intervals.burst_rounds); summary.csv's figures are without those rounds
 #   5: steps.csv (each timed step's time); samples_per_s and step_ms from the window's typical
 #      step (timing.typical_step_s), its mean in window_samples_per_s and window_step_ms; a
 #      variant a limit stopped is `not measured: ...` (no call), one the probe's far-slower
@@ -30,7 +32,7 @@ from typing import Iterable
 #      and none in capacity.csv (its `variant` names the settings)
 #   2: profile columns (profile, reference_step_ms, phase_step_ms, ...)
 #   1: the first format: trials paired by `trial`
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 
 # The contract columns come first (in this order); more follow.
 TRIAL_COLUMNS = [
