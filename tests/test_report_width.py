@@ -59,3 +59,14 @@ def test_the_reference_reports_tables_fit_a_1280_px_window(tmp_path):
     found = re.search(r'data-overflow="(\d+)"', out.stdout)
     assert found, out.stderr[-2000:]
     assert found.group(1) == "0"
+
+
+def test_a_number_like_cell_in_a_column_of_words_is_aligned_with_its_words():
+    """The arms' software table: "13.0" (a CUDA runtime) sat right-aligned among versions and
+    paths; a column of numbers still aligns them right."""
+    from speedbench.report.document import html_table
+
+    table = pd.DataFrame({"": ["torch", "CUDA runtime (wheel)"], "a": ["2.14.1+cu130", "13.0"],
+                          "speed-up": ["1.10x [1.02, 1.19]", "0.98x"]})
+    html = html_table(table)
+    assert "<td>13.0</td>" in html and 'class="num' in html.split("13.0")[1]

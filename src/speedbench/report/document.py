@@ -154,12 +154,17 @@ def html_table(df: pd.DataFrame) -> str:
     CI may go below it, and sentences wrap (the scroll box is for a narrow window)."""
     e = html.escape
     head = "".join(f"<th>{e(str(c))}</th>" for c in df.columns)
+    # a column of words with a number-like cell (a version, "13.0") keeps that cell with them
+    words = {i for i in range(df.shape[1]) if not all(
+        NUMERIC.match(str(v)) or str(v) in ("-", "", "nan", "n/a") for v in df.iloc[:, i])}
     rows = []
     for row in df.itertuples(index=False):
         cells = []
-        for col, value in zip(df.columns, row):
+        for i, (col, value) in enumerate(zip(df.columns, row)):
             text = str(value)
             cls = _cell_class(str(col), text)
+            if cls == "num" and i in words:
+                cls = ""
             body = e(text)
             if cls == "num" and " [" in text:  # the estimate may wrap above its CI
                 est, ci = text.split(" [", 1)
