@@ -12,8 +12,8 @@ from speedbench.analysis.intervals import (BURST_OVER, DEFAULT_THRESHOLD, FAMILY
                                            MAX_LOOKS, burst_rounds, comparison_level,
                                            pair_key, reference_rows)
 from speedbench.analysis.numbers import ratio_text
-from speedbench.results.schema import OK
 from speedbench.analysis.power import NOISY_LEVEL, QUIET_ROUND_SD, noisier_than_quiet
+from speedbench.results.schema import FORMAT_VERSION, OK
 
 
 # The one statement of the rounds' stopping rule (adaptive.wants_more_rounds) in the report.
@@ -242,6 +242,7 @@ def stall_note(trials: pd.DataFrame) -> str | None:
 
 
 BUSY_TRIAL = 0.25  # a trial during which other processes took over a quarter of the CPU
+BURSTS_LEFT_OUT_SINCE = 6  # the run-directory format whose summaries leave burst rounds out
 
 
 def busy_trials_note(trials: pd.DataFrame) -> str | None:
@@ -256,8 +257,9 @@ def busy_trials_note(trials: pd.DataFrame) -> str | None:
     per = hit.groupby(["model", "variant"], sort=False).size()
     named = ", ".join(f"{m}/{v} {n}" for (m, v), n in per.head(STALLS_NAMED).items())
     more = f", and {len(per) - STALLS_NAMED} more" if len(per) > STALLS_NAMED else ""
-    # a run before format 6 kept those rounds in its summary.csv: no claim that they were not
-    left = len(left_out_rounds(trials)) if trials.attrs.get("format_version", 6) >= 6 else 0
+    # a run of an older format kept those rounds in its summary.csv: no claim that it did not
+    version = trials.attrs.get("format_version", FORMAT_VERSION)  # none: this run's own frame
+    left = len(left_out_rounds(trials)) if version >= BURSTS_LEFT_OUT_SINCE else 0
     points = f"{100 * BURST_OVER:.0f} points"
     noisier = (f"{left} round(s) that a burst hit (others took over {points} more of the CPU "
                "than in the model's usual round) are left out of the comparisons, and the "
