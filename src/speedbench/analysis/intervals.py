@@ -288,18 +288,23 @@ def burst_rounds(variant: pd.DataFrame, base: pd.DataFrame, key: str,
     dropped where that would leave under half of the rounds or under two (a machine busy
     throughout: the load is the norm there, and the pairing cancels it) or where trials.csv
     has no others_cpu_share (older runs)."""
-    none = pd.Index([])
     if "others_cpu_share" not in variant or "others_cpu_share" not in base or not len(rounds):
-        return none
+        return pd.Index([])
     sides = [pd.to_numeric(f["others_cpu_share"], errors="coerce").groupby(f[key]).max()
              for f in (variant, base)]
-    share = pd.concat(sides, axis=1).max(axis=1).reindex(rounds)
+    return bursts_in(pd.concat(sides, axis=1).max(axis=1).reindex(rounds))
+
+
+def bursts_in(share: pd.Series) -> pd.Index:
+    """The labels of `share` (others' CPU share per round, the larger of the pair's two
+    trials) that burst_rounds leaves out; the recipe search's arms use it on their own
+    per-round lists, so that the search and summary.csv state the same intervals."""
     typical = share.median()
     if not np.isfinite(typical):
-        return none
+        return pd.Index([])
     burst = share.index[share > typical + BURST_OVER]
-    kept = len(rounds) - len(burst)
-    return burst if kept >= 2 and 2 * kept >= len(rounds) else none
+    kept = len(share) - len(burst)
+    return burst if kept >= 2 and 2 * kept >= len(share) else pd.Index([])
 
 
 def paired(variant: pd.DataFrame, base: pd.DataFrame, metric: str, key: str):

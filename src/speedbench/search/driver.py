@@ -227,14 +227,25 @@ def arms_from_rows(rows: list[dict], labels: list[str]) -> dict[str, selection.A
             arms[label] = selection.Arm(str(g["status"].iloc[0]))
             continue
         rounds = int(pd.to_numeric(frame[key], errors="coerce").max()) + 1
-        per_round = [math.nan] * rounds
-        for r, tp in zip(pd.to_numeric(ok[key], errors="coerce"), ok["samples_per_s"]):
-            if math.isfinite(r):
-                per_round[int(r)] = float(tp)
         mem = pd.to_numeric(ok.get("peak_mem_mb", pd.Series(dtype=float)), errors="coerce")
-        arms[label] = selection.Arm(OK, per_round, float(mem.median()) if len(mem) else math.nan,
-                                 trial_seconds(ok))
+        arms[label] = selection.Arm(OK, _per_round(ok, key, "samples_per_s", rounds),
+                                    _per_round(ok, key, "others_cpu_share", rounds, max),
+                                    float(mem.median()) if len(mem) else math.nan,
+                                    trial_seconds(ok))
     return arms
+
+
+def _per_round(ok: pd.DataFrame, key: str, column: str, rounds: int,
+               pick=lambda values: values[-1]) -> list[float]:
+    """`column` of the ok rows as one value per round (`pick` of the round's values; NaN
+    where the round has none or the column is missing)."""
+    values: dict[int, list[float]] = {}
+    if column in ok:
+        for r, v in zip(pd.to_numeric(ok[key], errors="coerce"),
+                        pd.to_numeric(ok[column], errors="coerce")):
+            if math.isfinite(r) and math.isfinite(v):
+                values.setdefault(int(r), []).append(float(v))
+    return [pick(values[r]) if r in values else math.nan for r in range(rounds)]
 
 
 def trial_seconds(ok: pd.DataFrame) -> float:

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Protocol
 
 import numpy as np
+import pandas as pd
 
 from speedbench.analysis import intervals, quality
 from speedbench.analysis.numbers import ratio_text
@@ -98,6 +99,8 @@ class Arm:
 
     status: str  # "ok", or why not: "n/a: ...", "error: ...", "oom", "hopeless: ..."
     samples_per_s: list[float] = field(default_factory=list)
+    # per round, the most of the CPU other processes took during its trials (NaN: unknown)
+    others_cpu_share: list[float] = field(default_factory=list)
     peak_mem_mb: float = math.nan
     trial_s: float = math.nan  # seconds one of its trials took, warm-up included, if known
     # its held-out loss against the measurement's first label (analysis/quality.py): the
@@ -166,10 +169,21 @@ class SearchResult:
 
 # --- statistics on paired rounds ---------------------------------------------------------------
 def rounds_of(arm: Arm, reference: Arm) -> tuple[np.ndarray, np.ndarray]:
-    """(arm, reference) throughputs on the rounds both have, aligned: intervals.paired's pairs."""
+    """(arm, reference) throughputs on the rounds both have, aligned, less the rounds a burst
+    of other processes hit: intervals.paired's pairs."""
     n = min(len(arm.samples_per_s), len(reference.samples_per_s))
-    return (np.asarray(arm.samples_per_s[:n], float),
-            np.asarray(reference.samples_per_s[:n], float))
+    a = np.asarray(arm.samples_per_s[:n], float)
+    b = np.asarray(reference.samples_per_s[:n], float)
+    both = np.flatnonzero(np.isfinite(a) & np.isfinite(b))
+    share = pd.Series(np.fmax(_shares(arm, n), _shares(reference, n))[both], index=both)
+    keep = np.setdiff1d(both, intervals.bursts_in(share).to_numpy(int))
+    return a[keep], b[keep]
+
+
+def _shares(arm: Arm, n: int) -> np.ndarray:
+    """The arm's others_cpu_share per round, NaN-padded to n rounds."""
+    known = np.asarray(arm.others_cpu_share[:n], float)
+    return np.concatenate([known, np.full(n - len(known), np.nan)])
 
 
 def paired_rounds(arm: Arm, reference: Arm) -> int:
