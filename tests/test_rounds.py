@@ -114,8 +114,12 @@ def _measured_orders(tmp_path, monkeypatch, *overrides):
 
 def test_runs_draw_fresh_orders_and_record_how_to_replay_them(tmp_path, monkeypatch):
     first, seeds = _measured_orders(tmp_path / "a", monkeypatch)
-    second, _ = _measured_orders(tmp_path / "b", monkeypatch)
-    assert len(seeds) == 1 and first != second  # the same bench.seed, different orders
+    _, other_seeds = _measured_orders(tmp_path / "b", monkeypatch)
+    # the same bench.seed, fresh order seeds. Not "different orders": six rounds of three
+    # variants are one Williams block, all 6 permutations in one of 720 orders, so two fresh
+    # seeds draw the same orders 1 run in 720 (CI saw it); a fixed pair of seeds is compared
+    # in test_orders_are_random_per_seed_and_replayed.
+    assert len(seeds) == len(other_seeds) == 1 and seeds[0] != other_seeds[0]
     assert sorted(o[0] for o in first) == sorted(["fp32", "fp16", "bf16"] * 2)
     replay, _ = _measured_orders(tmp_path / "c", monkeypatch, f"bench.order_seed={seeds[0]}")
     assert replay == first
