@@ -310,9 +310,18 @@ def test_a_and_a_through_the_cli_make_no_false_call_and_report_the_ab(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     run_dir = next(out.glob("*/*/"))
     summary = pd.read_csv(run_dir / "summary.csv").set_index("variant")
-    assert summary.loc["b", "verdict"] not in (intervals.FASTER, intervals.SLOWER)
-    assert summary.loc["b", "rounds"] == 4
     trials = pd.read_csv(run_dir / "trials.csv")
+    assert trials["round"].nunique() == 4
+    # No false call, judged at 99.9 %: at the run's own level a calibrated rule makes one in
+    # about 20 A/A runs (benchmarks/ab_sim.py measures that rate), so a check at that
+    # level would fail CI by chance; one at 99.9 % still fails on arms that really differ.
+    ok = trials[trials["status"] == "ok"]
+    b_side, a_side = intervals.paired(ok[ok["variant"] == "b"], ok[ok["variant"] == "a"],
+                                      "samples_per_s", "round")
+    _, lo, hi = intervals.paired_ratio_ci(b_side, a_side, 0.999)
+    assert lo <= 1 <= hi, (lo, hi)
+    # its rounds: the 4, less any that a burst of other processes hit (burst_rounds)
+    assert summary.loc["b", "rounds"] == len(b_side) >= 2
     assert set(trials["arm"]) == {"a", "b"}
     # both arms in every round
     assert (trials.groupby("round")["variant"].nunique() == 2).all()

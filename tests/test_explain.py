@@ -522,10 +522,15 @@ def test_a_variant_forecast_under_the_threshold_is_not_measured_with_the_reason(
             assert "bench.skip_by_forecast=false" in rows["status"].iloc[0]
         else:
             assert (rows["status"] == "ok").any()
-    # on a busy machine the forecast is shown but is no bound (others took the CPU while it
-    # was profiled, analysis.explain.BOUND_OTHERS) and sets nothing aside
-    loaded = "other processes took" in str(forecast.loc["deferred", "reason"])
-    assert ("deferred" in skipped) != loaded
+    # under a load the forecast is shown but is no bound and sets nothing aside: others took
+    # the CPU while it was profiled (analysis.explain.BOUND_OTHERS), or a moment's load slowed
+    # its few unprofiled steps (PLAIN_OVER; one 4 ms interruption does it on 2 cores)
+    deferred = forecast.loc["deferred"]
+    unbound = deferred["status"] == "ok" and not bool(deferred["is_bound"])
+    if unbound:
+        assert any(why in str(deferred["reason"]) for why in
+                   ("other processes took", "its unprofiled steps took")), deferred["reason"]
+    assert ("deferred" in skipped) != unbound
     assert ("not measured, by their forecasts: " in proc.stderr) == bool(skipped)
 
 

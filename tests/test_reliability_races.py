@@ -412,12 +412,10 @@ def test_a_sigkilled_torchrun_rank_is_named_and_the_survivor_says_one_line(tmp_p
         stderr=subprocess.STDOUT, text=True,
         env={**os.environ, **DDP_ENV, "TMPDIR": str(tmp)})
     try:
-        rank1 = lambda: [ln for ln in _processes_mentioning(str(out))  # noqa: E731
-                         if "torch.distributed.run" not in ln]
         assert _wait_for(lambda: any(out.rglob("trials.csv")), proc)
         time.sleep(3)  # into the first trial's window
-        pids = sorted(int(ln.split(":")[0]) for ln in rank1())
-        os.kill(pids[-1], signal.SIGKILL)  # the later-started rank: rank 1
+        # rank 1 by its RANK variable (not the larger pid: pids wrap at pid_max)
+        os.kill(_rank_pid(1, str(out)), signal.SIGKILL)
         output, _ = _finish(proc)
     finally:
         if proc.poll() is None:
